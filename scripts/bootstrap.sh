@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs what Gyre needs on a fresh machine, each step only when missing or stale:
+#   1. npm packages (npm ci, when node_modules is absent or older than package-lock.json)
+#   2. a nats-server >= 2.10 (scripts/nats-server.sh)
+#   3. the native engine library (make -C native; make skips it when up to date)
+# Called by `npm test`, `npm run demo` and the benches, so the README's two commands work
+# on a machine that has only Node and npm.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ ! -f node_modules/.package-lock.json ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
+  echo "bootstrap: installing npm packages (npm ci)" >&2
+  npm ci --no-audit --no-fund >&2
+fi
+
+bash scripts/nats-server.sh >/dev/null
+
+if [ -f native/Makefile ]; then
+  make -s -C native >&2
+fi

@@ -1,0 +1,63 @@
+/**
+ * Entry point of the `gyre` command: picks the sub-command and runs it.
+ *
+ * Each sub-command lives in its own module under `src/cli/` and exports a `Command`
+ * (`summary`, `flags`, `run`). Modules are imported lazily so `gyre sim` never loads the
+ * native engine and `gyre engine` never connects to NATS. A `UsageError` prints one line
+ * and exits with 2; any other failure prints its message and exits with 1.
+ */
+import { UsageError, usage, type FlagSpec } from "./args.ts"
+
+export interface Command<S extends FlagSpec = FlagSpec> {
+  readonly summary: string
+  readonly flags: S
+  /** Runs the command; resolves to the process exit code. */
+  readonly run: (argv: ReadonlyArray<string>) => Promise<number>
+}
+
+const commands: Record<string, () => Promise<{ readonly command: Command }>> = {
+  node: () => import("./node.ts"),
+  demo: () => import("./demo.ts")
+}
+
+const printHelp = async () => {
+  const lines = ["usage: gyre <command> [--flag value ...]", "", "commands:"]
+  for (const [name, load] of Object.entries(commands)) {
+    const { command } = await load()
+    lines.push(`  ${name.padEnd(10)} ${command.summary}`)
+  }
+  lines.push("", "gyre <command> --help lists a command's flags.")
+  console.log(lines.join("\n"))
+}
+
+const main = async (argv: ReadonlyArray<string>): Promise<number> => {
+  const [name, ...rest] = argv
+  if (name === undefined || name === "--help" || name === "help") {
+    await printHelp()
+    return name === undefined ? 2 : 0
+  }
+  const load = commands[name]
+  if (load === undefined) throw new UsageError(`gyre: unknown command '${name}' (known: ${Object.keys(commands).join(", ")})`)
+  const { command } = await load()
+  if (rest.includes("--help")) {
+    console.log(usage(name, command.summary, command.flags))
+    return 0
+  }
+  return command.run(rest)
+}
+
+main(process.argv.slice(2)).then(
+  (code) => {
+    process.exitCode = code
+  },
+  (error: unknown) => {
+    if (error instanceof UsageError) {
+      console.error(error.message)
+      process.exitCode = 2
+    } else {
+      console.error(`gyre: ${error instanceof Error ? error.message : String(error)}`)
+      if (process.env.GYRE_DEBUG) console.error(error)
+      process.exitCode = 1
+    }
+  }
+)
