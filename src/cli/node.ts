@@ -1,0 +1,85 @@
+/**
+ * `gyre node`: hosts actors on this machine.
+ *
+ * Connects to NATS_URL (or starts the embedded nats-server when unset), joins run `--run`,
+ * loads actor types from `--load` modules (each exports actor types: any export that is an
+ * `ActorType`), spawns `--spawn` actors, and serves spawn requests until SIGTERM or SIGINT,
+ * on which it drains: in-flight messages finish, buffered ones go back to JetStream.
+ * Prints one JSON line `{"event":"ready",...}` on stdout once it is serving, and
+ * `{"event":"drained",...}` before it exits.
+ */
+import * as path from "node:path"
+import { pathToFileURL } from "node:url"
+import * as os from "node:os"
+import { Effect, Layer, Deferred } from "effect"
+import type { AnyActorType } from "../runtime/actor.ts"
+import { Nats, natsOptionsFromEnv } from "../runtime/nats.ts"
+import { parseAddress } from "../runtime/names.ts"
+import { startNode } from "../runtime/node.ts"
+import { ActorSystem } from "../runtime/system.ts"
+import { UsageError, parseFlags } from "./args.ts"
+import type { Command } from "./main.ts"
+
+const flags = {
+  name: { kind: "string", doc: "node name (unique in the run)", default: os.hostname().replace(/[^A-Za-z0-9_-]/g, "-") },
+  run: { kind: "string", doc: "run id that namespaces streams, subjects and buckets", default: "default" },
+  load: { kind: "string", doc: "comma-separated modules whose exported actor types this node hosts" },
+  spawn: { kind: "string", doc: "comma-separated kind/id actors to spawn at start" },
+  "heartbeat-ms": { kind: "integer", doc: "registry heartbeat interval", default: 1000 },
+  "dead-after-ms": { kind: "integer", doc: "silence after which an actor is declared dead", default: 5000 },
+  "ack-wait-ms": { kind: "integer", doc: "JetStream ack wait of actor consumers", default: 10000 }
+} as const
+
+const isActorType = (v: unknown): v is AnyActorType =>
+  typeof v === "object" && v !== null && "kind" in v && "protocol" in v && "behaviour" in v && "supervision" in v
+
+export const loadActorTypes = async (modules: ReadonlyArray<string>): Promise<Array<AnyActorType>> => {
+  const types: Array<AnyActorType> = []
+  for (const m of modules) {
+    const mod = (await import(pathToFileURL(path.resolve(m)).href)) as Record<string, unknown>
+    const found = Object.values(mod).filter(isActorType)
+    if (found.length === 0) throw new UsageError(`gyre node: --load ${m} exports no actor type`)
+    types.push(...found)
+  }
+  return types
+}
+
+const list = (s: string | undefined) => (s ?? "").split(",").map((x) => x.trim()).filter((x) => x !== "")
+
+export const command: Command<typeof flags> = {
+  summary: "host actors on this machine (embedded nats-server unless NATS_URL is set)",
+  flags,
+  run: async (argv) => {
+    const f = parseFlags("node", flags, argv)
+    const spawns = list(f.spawn).map((a) => {
+      try {
+        return parseAddress(a)
+      } catch (e) {
+        throw new UsageError(`gyre node: --spawn ${a}: ${(e as Error).message}`)
+      }
+    })
+    const types = await loadActorTypes(list(f.load))
+    const program = Effect.gen(function* () {
+      const system = yield* ActorSystem
+      const node = yield* startNode({
+        name: f.name,
+        types,
+        heartbeatMs: f["heartbeat-ms"],
+        deadAfterMs: f["dead-after-ms"],
+        ackWaitMs: f["ack-wait-ms"]
+      })
+      for (const a of spawns) yield* node.spawn(a.kind, a.id)
+      const stop = yield* Deferred.make<void>()
+      const onSignal = () => Effect.runFork(Deferred.succeed(stop, undefined))
+      process.once("SIGTERM", onSignal)
+      process.once("SIGINT", onSignal)
+      console.log(JSON.stringify({ event: "ready", node: f.name, run: f.run, nats: system.nats.servers, embedded: system.nats.embedded, types: types.map((t) => t.kind) }))
+      yield* Deferred.await(stop)
+      yield* node.drain
+      console.log(JSON.stringify({ event: "drained", node: f.name }))
+    })
+    const layer = ActorSystem.layer({ run: f.run }).pipe(Layer.provideMerge(Nats.layer(natsOptionsFromEnv(`gyre-node-${f.name}`))))
+    await Effect.runPromise(Effect.scoped(program).pipe(Effect.provide(layer)))
+    return 0
+  }
+}

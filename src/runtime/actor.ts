@@ -1,0 +1,113 @@
+/**
+ * Defining an actor type: a kind, a protocol (an effect `RpcGroup`), a state with its schema
+ * and initial value, and a behaviour that builds the handlers.
+ *
+ * The behaviour runs once per incarnation, in the incarnation's scope (acquire resources
+ * there: they are released when the incarnation stops or crashes), and returns one handler
+ * per request of the protocol. A handler gets the decoded payload and returns an Effect of the
+ * request's success or typed error; it reads and updates the actor's state through
+ * `ctx.state` (a `Ref`). Handlers run one at a time unless the type declares `concurrency`.
+ *
+ * ```ts
+ * const Counter = Actor.make({
+ *   kind: "counter",
+ *   protocol: RpcGroup.make(Rpc.make("Add", { payload: { n: Schema.Number }, success: Schema.Number })),
+ *   state: { schema: Schema.Struct({ total: Schema.Number }), initial: () => ({ total: 0 }) },
+ *   behaviour: (ctx) => Effect.succeed({
+ *     Add: ({ n }) => Ref.updateAndGet(ctx.state, (s) => ({ total: s.total + n })).pipe(Effect.map((s) => s.total))
+ *   })
+ * })
+ * ```
+ */
+import type { Effect, Ref, Schema, Scope } from "effect"
+import type { Rpc, RpcGroup } from "effect/rpc"
+import { checkKind, type ActorAddress } from "./names.ts"
+import { defaultSupervision, type SupervisionPolicy } from "./supervisor.ts"
+import type { ActorSystemShape } from "./system.ts"
+
+/** Facts about the message being handled. */
+export interface MessageMeta {
+  /** `tell` (durable, from the journal) or `ask` (core NATS request). */
+  readonly via: "tell" | "ask"
+  readonly msgId: string
+  /** Journal sequence of a tell (0 for an ask). */
+  readonly seq: number
+  /** How many times JetStream has delivered this tell (1 on first delivery). */
+  readonly deliveryCount: number
+  readonly sender: string | undefined
+}
+
+/** What a behaviour sees of its actor. */
+export interface ActorContext<S> {
+  readonly address: ActorAddress
+  /** Unique per start of this actor; changes on every restart. */
+  readonly incarnation: string
+  readonly node: string
+  readonly state: Ref.Ref<S>
+  readonly system: ActorSystemShape
+  /** Load figures published with the next heartbeat in the registry. */
+  readonly reportLoad: (load: Readonly<Record<string, unknown>>) => void
+}
+
+export type Handler<R extends Rpc.Any> = (
+  payload: Rpc.Payload<R>,
+  meta: MessageMeta
+) => Effect.Effect<Rpc.Success<R>, Rpc.Error<R>>
+
+export type Handlers<R extends Rpc.Any> = {
+  readonly [K in R as K["_tag"]]: Handler<K>
+}
+
+export interface Persistence {
+  /** Snapshot the state after this many handled messages (acks wait for the snapshot). */
+  readonly everyMessages: number
+  /** ... or after this long, whichever comes first. */
+  readonly maxDelayMs: number
+}
+
+export interface ActorType<R extends Rpc.Any, S, Req> {
+  readonly kind: string
+  readonly protocol: RpcGroup.RpcGroup<R>
+  readonly stateSchema: Schema.Codec<S, any>
+  readonly initialState: (id: string) => S
+  readonly behaviour: (ctx: ActorContext<S>) => Effect.Effect<Handlers<R>, unknown, Req | Scope.Scope>
+  /** How many messages may be handled at once (1 = in order). */
+  readonly concurrency: number
+  /** Snapshots of the state to the KV bucket; `undefined` = the state lives in memory only. */
+  readonly persistence: Persistence | undefined
+  readonly supervision: SupervisionPolicy
+  /** A tell delivered more often than this without being handled is dead-lettered. */
+  readonly maxDeliveries: number
+}
+
+/** An actor type with its protocol and requirements erased, as a node's catalogue holds it. */
+export type AnyActorType = ActorType<any, any, any>
+
+export interface ActorDefinition<R extends Rpc.Any, S, Req> {
+  readonly kind: string
+  readonly protocol: RpcGroup.RpcGroup<R>
+  readonly state: { readonly schema: Schema.Codec<S, any>; readonly initial: (id: string) => S }
+  readonly behaviour: (ctx: ActorContext<S>) => Effect.Effect<Handlers<R>, unknown, Req | Scope.Scope>
+  readonly concurrency?: number
+  /** `true` = snapshot after every message; or batching as `Persistence` says. */
+  readonly persistence?: boolean | Persistence
+  readonly supervision?: SupervisionPolicy
+  readonly maxDeliveries?: number
+}
+
+export const make = <R extends Rpc.Any, S, Req = never>(def: ActorDefinition<R, S, Req>): ActorType<R, S, Req> => ({
+  kind: checkKind(def.kind),
+  protocol: def.protocol,
+  stateSchema: def.state.schema,
+  initialState: def.state.initial,
+  behaviour: def.behaviour,
+  concurrency: Math.max(1, def.concurrency ?? 1),
+  persistence:
+    def.persistence === true
+      ? { everyMessages: 1, maxDelayMs: 0 }
+      : def.persistence === false || def.persistence === undefined
+        ? undefined
+        : def.persistence,
+  supervision: def.supervision ?? defaultSupervision,
+  maxDeliveries: def.maxDeliveries ?? 5
+})

@@ -1,0 +1,81 @@
+/**
+ * The wire form of actor messages, shared by sender (`system.ts`) and receiver (`host.ts`).
+ *
+ * An actor protocol is an effect `RpcGroup` of `Rpc.make` definitions (payload, success and
+ * error schemas). On the wire:
+ * - a request's payload is the JSON of `Schema.toCodecJson(rpc.payloadSchema)`; the header
+ *   `Gyre-Request` names the request's tag and `Nats-Msg-Id` identifies the message (dedup);
+ * - an ask's reply is an `AskReply`: `{"_tag":"Exit","exit":...}` with the JSON of
+ *   `Rpc.exitSchema(rpc)` (success, typed failure or defect), or `{"_tag":"Rejected","reason"}`
+ *   when the request was dead-lettered or the handler crashed.
+ */
+import { Exit, Schema } from "effect"
+import type { Rpc, RpcGroup } from "effect/rpc"
+import { Rpc as RpcModule } from "effect/rpc"
+
+export const Headers = {
+  request: "Gyre-Request",
+  msgId: "Nats-Msg-Id",
+  sender: "Gyre-Sender",
+  deadReason: "Gyre-Dead-Reason",
+  deadSubject: "Gyre-Dead-Subject",
+  deadSeq: "Gyre-Dead-Seq",
+  deadActor: "Gyre-Dead-Actor",
+  askReply: "Gyre-Ask-Reply"
+} as const
+
+export const AskReply = Schema.Union([
+  Schema.Struct({ _tag: Schema.Literal("Exit"), exit: Schema.Unknown }),
+  Schema.Struct({ _tag: Schema.Literal("Rejected"), reason: Schema.String })
+])
+export type AskReply = typeof AskReply.Type
+
+interface RpcCodecs {
+  readonly payload: Schema.Codec<any, any>
+  readonly exit: Schema.Codec<Exit.Exit<any, any>, any>
+}
+
+const codecCache = new WeakMap<Rpc.Any, RpcCodecs>()
+
+/** JSON codecs of one request definition (cached). */
+export const codecsOf = (rpc: Rpc.Any): RpcCodecs => {
+  let codecs = codecCache.get(rpc)
+  if (codecs === undefined) {
+    const r = rpc as Rpc.AnyWithProps
+    codecs = {
+      payload: Schema.toCodecJson(r.payloadSchema) as unknown as Schema.Codec<any, any>,
+      exit: Schema.toCodecJson(RpcModule.exitSchema(r as any)) as unknown as Schema.Codec<Exit.Exit<any, any>, any>
+    }
+    codecCache.set(rpc, codecs)
+  }
+  return codecs
+}
+
+/** Looks up a request definition of a protocol by tag. */
+export const requestOf = (protocol: RpcGroup.RpcGroup<any>, tag: string): Rpc.AnyWithProps | undefined =>
+  protocol.requests.get(tag) as Rpc.AnyWithProps | undefined
+
+const encoder = new TextEncoder()
+const decoder = new TextDecoder("utf-8", { fatal: true })
+
+export const encodeJson = (value: unknown): Uint8Array => encoder.encode(JSON.stringify(value))
+
+/** Parses UTF-8 JSON bytes; `undefined` plus a reason when they are not JSON. */
+export const parseJson = (bytes: Uint8Array): { readonly ok: true; readonly value: unknown } | { readonly ok: false; readonly reason: string } => {
+  try {
+    return { ok: true, value: bytes.length === 0 ? undefined : JSON.parse(decoder.decode(bytes)) }
+  } catch (e) {
+    return { ok: false, reason: `malformed JSON: ${e instanceof Error ? e.message : String(e)}` }
+  }
+}
+
+/** Encodes a request's payload for the wire. */
+export const encodePayload = (rpc: Rpc.Any, payload: unknown): Uint8Array =>
+  encodeJson(Schema.encodeSync(codecsOf(rpc).payload)(payload))
+
+/** Encodes the reply of an ask from the handler's exit. */
+export const encodeExitReply = (rpc: Rpc.Any, exit: Exit.Exit<unknown, unknown>): Uint8Array =>
+  encodeJson({ _tag: "Exit", exit: Schema.encodeSync(codecsOf(rpc).exit)(exit) } satisfies AskReply)
+
+export const encodeRejectedReply = (reason: string): Uint8Array =>
+  encodeJson({ _tag: "Rejected", reason } satisfies AskReply)

@@ -1,0 +1,188 @@
+/**
+ * The `ActorSystem` service: a run's streams and buckets, and the two ways to reach an actor.
+ *
+ * - `tell` publishes a request durably to the actor's tell subject on the journal stream with
+ *   a `Nats-Msg-Id` (JetStream drops a re-publish of the same id within its duplicate window;
+ *   the actor drops one outside it) and returns once JetStream has stored it.
+ * - `ask` is a core NATS request to the actor's ask subject with a timeout; the reply decodes
+ *   to the protocol's success or typed error, or to the runtime's `AskError`s.
+ *
+ * Building the layer creates the run's journal and dead-letter streams and its registry and
+ * state KV buckets when they do not exist yet (idempotent, so every node may do it).
+ */
+import { headers as natsHeaders, NoRespondersError, TimeoutError, nuid } from "@nats-io/transport-node"
+import { RetentionPolicy, StorageType, type JetStreamManager, type StreamConfig } from "@nats-io/jetstream"
+import type { KV } from "@nats-io/kv"
+import { Context, Effect, Exit, Layer, Schema } from "effect"
+import type { Rpc, RpcGroup } from "effect/rpc"
+import { ActorUnavailable, AskTimeout, RequestRejected, TransportError, messageOf, type AskError } from "./errors.ts"
+import { Nats, type NatsShape } from "./nats.ts"
+import { formatAddress, layout, type ActorAddress, type Layout } from "./names.ts"
+import { AskReply, Headers, codecsOf, encodePayload, parseJson, requestOf } from "./protocol.ts"
+
+/** A typed reference to an actor: its address and the protocol it speaks. */
+export interface ActorRef<R extends Rpc.Any> {
+  readonly address: ActorAddress
+  readonly protocol: RpcGroup.RpcGroup<R>
+}
+
+export const refOf = <R extends Rpc.Any>(protocol: RpcGroup.RpcGroup<R>, address: ActorAddress): ActorRef<R> => ({
+  address,
+  protocol
+})
+
+type RequestOf<R extends Rpc.Any, Tag extends string> = Extract<R, { readonly _tag: Tag }>
+
+export interface TellOptions {
+  /** Message id for deduplication; a fresh unique id when absent. */
+  readonly msgId?: string
+  /** Sender address, recorded in the `Gyre-Sender` header. */
+  readonly sender?: string
+}
+
+export interface AskOptions {
+  readonly timeoutMs?: number
+}
+
+export interface SystemOptions {
+  readonly run: string
+  /** How long the journal keeps messages (0 = forever). */
+  readonly journalMaxAgeMs?: number
+  /** JetStream duplicate window of the journal. */
+  readonly duplicateWindowMs?: number
+}
+
+export interface ActorSystemShape {
+  readonly run: string
+  readonly layout: Layout
+  readonly nats: NatsShape
+  readonly registry: KV
+  readonly state: KV
+  readonly tell: <R extends Rpc.Any, const Tag extends R["_tag"]>(
+    ref: ActorRef<R>,
+    tag: Tag,
+    payload: Rpc.Payload<RequestOf<R, Tag>>,
+    options?: TellOptions
+  ) => Effect.Effect<{ readonly seq: number; readonly duplicate: boolean }, TransportError>
+  readonly ask: <R extends Rpc.Any, const Tag extends R["_tag"]>(
+    ref: ActorRef<R>,
+    tag: Tag,
+    payload: Rpc.Payload<RequestOf<R, Tag>>,
+    options?: AskOptions
+  ) => Effect.Effect<Rpc.Success<RequestOf<R, Tag>>, Rpc.Error<RequestOf<R, Tag>> | AskError>
+  /** Publishes a system event (`gyre.<run>.sys.<name>`) to the journal. */
+  readonly publishEvent: (name: string, event: unknown) => Effect.Effect<void, TransportError>
+}
+
+const ms = (n: number) => n * 1_000_000
+
+const ensureStream = (jsm: JetStreamManager, config: Partial<StreamConfig> & { name: string }) =>
+  Effect.tryPromise({
+    try: async () => {
+      try {
+        await jsm.streams.info(config.name)
+      } catch {
+        try {
+          await jsm.streams.add(config)
+        } catch (e) {
+          // Another node created it between our info and add: fine if it now exists.
+          await jsm.streams.info(config.name).catch(() => {
+            throw e
+          })
+        }
+      }
+    },
+    catch: (e) => new TransportError({ operation: `create stream ${config.name}`, message: messageOf(e) })
+  })
+
+const openBucket = (nats: NatsShape, name: string) =>
+  Effect.tryPromise({
+    try: () => nats.kvm.create(name, { history: 1 }),
+    catch: (e) => new TransportError({ operation: `create KV bucket ${name}`, message: messageOf(e) })
+  })
+
+const defaultAskTimeoutMs = 10_000
+
+const make = (options: SystemOptions) =>
+  Effect.gen(function* () {
+    const nats = yield* Nats
+    const names = layout(options.run)
+    yield* ensureStream(nats.jsm, {
+      name: names.journalStream,
+      subjects: names.journalSubjects,
+      retention: RetentionPolicy.Limits,
+      storage: StorageType.File,
+      max_age: ms(options.journalMaxAgeMs ?? 0),
+      duplicate_window: ms(options.duplicateWindowMs ?? 120_000)
+    })
+    yield* ensureStream(nats.jsm, {
+      name: names.deadStream,
+      subjects: names.deadSubjects,
+      retention: RetentionPolicy.Limits,
+      storage: StorageType.File
+    })
+    const registry = yield* openBucket(nats, names.registryBucket)
+    const state = yield* openBucket(nats, names.stateBucket)
+
+    const tell: ActorSystemShape["tell"] = (ref, tag, payload, tellOptions) =>
+      Effect.suspend(() => {
+        const rpc = requestOf(ref.protocol, tag)
+        if (rpc === undefined) return Effect.die(new Error(`${tag} is not a request of ${formatAddress(ref.address)}'s protocol`))
+        const h = natsHeaders()
+        h.set(Headers.request, tag)
+        if (tellOptions?.sender !== undefined) h.set(Headers.sender, tellOptions.sender)
+        const msgID = tellOptions?.msgId ?? nuid.next()
+        const data = encodePayload(rpc, payload)
+        return Effect.tryPromise({
+          try: () => nats.js.publish(names.tell(ref.address), data, { msgID, headers: h }),
+          catch: (e) => new TransportError({ operation: `tell ${formatAddress(ref.address)} ${tag}`, message: messageOf(e) })
+        }).pipe(Effect.map((ack) => ({ seq: ack.seq, duplicate: ack.duplicate })))
+      })
+
+    const ask: ActorSystemShape["ask"] = (ref, tag, payload, askOptions) =>
+      Effect.suspend(() => {
+        const actor = formatAddress(ref.address)
+        const rpc = requestOf(ref.protocol, tag)
+        if (rpc === undefined) return Effect.die(new Error(`${tag} is not a request of ${actor}'s protocol`))
+        const timeoutMs = askOptions?.timeoutMs ?? defaultAskTimeoutMs
+        const h = natsHeaders()
+        h.set(Headers.request, tag)
+        h.set(Headers.msgId, nuid.next())
+        const data = encodePayload(rpc, payload)
+        return Effect.tryPromise({
+          try: () => nats.nc.request(names.ask(ref.address), data, { timeout: timeoutMs, headers: h }),
+          catch: (e): AskError =>
+            e instanceof TimeoutError
+              ? new AskTimeout({ actor, request: tag, timeoutMs })
+              : e instanceof NoRespondersError || (e instanceof Error && e.cause instanceof NoRespondersError)
+                ? new ActorUnavailable({ actor, request: tag })
+                : new TransportError({ operation: `ask ${actor} ${tag}`, message: messageOf(e) })
+        }).pipe(
+          Effect.flatMap((msg) => {
+            const parsed = parseJson(msg.data)
+            const reply = parsed.ok ? Schema.decodeUnknownExit(AskReply)(parsed.value) : undefined
+            if (reply === undefined || Exit.isFailure(reply)) {
+              return Effect.die(new Error(`malformed ask reply from ${actor} to ${tag}`))
+            }
+            if (reply.value._tag === "Rejected") {
+              return Effect.fail(new RequestRejected({ actor, request: tag, reason: reply.value.reason }))
+            }
+            const exit = Schema.decodeUnknownExit(codecsOf(rpc).exit)(reply.value.exit)
+            return Exit.isSuccess(exit) ? (exit.value as Effect.Effect<any, any>) : Effect.die(new Error(`undecodable reply from ${actor} to ${tag}: ${String(exit.cause)}`))
+          })
+        )
+      })
+
+    const publishEvent = (name: string, event: unknown) =>
+      Effect.tryPromise({
+        try: () => nats.js.publish(names.sys(name), JSON.stringify(event)),
+        catch: (e) => new TransportError({ operation: `publish event ${name}`, message: messageOf(e) })
+      }).pipe(Effect.asVoid)
+
+    return { run: options.run, layout: names, nats, registry, state, tell, ask, publishEvent } satisfies ActorSystemShape
+  })
+
+export class ActorSystem extends Context.Service<ActorSystem, ActorSystemShape>()("gyre/runtime/ActorSystem") {
+  /** The system of one run over the `Nats` connection in context. */
+  static readonly layer = (options: SystemOptions) => Layer.effect(ActorSystem, make(options))
+}
