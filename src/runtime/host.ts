@@ -75,6 +75,9 @@ const copyHeaders = (from: MsgHdrs | undefined): MsgHdrs => {
   return h
 }
 
+/** Header values are one line: newlines become spaces, and long reasons are cut. */
+const oneLine = (text: string): string => text.replace(/[\r\n]+\s*/g, " ").slice(0, 2000)
+
 /** Runs one incarnation until it is drained (success) or crashes (failure). */
 export const runIncarnation = <R extends Rpc.Any, S, Req>(
   type: ActorType<R, S, Req>,
@@ -220,15 +223,18 @@ export const runIncarnation = <R extends Rpc.Any, S, Req>(
       })
 
       const runFlush = Effect.runForkWith(yield* Effect.context<never>())
+      // Acknowledges a handled tell. With persistence, a tell that changed the state is acked
+      // only after the snapshot that holds the change; one that did not is acked at once unless
+      // changes are pending (it may be a redelivered copy of one of them).
       const settle = (m: JsMsg | undefined, changedState: boolean) =>
         Effect.gen(function* () {
-          if (type.persistence === undefined) {
+          if (type.persistence === undefined || (!changedState && sinceSnapshot === 0)) {
             m?.ack()
             return
           }
           if (m !== undefined) pendingAcks.push(m)
           if (changedState) sinceSnapshot++
-          if (sinceSnapshot >= type.persistence.everyMessages || (sinceSnapshot === 0 && pendingAcks.length >= 64)) {
+          if (sinceSnapshot >= type.persistence.everyMessages) {
             yield* flush
           } else if (flushTimer === undefined) {
             flushTimer = setTimeout(() => {
@@ -240,7 +246,7 @@ export const runIncarnation = <R extends Rpc.Any, S, Req>(
 
       const deadLetter = (subject: string, seq: number, bytes: Uint8Array, hdrs: MsgHdrs | undefined, reason: string) => {
         const h = copyHeaders(hdrs)
-        h.set(Headers.deadReason, reason)
+        h.set(Headers.deadReason, oneLine(reason))
         h.set(Headers.deadSubject, subject)
         h.set(Headers.deadSeq, String(seq))
         h.set(Headers.deadActor, actor)
