@@ -1,0 +1,67 @@
+/**
+ * Group-relative advantages across the executions of one task, by one of three estimators
+ * (rewards r_1..r_n of the group's executions, mean m):
+ *   grpo     A_i = (r_i - m) / (s + eps), s the sample standard deviation (n - 1), 0 if n = 1
+ *   dr-grpo  A_i = r_i - m                 (Dr. GRPO: no division by s)
+ *   rloo     A_i = r_i - mean_{j != i} r_j = n / (n - 1) * (r_i - m), 0 if n = 1
+ * Executions whose evaluation failed are dropped before grouping and reported.
+ */
+import { Schema } from "effect"
+import { rewardOf, type ExecutionOutcome } from "./outcome.ts"
+
+export const AdvantageEstimator = Schema.Literals(["grpo", "dr-grpo", "rloo"])
+export type AdvantageEstimator = typeof AdvantageEstimator.Type
+
+export const AdvantageConfig = Schema.Struct({
+  estimator: AdvantageEstimator,
+  /** Added to GRPO's standard deviation (a group of equal rewards gets advantage 0). */
+  epsilon: Schema.Number.check(Schema.isGreaterThanOrEqualTo(0))
+})
+export type AdvantageConfig = typeof AdvantageConfig.Type
+
+/** Advantages of one group's rewards, in the same order. */
+export const groupAdvantages = (rewards: ReadonlyArray<number>, config: AdvantageConfig): Array<number> => {
+  const n = rewards.length
+  if (n === 0) return []
+  const mean = rewards.reduce((a, b) => a + b, 0) / n
+  switch (config.estimator) {
+    case "grpo": {
+      const std = n > 1 ? Math.sqrt(rewards.reduce((a, r) => a + (r - mean) ** 2, 0) / (n - 1)) : 0
+      return rewards.map((r) => (r - mean) / (std + config.epsilon))
+    }
+    case "dr-grpo":
+      return rewards.map((r) => r - mean)
+    case "rloo":
+      return rewards.map((r) => (n > 1 ? (n / (n - 1)) * (r - mean) : 0))
+  }
+}
+
+/** Advantages of a step's executions, grouped by (run, task). */
+export interface StepAdvantages {
+  /** Execution id -> advantage, for every execution that trains. */
+  readonly advantages: ReadonlyMap<string, number>
+  /** Executions dropped because their evaluation never succeeded. */
+  readonly dropped: ReadonlyArray<string>
+}
+
+export const stepAdvantages = (outcomes: ReadonlyArray<ExecutionOutcome>, config: AdvantageConfig): StepAdvantages => {
+  const groups = new Map<string, Array<{ readonly execution: string; readonly reward: number }>>()
+  const dropped: Array<string> = []
+  for (const outcome of outcomes) {
+    const reward = rewardOf(outcome)
+    if (reward === undefined) {
+      dropped.push(outcome.execution)
+      continue
+    }
+    const key = JSON.stringify([outcome.run, outcome.task])
+    const group = groups.get(key) ?? []
+    group.push({ execution: outcome.execution, reward })
+    groups.set(key, group)
+  }
+  const advantages = new Map<string, number>()
+  for (const group of groups.values()) {
+    const values = groupAdvantages(group.map((g) => g.reward), config)
+    group.forEach((g, i) => advantages.set(g.execution, values[i]!))
+  }
+  return { advantages, dropped }
+}

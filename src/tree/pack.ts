@@ -1,0 +1,156 @@
+/**
+ * Packs training units into micro-batches of at most `budget` tokens in the engine's
+ * `PackedBatch` layout.
+ *
+ * A unit that fits is packed whole. A larger one is cut along its DFS preorder into
+ * consecutive ranges [a, b); a part holds its range plus, in front, the ancestors of the
+ * range's first token a (the root-to-parent path) as context with weight 0. That is all a
+ * part needs: in preorder every ancestor of a token in [a, b) that lies before a is an
+ * ancestor of a. Each generated token is trained in exactly one part, with its own
+ * weight, and its attention context is its full prefix, so the split is exact. The cost
+ * is the carried ancestors: depth(a) extra tokens per part, recomputed forward and
+ * backward (reported as `carriedTokens`). Ranges are cut greedily to fill the budget, so
+ * every token at depth d needs budget > d: a budget below the deepest path fails.
+ *
+ * Pieces (whole units and parts) go into micro-batches first-fit decreasing; the fill
+ * ratio is packed tokens / (micro-batches * budget).
+ */
+import { Result, Schema } from "effect"
+import type { PackedBatch } from "../engine/batch.ts"
+import type { TrainingUnit } from "./units.ts"
+
+export interface PackReport {
+  readonly budget: number
+  readonly microBatches: number
+  /** Tokens in all micro-batches, carried ancestors included. */
+  readonly tokens: number
+  /** Tokens with a non-zero loss weight. */
+  readonly trainedTokens: number
+  /** Ancestor tokens repeated in front of split parts. */
+  readonly carriedTokens: number
+  /** Units larger than the budget, and the parts they were cut into. */
+  readonly splitUnits: number
+  readonly parts: number
+  readonly fillRatio: number
+}
+
+export interface Packed {
+  readonly batches: ReadonlyArray<PackedBatch>
+  readonly report: PackReport
+}
+
+/** A path is longer than the micro-batch budget, so no micro-batch can hold its context. */
+export class BudgetTooSmall extends Schema.TaggedError<BudgetTooSmall>()("BudgetTooSmall", {
+  execution: Schema.String,
+  depth: Schema.Number,
+  budget: Schema.Number
+}) {}
+
+/** A whole unit (empty chain, full range) or a part of one. */
+interface Piece {
+  readonly unit: TrainingUnit
+  /** Unit indices of the range's ancestors, root first (chain[k] has depth k). */
+  readonly chain: Int32Array
+  readonly from: number
+  readonly to: number
+  readonly size: number
+}
+
+const ancestorsOf = (unit: TrainingUnit, index: number): Int32Array => {
+  const chain = new Int32Array(unit.positions[index]!)
+  for (let p = unit.parents[index]!, k = chain.length - 1; p >= 0; p = unit.parents[p]!, k--) chain[k] = p
+  return chain
+}
+
+const cut = (unit: TrainingUnit, budget: number): Result.Result<Array<Piece>, BudgetTooSmall> => {
+  if (unit.length <= budget) return Result.succeed([{ unit, chain: new Int32Array(0), from: 0, to: unit.length, size: unit.length }])
+  const pieces: Array<Piece> = []
+  for (let from = 0; from < unit.length; ) {
+    const chain = ancestorsOf(unit, from)
+    if (chain.length >= budget) return Result.fail(new BudgetTooSmall({ execution: unit.execution, depth: chain.length + 1, budget }))
+    const to = Math.min(unit.length, from + budget - chain.length)
+    pieces.push({ unit, chain, from, to, size: chain.length + to - from })
+    from = to
+  }
+  return Result.succeed(pieces)
+}
+
+const assemble = (pieces: ReadonlyArray<Piece>): PackedBatch => {
+  const length = pieces.reduce((a, p) => a + p.size, 0)
+  const batch = {
+    length,
+    tokens: new Int32Array(length),
+    parents: new Int32Array(length),
+    positions: new Int32Array(length),
+    weights: new Float32Array(length),
+    advantages: new Float32Array(length),
+    behaviourLogprobs: new Float32Array(length),
+    proximalLogprobs: new Float32Array(length).fill(Number.NaN),
+    versions: new Int32Array(length)
+  }
+  let k = 0
+  for (const { unit, chain, from, to, size } of pieces) {
+    const offset = k
+    const copy = (source: number, parent: number, weight: number) => {
+      batch.tokens[k] = unit.tokens[source]!
+      batch.parents[k] = parent
+      batch.positions[k] = unit.positions[source]!
+      batch.weights[k] = weight
+      batch.behaviourLogprobs[k] = unit.behaviourLogprobs[source]!
+      batch.versions[k] = unit.versions[source]!
+      k++
+    }
+    chain.forEach((source, depth) => copy(source, depth === 0 ? -1 : offset + depth - 1, 0))
+    for (let i = from; i < to; i++) {
+      const p = unit.parents[i]!
+      copy(i, p < 0 ? -1 : p < from ? offset + unit.positions[p]! : offset + chain.length + p - from, unit.weights[i]!)
+    }
+    batch.advantages.fill(unit.advantage, offset, offset + size)
+  }
+  return batch
+}
+
+export const packMicroBatches = (units: ReadonlyArray<TrainingUnit>, budget: number): Result.Result<Packed, BudgetTooSmall> => {
+  const pieces: Array<Piece> = []
+  let splitUnits = 0
+  let parts = 0
+  for (const unit of units) {
+    const cutResult = cut(unit, budget)
+    if (Result.isFailure(cutResult)) return Result.fail(cutResult.failure)
+    if (cutResult.success.length > 1) {
+      splitUnits++
+      parts += cutResult.success.length
+    }
+    pieces.push(...cutResult.success)
+  }
+  const bins: Array<{ free: number; pieces: Array<Piece> }> = []
+  for (const piece of [...pieces].sort((a, b) => b.size - a.size)) {
+    const bin = bins.find((b) => b.free >= piece.size)
+    if (bin === undefined) bins.push({ free: budget - piece.size, pieces: [piece] })
+    else {
+      bin.free -= piece.size
+      bin.pieces.push(piece)
+    }
+  }
+  const batches = bins.map((bin) => assemble(bin.pieces))
+  let tokens = 0
+  let trainedTokens = 0
+  for (const batch of batches) {
+    tokens += batch.length
+    for (const w of batch.weights) if (w !== 0) trainedTokens++
+  }
+  const carriedTokens = pieces.reduce((a, p) => a + p.chain.length, 0)
+  return Result.succeed({
+    batches,
+    report: {
+      budget,
+      microBatches: batches.length,
+      tokens,
+      trainedTokens,
+      carriedTokens,
+      splitUnits,
+      parts,
+      fillRatio: batches.length === 0 ? 0 : tokens / (batches.length * budget)
+    }
+  })
+}

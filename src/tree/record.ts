@@ -1,0 +1,77 @@
+/**
+ * `CallRecord`: the delta-encoded, token-level record of one model call, as the gateway
+ * writes it to JetStream (JSON) and tree building and replay read it back.
+ *
+ * A call's full token sequence is `prompt ++ output`. The record carries it as
+ *   sequence = (first `ref.shared` tokens of the referenced call's sequence) ++ `suffix`
+ * where `ref` names an earlier call of the same execution (null: no shared prefix), and
+ * `promptHash` is the digest (`hash.ts`) of the full prompt, so the decoder verifies the
+ * reconstruction. Token arrays travel as base64 little-endian int32/float32 (`wire.ts`).
+ * `logprobs` and `versions` hold one value per output token.
+ */
+import { Schema } from "effect"
+import { Role } from "./role.ts"
+import { Float32ArrayFromBase64, Int32ArrayFromBase64 } from "./wire.ts"
+
+const NonNegativeInt = Schema.Int.check(Schema.isGreaterThanOrEqualTo(0))
+
+/** Reference to the earlier call whose first `shared` tokens (prompt + output) this call repeats. */
+export const CallReference = Schema.Struct({
+  callId: Schema.NonEmptyString,
+  shared: Schema.Int.check(Schema.isGreaterThanOrEqualTo(1))
+})
+export type CallReference = typeof CallReference.Type
+
+/** The delta-encoded record of one model call (see the module comment). */
+export const CallRecord = Schema.Struct({
+  run: Schema.String,
+  task: Schema.String,
+  execution: Schema.NonEmptyString,
+  /** Unique within the execution; records are idempotent by it. */
+  callId: Schema.NonEmptyString,
+  role: Role,
+  ref: Schema.NullOr(CallReference),
+  /** The tokens of `prompt ++ output` after the shared prefix. */
+  suffix: Int32ArrayFromBase64,
+  promptLength: NonNegativeInt,
+  outputLength: NonNegativeInt,
+  /** `hashDigest` of the full prompt: 16 hex digits. */
+  promptHash: Schema.String.check(Schema.isPattern(/^[0-9a-f]{16}$/)),
+  /** Behaviour log-probability of each output token. */
+  logprobs: Float32ArrayFromBase64,
+  /** Policy version that sampled each output token. */
+  versions: Int32ArrayFromBase64,
+  /** As the serving engine reported it: "stop", "length", "tool_calls", "cancelled", ... */
+  finishReason: Schema.String,
+  /** Milliseconds since the epoch, as the gateway saw the request start and end. */
+  startedAt: Schema.Number,
+  finishedAt: Schema.Number,
+  /** Raw tool-call payloads the model emitted, keyed by tool-call id. */
+  toolCalls: Schema.Record(Schema.String, Schema.String)
+})
+export type CallRecord = typeof CallRecord.Type
+
+/** A record as JSON text (the JetStream payload). */
+export const CallRecordJson = Schema.fromJsonString(CallRecord)
+
+/** One model call in full, as the gateway sees it before encoding. */
+export interface ModelCall {
+  readonly callId: string
+  readonly role: Role
+  readonly prompt: Int32Array
+  readonly output: Int32Array
+  readonly logprobs: Float32Array
+  readonly versions: Int32Array
+  readonly finishReason: string
+  readonly startedAt: number
+  readonly finishedAt: number
+  readonly toolCalls: Readonly<Record<string, string>>
+}
+
+/** A record the decoder refuses, and why. */
+export class CallRecordRejected extends Schema.TaggedError<CallRecordRejected>()("CallRecordRejected", {
+  execution: Schema.String,
+  callId: Schema.String,
+  reason: Schema.Literals(["wrong-execution", "malformed", "reference-rejected", "hash-mismatch"]),
+  detail: Schema.String
+}) {}

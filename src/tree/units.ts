@@ -1,0 +1,127 @@
+/**
+ * Training units: each execution of a step serialised once, in canonical DFS preorder,
+ * with the per-token loss weights of one of the two training modes (ARCHITECTURE.md,
+ * "Trajectory trees", has the math):
+ *
+ * - `exact`: the whole tree; a generated token t gets weight c(t) / (E * N_e), c(t) the
+ *   number of root-to-leaf paths through t and N_e = sum over the execution's generated
+ *   tokens of c(t). The gradient equals training every path as its own sequence with the
+ *   loss averaged over the execution's path tokens, then over the E executions.
+ * - `sampled`: the union of the paths bounded dedup sampling chose; each generated token in
+ *   it is trained once, weight 1 / (E * T_e), T_e the execution's trained tokens.
+ *
+ * A unit is a forest in preorder: `parents[i] < i`, positions are depths in the tree, so
+ * attention restricted to ancestors sees exactly each token's own prefix. Executions with
+ * no trainable token produce no unit and do not count in E.
+ */
+import { Schema } from "effect"
+import { samplePaths, seedFor, type PathSample } from "./sample.ts"
+import { ROOT, type TrajectoryTree } from "./tree.ts"
+
+/** How a step trains its trees. */
+export const TrainingMode = Schema.Union([
+  Schema.TaggedStruct("exact", {}),
+  Schema.TaggedStruct("sampled", {
+    /** J_max: paths per execution. */
+    maxPaths: Schema.Int.check(Schema.isGreaterThanOrEqualTo(1)),
+    seed: Schema.Int
+  })
+])
+export type TrainingMode = typeof TrainingMode.Type
+
+/** One execution's tokens to train, before packing. */
+export interface TrainingUnit {
+  readonly execution: string
+  readonly length: number
+  readonly tokens: Int32Array
+  readonly parents: Int32Array
+  readonly positions: Int32Array
+  /** Loss weight of the term predicting `tokens[i]`: count * lossScale for generated tokens, else 0. */
+  readonly weights: Float32Array
+  readonly behaviourLogprobs: Float32Array
+  readonly versions: Int32Array
+  readonly advantage: number
+  /** 1 / (E * N_e) (exact) or 1 / (E * T_e) (sampled). */
+  readonly lossScale: number
+}
+
+/** An execution of the step: its tree and group-relative advantage. */
+export interface StepExecution {
+  readonly execution: string
+  readonly tree: TrajectoryTree
+  readonly advantage: number
+}
+
+export interface StepUnits {
+  readonly units: ReadonlyArray<TrainingUnit>
+  /** E: executions that train (have trainable tokens). */
+  readonly executions: number
+  /** Per execution, the paths sampling chose (sampled mode only). */
+  readonly samples: ReadonlyMap<string, PathSample>
+}
+
+/** Per node: root-to-leaf paths through it (leaves below it, 1 for a leaf). */
+export const pathCounts = (tree: TrajectoryTree, order: Int32Array = tree.preorder()): Float64Array => {
+  const counts = new Float64Array(tree.nodeCount)
+  for (let i = order.length - 1; i >= 0; i--) {
+    const node = order[i]!
+    if (counts[node] === 0) counts[node] = 1
+    const parent = tree.parentOf(node)
+    if (parent !== ROOT) counts[parent] = counts[parent]! + counts[node]!
+  }
+  return counts
+}
+
+export const stepUnits = (executions: ReadonlyArray<StepExecution>, mode: TrainingMode): StepUnits => {
+  const samples = new Map<string, PathSample>()
+  const plans = executions.map((step) => {
+    const order = step.tree.preorder()
+    const trainable = step.tree.trainableCounts()
+    if (mode._tag === "exact") {
+      const counts = pathCounts(step.tree, order)
+      let total = 0
+      for (const node of order) total += counts[node]! * trainable[node]!
+      return { step, order, nodeWeights: counts, total }
+    }
+    const sample = samplePaths(step.tree, mode.maxPaths, seedFor(mode.seed, step.execution))
+    samples.set(step.execution, sample)
+    const nodeWeights = Float64Array.from(sample.inUnion)
+    return { step, order: order.filter((node) => sample.inUnion[node] === 1), nodeWeights, total: sample.trainedTokens }
+  })
+  const training = plans.filter((plan) => plan.total > 0)
+  const units = training.map(({ step, order, nodeWeights, total }) =>
+    serialize(step, order, nodeWeights, 1 / (training.length * total))
+  )
+  return { units, executions: training.length, samples }
+}
+
+/** Serialises `order` (a preorder of nodes closed under parents) into a unit. */
+const serialize = (step: StepExecution, order: Int32Array, nodeWeights: Float64Array, lossScale: number): TrainingUnit => {
+  const { tree } = step
+  let length = 0
+  for (const node of order) length += tree.lengthOf(node)
+  const tokens = new Int32Array(length)
+  const parents = new Int32Array(length)
+  const positions = new Int32Array(length)
+  const weights = new Float32Array(length)
+  const behaviourLogprobs = new Float32Array(length)
+  const versions = new Int32Array(length)
+  const lastIndex = new Int32Array(tree.nodeCount)
+  let k = 0
+  for (const node of order) {
+    const parent = tree.parentOf(node)
+    const first = tree.depthOf(node)
+    const nodeVersions = tree.versionsOf(node)
+    const weight = nodeWeights[node]! * lossScale
+    tokens.set(tree.tokensOf(node), k)
+    behaviourLogprobs.set(tree.logprobsOf(node), k)
+    versions.set(nodeVersions, k)
+    for (let j = 0; j < nodeVersions.length; j++, k++) {
+      parents[k] = j > 0 ? k - 1 : parent === ROOT ? -1 : lastIndex[parent]!
+      positions[k] = first + j
+      weights[k] = nodeVersions[j]! >= 0 && first + j > 0 ? weight : 0
+    }
+    lastIndex[node] = k - 1
+  }
+  return { execution: step.execution, length, tokens, parents, positions, weights, behaviourLogprobs, versions, advantage: step.advantage, lossScale }
+}
