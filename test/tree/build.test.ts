@@ -1,42 +1,9 @@
 import fc from "fast-check"
-import { Schema } from "effect"
 import { describe, expect, it } from "vitest"
-import { DeltaDecoder } from "../../src/tree/decoder.ts"
-import { DeltaEncoder } from "../../src/tree/encoder.ts"
 import { digestOf } from "../../src/tree/hash.ts"
-import { CallRecordJson, type CallRecord, type ModelCall } from "../../src/tree/record.ts"
+import type { ModelCall } from "../../src/tree/record.ts"
 import { executionStats } from "../../src/tree/stats.ts"
-import type { TrajectoryTree } from "../../src/tree/tree.ts"
-import { deliveryOrder, executionArb, naivePreorder, naiveTrie, type NaiveNode } from "./simulate.ts"
-
-const ids = { run: "r", task: "t", execution: "e" }
-const encodeJson = Schema.encodeSync(CallRecordJson)
-const decodeJson = Schema.decodeUnknownSync(CallRecordJson)
-
-/** Encodes calls as the gateway does and sends them through the JSON wire form. */
-export const wireRecords = (calls: ReadonlyArray<ModelCall>, chunkTokens = 64): Array<CallRecord> => {
-  const encoder = new DeltaEncoder(ids, { chunkTokens })
-  return calls.map((c) => decodeJson(encodeJson(encoder.encode(c))))
-}
-
-export const build = (records: ReadonlyArray<CallRecord>, chunkTokens = 64): DeltaDecoder => {
-  const decoder = new DeltaDecoder(ids.execution, { chunkTokens })
-  for (const record of records) expect(decoder.add(record).rejected).toEqual([])
-  expect(decoder.pending()).toEqual([])
-  return decoder
-}
-
-/** Every token of the tree in canonical preorder: depth, id, version, log-prob. */
-export const listing = (tree: TrajectoryTree): Array<[number, number, number, number]> => {
-  const rows: Array<[number, number, number, number]> = []
-  for (const node of tree.preorder()) {
-    const tokens = tree.tokensOf(node)
-    const versions = tree.versionsOf(node)
-    const logprobs = tree.logprobsOf(node)
-    tokens.forEach((t, j) => rows.push([tree.depthOf(node) + j, t, versions[j]!, logprobs[j]!]))
-  }
-  return rows
-}
+import { build, deliveryOrder, executionArb, listing, naivePreorder, naiveTrie, wireRecords, type NaiveNode } from "./simulate.ts"
 
 const naiveListing = (root: NaiveNode) => naivePreorder(root).map((n) => [n.depth, n.token, n.version, n.version < 0 ? 0 : n.logprob])
 

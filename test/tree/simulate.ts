@@ -2,11 +2,17 @@
  * Test helpers: a fast-check arbitrary of agent executions (main calls, retries, subagents
  * with summaries, compactions, custom-role calls) over a tiny vocabulary so that chance
  * matches between branches are common, and a naive token-by-token trie that serves as the
- * reference for tree contents, generated masks, path counts and leaf roles.
+ * reference for tree contents, generated masks, path counts and leaf roles; and the
+ * gateway-to-tree pipeline (encoder, JSON wire form, decoder).
  */
+import { Schema } from "effect"
 import fc from "fast-check"
-import type { ModelCall } from "../../src/tree/record.ts"
+import { expect } from "vitest"
+import { DeltaDecoder } from "../../src/tree/decoder.ts"
+import { DeltaEncoder } from "../../src/tree/encoder.ts"
+import { CallRecordJson, type CallRecord, type ModelCall } from "../../src/tree/record.ts"
 import { compareRoles } from "../../src/tree/role.ts"
+import type { TrajectoryTree } from "../../src/tree/tree.ts"
 
 const token = fc.integer({ min: 0, max: 4 })
 const tokens = (max: number) => fc.array(token, { maxLength: max })
@@ -160,4 +166,33 @@ export const deliveryOrder = <A>(items: ReadonlyArray<A>, seeds: ReadonlyArray<n
     ;[out[a], out[b]] = [out[b]!, out[a]!]
   })
   return out
+}
+
+const ids = { run: "r", task: "t", execution: "e" }
+const encodeJson = Schema.encodeSync(CallRecordJson)
+const decodeJson = Schema.decodeUnknownSync(CallRecordJson)
+
+/** Encodes calls as the gateway does and sends them through the JSON wire form. */
+export const wireRecords = (calls: ReadonlyArray<ModelCall>, chunkTokens = 64): Array<CallRecord> => {
+  const encoder = new DeltaEncoder(ids, { chunkTokens })
+  return calls.map((c) => decodeJson(encodeJson(encoder.encode(c))))
+}
+
+export const build = (records: ReadonlyArray<CallRecord>, chunkTokens = 64): DeltaDecoder => {
+  const decoder = new DeltaDecoder(ids.execution, { chunkTokens })
+  for (const record of records) expect(decoder.add(record).rejected).toEqual([])
+  expect(decoder.pending()).toEqual([])
+  return decoder
+}
+
+/** Every token of the tree in canonical preorder: depth, id, version, log-prob. */
+export const listing = (tree: TrajectoryTree): Array<[number, number, number, number]> => {
+  const rows: Array<[number, number, number, number]> = []
+  for (const node of tree.preorder()) {
+    const tokens = tree.tokensOf(node)
+    const versions = tree.versionsOf(node)
+    const logprobs = tree.logprobsOf(node)
+    tokens.forEach((t, j) => rows.push([tree.depthOf(node) + j, t, versions[j]!, logprobs[j]!]))
+  }
+  return rows
 }

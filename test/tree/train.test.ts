@@ -1,0 +1,192 @@
+import fc from "fast-check"
+import { Result } from "effect"
+import { describe, expect, it } from "vitest"
+import type { PackedBatch } from "../../src/engine/batch.ts"
+import { packMicroBatches } from "../../src/tree/pack.ts"
+import type { ModelCall } from "../../src/tree/record.ts"
+import { roleRank } from "../../src/tree/role.ts"
+import { samplePaths } from "../../src/tree/sample.ts"
+import { ROOT, type TrajectoryTree } from "../../src/tree/tree.ts"
+import { stepUnits, type TrainingUnit } from "../../src/tree/units.ts"
+import { build, deliveryOrder, executionArb, naiveLeafCounts, naivePreorder, naiveTrie, wireRecords } from "./simulate.ts"
+
+const treeOf = (calls: ReadonlyArray<ModelCall>, seeds: ReadonlyArray<number> = []) => build(deliveryOrder(wireRecords(calls), seeds)).tree
+
+/** Trainable tokens (generated, depth > 0) on a leaf's path, as "node:offset" keys. */
+const trainableOnPath = (tree: TrajectoryTree, leaf: number): Array<string> => {
+  const keys: Array<string> = []
+  for (let node = leaf; node !== ROOT; node = tree.parentOf(node)) {
+    tree.versionsOf(node).forEach((v, j) => {
+      if (v >= 0 && tree.depthOf(node) + j > 0) keys.push(`${node}:${j}`)
+    })
+  }
+  return keys
+}
+
+/** The root-to-token path of unit (or batch) token i, following parents. */
+const pathOf = (layout: { readonly tokens: Int32Array; readonly parents: Int32Array }, i: number): Array<number> => {
+  const path: Array<number> = []
+  for (let k = i; k >= 0; k = layout.parents[k]!) path.push(layout.tokens[k]!)
+  return path.reverse()
+}
+
+const sumWeights = (units: ReadonlyArray<TrainingUnit>) => units.reduce((a, u) => a + u.weights.reduce((b, w) => b + w, 0), 0)
+
+describe("bounded dedup sampling", () => {
+  it("never trains a token twice, respects J_max and the role order, and is deterministic", () => {
+    fc.assert(
+      fc.property(executionArb(30), fc.integer({ min: 1, max: 6 }), fc.nat(), fc.array(fc.nat(), { maxLength: 20 }), (calls, maxPaths, seed, order) => {
+        const tree = treeOf(calls)
+        const sample = samplePaths(tree, maxPaths, seed)
+        expect(sample.paths.length).toBeLessThanOrEqual(maxPaths)
+        const leaves = tree.leaves()
+        const trained = new Set<string>()
+        const unmasked = (leaf: number) => trainableOnPath(tree, leaf).filter((k) => !trained.has(k)).length
+        let lastRank = 0
+        for (const path of sample.paths) {
+          const best = Math.min(...leaves.filter((l) => unmasked(l.node) > 0).map((l) => roleRank(l.role)))
+          expect(roleRank(path.role)).toBe(best)
+          expect(roleRank(path.role)).toBeGreaterThanOrEqual(lastRank)
+          lastRank = roleRank(path.role)
+          const fresh = trainableOnPath(tree, path.leaf).filter((k) => !trained.has(k))
+          expect(fresh.length).toBe(path.trainedTokens)
+          expect(path.trainedTokens).toBeGreaterThan(0)
+          for (const k of fresh) trained.add(k)
+        }
+        if (sample.paths.length < maxPaths) for (const l of leaves) expect(unmasked(l.node)).toBe(0)
+        expect(sample.trainedTokens).toBe(trained.size)
+        expect(samplePaths(tree, maxPaths, seed)).toEqual(sample)
+        // The same records in another order give the same paths.
+        const other = treeOf(calls, order)
+        const again = samplePaths(other, maxPaths, seed)
+        const pathTokens = (t: TrajectoryTree, leaf: number) => Array.from(t.pathTokens({ node: leaf, depth: t.lastDepthOf(leaf) }))
+        expect(again.paths.map((p) => pathTokens(other, p.leaf))).toEqual(sample.paths.map((p) => pathTokens(tree, p.leaf)))
+        // Packed, the union trains each of those tokens once, with weight 1 / (E * T_e).
+        const { units, samples } = stepUnits([{ execution: "e", tree, advantage: 1 }], { _tag: "sampled", maxPaths, seed })
+        const trainedInStep = samples.get("e")!.trainedTokens
+        expect(units.length).toBe(trainedInStep > 0 ? 1 : 0)
+        expect(units.flatMap((u) => Array.from(u.weights).filter((w) => w > 0)).length).toBe(trainedInStep)
+        if (trainedInStep > 0) expect(sumWeights(units)).toBeCloseTo(1, 5)
+      }),
+      { numRuns: 120 }
+    )
+  })
+
+  it("draws leaves of one class in proportion to their unmasked trainable tokens", () => {
+    const call = (callId: string, prompt: Array<number>, output: Array<number>, role = "main"): ModelCall => ({
+      callId,
+      role,
+      prompt: Int32Array.from(prompt),
+      output: Int32Array.from(output),
+      logprobs: new Float32Array(output.length),
+      versions: new Int32Array(output.length),
+      finishReason: "stop",
+      startedAt: 0,
+      finishedAt: 0,
+      toolCalls: {}
+    })
+    const tree = treeOf([call("a", [1, 2], [3]), call("b", [1, 2], [4, 5, 6]), call("s", [1, 2, 9], [7, 7, 7, 7, 7, 7], "subagent")])
+    let drewB = 0
+    const draws = 4000
+    for (let seed = 0; seed < draws; seed++) {
+      const { paths } = samplePaths(tree, 1, seed)
+      expect(paths[0]!.role).toBe("main") // the subagent leaf has more tokens but a lower class
+      if (paths[0]!.trainedTokens === 3) drewB++
+    }
+    expect(drewB / draws).toBeGreaterThan(0.72)
+    expect(drewB / draws).toBeLessThan(0.78)
+    const all = samplePaths(tree, 5, 1)
+    expect(all.paths.map((p) => p.role)).toEqual(["main", "main", "subagent"])
+    expect(all.trainedTokens).toBe(10)
+  })
+})
+
+describe("exact tree packing", () => {
+  it("weights each generated token by the root-to-leaf paths through it, normalised per execution then over executions", () => {
+    fc.assert(
+      fc.property(fc.array(executionArb(20), { minLength: 1, maxLength: 3 }), (executions) => {
+        const steps = executions.map((calls, i) => ({ execution: `e${i}`, tree: treeOf(calls), advantage: i - 1 }))
+        const { units, executions: e } = stepUnits(steps, { _tag: "exact" })
+        expect(units.length).toBe(e)
+        for (const unit of units) {
+          const calls = executions[Number(unit.execution.slice(1))]!
+          const naive = naiveTrie(calls)
+          const order = naivePreorder(naive)
+          const counts = naiveLeafCounts(naive)
+          expect(unit.length).toBe(order.length)
+          let flat = 0
+          order.forEach((n, i) => {
+            expect(unit.tokens[i]).toBe(n.token)
+            expect(unit.positions[i]).toBe(n.depth)
+            const trainable = n.version >= 0 && n.depth > 0
+            if (trainable) flat += counts.get(n)!
+            expect(unit.weights[i]! / unit.lossScale).toBeCloseTo(trainable ? counts.get(n)! : 0, 3)
+            expect(unit.parents[i]! < i).toBe(true)
+          })
+          expect(unit.lossScale).toBeCloseTo(1 / (e * flat), 12)
+          expect(unit.advantage).toBe(Number(unit.execution.slice(1)) - 1)
+        }
+        if (units.length > 0) expect(sumWeights(units)).toBeCloseTo(1, 4)
+      }),
+      { numRuns: 80 }
+    )
+  })
+})
+
+describe("packing into micro-batches", () => {
+  /** "advantage|path" -> weight of every trained token (each tree path is unique). */
+  const trainedKeys = (layouts: ReadonlyArray<{ tokens: Int32Array; parents: Int32Array; weights: Float32Array; adv: (i: number) => number }>) => {
+    const keys = new Map<string, number>()
+    for (const layout of layouts) {
+      layout.weights.forEach((w, i) => {
+        if (w === 0) return
+        const key = `${layout.adv(i)}|${pathOf(layout, i).join(",")}`
+        expect(keys.has(key)).toBe(false)
+        keys.set(key, w)
+      })
+    }
+    return keys
+  }
+
+  it("splits trees larger than the budget into parts that train every token exactly once with its full context", () => {
+    fc.assert(
+      fc.property(
+        fc.array(executionArb(24), { minLength: 1, maxLength: 4 }),
+        fc.boolean(),
+        fc.integer({ min: 1, max: 60 }),
+        (executions, sampled, slack) => {
+          const steps = executions.map((calls, i) => ({ execution: `e${i}`, tree: treeOf(calls), advantage: i + 1 }))
+          const { units } = stepUnits(steps, sampled ? { _tag: "sampled", maxPaths: 3, seed: 7 } : { _tag: "exact" })
+          const maxDepth = Math.max(0, ...units.map((u) => Math.max(...u.positions)))
+          const budget = maxDepth + 1 + slack
+          const packed = packMicroBatches(units, budget)
+          if (Result.isFailure(packed)) throw packed.failure
+          const { batches, report } = packed.success
+          const unitTokens = units.reduce((a, u) => a + u.length, 0)
+          for (const batch of batches as ReadonlyArray<PackedBatch>) {
+            expect(batch.length).toBeLessThanOrEqual(budget)
+            batch.parents.forEach((p, i) => {
+              expect(p).toBeLessThan(i)
+              expect(batch.positions[i]).toBe(p < 0 ? 0 : batch.positions[p]! + 1)
+              expect(batch.advantages[i]).toBe(p < 0 ? batch.advantages[i] : batch.advantages[p])
+            })
+            expect(batch.proximalLogprobs.every(Number.isNaN)).toBe(true)
+          }
+          const fromUnits = trainedKeys(units.map((u) => ({ ...u, adv: () => u.advantage })))
+          const fromBatches = trainedKeys(batches.map((b) => ({ ...b, adv: (i: number) => b.advantages[i]! })))
+          expect(fromBatches).toEqual(fromUnits)
+          expect(report.trainedTokens).toBe(fromUnits.size)
+          expect(report.tokens).toBe(unitTokens + report.carriedTokens)
+          expect(report.microBatches).toBe(batches.length)
+          expect(report.fillRatio).toBeLessThanOrEqual(1)
+          expect(report.splitUnits).toBe(units.filter((u) => u.length > budget).length)
+          if (units.length > 0) {
+            const tooSmall = packMicroBatches(units, maxDepth)
+            expect(Result.isFailure(tooSmall) && tooSmall.failure._tag).toBe("BudgetTooSmall")
+          }
+        }
+      ),
+      { numRuns: 100 }
+    )
+  })
+})
