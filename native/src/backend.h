@@ -1,0 +1,91 @@
+/*
+ * backend.h - what a backend (src/cpu, cuda/) implements for the shared code in src/common.
+ *
+ * The shared code validates arguments, owns the KV block bookkeeping (tables, reference
+ * counts, pins), the formats and the loss terms, and calls these functions for everything
+ * that touches device memory or does arithmetic at scale. All pointers typed `host` are
+ * host memory; the other buffers live on the backend's device. Functions return GYRE_OK
+ * or the status of gyre_fail(...).
+ */
+#ifndef GYRE_BACKEND_H
+#define GYRE_BACKEND_H
+
+#include "internal.h"
+
+typedef struct be_model be_model;
+typedef struct be_cache be_cache;
+typedef struct be_trainer be_trainer;
+
+/* ---- device ---- */
+const char *be_name(void);
+int32_t be_device_count(void);
+gyre_status be_device_name(int32_t device, char *buf, size_t cap);
+gyre_status be_set_device(int32_t device);
+void be_set_num_threads(int32_t n);
+int32_t be_num_threads(void);
+
+/* ---- model weights (flat layout of internal.h) ---- */
+gyre_status be_model_create(const param_layout *layout, be_model **out);
+gyre_status be_model_set_weights(be_model *m, const float *host);
+gyre_status be_model_get_weights(const be_model *m, float *host);
+void be_model_free(be_model *m);
+
+/* ---- KV block pool ---- */
+gyre_status be_cache_create(be_model *m, int32_t block_tokens, int32_t num_blocks, be_cache **out);
+void be_cache_free(be_cache *c);
+/* Copies all of block src (every layer, K and V) into block dst. */
+gyre_status be_cache_copy_block(be_cache *c, int32_t dst, int32_t src);
+/* Reads / writes the first `length` tokens held by the block table `blocks` in the export
+ * payload layout of gyre.h: for each layer, K then V, each [length][KV][hd]. */
+gyre_status be_cache_read(const be_cache *c, const int32_t *blocks, int32_t length, float *host);
+gyre_status be_cache_write(be_cache *c, const int32_t *blocks, int32_t length, const float *host);
+
+/* A ragged inference batch, all arrays on the host. Row r is token tokens[r] of sequence
+ * row_seq[r] at position positions[r]; sequence s has seq_len[s] tokens after the append
+ * and its block table is blocks[block_off[s] .. block_off[s+1]). The rows of one sequence
+ * are consecutive and in position order; all their K/V are written before attention. */
+typedef struct fwd_batch {
+  int32_t n_rows;
+  const int32_t *tokens;
+  const int32_t *positions;
+  const int32_t *row_seq;
+  int32_t n_seqs;
+  const int32_t *seq_len;
+  const int32_t *block_off;
+  const int32_t *blocks;
+  int32_t n_out;          /* rows whose logits are wanted ... */
+  const int32_t *out_rows;/* ... their indices, ascending */
+} fwd_batch;
+
+/* Runs the model over the batch, writing K/V into the cache; logits_host: n_out x V. */
+gyre_status be_forward(be_model *m, be_cache *c, const fwd_batch *b, float *logits_host);
+
+/* ---- training ---- */
+typedef struct train_batch {
+  int32_t n;
+  const int32_t *tokens;
+  const int32_t *parents;
+  const int32_t *positions;
+  const forest *forest;
+} train_batch;
+
+gyre_status be_trainer_create(be_model *m, int32_t max_tokens, be_trainer **out);
+void be_trainer_free(be_trainer *t);
+/* Forward over the batch; for every token i with a parent: logp_host[i] = log p(tokens[i] |
+ * output at parents[i]) and entropy_host[i] = entropy of that distribution (NaN for roots).
+ * Keeps the activations for be_train_backward of the same batch. */
+gyre_status be_train_forward(be_trainer *t, const train_batch *b, float *logp_host,
+                             float *entropy_host);
+/* Backward of sum_i L_i(logp_i) given dlogp_host[i] = dL_i/dlogp_i (0 for roots and terms
+ * not trained); adds into the gradient buffer. */
+gyre_status be_train_backward(be_trainer *t, const train_batch *b, const float *dlogp_host);
+gyre_status be_grads_zero(be_trainer *t);
+gyre_status be_grads_get(const be_trainer *t, float *host);
+gyre_status be_grads_set(be_trainer *t, const float *host);
+gyre_status be_grads_add(be_trainer *t, const float *host, float scale);
+/* AdamW step number `step` (1-based) on the model's weights; grad_norm before clipping. */
+gyre_status be_adamw_step(be_trainer *t, const gyre_adamw *opt, int64_t step, float *grad_norm);
+gyre_status be_moments_get(const be_trainer *t, float *m_host, float *v_host);
+gyre_status be_moments_set(be_trainer *t, const float *m_host, const float *v_host);
+
+#endif

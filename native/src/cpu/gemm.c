@@ -1,0 +1,225 @@
+/* gemm.c - cache-blocked SGEMM with packed panels, a register-blocked micro-kernel and OpenMP.
+ *
+ * The BLIS loop nest: for each NC-wide column panel and KC-deep slice of B, B is packed
+ * once (all threads together) into NR-wide slivers; then tasks (an MC-tall block of A times
+ * a range of B slivers) are spread over the threads, each packing its A block into MR-tall
+ * slivers and running the MR x NR micro-kernel over them. Packing also performs the
+ * transposes, so one kernel serves X.W^T (forward), dY.W (input gradient) and dY^T.X
+ * (weight gradient). The micro-kernel is written with GCC vector extensions: AVX-512 gives
+ * 16-float vectors (MR x NR = 8 x 32), AVX2 8-float vectors (6 x 16), anything else 4-float
+ * vectors the compiler lowers as it can.
+ */
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gemm.h"
+
+#if defined(__AVX512F__)
+#define VL 16
+#define MR 8
+#elif defined(__AVX2__) || defined(__AVX__)
+#define VL 8
+#define MR 6
+#else
+#define VL 4
+#define MR 4
+#endif
+#define NV 2            /* vectors per micro-tile row */
+#define NR (VL * NV)
+#define KC 256
+#define MC (MR * 16)
+#define NC 2048
+
+typedef float vf __attribute__((vector_size(VL * sizeof(float))));
+
+static int gemm_threads = 0;
+
+int cpu_threads(void) {
+  if (gemm_threads <= 0) gemm_threads = omp_get_num_procs();
+  return gemm_threads;
+}
+
+void cpu_set_threads(int n) { gemm_threads = n > 0 ? n : omp_get_num_procs(); }
+
+static inline vf load_v(const float *p) {
+  vf v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+
+static inline void store_v(float *p, vf v) { memcpy(p, &v, sizeof v); }
+
+/* c[MR x NR] (ldc) = (accumulate ? c : 0) + ap[kc x MR]^T . bp[kc x NR] */
+static void micro_kernel(int kc, const float *restrict ap, const float *restrict bp, float *restrict c,
+                         int ldc, int accumulate) {
+  vf acc[MR][NV];
+  for (int i = 0; i < MR; i++)
+    for (int v = 0; v < NV; v++) acc[i][v] = (vf){0};
+  for (int k = 0; k < kc; k++) {
+    vf b[NV];
+    for (int v = 0; v < NV; v++) b[v] = load_v(bp + v * VL);
+    for (int i = 0; i < MR; i++)
+      for (int v = 0; v < NV; v++) acc[i][v] += ap[i] * b[v];
+    ap += MR;
+    bp += NR;
+  }
+  for (int i = 0; i < MR; i++)
+    for (int v = 0; v < NV; v++) {
+      float *dst = c + (size_t)i * ldc + v * VL;
+      store_v(dst, accumulate ? load_v(dst) + acc[i][v] : acc[i][v]);
+    }
+}
+
+/* A block (rows m0.., mc x kc at k0) into MR-row slivers, k-major, zero padded. */
+static void pack_a(int mc, int kc, const float *a, int lda, int trans_a, int m0, int k0, int M, float *ap) {
+  for (int s = 0; s < mc; s += MR, ap += (size_t)MR * kc) {
+    int rows = M - (m0 + s) < MR ? M - (m0 + s) : MR;
+    if (trans_a) {
+      for (int k = 0; k < kc; k++) {
+        const float *src = a + (size_t)(k0 + k) * lda + m0 + s;
+        int i = 0;
+        for (; i < rows; i++) ap[k * MR + i] = src[i];
+        for (; i < MR; i++) ap[k * MR + i] = 0.0f;
+      }
+    } else {
+      for (int i = 0; i < MR; i++) {
+        if (i >= rows) {
+          for (int k = 0; k < kc; k++) ap[k * MR + i] = 0.0f;
+          continue;
+        }
+        const float *src = a + (size_t)(m0 + s + i) * lda + k0;
+        for (int k = 0; k < kc; k++) ap[k * MR + i] = src[k];
+      }
+    }
+  }
+}
+
+/* One NR-column sliver of B (columns n.., kc deep at k0), k-major, zero padded. */
+static void pack_b_sliver(int kc, const float *b, int ldb, int trans_b, int k0, int n, int N, float *bp) {
+  int cols = N - n < NR ? N - n : NR;
+  if (!trans_b) {
+    for (int k = 0; k < kc; k++) {
+      const float *src = b + (size_t)(k0 + k) * ldb + n;
+      float *dst = bp + (size_t)k * NR;
+      if (cols == NR) memcpy(dst, src, sizeof(float) * NR);
+      else {
+        int j = 0;
+        for (; j < cols; j++) dst[j] = src[j];
+        for (; j < NR; j++) dst[j] = 0.0f;
+      }
+    }
+    return;
+  }
+  /* transposed source: rows of b are columns of B; read 8 of them at a time */
+  int j = 0;
+  for (; j + 8 <= cols; j += 8) {
+    const float *r[8];
+    for (int t = 0; t < 8; t++) r[t] = b + (size_t)(n + j + t) * ldb + k0;
+    for (int k = 0; k < kc; k++) {
+      float *dst = bp + (size_t)k * NR + j;
+      for (int t = 0; t < 8; t++) dst[t] = r[t][k];
+    }
+  }
+  for (; j < cols; j++) {
+    const float *src = b + (size_t)(n + j) * ldb + k0;
+    for (int k = 0; k < kc; k++) bp[(size_t)k * NR + j] = src[k];
+  }
+  for (; j < NR; j++)
+    for (int k = 0; k < kc; k++) bp[(size_t)k * NR + j] = 0.0f;
+}
+
+/* Packing buffers of the calling thread (its B panel and one A block per team thread),
+ * grown on demand and kept, so calls from different threads never share them. */
+static _Thread_local float *b_buf;
+static _Thread_local size_t b_cap;
+static _Thread_local float **a_bufs;
+static _Thread_local int a_count;
+
+static int ensure_buffers(int threads) {
+  size_t b_need = (size_t)KC * NC;
+  if (b_cap < b_need) {
+    free(b_buf);
+    b_buf = aligned_alloc(64, b_need * sizeof(float));
+    b_cap = b_buf ? b_need : 0;
+    if (!b_buf) return 0;
+  }
+  if (a_count < threads) {
+    float **grown = realloc(a_bufs, sizeof(float *) * (size_t)threads);
+    if (!grown) return 0;
+    a_bufs = grown;
+    for (int t = a_count; t < threads; t++) {
+      a_bufs[t] = aligned_alloc(64, sizeof(float) * (size_t)MC * KC);
+      if (!a_bufs[t]) return 0;
+      a_count = t + 1;
+    }
+  }
+  return 1;
+}
+
+/* Runs the MR x NR tiles of one packed A block against B slivers [j0, j1). */
+static void macro_kernel(int mc, int kc, const float *ap, const float *bp, int j0, int j1, int n0, int N,
+                         float *c, int ldc, int m0, int M, int accumulate) {
+  float edge[MR * NR];
+  for (int js = j0; js < j1; js++) {
+    int n = n0 + js * NR;
+    int cols = N - n < NR ? N - n : NR;
+    const float *bs = bp + (size_t)js * NR * kc;
+    for (int s = 0; s < mc; s += MR) {
+      int rows = M - (m0 + s) < MR ? M - (m0 + s) : MR;
+      float *dst = c + (size_t)(m0 + s) * ldc + n;
+      if (rows == MR && cols == NR) {
+        micro_kernel(kc, ap + (size_t)s * kc, bs, dst, ldc, accumulate);
+        continue;
+      }
+      micro_kernel(kc, ap + (size_t)s * kc, bs, edge, NR, 0);
+      for (int i = 0; i < rows; i++)
+        for (int j = 0; j < cols; j++)
+          dst[(size_t)i * ldc + j] = (accumulate ? dst[(size_t)i * ldc + j] : 0.0f) + edge[i * NR + j];
+    }
+  }
+}
+
+void gemm(int M, int N, int K, const float *a, int lda, int trans_a, const float *b, int ldb, int trans_b,
+          float *c, int ldc, int accumulate) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    if (!accumulate)
+      for (int i = 0; i < M; i++) memset(c + (size_t)i * ldc, 0, sizeof(float) * (size_t)N);
+    return;
+  }
+  int threads = cpu_threads();
+  double work = (double)M * N * K;
+  if (work < 64.0 * 64 * 64) threads = 1;
+  if (!ensure_buffers(threads)) abort(); /* a few MB; failing here means the host is out of memory */
+  int n_ic = (M + MC - 1) / MC;
+  float *bpanel = b_buf, **ablocks = a_bufs;
+#pragma omp parallel num_threads(threads)
+  {
+    int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+    float *ap = ablocks[tid];
+    for (int n0 = 0; n0 < N; n0 += NC) {
+      int nc = N - n0 < NC ? N - n0 : NC;
+      int n_slivers = (nc + NR - 1) / NR;
+      for (int k0 = 0; k0 < K; k0 += KC) {
+        int kc = K - k0 < KC ? K - k0 : KC;
+        int acc = accumulate || k0 > 0;
+#pragma omp for schedule(static)
+        for (int js = 0; js < n_slivers; js++)
+          pack_b_sliver(kc, b, ldb, trans_b, k0, n0 + js * NR, N, bpanel + (size_t)js * NR * kc);
+        /* tasks: (A block, share of the slivers); enough shares to give every thread work */
+        int shares = nt <= n_ic ? 1 : (nt + n_ic - 1) / n_ic;
+        if (shares > n_slivers) shares = n_slivers;
+        int tasks = n_ic * shares;
+        for (int task = tid; task < tasks; task += nt) {
+          int ic = task / shares, share = task % shares;
+          int m0 = ic * MC, mc = M - m0 < MC ? M - m0 : MC;
+          int j0 = n_slivers * share / shares, j1 = n_slivers * (share + 1) / shares;
+          pack_a(mc, kc, a, lda, trans_a, m0, k0, M, ap);
+          macro_kernel(mc, kc, ap, bpanel, j0, j1, n0, N, c, ldc, m0, M, acc);
+        }
+#pragma omp barrier
+      }
+    }
+  }
+}

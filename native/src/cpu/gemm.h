@@ -1,0 +1,16 @@
+/* gemm.h - single-precision matrix multiply for the CPU backend. */
+#ifndef GYRE_CPU_GEMM_H
+#define GYRE_CPU_GEMM_H
+
+/* C[M,N] = (accumulate ? C : 0) + A[M,K] . B[K,N], row-major with leading dimensions:
+ *   A(m,k) = trans_a ? a[k*lda + m] : a[m*lda + k]
+ *   B(k,n) = trans_b ? b[n*ldb + k] : b[k*ldb + n]
+ * Runs on gemm threads (see cpu_threads); call it outside any OpenMP parallel region. */
+void gemm(int M, int N, int K, const float *a, int lda, int trans_a, const float *b, int ldb,
+          int trans_b, float *c, int ldc, int accumulate);
+
+/* The thread count every CPU kernel uses; cpu_set_threads(0) means one per core. */
+int cpu_threads(void);
+void cpu_set_threads(int n);
+
+#endif

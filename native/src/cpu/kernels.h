@@ -1,0 +1,48 @@
+/* kernels.h - the CPU layers other than matmul and attention, as forward/backward pairs.
+ * Shapes: T tokens (rows), D hidden, F intermediate, V vocab. Backward functions ADD into
+ * their gradient outputs (dx +=, dw +=) unless said otherwise. */
+#ifndef GYRE_CPU_KERNELS_H
+#define GYRE_CPU_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../internal.h"
+
+/* x[T,D] = embed[tokens[t], :] */
+void embed_forward(float *x, const int32_t *tokens, const float *embed, int T, int D);
+/* dembed[tokens[t], :] += dx[t, :] (in token order: deterministic) */
+void embed_backward(float *dembed, const float *dx, const int32_t *tokens, int T, int D);
+
+/* out[T,D] = x * rstd * w, rstd[t] = 1 / sqrt(mean(x[t]^2) + eps); rstd may be NULL */
+void rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int T, int D, float eps);
+/* dx[T,D] += d/dx, dw[D] += d/dw of rmsnorm given dout[T,D] */
+void rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w,
+                      const float *rstd, int T, int D);
+
+/* Rotate-half RoPE in place on the q and k parts of qkv[T, qkv_dim] by positions[t];
+ * cos/sin tables [max_pos, hd/2]; inverse rotates back (the backward of the rotation). */
+void rope(float *qkv, const int32_t *positions, const float *cos_t, const float *sin_t, int T,
+          const dims *d, int inverse);
+/* cos/sin tables [max_pos, hd/2] as Hugging Face computes them (inv_freq in F32). */
+void rope_tables(float *cos_t, float *sin_t, const dims *d);
+
+/* act[T,F] = silu(gu[:, :F]) * gu[:, F:]   (gu = gate | up, [T, 2F]) */
+void swiglu_forward(float *act, const float *gu, int T, int F);
+/* dgu[T,2F] = d/dgu given dact[T,F] (overwrites) */
+void swiglu_backward(float *dgu, const float *dact, const float *gu, int T, int F);
+
+/* Per row of logits[T,V]: lse[t] = logsumexp, entropy[t] of the softmax. */
+void logits_stats(float *lse, float *entropy, const float *logits, int T, int V);
+/* dlogits[T,V] (overwrites) for a loss L = sum_i L_i(logp_i), logp_i = log softmax(
+ * logits[parents[i]])[tokens[i]], given dlogp[i] = dL_i/dlogp_i (0 where untrained). */
+void logits_backward(float *dlogits, const float *logits, const float *lse, const int32_t *tokens,
+                     const int32_t *parents, const float *dlogp, int T, int V, float *coef);
+
+/* Sum of squares of x[n] in double, in fixed chunks (same result for any thread count). */
+double sum_squares(const float *x, size_t n);
+/* AdamW step (torch.optim.AdamW) on w[n] with gradient g[n] * grad_scale. */
+void adamw(float *w, const float *g, float *m, float *v, size_t n, const gyre_adamw *opt,
+           int64_t step, float grad_scale);
+
+#endif

@@ -1,0 +1,62 @@
+/* transformer.c - the CPU model's weights and the decoder layer forward (llm.c style). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "gemm.h"
+#include "kernels.h"
+#include "transformer.h"
+
+gyre_status be_model_create(const param_layout *lay, be_model **out) {
+  be_model *m = calloc(1, sizeof *m);
+  if (m == NULL) return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cpu: out of host memory");
+  m->lay = lay;
+  m->d = lay->d;
+  size_t table = (size_t)m->d.max_pos * (m->d.hd / 2);
+  m->w = aligned_calloc(sizeof(float) * (size_t)lay->n_params);
+  m->rope_cos = aligned_calloc(sizeof(float) * table);
+  m->rope_sin = aligned_calloc(sizeof(float) * table);
+  if (m->w == NULL || m->rope_cos == NULL || m->rope_sin == NULL) {
+    be_model_free(m);
+    return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cpu: out of host memory for %lld parameters", (long long)lay->n_params);
+  }
+  rope_tables(m->rope_cos, m->rope_sin, &m->d);
+  *out = m;
+  return GYRE_OK;
+}
+
+gyre_status be_model_set_weights(be_model *m, const float *host) {
+  memcpy(m->w, host, sizeof(float) * (size_t)m->lay->n_params);
+  return GYRE_OK;
+}
+
+gyre_status be_model_get_weights(const be_model *m, float *host) {
+  memcpy(host, m->w, sizeof(float) * (size_t)m->lay->n_params);
+  return GYRE_OK;
+}
+
+void be_model_free(be_model *m) {
+  if (m == NULL) return;
+  free(m->w);
+  free(m->rope_cos);
+  free(m->rope_sin);
+  free(m);
+}
+
+void layer_forward(const be_model *m, int layer, int T, const int32_t *positions, const layer_io *io,
+                   attend_fn attend, void *ctx) {
+  const dims *d = &m->d;
+  const layer_offsets *o = &m->lay->layers[layer];
+  const float *w = m->w;
+  size_t rows = (size_t)T * d->D;
+  rmsnorm_forward(io->h1, io->rstd1, io->x_in, w + o->ln_in, T, d->D, d->eps);
+  gemm(T, d->qkv_dim, d->D, io->h1, d->D, 0, w + o->wqkv, d->D, 1, io->qkv, d->qkv_dim, 0);
+  rope(io->qkv, positions, m->rope_cos, m->rope_sin, T, d, 0);
+  attend(ctx, layer, io);
+  memcpy(io->x_mid, io->x_in, sizeof(float) * rows);
+  gemm(T, d->D, d->q_dim, io->att, d->q_dim, 0, w + o->wo, d->q_dim, 1, io->x_mid, d->D, 1);
+  rmsnorm_forward(io->h2, io->rstd2, io->x_mid, w + o->ln_post, T, d->D, d->eps);
+  gemm(T, 2 * d->F, d->D, io->h2, d->D, 0, w + o->wgu, d->D, 1, io->gu, 2 * d->F, 0);
+  swiglu_forward(io->act, io->gu, T, d->F);
+  if (io->x_out != io->x_mid) memcpy(io->x_out, io->x_mid, sizeof(float) * rows);
+  gemm(T, d->D, d->F, io->act, d->F, 0, w + o->wdown, d->F, 1, io->x_out, d->D, 1);
+}

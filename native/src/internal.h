@@ -1,0 +1,153 @@
+/*
+ * internal.h - device-independent pieces shared by every backend build.
+ *
+ * src/common/ implements the public ABI (gyre.h) once: argument checks, the parameter
+ * layout, safetensors and hand-off formats, KV block bookkeeping, the forest (ancestor
+ * ranges) of a packed batch, loss terms and sampling. It calls the backend (backend.h) only
+ * for what touches device memory. Everything here runs on the host.
+ */
+#ifndef GYRE_INTERNAL_H
+#define GYRE_INTERNAL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gyre.h"
+
+/* ---- errors (common/errors.c) ---- */
+
+/* Records the message (printf format) as the last error and returns status. */
+gyre_status gyre_fail(gyre_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+#define GYRE_CHECK(call)                       \
+  do {                                         \
+    gyre_status gyre_check_status_ = (call);   \
+    if (gyre_check_status_ != GYRE_OK) return gyre_check_status_; \
+  } while (0)
+
+/* ---- model dimensions and parameter layout (common/layout.c) ---- */
+
+typedef struct dims {
+  int32_t V, D, F, L, H, KV, hd; /* vocab, hidden, intermediate, layers, heads, kv heads, head dim */
+  int32_t q_dim;                 /* H * hd */
+  int32_t kv_dim;                /* KV * hd */
+  int32_t qkv_dim;               /* (H + 2 KV) * hd: q | k | v of one token */
+  int32_t max_pos;
+  int32_t tied;
+  float eps;
+  double rope_theta;
+} dims;
+
+/* Offsets (in floats) of one layer's tensors in the flat parameter vector. q, k, v are
+ * consecutive, so wqkv is the stacked [qkv_dim, D] matrix; gate, up likewise form [2F, D]. */
+typedef struct layer_offsets {
+  int64_t ln_in, wqkv, wo, ln_post, wgu, wdown;
+} layer_offsets;
+
+typedef struct param_tensor {
+  char name[96];
+  int64_t offset;
+  int32_t rank;
+  int64_t shape[2];
+} param_tensor;
+
+typedef struct param_layout {
+  dims d;
+  int64_t n_params;
+  int32_t n_tensors;
+  param_tensor *tensors;
+  layer_offsets *layers;
+  int64_t embed, norm_f, lm_head; /* lm_head == embed when tied */
+} param_layout;
+
+gyre_status dims_from_config(const gyre_config *cfg, dims *d);
+gyre_status layout_build(const gyre_config *cfg, param_layout *out);
+void layout_free(param_layout *layout);
+/* Checks a flat-vector argument of n floats for a handle of this layout. */
+gyre_status flat_check(const param_layout *layout, const void *handle, const void *p, int64_t n,
+                       const char *fn);
+
+/* ---- safetensors (common/safetensors.c) ---- */
+
+/* A safetensors file holds n_groups copies of the layout, group g's tensor names prefixed by
+ * prefixes[g] ("" for the model, "exp_avg." for a moment); flats[g] is its flat vector. */
+gyre_status st_encode(const param_layout *layout, int32_t n_groups, const char *const *prefixes,
+                      const float *const *flats, const char *metadata_json, uint8_t *out,
+                      size_t cap, size_t *len);
+/* Parses and checks a safetensors buffer against the layout and fills flats; if meta_key is
+ * not NULL, copies that metadata string value into meta_value (empty if absent). */
+gyre_status st_decode(const param_layout *layout, int32_t n_groups, const char *const *prefixes,
+                      float *const *flats, const uint8_t *buf, size_t len, const char *meta_key,
+                      char *meta_value, size_t meta_cap);
+
+/* ---- random numbers (common/random.c) ---- */
+
+uint64_t splitmix64(uint64_t *state);
+/* Uniform in [0, 1) with 24 random bits, a pure function of (seed, counter). */
+float uniform_at(uint64_t seed, uint64_t counter);
+/* Fills the flat vector with the Hugging Face Llama initialisation. */
+void init_weights(const param_layout *layout, uint64_t seed, float init_std, float *flat);
+
+/* ---- forest of a packed batch (common/forest.c) ---- */
+
+/* The ancestors of token i (itself included) as ascending, disjoint index ranges
+ * [ranges[2k], ranges[2k+1]] (inclusive) for k in [range_off[i], range_off[i+1]).
+ * depth[i] = number of ancestors including itself; desc[j] = number of tokens having j as
+ * an ancestor (itself included) - the work of the key-owner pass of attention backward. */
+typedef struct forest {
+  int32_t n;
+  int32_t *range_off;
+  int32_t *ranges;
+  int32_t *depth;
+  int32_t *desc;
+  int64_t n_pairs;   /* sum of depth */
+  int32_t max_depth;
+} forest;
+
+gyre_status forest_build(int32_t n, const int32_t *parents, forest *out);
+void forest_free(forest *f);
+
+/* ---- loss terms (common/loss.c) ---- */
+
+typedef struct loss_term {
+  double value;   /* weights[i] * loss_i */
+  float dlogp;    /* d value / d logp_i */
+  float ratio;    /* r_i (1 for SFT) */
+  float is_weight;/* w_i (1 for SFT) */
+  int8_t trained, stale, clipped, truncated;
+} loss_term;
+
+/* The loss term of token i given logp_i (see gyre_loss_config); arrays may be NULL as in
+ * gyre_train_batch. */
+loss_term loss_term_at(const gyre_loss_config *cfg, int32_t i, float logp, const float *weights,
+                       const float *advantages, const float *behaviour, const float *proximal,
+                       const int32_t *versions);
+gyre_status loss_config_check(const gyre_loss_config *cfg, const float *weights,
+                              const float *advantages, const float *behaviour);
+
+/* ---- sampling (common/sampling.c) ---- */
+
+/* Samples from logits[vocab] (see gyre_sample); scratch holds 2 * vocab floats + vocab ints. */
+void sample_row(int32_t vocab, const float *logits, const gyre_sampling *params, uint64_t counter,
+                void *scratch, int32_t *token, float *logprob);
+size_t sample_scratch_bytes(int32_t vocab);
+
+/* ---- the model handle, shared by the cache and the trainer (common/model.c) ---- */
+
+struct be_model;
+struct gyre_model {
+  gyre_config cfg;
+  param_layout layout;
+  struct be_model *be;
+  _Atomic int32_t refs; /* the caller's handle plus one per cache and trainer */
+};
+void model_retain(gyre_model *m);
+void model_release(gyre_model *m);
+
+/* ---- small helpers ---- */
+
+void *aligned_calloc(size_t bytes); /* 64-byte aligned, zeroed; free with free() */
+
+#endif
