@@ -9,8 +9,9 @@
  * ancestor of a. Each generated token is trained in exactly one part, with its own
  * weight, and its attention context is its full prefix, so the split is exact. The cost
  * is the carried ancestors: depth(a) extra tokens per part, recomputed forward and
- * backward (reported as `carriedTokens`). Ranges are cut greedily to fill the budget, so
- * every token at depth d needs budget > d: a budget below the deepest path fails.
+ * backward (reported as `carriedTokens`); the cuts are placed to minimise it. A part
+ * holding a token at depth d holds d + 1 tokens, so a budget not above the deepest
+ * token's depth fails with `BudgetTooSmall`.
  *
  * Pieces (whole units and parts) go into micro-batches first-fit decreasing; the fill
  * ratio is packed tokens / (micro-batches * budget).
@@ -62,17 +63,78 @@ const ancestorsOf = (unit: TrainingUnit, index: number): Int32Array => {
   return chain
 }
 
+/**
+ * Part starts 0 = a_0 < a_1 < ... for a unit larger than the budget, minimising the carried
+ * tokens sum depth(a_k) subject to depth(a_k) + (a_{k+1} - a_k) <= budget (dynamic
+ * programming from the right). Cuts are tried at subtree starts (tokens whose parent is not
+ * the previous token), where the ancestor chain drops to the branch point; where a part's
+ * window holds no subtree start, the part is cut full.
+ */
+const partStarts = (unit: TrainingUnit, budget: number): Array<number> => {
+  const { positions, parents, length } = unit
+  const subtreeStarts: Array<number> = []
+  for (let i = 1; i < length; i++) if (parents[i] !== i - 1) subtreeStarts.push(i)
+  const carried = new Map<number, number>()
+  const next = new Map<number, number>()
+  const firstAfter = (a: number): number => {
+    let lo = 0
+    let hi = subtreeStarts.length
+    while (lo < hi) {
+      const mid = (lo + hi) >> 1
+      if (subtreeStarts[mid]! <= a) lo = mid + 1
+      else hi = mid
+    }
+    return lo
+  }
+  const solve = (start: number): void => {
+    const stack = [start]
+    while (stack.length > 0) {
+      const a = stack[stack.length - 1]!
+      const end = a + budget - positions[a]!
+      let bestNext = length
+      let bestCost = 0
+      if (end < length) {
+        bestCost = Infinity
+        for (let j = firstAfter(a); j < subtreeStarts.length && subtreeStarts[j]! <= end; j++) {
+          const cost = carried.get(subtreeStarts[j]!)!
+          if (cost <= bestCost) {
+            bestCost = cost
+            bestNext = subtreeStarts[j]!
+          }
+        }
+        if (bestCost === Infinity) {
+          if (!carried.has(end)) {
+            stack.push(end)
+            continue
+          }
+          bestCost = carried.get(end)!
+          bestNext = end
+        }
+      }
+      carried.set(a, positions[a]! + bestCost)
+      next.set(a, bestNext)
+      stack.pop()
+    }
+  }
+  for (let j = subtreeStarts.length - 1; j >= 0; j--) solve(subtreeStarts[j]!)
+  solve(0)
+  const starts: Array<number> = []
+  for (let a = 0; a < length; a = next.get(a)!) starts.push(a)
+  return starts
+}
+
 const cut = (unit: TrainingUnit, budget: number): Result.Result<Array<Piece>, BudgetTooSmall> => {
   if (unit.length <= budget) return Result.succeed([{ unit, chain: new Int32Array(0), from: 0, to: unit.length, size: unit.length }])
-  const pieces: Array<Piece> = []
-  for (let from = 0; from < unit.length; ) {
-    const chain = ancestorsOf(unit, from)
-    if (chain.length >= budget) return Result.fail(new BudgetTooSmall({ execution: unit.execution, depth: chain.length + 1, budget }))
-    const to = Math.min(unit.length, from + budget - chain.length)
-    pieces.push({ unit, chain, from, to, size: chain.length + to - from })
-    from = to
-  }
-  return Result.succeed(pieces)
+  const deepest = unit.positions.reduce((a, d) => Math.max(a, d), 0)
+  if (deepest >= budget) return Result.fail(new BudgetTooSmall({ execution: unit.execution, depth: deepest + 1, budget }))
+  const starts = partStarts(unit, budget)
+  return Result.succeed(
+    starts.map((from, k) => {
+      const to = starts[k + 1] ?? unit.length
+      const chain = ancestorsOf(unit, from)
+      return { unit, chain, from, to, size: chain.length + to - from }
+    })
+  )
 }
 
 const assemble = (pieces: ReadonlyArray<Piece>): PackedBatch => {
@@ -91,19 +153,22 @@ const assemble = (pieces: ReadonlyArray<Piece>): PackedBatch => {
   let k = 0
   for (const { unit, chain, from, to, size } of pieces) {
     const offset = k
-    const copy = (source: number, parent: number, weight: number) => {
+    chain.forEach((source, depth) => {
       batch.tokens[k] = unit.tokens[source]!
-      batch.parents[k] = parent
-      batch.positions[k] = unit.positions[source]!
-      batch.weights[k] = weight
+      batch.parents[k] = depth === 0 ? -1 : k - 1
+      batch.positions[k] = depth
       batch.behaviourLogprobs[k] = unit.behaviourLogprobs[source]!
       batch.versions[k] = unit.versions[source]!
       k++
-    }
-    chain.forEach((source, depth) => copy(source, depth === 0 ? -1 : offset + depth - 1, 0))
-    for (let i = from; i < to; i++) {
+    })
+    batch.tokens.set(unit.tokens.subarray(from, to), k)
+    batch.positions.set(unit.positions.subarray(from, to), k)
+    batch.weights.set(unit.weights.subarray(from, to), k)
+    batch.behaviourLogprobs.set(unit.behaviourLogprobs.subarray(from, to), k)
+    batch.versions.set(unit.versions.subarray(from, to), k)
+    for (let i = from; i < to; i++, k++) {
       const p = unit.parents[i]!
-      copy(i, p < 0 ? -1 : p < from ? offset + unit.positions[p]! : offset + chain.length + p - from, unit.weights[i]!)
+      batch.parents[k] = p < 0 ? -1 : p < from ? offset + unit.positions[p]! : offset + chain.length + p - from
     }
     batch.advantages.fill(unit.advantage, offset, offset + size)
   }

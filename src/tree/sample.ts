@@ -40,8 +40,8 @@ export const seedFor = (seed: number, execution: string): number => {
   return h
 }
 
-/** mulberry32: uniform floats in [0, 1) from a 32-bit seed. */
-const mulberry32 = (seed: number) => () => {
+/** mulberry32: a generator of uniform floats in [0, 1) from a 32-bit seed. */
+export const mulberry32 = (seed: number) => () => {
   seed = (seed + 0x6d2b79f5) | 0
   let t = Math.imul(seed ^ (seed >>> 15), 1 | seed)
   t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t
