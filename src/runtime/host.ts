@@ -2,8 +2,8 @@
  * One incarnation of an actor: from restoring its snapshot to its last acknowledgement.
  *
  * Intake: the actor's durable JetStream consumer (tells, in journal order) and a core NATS
- * subscription on its ask subject both feed one mailbox; `concurrency` workers take from it
- * (one = strictly in order). For each message:
+ * subscription on its ask subject both feed one mailbox, from which at most `concurrency`
+ * handlers run at a time (one = strictly in order). For each message:
  *  1. a message id already handled (redelivery, re-publish) is acknowledged and skipped;
  *  2. a message that is not JSON, fails the payload schema or names an unknown request goes
  *     to the dead-letter stream with the reason and its bytes and headers, then is acked
@@ -24,7 +24,7 @@
 import type { JsMsg, ConsumerMessages } from "@nats-io/jetstream"
 import { AckPolicy, DeliverPolicy } from "@nats-io/jetstream"
 import { headers as natsHeaders, nuid, type Msg, type MsgHdrs, type Subscription } from "@nats-io/transport-node"
-import { Cause, Deferred, Effect, Exit, Queue, Ref, Schema } from "effect"
+import { Cause, Deferred, Effect, Exit, FiberSet, Ref, Schema } from "effect"
 import type { Rpc } from "effect/rpc"
 import type { ActorContext, ActorType, Handler, MessageMeta } from "./actor.ts"
 import { SnapshotConflict, TransportError, messageOf } from "./errors.ts"
@@ -55,8 +55,6 @@ type Incoming =
   | { readonly via: "tell"; readonly msg: JsMsg }
   | { readonly via: "ask"; readonly msg: Msg }
 
-/** Queued behind the buffered messages to stop a worker. */
-const stop = { via: "stop" } as const
 
 const HANDLED_IN_MEMORY = 10_000
 const HANDLED_IN_SNAPSHOT = 512
@@ -137,61 +135,7 @@ export const runIncarnation = <R extends Rpc.Any, S, Req>(
       // 3. Handlers (resources they acquire live in this scope).
       const handlers = (yield* type.behaviour(ctx)) as Record<string, Handler<any>>
 
-      // 4. Intake.
-      const mailbox = yield* Queue.unbounded<Incoming | typeof stop>()
-      const durable = names.consumer(address)
-      yield* Effect.tryPromise({
-        try: async () => {
-          const existing = await jsm.consumers.info(names.journalStream, durable).catch(() => null)
-          if (existing === null) {
-            await jsm.consumers.add(names.journalStream, {
-              durable_name: durable,
-              filter_subject: names.tell(address),
-              ack_policy: AckPolicy.Explicit,
-              deliver_policy: DeliverPolicy.All,
-              ack_wait: options.ackWaitMs * 1_000_000,
-              max_ack_pending: 256 * type.concurrency,
-              max_deliver: -1
-            })
-          }
-        },
-        catch: (e) => new TransportError({ operation: `create consumer ${durable}`, message: messageOf(e) })
-      })
-      const consumer = yield* Effect.tryPromise({
-        try: () => js.consumers.get(names.journalStream, durable),
-        catch: (e) => new TransportError({ operation: `bind consumer ${durable}`, message: messageOf(e) })
-      })
-      const tells: ConsumerMessages = yield* Effect.acquireRelease(
-        Effect.tryPromise({
-          try: () => consumer.consume({ max_messages: 128, callback: (msg) => {
-              Queue.offerUnsafe(mailbox, { via: "tell", msg })
-            } }),
-          catch: (e) => new TransportError({ operation: `consume ${durable}`, message: messageOf(e) })
-        }),
-        (it) => Effect.promise(() => it.close().then(() => undefined, () => undefined))
-      )
-      const asks: Subscription = yield* Effect.acquireRelease(
-        Effect.sync(() =>
-          nc.subscribe(names.ask(address), {
-            queue: "gyre",
-            callback: (err, msg) => {
-              if (err === null) Queue.offerUnsafe(mailbox, { via: "ask", msg })
-            }
-          })
-        ),
-        (sub) => Effect.sync(() => sub.unsubscribe())
-      )
-      yield* Effect.tryPromise({
-        try: () => nc.flush(),
-        catch: (e) => new TransportError({ operation: "flush", message: messageOf(e) })
-      })
-      yield* Deferred.succeed(control.ready, undefined)
-      const stopIntake = Effect.promise(async () => {
-        asks.unsubscribe()
-        await tells.close().catch(() => undefined)
-      })
-
-      // 5. Acknowledgements, snapshots.
+      // 4. Acknowledgements, snapshots.
       let pendingAcks: Array<JsMsg> = []
       let sinceSnapshot = 0
       let flushTimer: ReturnType<typeof setTimeout> | undefined
@@ -256,7 +200,7 @@ export const runIncarnation = <R extends Rpc.Any, S, Req>(
         }).pipe(Effect.tap(() => Effect.logWarning(`${actor}: dead-lettered a message: ${reason}`)))
       }
 
-      // 6. Handling one message.
+      // 5. Handling one message.
       const handle = (item: Incoming) =>
         Effect.gen(function* () {
           const msg = item.msg
@@ -329,54 +273,126 @@ export const runIncarnation = <R extends Rpc.Any, S, Req>(
               yield* flush
             }
             reply(encodeExitReply(rpc, exit))
-            const h = copyHeaders(msg.headers)
-            js.publish(names.asked(address), msg.data, { headers: h }).catch((e) =>
-              console.error(`gyre: journal copy of an ask to ${actor} failed: ${messageOf(e)}`)
-            )
+            // The journal's copy of the ask: a plain publish on the journal connection, after
+            // the reply (see ARCHITECTURE.md, "asks are journaled at most once").
+            system.nats.journalNc.publish(names.asked(address), msg.data, { headers: msg.headers })
           } else {
             yield* settle(tell, changed)
           }
         })
 
-      // 7. Hand back what this incarnation holds when it ends for any reason.
+      // Mailbox: messages wait here in arrival order (journal order for tells) while
+      // `concurrency` handlers are busy. A handler is started with runFork from the NATS
+      // callback itself, so an idle actor answers without a scheduler hop.
+      const waiting: Array<Incoming> = []
+      let busy = 0
       let draining = false
+      const crashed = yield* Deferred.make<never, unknown>()
+      const idle = yield* Deferred.make<void>()
+      const fork = yield* FiberSet.makeRuntime<never, void, unknown>()
       const handBack = (item: Incoming) => {
         if (item.via === "tell") item.msg.nak()
         else item.msg.respond(encodeRejectedReply(`${actor} is stopping; retry`))
       }
+      const dispatch = (): void => {
+        while (busy < type.concurrency && waiting.length > 0 && !draining) {
+          const item = waiting.shift()!
+          busy++
+          fork(
+            handle(item).pipe(
+              Effect.catchCause((cause) => Deferred.failCause(crashed, cause)),
+              Effect.ensuring(
+                Effect.sync(() => {
+                  busy--
+                  dispatch()
+                })
+              ),
+              Effect.asVoid
+            )
+          )
+        }
+        if (draining && busy === 0) Deferred.doneUnsafe(idle, Exit.void)
+      }
+      const enqueue = (item: Incoming) => {
+        if (draining) return handBack(item)
+        waiting.push(item)
+        dispatch()
+      }
+
+      // 7. Hand back what this incarnation holds when it ends for any reason.
       yield* Effect.addFinalizer(() =>
-        Effect.gen(function* () {
+        Effect.sync(() => {
+          draining = true
           if (flushTimer !== undefined) clearTimeout(flushTimer)
           for (const m of inFlight) m.nak()
           for (const m of pendingAcks) m.nak()
           pendingAcks = []
-          for (const item of yield* Queue.clear(mailbox)) if (item.via !== "stop") handBack(item)
+          for (const item of waiting.splice(0)) handBack(item)
         })
       )
 
-      // Draining: intake stops first, then one `stop` per worker queues behind what is buffered;
-      // what a worker takes after the switch is handed back, not handled.
-      yield* Effect.forkScoped(
+      // 6. Intake: the consumer's and the subscription's callbacks dispatch straight into handlers.
+      const durable = names.consumer(address)
+      yield* Effect.tryPromise({
+        try: async () => {
+          const existing = await jsm.consumers.info(names.journalStream, durable).catch(() => null)
+          if (existing === null) {
+            await jsm.consumers.add(names.journalStream, {
+              durable_name: durable,
+              filter_subject: names.tell(address),
+              ack_policy: AckPolicy.Explicit,
+              deliver_policy: DeliverPolicy.All,
+              ack_wait: options.ackWaitMs * 1_000_000,
+              max_ack_pending: 256 * type.concurrency,
+              max_deliver: -1
+            })
+          }
+        },
+        catch: (e) => new TransportError({ operation: `create consumer ${durable}`, message: messageOf(e) })
+      })
+      const consumer = yield* Effect.tryPromise({
+        try: () => js.consumers.get(names.journalStream, durable),
+        catch: (e) => new TransportError({ operation: `bind consumer ${durable}`, message: messageOf(e) })
+      })
+      const tells: ConsumerMessages = yield* Effect.acquireRelease(
+        Effect.tryPromise({
+          try: () => consumer.consume({ max_messages: 128, callback: (msg) => enqueue({ via: "tell", msg }) }),
+          catch: (e) => new TransportError({ operation: `consume ${durable}`, message: messageOf(e) })
+        }),
+        (it) => Effect.promise(() => it.close().then(() => undefined, () => undefined))
+      )
+      const asks: Subscription = yield* Effect.acquireRelease(
+        Effect.sync(() =>
+          nc.subscribe(names.ask(address), {
+            queue: "gyre",
+            callback: (err, msg) => {
+              if (err === null) enqueue({ via: "ask", msg })
+            }
+          })
+        ),
+        (sub) => Effect.sync(() => sub.unsubscribe())
+      )
+      yield* Effect.tryPromise({
+        try: () => nc.flush(),
+        catch: (e) => new TransportError({ operation: "flush", message: messageOf(e) })
+      })
+      yield* Deferred.succeed(control.ready, undefined)
+
+      // 8. Run until drained (intake stops, waiting messages go back, the handler in progress
+      // finishes) or until a handler crashes.
+      yield* Effect.raceFirst(
+        Deferred.await(crashed),
         Effect.gen(function* () {
           yield* Deferred.await(control.drain)
-          yield* stopIntake
+          asks.unsubscribe()
+          yield* Effect.promise(() => tells.close().then(() => undefined, () => undefined))
           draining = true
-          for (let i = 0; i < type.concurrency; i++) Queue.offerUnsafe(mailbox, stop)
+          for (const item of waiting.splice(0)) handBack(item)
+          dispatch()
+          yield* Deferred.await(idle)
         })
       )
-      const worker = Effect.gen(function* () {
-        while (true) {
-          const item = yield* Queue.take(mailbox)
-          if (item.via === "stop") return
-          if (draining) handBack(item)
-          else yield* handle(item)
-        }
-      })
-      yield* Effect.all(Array.from({ length: type.concurrency }, () => worker), { concurrency: "unbounded" })
-
-      // 8. Drained: last snapshot and acknowledgements, deregister.
       yield* flush
       yield* writeEntry(system.registry, key, entry("stopped"))
     })
   )
-

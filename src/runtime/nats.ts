@@ -42,6 +42,12 @@ export interface NatsShape {
   readonly js: JetStreamClient
   readonly jsm: JetStreamManager
   readonly kvm: Kvm
+  /**
+   * A second connection, for journal copies published off the request path: the server
+   * stores (and, with sync_interval always, fsyncs) a message in the publishing connection's
+   * read loop, so a copy sent on `nc` would hold up the replies queued behind it.
+   */
+  readonly journalNc: NatsConnection
   /** The URLs connected to (the embedded server's when embedded). */
   readonly servers: string
   /** True when this scope started its own nats-server. */
@@ -73,6 +79,7 @@ const make = (options: NatsOptions) =>
       ? (yield* startEmbeddedServer(options.storeDir !== undefined ? { storeDir: options.storeDir } : {})).url
       : options.url!
     const nc = yield* connectTo(servers, options)
+    const journalNc = yield* connectTo(servers, { ...options, name: options.name === undefined ? undefined : `${options.name}-journal` })
     const jsm = yield* Effect.tryPromise({
       try: () => jetstreamManager(nc),
       catch: (e) => new NatsConnectError({ servers, message: `JetStream is not enabled: ${String(e)}` })
@@ -80,6 +87,7 @@ const make = (options: NatsOptions) =>
     return {
       nc,
       js: jetstream(nc),
+      journalNc,
       jsm,
       kvm: new Kvm(nc),
       servers,

@@ -1,0 +1,145 @@
+/**
+ * `npm run bench:runtime`: the actor runtime against plain NATS on the same embedded server,
+ * in the same run.
+ *
+ * - ask vs raw request/reply: sequential round trips of a small payload, p50/p99 latency.
+ * - tell vs raw JetStream: N messages published with W in flight, consumed and acknowledged
+ *   (the actor's durable consumer and handler vs a plain pull consumer that acks), messages/s
+ *   from the first publish to the last acknowledgement.
+ * Prints a table and, last, one JSON line. Not a test: nothing here is asserted.
+ */
+import { AckPolicy } from "@nats-io/jetstream"
+import { Deferred, Effect, Layer, Schema } from "effect"
+import { Rpc, RpcGroup } from "effect/rpc"
+import * as Actor from "../src/runtime/actor.ts"
+import { Nats } from "../src/runtime/nats.ts"
+import { address } from "../src/runtime/names.ts"
+import { startNode } from "../src/runtime/node.ts"
+import { ActorSystem, refOf } from "../src/runtime/system.ts"
+
+const ASKS = Number(process.env.BENCH_ASKS ?? 3000)
+const TELLS = Number(process.env.BENCH_TELLS ?? 5000)
+const IN_FLIGHT = 64
+const payload = { text: "x".repeat(64), n: 7 }
+
+const percentile = (xs: Array<number>, p: number) => {
+  const s = [...xs].sort((a, b) => a - b)
+  return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))]!
+}
+
+const BenchProtocol = RpcGroup.make(
+  Rpc.make("Echo", { payload: { text: Schema.String, n: Schema.Number }, success: Schema.Number }),
+  Rpc.make("Sink", { payload: { text: Schema.String, n: Schema.Number } })
+)
+
+const program = Effect.gen(function* () {
+  const system = yield* ActorSystem
+  const { nc, js, jsm } = system.nats
+  let sunk = 0
+  const allSunk = yield* Deferred.make<void>()
+  const Bench = Actor.make({
+    kind: "bench",
+    protocol: BenchProtocol,
+    state: { schema: Schema.Struct({}), initial: () => ({}) },
+    behaviour: () =>
+      Effect.succeed({
+        Echo: ({ n }) => Effect.succeed(n + 1),
+        Sink: () =>
+          Effect.suspend(() => {
+            sunk++
+            return sunk === TELLS ? Deferred.succeed(allSunk, undefined).pipe(Effect.asVoid) : Effect.void
+          })
+      })
+  })
+  const node = yield* startNode({ name: "bench", types: [Bench] })
+  yield* node.spawn("bench", "b1")
+  const ref = refOf(BenchProtocol, address("bench", "b1"))
+
+  // Raw request/reply.
+  const echo = nc.subscribe("bench.raw.echo", { callback: (_e, m) => m.respond(m.data) })
+  const body = JSON.stringify(payload)
+  const rawLat: Array<number> = []
+  const rawCpu = process.cpuUsage()
+  for (let i = 0; i < ASKS + 200; i++) {
+    const t = performance.now()
+    yield* Effect.promise(() => nc.request("bench.raw.echo", body, { timeout: 5000 }))
+    if (i >= 200) rawLat.push((performance.now() - t) * 1000)
+  }
+  echo.unsubscribe()
+  const rawCpuUs = process.cpuUsage(rawCpu)
+
+  // Ask.
+  const askLat: Array<number> = []
+  const askCpu = process.cpuUsage()
+  for (let i = 0; i < ASKS + 200; i++) {
+    const t = performance.now()
+    yield* system.ask(ref, "Echo", payload)
+    if (i >= 200) askLat.push((performance.now() - t) * 1000)
+  }
+
+  const askCpuUs = process.cpuUsage(askCpu)
+  console.error("cpu per raw request us", (rawCpuUs.user + rawCpuUs.system) / (ASKS + 200), "per ask", (askCpuUs.user + askCpuUs.system) / (ASKS + 200))
+  // Raw JetStream: publish with IN_FLIGHT outstanding, pull-consume, ack.
+  yield* Effect.promise(() => jsm.streams.add({ name: "BENCH_RAW", subjects: ["bench.raw.js"] }))
+  yield* Effect.promise(() => jsm.consumers.add("BENCH_RAW", { durable_name: "raw", ack_policy: AckPolicy.Explicit, max_ack_pending: 256 }))
+  const rawStart = performance.now()
+  const rawDone = yield* Effect.promise(async () => {
+    const consumer = await js.consumers.get("BENCH_RAW", "raw")
+    let acked = 0
+    const done = new Promise<number>((resolve) => {
+      void consumer.consume({
+        max_messages: 128,
+        callback: (m) => {
+          m.ack()
+          if (++acked === TELLS) resolve(performance.now())
+        }
+      })
+    })
+    await pipelined(TELLS, (i) => js.publish("bench.raw.js", body, { msgID: `raw-${i}` }))
+    return done
+  })
+  const rawSeconds = (rawDone - rawStart) / 1000
+
+  // Tell.
+  const tellStart = performance.now()
+  yield* Effect.promise(() => pipelined(TELLS, () => Effect.runPromise(system.tell(ref, "Sink", payload))))
+  yield* Deferred.await(allSunk)
+  const tellSeconds = (performance.now() - tellStart) / 1000
+
+  const result = {
+    ask_p50_us: Math.round(percentile(askLat, 50)),
+    ask_p99_us: Math.round(percentile(askLat, 99)),
+    raw_request_p50_us: Math.round(percentile(rawLat, 50)),
+    raw_request_p99_us: Math.round(percentile(rawLat, 99)),
+    ask_over_raw_p50: +(percentile(askLat, 50) / percentile(rawLat, 50)).toFixed(3),
+    tell_per_s: Math.round(TELLS / tellSeconds),
+    raw_js_per_s: Math.round(TELLS / rawSeconds),
+    tell_over_raw: +(rawSeconds / tellSeconds).toFixed(3),
+    asks: ASKS,
+    tells: TELLS,
+    in_flight: IN_FLIGHT,
+    server: system.nats.serverVersion
+  }
+  const rows: Array<[string, string, string, string]> = [
+    ["round trip p50 (us)", String(result.ask_p50_us), String(result.raw_request_p50_us), String(result.ask_over_raw_p50)],
+    ["round trip p99 (us)", String(result.ask_p99_us), String(result.raw_request_p99_us), (result.ask_p99_us / result.raw_request_p99_us).toFixed(3)],
+    ["durable msgs/s", String(result.tell_per_s), String(result.raw_js_per_s), String(result.tell_over_raw)]
+  ]
+  console.log(`nats-server ${result.server}; ${ASKS} asks, ${TELLS} tells with ${IN_FLIGHT} in flight`)
+  console.log(["measure".padEnd(22), "gyre".padStart(10), "raw NATS".padStart(10), "gyre/raw".padStart(10)].join(" "))
+  for (const r of rows) console.log([r[0].padEnd(22), r[1].padStart(10), r[2].padStart(10), r[3].padStart(10)].join(" "))
+  console.log(JSON.stringify(result))
+})
+
+/** Runs `count` async operations with at most IN_FLIGHT outstanding. */
+const pipelined = async (count: number, op: (i: number) => Promise<unknown>) => {
+  let next = 0
+  const lane = async () => {
+    while (next < count) await op(next++)
+  }
+  await Promise.all(Array.from({ length: IN_FLIGHT }, lane))
+}
+
+const layer = ActorSystem.layer({ run: "bench" }).pipe(Layer.provideMerge(Nats.layer({})))
+await Effect.runPromise(Effect.scoped(program).pipe(Effect.provide(layer)))
+process.exit(0)
