@@ -1,0 +1,359 @@
+/* training.cu - the GPU trainer: forward and backward over a packed forest, gradients, AdamW.
+ *
+ * All activations for max_tokens rows are one device allocation made at creation (llm.c
+ * style), laid out as the CPU trainer's: L+1 residual streams, each layer's saved tensors
+ * (layer_io), the final norm and logits, the backward's scratch, and the forest's ancestor
+ * mask. The host prepares the integer side of each batch (ancestor ranges, children of each
+ * row with their dlogp, rows of each token id) so every device sum has a fixed order. The
+ * backward mirrors layer_forward step by step, as on the CPU.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.cuh"
+#include "gemm.cuh"
+#include "kernels.cuh"
+#include "transformer.cuh"
+
+struct be_trainer {
+  be_model *m;
+  exec_ctx ctx;
+  int Tm;            /* max_tokens */
+  int T;             /* rows of the last forward (0: none, or its logits already consumed) */
+  float *grads, *adam_m, *adam_v;
+  float *arena;      /* every activation below lives here */
+  layer_io *io;      /* per layer (host array of device pointers) */
+  float *x_final, *hf, *rstdf, *logits, *lse_rows, *entropy_rows, *token_out;
+  float *dres, *dh, *dgu, *dact, *datt, *dqkv, *dsum;
+  uint32_t *mask;    /* [Tm][ceil(Tm / 32)] ancestor bits */
+  uint8_t *tiles;    /* [ceil(Tm / 32)]^2 */
+  dev_buf fwd_ints;  /* tokens, parents, positions, forest ranges of the last forward */
+  dev_buf bwd_ints;  /* the backward's children and token rows */
+  dev_buf staging;   /* pinned host copy of either */
+  const int32_t *dev_tokens, *dev_parents, *dev_positions;
+};
+
+/* Carves `floats` floats (64-byte aligned) from the arena cursor; with base NULL only counts. */
+static float *carve(float *base, size_t *cursor, size_t floats) {
+  float *p = base ? base + *cursor : NULL;
+  *cursor += (floats + 15) / 16 * 16;
+  return p;
+}
+
+/* Lays out (or, with base NULL, measures) the arena. */
+static size_t lay_out(be_trainer *t, float *base) {
+  const dims *d = &t->m->d;
+  const size_t T = (size_t)t->Tm, words = (T + 31) / 32;
+  size_t at = 0;
+  float *stream = carve(base, &at, (d->L + 1) * T * d->D);
+  for (int l = 0; l < d->L; l++) {
+    layer_io *io = &t->io[l];
+    io->x_in = stream ? stream + l * T * d->D : NULL;
+    io->x_out = stream ? stream + (l + 1) * T * d->D : NULL;
+    io->h1 = carve(base, &at, T * d->D);
+    io->rstd1 = carve(base, &at, T);
+    io->qkv = carve(base, &at, T * d->qkv_dim);
+    io->att = carve(base, &at, T * d->q_dim);
+    io->lse = carve(base, &at, T * d->H);
+    io->x_mid = carve(base, &at, T * d->D);
+    io->h2 = carve(base, &at, T * d->D);
+    io->rstd2 = carve(base, &at, T);
+    io->gu = carve(base, &at, T * 2 * d->F);
+    io->act = carve(base, &at, T * d->F);
+  }
+  t->x_final = stream ? stream + d->L * T * d->D : NULL;
+  t->hf = carve(base, &at, T * d->D);
+  t->rstdf = carve(base, &at, T);
+  t->logits = carve(base, &at, T * d->V);
+  t->lse_rows = carve(base, &at, T);
+  t->entropy_rows = carve(base, &at, T);
+  t->token_out = carve(base, &at, 2 * T);
+  t->dres = carve(base, &at, T * d->D);
+  t->dh = carve(base, &at, T * d->D);
+  t->dgu = carve(base, &at, T * 2 * d->F);
+  t->dact = carve(base, &at, T * d->F);
+  t->datt = carve(base, &at, T * d->q_dim);
+  t->dqkv = carve(base, &at, T * d->qkv_dim);
+  t->dsum = carve(base, &at, T * d->H);
+  t->mask = (uint32_t *)carve(base, &at, T * words);
+  t->tiles = (uint8_t *)carve(base, &at, (words * words + 3) / 4);
+  return at;
+}
+
+extern "C" gyre_status be_trainer_create(be_model *m, int32_t max_tokens, be_trainer **out) {
+  be_trainer *t = (be_trainer *)calloc(1, sizeof *t);
+  if (t == NULL) return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
+  t->m = m;
+  t->Tm = max_tokens;
+  t->io = (layer_io *)calloc((size_t)m->d.L, sizeof(layer_io));
+  const size_t n = (size_t)m->lay->n_params, arena = t->io ? lay_out(t, NULL) : 0;
+  gyre_status st = t->io == NULL ? gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cuda: out of host memory") : GYRE_OK;
+  if (st == GYRE_OK) st = ctx_open(&t->ctx, m->ctx.device);
+  if (st == GYRE_OK) st = dev_alloc((void **)&t->grads, sizeof(float) * 3 * n, "gradients and AdamW moments");
+  if (st == GYRE_OK) {
+    st = dev_alloc((void **)&t->arena, sizeof(float) * arena, "training activations");
+    if (st != GYRE_OK)
+      st = gyre_fail(st, "cuda: cannot allocate %zu MB of training activations for %d tokens on device %d",
+                     arena * sizeof(float) >> 20, max_tokens, t->ctx.device);
+  }
+  if (st == GYRE_OK) {
+    t->adam_m = t->grads + n;
+    t->adam_v = t->adam_m + n;
+    lay_out(t, t->arena);
+    cudaError_t err = cudaMemset(t->grads, 0, sizeof(float) * 3 * n);
+    if (err == cudaSuccess) err = cudaDeviceSynchronize();
+    if (err != cudaSuccess) st = cuda_fail(err, "cudaMemset", "be_trainer_create");
+  }
+  if (st != GYRE_OK) {
+    be_trainer_free(t);
+    return st;
+  }
+  *out = t;
+  return GYRE_OK;
+}
+
+extern "C" void be_trainer_free(be_trainer *t) {
+  if (t == NULL) return;
+  if (ctx_enter(&t->ctx) == GYRE_OK) {
+    cudaFree(t->grads);
+    cudaFree(t->arena);
+    dev_buf_free(&t->fwd_ints);
+    dev_buf_free(&t->bwd_ints);
+    host_buf_free(&t->staging);
+  }
+  ctx_close(&t->ctx);
+  free(t->io);
+  free(t);
+}
+
+/* Uploads `count` 4-byte words prepared in the staging buffer into dst. */
+static gyre_status upload_words(be_trainer *t, dev_buf *dst, size_t count) {
+  GYRE_CHECK(dev_buf_fit(dst, 4 * count));
+  CU(cudaMemcpyAsync(dst->p, t->staging.p, 4 * count, cudaMemcpyHostToDevice, t->ctx.stream));
+  return GYRE_OK;
+}
+
+typedef struct forest_arg {
+  be_trainer *t;
+  int T;
+} forest_arg;
+
+static gyre_status attend_forest(void *arg, exec_ctx *ctx, int layer, const layer_io *io) {
+  const forest_arg *fa = (const forest_arg *)arg;
+  (void)layer;
+  return forest_attention_forward(ctx, io->att, io->lse, io->qkv, fa->t->mask, fa->t->tiles, fa->T, &fa->t->m->d);
+}
+
+extern "C" gyre_status be_train_forward(be_trainer *t, const train_batch *b, float *logp_host, float *entropy_host) {
+  const be_model *m = t->m;
+  const dims *d = &m->d;
+  const forest *f = b->forest;
+  const int T = b->n;
+  exec_ctx *ctx = &t->ctx;
+  GYRE_CHECK(ctx_enter(ctx));
+  t->T = 0;
+
+  /* tokens | parents | positions | range_off | ranges */
+  const size_t n_ranges = (size_t)f->range_off[T], words = 3 * (size_t)T + T + 1 + 2 * n_ranges;
+  GYRE_CHECK(host_buf_fit(&t->staging, 4 * words));
+  int32_t *h = (int32_t *)t->staging.p;
+  memcpy(h, b->tokens, sizeof(int32_t) * T);
+  memcpy(h + T, b->parents, sizeof(int32_t) * T);
+  memcpy(h + 2 * T, b->positions, sizeof(int32_t) * T);
+  memcpy(h + 3 * T, f->range_off, sizeof(int32_t) * (T + 1));
+  memcpy(h + 4 * T + 1, f->ranges, sizeof(int32_t) * 2 * n_ranges);
+  GYRE_CHECK(upload_words(t, &t->fwd_ints, words));
+  const int32_t *di = (const int32_t *)t->fwd_ints.p;
+  t->dev_tokens = di;
+  t->dev_parents = di + T;
+  t->dev_positions = di + 2 * T;
+  GYRE_CHECK(forest_mask(ctx, t->mask, t->tiles, di + 3 * T, di + 4 * T + 1, T));
+
+  forest_arg arg = {t, T};
+  GYRE_CHECK(embed_forward(ctx, t->io[0].x_in, t->dev_tokens, m->w + m->lay->embed, T, d->D));
+  for (int l = 0; l < d->L; l++) GYRE_CHECK(layer_forward(m, ctx, l, T, t->dev_positions, &t->io[l], attend_forest, &arg));
+  GYRE_CHECK(rmsnorm_forward(ctx, t->hf, t->rstdf, t->x_final, m->w + m->lay->norm_f, T, d->D, d->eps));
+  GYRE_CHECK(gemm(ctx, T, d->V, d->D, t->hf, d->D, 0, m->w + m->lay->lm_head, d->D, 1, t->logits, d->V, 0));
+  GYRE_CHECK(logits_stats(ctx, t->lse_rows, t->entropy_rows, t->logits, T, d->V));
+  GYRE_CHECK(token_logprobs(ctx, t->token_out, t->token_out + T, t->logits, t->lse_rows, t->entropy_rows,
+                            t->dev_tokens, t->dev_parents, T, d->V));
+  CU(cudaMemcpyAsync(logp_host, t->token_out, sizeof(float) * T, cudaMemcpyDeviceToHost, ctx->stream));
+  CU(cudaMemcpyAsync(entropy_host, t->token_out + T, sizeof(float) * T, cudaMemcpyDeviceToHost, ctx->stream));
+  GYRE_CHECK(ctx_sync(ctx));
+  t->T = T;
+  return GYRE_OK;
+}
+
+/* The backward's host-side words, in the staging buffer:
+ *   coef[T] (float)  child_off[T+1]  child_token[C]  child_dlogp[C] (float)
+ *   id_off[U+1]  ids[U]  id_rows[T]
+ * coef[p] sums dlogp over p's children in index order (as the CPU backend); the children
+ * with dlogp != 0 and the rows of each token id are listed in ascending index order. */
+typedef struct bwd_words {
+  size_t coef, child_off, child_token, child_dlogp, id_off, ids, id_rows, count;
+  int32_t n_ids;
+} bwd_words;
+
+static gyre_status prepare_backward(be_trainer *t, const train_batch *b, const float *dlogp, bwd_words *w) {
+  const int T = b->n, V = t->m->d.V;
+  int32_t children = 0;
+  for (int i = 0; i < T; i++) children += b->parents[i] >= 0 && dlogp[i] != 0.0f;
+  int32_t *per_id = (int32_t *)calloc((size_t)V, sizeof(int32_t));
+  if (per_id == NULL) return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
+  for (int i = 0; i < T; i++) per_id[b->tokens[i]]++;
+  w->n_ids = 0;
+  for (int v = 0; v < V; v++) w->n_ids += per_id[v] > 0;
+  w->coef = 0;
+  w->child_off = w->coef + T;
+  w->child_token = w->child_off + T + 1;
+  w->child_dlogp = w->child_token + children;
+  w->id_off = w->child_dlogp + children;
+  w->ids = w->id_off + w->n_ids + 1;
+  w->id_rows = w->ids + w->n_ids;
+  w->count = w->id_rows + T;
+  gyre_status st = host_buf_fit(&t->staging, 4 * w->count);
+  if (st != GYRE_OK) {
+    free(per_id);
+    return st;
+  }
+  int32_t *words = (int32_t *)t->staging.p;
+  float *coef = (float *)(words + w->coef), *child_dlogp = (float *)(words + w->child_dlogp);
+  int32_t *child_off = words + w->child_off, *child_token = words + w->child_token;
+  memset(coef, 0, sizeof(float) * T);
+  memset(child_off, 0, sizeof(int32_t) * (T + 1));
+  for (int i = 0; i < T; i++)
+    if (b->parents[i] >= 0) {
+      coef[b->parents[i]] += dlogp[i];
+      child_off[b->parents[i] + 1] += dlogp[i] != 0.0f;
+    }
+  for (int p = 0; p < T; p++) child_off[p + 1] += child_off[p];
+  /* children in index order */
+  int32_t *cursor = (int32_t *)malloc(sizeof(int32_t) * (T > 0 ? T : 1));
+  if (cursor == NULL) {
+    free(per_id);
+    return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
+  }
+  memcpy(cursor, child_off, sizeof(int32_t) * T);
+  for (int i = 0; i < T; i++)
+    if (b->parents[i] >= 0 && dlogp[i] != 0.0f) {
+      const int32_t k = cursor[b->parents[i]]++;
+      child_token[k] = b->tokens[i];
+      child_dlogp[k] = dlogp[i];
+    }
+  free(cursor);
+  /* rows grouped by token id: counting sort, ids ascending, rows ascending within an id */
+  int32_t *id_off = words + w->id_off, *ids = words + w->ids, *id_rows = words + w->id_rows;
+  int32_t u = 0;
+  id_off[0] = 0;
+  for (int v = 0; v < V; v++) {
+    if (per_id[v] == 0) continue;
+    ids[u] = v;
+    id_off[u + 1] = id_off[u] + per_id[v];
+    per_id[v] = id_off[u]; /* now: next free slot of token v */
+    u++;
+  }
+  for (int i = 0; i < T; i++) id_rows[per_id[b->tokens[i]]++] = i;
+  free(per_id);
+  return GYRE_OK;
+}
+
+extern "C" gyre_status be_train_backward(be_trainer *t, const train_batch *b, const float *dlogp_host) {
+  const be_model *m = t->m;
+  const dims *d = &m->d;
+  const float *w = m->w;
+  float *g = t->grads;
+  const int T = b->n, D = d->D, F = d->F;
+  exec_ctx *ctx = &t->ctx;
+  if (t->T != T) return gyre_fail(GYRE_ERR_STATE, "cuda: backward of a batch that was not the last forward");
+  GYRE_CHECK(ctx_enter(ctx));
+  bwd_words bw;
+  GYRE_CHECK(prepare_backward(t, b, dlogp_host, &bw));
+  GYRE_CHECK(upload_words(t, &t->bwd_ints, bw.count));
+  const int32_t *wi = (const int32_t *)t->bwd_ints.p;
+  const float *wf = (const float *)t->bwd_ints.p;
+  t->T = 0; /* the logits become dlogits in place */
+
+  GYRE_CHECK(logits_backward(ctx, t->logits, t->lse_rows, wf + bw.coef, wi + bw.child_off, wi + bw.child_token,
+                             wf + bw.child_dlogp, T, d->V));
+  const float *dlogits = t->logits;
+  GYRE_CHECK(gemm(ctx, d->V, D, T, dlogits, d->V, 1, t->hf, D, 0, g + m->lay->lm_head, D, 1));
+  GYRE_CHECK(gemm(ctx, T, D, d->V, dlogits, d->V, 0, w + m->lay->lm_head, D, 0, t->dh, D, 0));
+  CU(cudaMemsetAsync(t->dres, 0, sizeof(float) * (size_t)T * D, ctx->stream));
+  GYRE_CHECK(rmsnorm_backward(ctx, t->dres, g + m->lay->norm_f, t->dh, t->x_final, w + m->lay->norm_f, t->rstdf, T, D));
+  for (int l = d->L - 1; l >= 0; l--) {
+    const layer_io *io = &t->io[l];
+    const layer_offsets *o = &m->lay->layers[l];
+    /* x_out = x_mid + act . Wdown^T */
+    GYRE_CHECK(gemm(ctx, D, F, T, t->dres, D, 1, io->act, F, 0, g + o->wdown, F, 1));
+    GYRE_CHECK(gemm(ctx, T, F, D, t->dres, D, 0, w + o->wdown, F, 0, t->dact, F, 0));
+    GYRE_CHECK(swiglu_backward(ctx, t->dgu, t->dact, io->gu, T, F));
+    GYRE_CHECK(gemm(ctx, 2 * F, D, T, t->dgu, 2 * F, 1, io->h2, D, 0, g + o->wgu, D, 1));
+    GYRE_CHECK(gemm(ctx, T, D, 2 * F, t->dgu, 2 * F, 0, w + o->wgu, D, 0, t->dh, D, 0));
+    GYRE_CHECK(rmsnorm_backward(ctx, t->dres, g + o->ln_post, t->dh, io->x_mid, w + o->ln_post, io->rstd2, T, D));
+    /* x_mid = x_in + att . Wo^T */
+    GYRE_CHECK(gemm(ctx, D, d->q_dim, T, t->dres, D, 1, io->att, d->q_dim, 0, g + o->wo, d->q_dim, 1));
+    GYRE_CHECK(gemm(ctx, T, d->q_dim, D, t->dres, D, 0, w + o->wo, d->q_dim, 0, t->datt, d->q_dim, 0));
+    GYRE_CHECK(forest_attention_backward(ctx, t->dqkv, t->datt, io->qkv, io->att, io->lse, t->dsum, t->mask, t->tiles,
+                                         T, d));
+    GYRE_CHECK(rope(ctx, t->dqkv, t->dev_positions, m->rope_cos, m->rope_sin, T, d, 1));
+    GYRE_CHECK(gemm(ctx, d->qkv_dim, D, T, t->dqkv, d->qkv_dim, 1, io->h1, D, 0, g + o->wqkv, D, 1));
+    GYRE_CHECK(gemm(ctx, T, D, d->qkv_dim, t->dqkv, d->qkv_dim, 0, w + o->wqkv, D, 0, t->dh, D, 0));
+    GYRE_CHECK(rmsnorm_backward(ctx, t->dres, g + o->ln_in, t->dh, io->x_in, w + o->ln_in, io->rstd1, T, D));
+  }
+  GYRE_CHECK(embed_backward(ctx, g + m->lay->embed, t->dres, wi + bw.ids, wi + bw.id_off, wi + bw.id_rows, bw.n_ids, D));
+  return ctx_sync(ctx);
+}
+
+static gyre_status copy_flat(const be_trainer *t, float *dst, const float *src, cudaMemcpyKind kind) {
+  GYRE_CHECK(ctx_enter(&t->ctx));
+  CU(cudaMemcpyAsync(dst, src, sizeof(float) * (size_t)t->m->lay->n_params, kind, t->ctx.stream));
+  return ctx_sync(&t->ctx);
+}
+
+extern "C" gyre_status be_grads_zero(be_trainer *t) {
+  GYRE_CHECK(ctx_enter(&t->ctx));
+  CU(cudaMemsetAsync(t->grads, 0, sizeof(float) * (size_t)t->m->lay->n_params, t->ctx.stream));
+  return ctx_sync(&t->ctx);
+}
+
+extern "C" gyre_status be_grads_get(const be_trainer *t, float *host) {
+  return copy_flat(t, host, t->grads, cudaMemcpyDeviceToHost);
+}
+
+extern "C" gyre_status be_grads_set(be_trainer *t, const float *host) {
+  return copy_flat(t, t->grads, host, cudaMemcpyHostToDevice);
+}
+
+extern "C" gyre_status be_grads_add(be_trainer *t, const float *host, float scale) {
+  const size_t n = (size_t)t->m->lay->n_params;
+  GYRE_CHECK(ctx_enter(&t->ctx));
+  void *staged;
+  GYRE_CHECK(ctx_scratch(&t->ctx, sizeof(float) * n, &staged));
+  CU(cudaMemcpyAsync(staged, host, sizeof(float) * n, cudaMemcpyHostToDevice, t->ctx.stream));
+  GYRE_CHECK(axpy(&t->ctx, t->grads, (const float *)staged, n, scale));
+  return ctx_sync(&t->ctx);
+}
+
+extern "C" gyre_status be_adamw_step(be_trainer *t, const gyre_adamw *opt, int64_t step, float *grad_norm) {
+  const size_t n = (size_t)t->m->lay->n_params;
+  GYRE_CHECK(ctx_enter(&t->ctx));
+  double sum = 0.0;
+  GYRE_CHECK(sum_squares(&t->ctx, t->grads, n, &sum));
+  const double norm = sqrt(sum);
+  const double coef = opt->max_grad_norm > 0.0f ? opt->max_grad_norm / (norm + 1e-6) : 1.0;
+  const float scale = coef < 1.0 ? (float)coef : 1.0f;
+  GYRE_CHECK(adamw(&t->ctx, t->m->w, t->grads, t->adam_m, t->adam_v, n, opt, step, scale));
+  *grad_norm = (float)norm;
+  return ctx_sync(&t->ctx);
+}
+
+extern "C" gyre_status be_moments_get(const be_trainer *t, float *m_host, float *v_host) {
+  GYRE_CHECK(copy_flat(t, m_host, t->adam_m, cudaMemcpyDeviceToHost));
+  return copy_flat(t, v_host, t->adam_v, cudaMemcpyDeviceToHost);
+}
+
+extern "C" gyre_status be_moments_set(be_trainer *t, const float *m_host, const float *v_host) {
+  GYRE_CHECK(copy_flat(t, t->adam_m, m_host, cudaMemcpyHostToDevice));
+  return copy_flat(t, t->adam_v, v_host, cudaMemcpyHostToDevice);
+}

@@ -1,0 +1,94 @@
+/* transformer.cu - the GPU model's weights and the decoder layer forward (llm.c style). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.cuh"
+#include "gemm.cuh"
+#include "kernels.cuh"
+#include "transformer.cuh"
+
+/* cos/sin tables [max_pos, hd/2] as Hugging Face computes them (inv_freq in F32), the
+ * same arithmetic as the CPU backend's rope_tables. */
+static void rope_tables_host(float *cos_t, float *sin_t, const dims *d) {
+  int half = d->hd / 2;
+  for (int j = 0; j < half; j++) {
+    float inv_freq = 1.0f / powf((float)d->rope_theta, (float)(2 * j) / (float)d->hd);
+    for (int p = 0; p < d->max_pos; p++) {
+      float angle = (float)p * inv_freq;
+      cos_t[(size_t)p * half + j] = (float)cos((double)angle);
+      sin_t[(size_t)p * half + j] = (float)sin((double)angle);
+    }
+  }
+}
+
+extern "C" gyre_status be_model_create(const param_layout *lay, be_model **out) {
+  if (lay->d.hd > ATTENTION_MAX_HEAD_DIM)
+    return gyre_fail(GYRE_ERR_UNSUPPORTED, "cuda: head_dim %d is above this build's limit of %d", lay->d.hd,
+                     ATTENTION_MAX_HEAD_DIM);
+  be_model *m = (be_model *)calloc(1, sizeof *m);
+  if (m == NULL) return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
+  m->lay = lay;
+  m->d = lay->d;
+  const size_t table = (size_t)m->d.max_pos * (m->d.hd / 2);
+  float *host = (float *)malloc(sizeof(float) * 2 * (table > 0 ? table : 1));
+  gyre_status st = host == NULL ? gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cuda: out of host memory") : GYRE_OK;
+  if (st == GYRE_OK) st = ctx_open(&m->ctx, cuda_selected_device());
+  if (st == GYRE_OK) st = dev_alloc((void **)&m->w, sizeof(float) * (size_t)lay->n_params, "model weights");
+  if (st == GYRE_OK) st = dev_alloc((void **)&m->rope_cos, sizeof(float) * 2 * table, "RoPE tables");
+  if (st == GYRE_OK) {
+    m->rope_sin = m->rope_cos + table;
+    rope_tables_host(host, host + table, &m->d);
+    cudaError_t err = cudaMemcpy(m->rope_cos, host, sizeof(float) * 2 * table, cudaMemcpyHostToDevice);
+    if (err != cudaSuccess) st = cuda_fail(err, "cudaMemcpy", "be_model_create");
+  }
+  free(host);
+  if (st != GYRE_OK) {
+    be_model_free(m);
+    return st;
+  }
+  *out = m;
+  return GYRE_OK;
+}
+
+extern "C" gyre_status be_model_set_weights(be_model *m, const float *host) {
+  GYRE_CHECK(ctx_enter(&m->ctx));
+  CU(cudaMemcpyAsync(m->w, host, sizeof(float) * (size_t)m->lay->n_params, cudaMemcpyHostToDevice, m->ctx.stream));
+  return ctx_sync(&m->ctx);
+}
+
+extern "C" gyre_status be_model_get_weights(const be_model *m, float *host) {
+  GYRE_CHECK(ctx_enter(&m->ctx));
+  CU(cudaMemcpyAsync(host, m->w, sizeof(float) * (size_t)m->lay->n_params, cudaMemcpyDeviceToHost, m->ctx.stream));
+  return ctx_sync(&m->ctx);
+}
+
+extern "C" void be_model_free(be_model *m) {
+  if (m == NULL) return;
+  if (ctx_enter(&m->ctx) == GYRE_OK) {
+    cudaFree(m->w);
+    cudaFree(m->rope_cos);
+  }
+  ctx_close(&m->ctx);
+  free(m);
+}
+
+gyre_status layer_forward(const be_model *m, exec_ctx *ctx, int layer, int T, const int32_t *positions,
+                          const layer_io *io, attend_fn attend, void *arg) {
+  const dims *d = &m->d;
+  const layer_offsets *o = &m->lay->layers[layer];
+  const float *w = m->w;
+  const size_t rows = (size_t)T * d->D;
+  GYRE_CHECK(rmsnorm_forward(ctx, io->h1, io->rstd1, io->x_in, w + o->ln_in, T, d->D, d->eps));
+  GYRE_CHECK(gemm(ctx, T, d->qkv_dim, d->D, io->h1, d->D, 0, w + o->wqkv, d->D, 1, io->qkv, d->qkv_dim, 0));
+  GYRE_CHECK(rope(ctx, io->qkv, positions, m->rope_cos, m->rope_sin, T, d, 0));
+  GYRE_CHECK(attend(arg, ctx, layer, io));
+  CU(cudaMemcpyAsync(io->x_mid, io->x_in, sizeof(float) * rows, cudaMemcpyDeviceToDevice, ctx->stream));
+  GYRE_CHECK(gemm(ctx, T, d->D, d->q_dim, io->att, d->q_dim, 0, w + o->wo, d->q_dim, 1, io->x_mid, d->D, 1));
+  GYRE_CHECK(rmsnorm_forward(ctx, io->h2, io->rstd2, io->x_mid, w + o->ln_post, T, d->D, d->eps));
+  GYRE_CHECK(gemm(ctx, T, 2 * d->F, d->D, io->h2, d->D, 0, w + o->wgu, d->D, 1, io->gu, 2 * d->F, 0));
+  GYRE_CHECK(swiglu_forward(ctx, io->act, io->gu, T, d->F));
+  if (io->x_out != io->x_mid)
+    CU(cudaMemcpyAsync(io->x_out, io->x_mid, sizeof(float) * rows, cudaMemcpyDeviceToDevice, ctx->stream));
+  return gemm(ctx, T, d->D, d->F, io->act, d->F, 0, w + o->wdown, d->F, 1, io->x_out, d->D, 1);
+}
