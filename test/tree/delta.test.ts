@@ -59,6 +59,8 @@ describe("delta-encoded call records", () => {
     expect(back).toEqual(b)
     expect(back.suffix).toBeInstanceOf(Int32Array)
     expect(() => Schema.decodeUnknownSync(CallRecord)({ ...wire, suffix: "AAA=" })).toThrow(/4-byte/)
+    expect(() => Schema.decodeUnknownSync(CallRecord)({ ...wire, suffix: "AA*AAAAA" })).toThrow(/4-byte/)
+    expect(() => Schema.decodeUnknownSync(CallRecord)({ ...wire, logprobs: 12 })).toThrow()
     expect(() => Schema.decodeUnknownSync(CallRecord)({ ...wire, promptHash: "xyz" })).toThrow()
   })
 
