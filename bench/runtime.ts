@@ -6,6 +6,7 @@
  * - tell vs raw JetStream: N messages published with W in flight, consumed and acknowledged
  *   (the actor's durable consumer and handler vs a plain pull consumer that acks), messages/s
  *   from the first publish to the last acknowledgement.
+ * CPU per round trip is this process's (client and actor, or client and echo responder).
  * Prints a table and, last, one JSON line. Not a test: nothing here is asserted.
  */
 import { AckPolicy } from "@nats-io/jetstream"
@@ -43,7 +44,7 @@ const program = Effect.gen(function* () {
     state: { schema: Schema.Struct({}), initial: () => ({}) },
     behaviour: () =>
       Effect.succeed({
-        Echo: ({ n }) => Effect.succeed(n + 1),
+        Echo: ({ n }: { readonly n: number }) => Effect.succeed(n + 1),
         Sink: () =>
           Effect.suspend(() => {
             sunk++
@@ -56,7 +57,7 @@ const program = Effect.gen(function* () {
   const ref = refOf(BenchProtocol, address("bench", "b1"))
 
   // Raw request/reply.
-  const echo = nc.subscribe("bench.raw.echo", { callback: (_e, m) => m.respond(m.data) })
+  const echo = nc.subscribe("bench.raw.echo", { callback: (_e, m) => void m.respond(m.data) })
   const body = JSON.stringify(payload)
   const rawLat: Array<number> = []
   const rawCpu = process.cpuUsage()
@@ -78,7 +79,6 @@ const program = Effect.gen(function* () {
   }
 
   const askCpuUs = process.cpuUsage(askCpu)
-  console.error("cpu per raw request us", (rawCpuUs.user + rawCpuUs.system) / (ASKS + 200), "per ask", (askCpuUs.user + askCpuUs.system) / (ASKS + 200))
   // Raw JetStream: publish with IN_FLIGHT outstanding, pull-consume, ack.
   yield* Effect.promise(() => jsm.streams.add({ name: "BENCH_RAW", subjects: ["bench.raw.js"] }))
   yield* Effect.promise(() => jsm.consumers.add("BENCH_RAW", { durable_name: "raw", ack_policy: AckPolicy.Explicit, max_ack_pending: 256 }))
@@ -112,6 +112,8 @@ const program = Effect.gen(function* () {
     raw_request_p50_us: Math.round(percentile(rawLat, 50)),
     raw_request_p99_us: Math.round(percentile(rawLat, 99)),
     ask_over_raw_p50: +(percentile(askLat, 50) / percentile(rawLat, 50)).toFixed(3),
+    ask_cpu_us: Math.round((askCpuUs.user + askCpuUs.system) / (ASKS + 200)),
+    raw_request_cpu_us: Math.round((rawCpuUs.user + rawCpuUs.system) / (ASKS + 200)),
     tell_per_s: Math.round(TELLS / tellSeconds),
     raw_js_per_s: Math.round(TELLS / rawSeconds),
     tell_over_raw: +(rawSeconds / tellSeconds).toFixed(3),
@@ -123,11 +125,12 @@ const program = Effect.gen(function* () {
   const rows: Array<[string, string, string, string]> = [
     ["round trip p50 (us)", String(result.ask_p50_us), String(result.raw_request_p50_us), String(result.ask_over_raw_p50)],
     ["round trip p99 (us)", String(result.ask_p99_us), String(result.raw_request_p99_us), (result.ask_p99_us / result.raw_request_p99_us).toFixed(3)],
+    ["CPU per round trip (us)", String(result.ask_cpu_us), String(result.raw_request_cpu_us), (result.ask_cpu_us / result.raw_request_cpu_us).toFixed(3)],
     ["durable msgs/s", String(result.tell_per_s), String(result.raw_js_per_s), String(result.tell_over_raw)]
   ]
   console.log(`nats-server ${result.server}; ${ASKS} asks, ${TELLS} tells with ${IN_FLIGHT} in flight`)
-  console.log(["measure".padEnd(22), "gyre".padStart(10), "raw NATS".padStart(10), "gyre/raw".padStart(10)].join(" "))
-  for (const r of rows) console.log([r[0].padEnd(22), r[1].padStart(10), r[2].padStart(10), r[3].padStart(10)].join(" "))
+  console.log(["measure".padEnd(24), "gyre".padStart(10), "raw NATS".padStart(10), "gyre/raw".padStart(10)].join(" "))
+  for (const r of rows) console.log([r[0].padEnd(24), r[1].padStart(10), r[2].padStart(10), r[3].padStart(10)].join(" "))
   console.log(JSON.stringify(result))
 })
 

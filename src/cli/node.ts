@@ -12,7 +12,7 @@ import * as path from "node:path"
 import { pathToFileURL } from "node:url"
 import * as os from "node:os"
 import { Effect, Layer, Deferred } from "effect"
-import type { AnyActorType } from "../runtime/actor.ts"
+import type { ActorType } from "../runtime/actor.ts"
 import { Nats, natsOptionsFromEnv } from "../runtime/nats.ts"
 import { parseAddress } from "../runtime/names.ts"
 import { startNode } from "../runtime/node.ts"
@@ -30,11 +30,11 @@ const flags = {
   "ack-wait-ms": { kind: "integer", doc: "JetStream ack wait of actor consumers", default: 10000 }
 } as const
 
-const isActorType = (v: unknown): v is AnyActorType =>
+const isActorType = (v: unknown): v is ActorType<any, any, never> =>
   typeof v === "object" && v !== null && "kind" in v && "protocol" in v && "behaviour" in v && "supervision" in v
 
-export const loadActorTypes = async (modules: ReadonlyArray<string>): Promise<Array<AnyActorType>> => {
-  const types: Array<AnyActorType> = []
+export const loadActorTypes = async (modules: ReadonlyArray<string>): Promise<Array<ActorType<any, any, never>>> => {
+  const types: Array<ActorType<any, any, never>> = []
   for (const m of modules) {
     const mod = (await import(pathToFileURL(path.resolve(m)).href)) as Record<string, unknown>
     const found = Object.values(mod).filter(isActorType)

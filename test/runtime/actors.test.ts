@@ -181,7 +181,7 @@ describe("actor runtime (one process)", () => {
       const result = await withSystem("crash", Effect.gen(function* () {
         const system = yield* ActorSystem
         const events: Array<unknown> = []
-        const sub = system.nats.nc.subscribe(system.layout.sys("escalated"), { callback: (_e, m) => events.push(m.json()) })
+        const sub = system.nats.nc.subscribe(system.layout.sys("escalated"), { callback: (_e, m) => void events.push(m.json()) })
         const node = yield* startNode({ name: "n1", types: [Crasher, Ledger] })
         yield* node.spawn("ledger", "ok")
         yield* node.spawn("crasher", "loop1")
