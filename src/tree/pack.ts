@@ -65,62 +65,39 @@ const ancestorsOf = (unit: TrainingUnit, index: number): Int32Array => {
 
 /**
  * Part starts 0 = a_0 < a_1 < ... for a unit larger than the budget, minimising the carried
- * tokens sum depth(a_k) subject to depth(a_k) + (a_{k+1} - a_k) <= budget (dynamic
- * programming from the right). Cuts are tried at subtree starts (tokens whose parent is not
- * the previous token), where the ancestor chain drops to the branch point; where a part's
- * window holds no subtree start, the part is cut full.
+ * tokens sum depth(a_k) subject to depth(a_k) + (a_{k+1} - a_k) <= budget, by dynamic
+ * programming from the right over subtree starts (0 and every token whose parent is not the
+ * previous token): there the ancestor chain drops to the branch point. Some subtree start
+ * (or the unit's end) is always within reach: from any a, preorder runs down first children
+ * to a leaf at depth <= deepest < budget, and the token after a leaf starts a subtree.
  */
 const partStarts = (unit: TrainingUnit, budget: number): Array<number> => {
   const { positions, parents, length } = unit
-  const subtreeStarts: Array<number> = []
-  for (let i = 1; i < length; i++) if (parents[i] !== i - 1) subtreeStarts.push(i)
-  const carried = new Map<number, number>()
-  const next = new Map<number, number>()
-  const firstAfter = (a: number): number => {
-    let lo = 0
-    let hi = subtreeStarts.length
-    while (lo < hi) {
-      const mid = (lo + hi) >> 1
-      if (subtreeStarts[mid]! <= a) lo = mid + 1
-      else hi = mid
-    }
-    return lo
-  }
-  const solve = (start: number): void => {
-    const stack = [start]
-    while (stack.length > 0) {
-      const a = stack[stack.length - 1]!
-      const end = a + budget - positions[a]!
-      let bestNext = length
-      let bestCost = 0
-      if (end < length) {
-        bestCost = Infinity
-        for (let j = firstAfter(a); j < subtreeStarts.length && subtreeStarts[j]! <= end; j++) {
-          const cost = carried.get(subtreeStarts[j]!)!
-          if (cost <= bestCost) {
-            bestCost = cost
-            bestNext = subtreeStarts[j]!
-          }
-        }
-        if (bestCost === Infinity) {
-          if (!carried.has(end)) {
-            stack.push(end)
-            continue
-          }
-          bestCost = carried.get(end)!
-          bestNext = end
+  const starts = [0]
+  for (let i = 1; i < length; i++) if (parents[i] !== i - 1) starts.push(i)
+  const m = starts.length
+  const carried = new Float64Array(m)
+  const next = new Int32Array(m)
+  for (let k = m - 1; k >= 0; k--) {
+    const depth = positions[starts[k]!]!
+    const end = starts[k]! + budget - depth
+    let best = 0
+    let bestNext = m
+    if (end < length) {
+      best = Infinity
+      for (let j = k + 1; j < m && starts[j]! <= end; j++) {
+        if (carried[j]! <= best) {
+          best = carried[j]!
+          bestNext = j
         }
       }
-      carried.set(a, positions[a]! + bestCost)
-      next.set(a, bestNext)
-      stack.pop()
     }
+    carried[k] = depth + best
+    next[k] = bestNext
   }
-  for (let j = subtreeStarts.length - 1; j >= 0; j--) solve(subtreeStarts[j]!)
-  solve(0)
-  const starts: Array<number> = []
-  for (let a = 0; a < length; a = next.get(a)!) starts.push(a)
-  return starts
+  const chosen: Array<number> = []
+  for (let k = 0; k < m; k = next[k]!) chosen.push(starts[k]!)
+  return chosen
 }
 
 const cut = (unit: TrainingUnit, budget: number): Result.Result<Array<Piece>, BudgetTooSmall> => {
