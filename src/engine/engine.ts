@@ -1,0 +1,154 @@
+/**
+ * The `Engine` service: the loaded native library (CPU or CUDA) and its models.
+ *
+ * Models, caches and trainers are handles on native memory: each is acquired into the
+ * caller's Scope and freed when that scope closes. A cache or trainer keeps its model alive
+ * natively, so scopes may close in any order.
+ */
+import { Context, Effect, Layer, type Scope } from "effect"
+import type { LlamaConfig } from "./config.ts"
+import { KvCache } from "./kvcache.ts"
+import { type Backend, type NativeError, type NativeLibrary, loadNative } from "./native.ts"
+import { Trainer } from "./trainer.ts"
+
+/** A tensor of the flat parameter layout (gyre.h): its HF name, offset and shape. */
+export interface ParamTensor {
+  readonly name: string
+  readonly offset: number
+  readonly shape: ReadonlyArray<number>
+}
+
+/** The C struct of a config. */
+export const cConfig = (c: LlamaConfig) => ({ ...c, tie_word_embeddings: c.tie_word_embeddings ? 1 : 0 })
+
+/** A model's weights on the engine's device. */
+export class Model {
+  constructor(
+    readonly lib: NativeLibrary,
+    readonly ptr: unknown,
+    readonly config: LlamaConfig,
+    readonly paramCount: number
+  ) {}
+
+  /** The weights as a safetensors file (HF names, F32). */
+  save(): Effect.Effect<Uint8Array, NativeError> {
+    return Effect.gen({ self: this }, function* () {
+      const len = [0]
+      yield* this.lib.runSync("model_save", [this.ptr, null, 0, len])
+      const out = new Uint8Array(len[0]!)
+      yield* this.lib.run("model_save", [this.ptr, out, out.length, len])
+      return out
+    })
+  }
+
+  /** The flat parameter vector (gyre.h layout). */
+  getWeights(): Effect.Effect<Float32Array, NativeError> {
+    const out = new Float32Array(this.paramCount)
+    return this.lib.run("model_get_weights", [this.ptr, out, this.paramCount]).pipe(Effect.as(out))
+  }
+
+  setWeights(weights: Float32Array): Effect.Effect<void, NativeError> {
+    return this.lib.run("model_set_weights", [this.ptr, weights, weights.length])
+  }
+
+  /** A paged KV cache of `numBlocks` blocks of `blockTokens` tokens for this model. */
+  cache(options: { readonly blockTokens: number; readonly numBlocks: number }): Effect.Effect<KvCache, NativeError, Scope.Scope> {
+    return acquire(this.lib, "cache_create", [this.ptr, options.blockTokens, options.numBlocks], "cache_free").pipe(
+      Effect.map((ptr) => new KvCache(this.lib, ptr, this.config))
+    )
+  }
+
+  /** A trainer for micro-batches of up to `maxTokens` tokens, updating this model's weights. */
+  trainer(options: { readonly maxTokens: number }): Effect.Effect<Trainer, NativeError, Scope.Scope> {
+    return acquire(this.lib, "trainer_create", [this.ptr, options.maxTokens], "trainer_free").pipe(
+      Effect.map((ptr) => new Trainer(this.lib, ptr, this.config, this.paramCount, options.maxTokens))
+    )
+  }
+}
+
+/** Creates a native handle with `create(...args, out)` and frees it with `free` on scope close. */
+const acquire = (
+  lib: NativeLibrary,
+  create: "model_create" | "model_load" | "cache_create" | "trainer_create",
+  args: ReadonlyArray<unknown>,
+  free: "model_free" | "cache_free" | "trainer_free"
+): Effect.Effect<unknown, NativeError, Scope.Scope> =>
+  Effect.acquireRelease(
+    Effect.suspend(() => {
+      const out: Array<unknown> = [null]
+      return lib.run(create, [...args, out]).pipe(Effect.map(() => out[0]))
+    }),
+    (ptr) => lib.value(free, [ptr])
+  )
+
+export interface EngineShape {
+  readonly backend: Backend
+  readonly devices: ReadonlyArray<string>
+  /** Host threads used by compute (0: one per core). */
+  readonly setThreads: (n: number) => Effect.Effect<void>
+  readonly threads: Effect.Effect<number>
+  /** Parameter count and layout of a config (fails on an unusable config). */
+  readonly layout: (config: LlamaConfig) => Effect.Effect<ReadonlyArray<ParamTensor>, NativeError>
+  /** A randomly initialised model (HF Llama init: N(0, initStd^2), norms 1). */
+  readonly createModel: (
+    config: LlamaConfig,
+    options?: { readonly seed?: number; readonly initStd?: number }
+  ) => Effect.Effect<Model, NativeError, Scope.Scope>
+  /** A model from a safetensors file in memory (a checkpoint's model.safetensors). */
+  readonly loadModel: (config: LlamaConfig, safetensors: Uint8Array) => Effect.Effect<Model, NativeError, Scope.Scope>
+  /** FNV-1a 64 of the bytes (the hand-off checksum). */
+  readonly checksum: (bytes: Uint8Array) => Effect.Effect<bigint>
+}
+
+const paramLayout = (lib: NativeLibrary, config: LlamaConfig) =>
+  Effect.gen(function* () {
+    const cfg = cConfig(config)
+    const count = [0]
+    yield* lib.runSync("param_tensor_count", [cfg, count])
+    const tensors: Array<ParamTensor> = []
+    for (let i = 0; i < count[0]!; i++) {
+      const name = Buffer.alloc(128)
+      const offset = [0]
+      const rank = [0]
+      const shape = new BigInt64Array(2)
+      yield* lib.runSync("param_tensor", [cfg, i, name, name.length, offset, rank, shape])
+      tensors.push({
+        name: name.subarray(0, name.indexOf(0)).toString("utf8"),
+        offset: Number(offset[0]),
+        shape: rank[0] === 1 ? [Number(shape[0])] : [Number(shape[0]), Number(shape[1])]
+      })
+    }
+    return tensors
+  })
+
+const paramCount = (lib: NativeLibrary, config: LlamaConfig) => {
+  const count = [0]
+  return lib.runSync("param_count", [cConfig(config), count]).pipe(Effect.map(() => Number(count[0])))
+}
+
+const make = Effect.gen(function* () {
+  const lib = yield* loadNative()
+  yield* Effect.logInfo(`engine: ${lib.backend} backend (${lib.path}), devices: ${lib.devices.join("; ")}`)
+  const model = (config: LlamaConfig, create: "model_create" | "model_load", args: ReadonlyArray<unknown>) =>
+    Effect.gen(function* () {
+      const count = yield* paramCount(lib, config)
+      const ptr = yield* acquire(lib, create, [cConfig(config), ...args], "model_free")
+      return new Model(lib, ptr, config, count)
+    })
+  return {
+    backend: lib.backend,
+    devices: lib.devices,
+    setThreads: (n) => lib.value<void>("set_num_threads", [n]),
+    threads: lib.value<number>("num_threads", []),
+    layout: (config) => paramLayout(lib, config),
+    createModel: (config, options = {}) =>
+      model(config, "model_create", [BigInt(options.seed ?? 0), options.initStd ?? 0.02]),
+    loadModel: (config, safetensors) => model(config, "model_load", [safetensors, safetensors.length]),
+    checksum: (bytes) => lib.value<bigint>("checksum", [bytes, bytes.length]).pipe(Effect.map(BigInt))
+  } satisfies EngineShape
+})
+
+export class Engine extends Context.Service<Engine, EngineShape>()("gyre/engine/Engine") {
+  /** Loads the native library GYRE_BACKEND or the automatic choice names, and logs it. */
+  static readonly layer = Layer.effect(Engine, make)
+}

@@ -1,0 +1,75 @@
+/**
+ * The byte-level tokenizer and the chat template.
+ *
+ * Ids 0..255 are the bytes of the UTF-8 text, so text -> ids -> text round-trips exactly
+ * (for any well-formed string). Ids 256..271 are special tokens, never produced by
+ * `encode`; the first eight have names:
+ *
+ *   256 <|bos|>  257 <|eos|>  258 <|pad|>  259 <|system|>  260 <|user|>  261 <|assistant|>
+ *   262 <|tool|>  263 <|end|>   (264..271 reserved)
+ *
+ * Chat template: `<|bos|>` then, per message, `<|role|>` content bytes `<|end|>`; a prompt
+ * for generation ends with `<|assistant|>`, and the model's turn ends at `<|end|>`.
+ */
+
+export const BYTE_TOKENS = 256
+export const VOCAB_SIZE = 272
+
+export const special = {
+  bos: 256,
+  eos: 257,
+  pad: 258,
+  system: 259,
+  user: 260,
+  assistant: 261,
+  tool: 262,
+  end: 263
+} as const
+
+const specialNames: ReadonlyMap<number, string> = new Map(
+  Object.entries(special).map(([name, id]) => [id, `<|${name}|>`])
+)
+
+const utf8 = new TextEncoder()
+
+/** UTF-8 bytes of the text as token ids. */
+export const encode = (text: string): Array<number> => Array.from(utf8.encode(text))
+
+/**
+ * Text of the ids: byte runs decoded as UTF-8 (malformed bytes become U+FFFD), special
+ * tokens written as their names (`<|end|>`), or dropped with `skipSpecial`.
+ */
+export const decode = (ids: ReadonlyArray<number>, options: { readonly skipSpecial?: boolean } = {}): string => {
+  const decoder = new TextDecoder("utf-8")
+  let out = ""
+  let bytes: Array<number> = []
+  const flush = () => {
+    if (bytes.length > 0) out += decoder.decode(Uint8Array.from(bytes))
+    bytes = []
+  }
+  for (const id of ids) {
+    if (id >= 0 && id < BYTE_TOKENS) {
+      bytes.push(id)
+      continue
+    }
+    flush()
+    if (!options.skipSpecial) out += specialNames.get(id) ?? `<|reserved_${id}|>`
+  }
+  flush()
+  return out
+}
+
+export type Role = "system" | "user" | "assistant" | "tool"
+
+export interface ChatMessage {
+  readonly role: Role
+  readonly content: string
+}
+
+/** The chat template's ids; with `generation` the prompt ends with `<|assistant|>`. */
+export const chatTemplate = (messages: ReadonlyArray<ChatMessage>, options: { readonly generation?: boolean } = {}): Array<number> => {
+  const ids: Array<number> = [special.bos]
+  for (const m of messages) ids.push(special[m.role], ...encode(m.content), special.end)
+  if (options.generation) ids.push(special.assistant)
+  return ids
+}
