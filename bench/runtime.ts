@@ -2,7 +2,8 @@
  * `npm run bench:runtime`: the actor runtime against plain NATS on the same embedded server,
  * in the same run.
  *
- * - ask vs raw request/reply: sequential round trips of a small payload, p50/p99 latency.
+ * - ask vs raw request/reply: sequential round trips of a small payload, alternating one raw
+ *   and one ask so both see the same load; p50/p99 latency and this process's CPU per trip.
  * - tell vs raw JetStream: N messages published with W in flight, consumed and acknowledged
  *   (the actor's durable consumer and handler vs a plain pull consumer that acks), messages/s
  *   from the first publish to the last acknowledgement.
@@ -56,29 +57,30 @@ const program = Effect.gen(function* () {
   yield* node.spawn("bench", "b1")
   const ref = refOf(BenchProtocol, address("bench", "b1"))
 
-  // Raw request/reply.
+  // Round trips: a raw request/reply and an ask, alternated so both see the same machine load.
   const echo = nc.subscribe("bench.raw.echo", { callback: (_e, m) => void m.respond(m.data) })
   const body = JSON.stringify(payload)
   const rawLat: Array<number> = []
-  const rawCpu = process.cpuUsage()
+  const askLat: Array<number> = []
+  let rawCpuUs = 0
+  let askCpuUs = 0
   for (let i = 0; i < ASKS + 200; i++) {
-    const t = performance.now()
+    const c0 = process.cpuUsage()
+    const t0 = performance.now()
     yield* Effect.promise(() => nc.request("bench.raw.echo", body, { timeout: 5000 }))
-    if (i >= 200) rawLat.push((performance.now() - t) * 1000)
+    const t1 = performance.now()
+    const c1 = process.cpuUsage(c0)
+    yield* system.ask(ref, "Echo", payload)
+    const t2 = performance.now()
+    const c2 = process.cpuUsage(c0)
+    if (i < 200) continue
+    rawLat.push((t1 - t0) * 1000)
+    askLat.push((t2 - t1) * 1000)
+    rawCpuUs += c1.user + c1.system
+    askCpuUs += c2.user + c2.system - (c1.user + c1.system)
   }
   echo.unsubscribe()
-  const rawCpuUs = process.cpuUsage(rawCpu)
 
-  // Ask.
-  const askLat: Array<number> = []
-  const askCpu = process.cpuUsage()
-  for (let i = 0; i < ASKS + 200; i++) {
-    const t = performance.now()
-    yield* system.ask(ref, "Echo", payload)
-    if (i >= 200) askLat.push((performance.now() - t) * 1000)
-  }
-
-  const askCpuUs = process.cpuUsage(askCpu)
   // Raw JetStream: publish with IN_FLIGHT outstanding, pull-consume, ack.
   yield* Effect.promise(() => jsm.streams.add({ name: "BENCH_RAW", subjects: ["bench.raw.js"] }))
   yield* Effect.promise(() => jsm.consumers.add("BENCH_RAW", { durable_name: "raw", ack_policy: AckPolicy.Explicit, max_ack_pending: 256 }))
@@ -112,8 +114,8 @@ const program = Effect.gen(function* () {
     raw_request_p50_us: Math.round(percentile(rawLat, 50)),
     raw_request_p99_us: Math.round(percentile(rawLat, 99)),
     ask_over_raw_p50: +(percentile(askLat, 50) / percentile(rawLat, 50)).toFixed(3),
-    ask_cpu_us: Math.round((askCpuUs.user + askCpuUs.system) / (ASKS + 200)),
-    raw_request_cpu_us: Math.round((rawCpuUs.user + rawCpuUs.system) / (ASKS + 200)),
+    ask_cpu_us: Math.round(askCpuUs / ASKS),
+    raw_request_cpu_us: Math.round(rawCpuUs / ASKS),
     tell_per_s: Math.round(TELLS / tellSeconds),
     raw_js_per_s: Math.round(TELLS / rawSeconds),
     tell_over_raw: +(rawSeconds / tellSeconds).toFixed(3),

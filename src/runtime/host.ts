@@ -273,9 +273,8 @@ export const runIncarnation = <R extends Rpc.Any, S, Req>(
               yield* flush
             }
             reply(encodeExitReply(rpc, exit))
-            // The journal's copy of the ask: a plain publish on the journal connection, after
-            // the reply (see ARCHITECTURE.md, "asks are journaled at most once").
-            system.nats.journalNc.publish(names.asked(address), msg.data, { headers: msg.headers })
+            // The journal's copy, after the reply (ARCHITECTURE.md: "asks are journaled at most once").
+            system.copyToJournal(names.asked(address), msg.data, msg.headers)
           } else {
             yield* settle(tell, changed)
           }

@@ -10,7 +10,7 @@
  * Building the layer creates the run's journal and dead-letter streams and its registry and
  * state KV buckets when they do not exist yet (idempotent, so every node may do it).
  */
-import { headers as natsHeaders, NoRespondersError, TimeoutError, nuid } from "@nats-io/transport-node"
+import { headers as natsHeaders, NoRespondersError, TimeoutError, nuid, type MsgHdrs } from "@nats-io/transport-node"
 import { RetentionPolicy, StorageType, type JetStreamManager, type StreamConfig } from "@nats-io/jetstream"
 import type { KV } from "@nats-io/kv"
 import { Context, Effect, Exit, Layer, Schema } from "effect"
@@ -72,6 +72,12 @@ export interface ActorSystemShape {
   ) => Effect.Effect<Rpc.Success<RequestOf<R, Tag>>, Rpc.Error<RequestOf<R, Tag>> | AskError>
   /** Publishes a system event (`gyre.<run>.sys.<name>`) to the journal. */
   readonly publishEvent: (name: string, event: unknown) => Effect.Effect<void, TransportError>
+  /**
+   * Queues a copy of an answered ask for the journal. Copies are written in batches (every
+   * 2 ms, on the journal connection) so they cost the request path no socket write of its
+   * own; outstanding copies are written when the system's scope closes.
+   */
+  readonly copyToJournal: (subject: string, data: Uint8Array, headers: MsgHdrs | undefined) => void
 }
 
 const ms = (n: number) => n * 1_000_000
@@ -179,7 +185,26 @@ const make = (options: SystemOptions) =>
         catch: (e) => new TransportError({ operation: `publish event ${name}`, message: messageOf(e) })
       }).pipe(Effect.asVoid)
 
-    return { run: options.run, layout: names, nats, registry, state, tell, ask, publishEvent } satisfies ActorSystemShape
+    let copies: Array<[string, Uint8Array, MsgHdrs | undefined]> = []
+    let copyTimer: ReturnType<typeof setTimeout> | undefined
+    const writeCopies = () => {
+      copyTimer = undefined
+      const batch = copies
+      copies = []
+      for (const [subject, data, headers] of batch) nats.journalNc.publish(subject, data, headers ? { headers } : {})
+    }
+    const copyToJournal: ActorSystemShape["copyToJournal"] = (subject, data, headers) => {
+      copies.push([subject, data, headers])
+      if (copyTimer === undefined) copyTimer = setTimeout(writeCopies, 2)
+    }
+    yield* Effect.addFinalizer(() =>
+      Effect.sync(() => {
+        if (copyTimer !== undefined) clearTimeout(copyTimer)
+        writeCopies()
+      })
+    )
+
+    return { run: options.run, layout: names, nats, registry, state, tell, ask, publishEvent, copyToJournal } satisfies ActorSystemShape
   })
 
 export class ActorSystem extends Context.Service<ActorSystem, ActorSystemShape>()("gyre/runtime/ActorSystem") {
