@@ -8,8 +8,13 @@
  * | `gyre.R.tokens.<request>` | core NATS subject | streamed chunks of one generation (`TokenChunk`), for `stream: true` |
  *
  * Execution ids are subject tokens: letters, digits, `_` and `-`.
+ *
+ * `ensureTrajectoryStream` creates the trajectory stream when it is missing; every writer
+ * (gateway, harness runner) calls it, so whichever starts first creates it.
  */
-import { Schema } from "effect"
+import { RetentionPolicy, StorageType, type JetStreamManager } from "@nats-io/jetstream"
+import { Effect, Schema } from "effect"
+import { TransportError, messageOf } from "../runtime/errors.ts"
 import { checkRun } from "../runtime/names.ts"
 
 const EXECUTION = /^[A-Za-z0-9_-]+$/
@@ -33,3 +38,28 @@ export const rlLayout = (run: string) => {
 }
 
 export type RlLayout = ReturnType<typeof rlLayout>
+
+/**
+ * Creates the run's trajectory stream if it does not exist (idempotent; a concurrent
+ * creation by another writer is fine): limits retention, file storage, 2-minute duplicate
+ * window (writers publish with `Nats-Msg-Id`, so a re-sent record or outcome is stored once).
+ */
+export const ensureTrajectoryStream = (jsm: JetStreamManager, names: RlLayout) =>
+  Effect.tryPromise({
+    try: async () => {
+      const exists = () => jsm.streams.info(names.trajectoryStream).then(() => true, () => false)
+      if (await exists()) return
+      await jsm.streams
+        .add({
+          name: names.trajectoryStream,
+          subjects: names.trajectorySubjects,
+          retention: RetentionPolicy.Limits,
+          storage: StorageType.File,
+          duplicate_window: 120_000 * 1_000_000
+        })
+        .catch(async (e) => {
+          if (!(await exists())) throw e
+        })
+    },
+    catch: (e) => new TransportError({ operation: `create stream ${names.trajectoryStream}`, message: messageOf(e) })
+  })
