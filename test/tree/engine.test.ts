@@ -5,7 +5,7 @@
  * path) as its own sequence with the per-path weights the normalisation defines.
  */
 import fc from "fast-check"
-import { Effect, Layer, Logger, Result, type Scope } from "effect"
+import { Effect, Result } from "effect"
 import { describe, expect, it } from "vitest"
 import type { PackedBatch } from "../../src/engine/batch.ts"
 import { Engine } from "../../src/engine/engine.ts"
@@ -13,23 +13,11 @@ import type { LossConfig } from "../../src/engine/trainer.ts"
 import { packMicroBatches } from "../../src/tree/pack.ts"
 import { ROOT, type TrajectoryTree } from "../../src/tree/tree.ts"
 import { stepUnits, type StepExecution, type TrainingMode } from "../../src/tree/units.ts"
+import { micro, relativeError, runEngine } from "../engine/helpers.ts"
 import { build, executionArb, wireRecords } from "./simulate.ts"
 
-const config = {
-  vocab_size: 32,
-  hidden_size: 16,
-  intermediate_size: 24,
-  num_hidden_layers: 2,
-  num_attention_heads: 4,
-  num_key_value_heads: 2,
-  max_position_embeddings: 1024,
-  rms_norm_eps: 1e-5,
-  rope_theta: 10000,
-  tie_word_embeddings: true
-}
-
-const runEngine = <A, E>(effect: Effect.Effect<A, E, Engine | Scope.Scope>): Promise<A> =>
-  Effect.runPromise(effect.pipe(Effect.scoped, Effect.provide(Engine.layer.pipe(Layer.provide(Logger.layer([]))))))
+/** The engine tests' micro model, with room for the trees' depths. */
+const config = { ...micro(true), max_position_embeddings: 1024 }
 
 /** Tokens, versions and log-probs from the root to the end of `leaf`. */
 const pathArrays = (tree: TrajectoryTree, leaf: number) => {
@@ -111,16 +99,6 @@ const lossAndGrads = (batches: ReadonlyArray<PackedBatch>, loss: LossConfig, max
     for (const batch of batches) total += (yield* trainer.train(batch, loss)).stats.loss
     return { loss: total, grads: yield* trainer.getGrads() }
   })
-
-const relativeError = (a: Float32Array, b: Float32Array) => {
-  let d = 0
-  let n = 0
-  for (let i = 0; i < a.length; i++) {
-    d += (a[i]! - b[i]!) ** 2
-    n += b[i]! ** 2
-  }
-  return Math.sqrt(d / Math.max(n, 1e-30))
-}
 
 const ppo: LossConfig = { kind: "ppo", clipLow: 0.2, clipHigh: 0.28, isCap: 0 }
 
