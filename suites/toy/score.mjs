@@ -1,0 +1,50 @@
+#!/usr/bin/env node
+/**
+ * The toy suite's scorer: replays the task's walk (same id and TOY_* settings as the harness)
+ * and judges each decision in $GYRE_WORKSPACE/actions.jsonl against it. Prints
+ * `{"score": right / judged, "details": {...}}`; judged = the walk's decisions (main and
+ * subagents; ones never made, e.g. after a timeout, count as wrong) plus the compaction notes
+ * made. No actions at all: `{"score": 0, "no_artifact": true}`.
+ */
+import * as fs from "node:fs"
+import * as path from "node:path"
+import { configFrom, expectedReplies, scriptOf } from "./world.mjs"
+
+const cfg = configFrom(process.env)
+const taskId = process.env.GYRE_TASK_ID
+const file = path.join(process.env.GYRE_WORKSPACE, "actions.jsonl")
+const lines = fs.existsSync(file) ? fs.readFileSync(file, "utf8").split("\n").filter((l) => l.trim() !== "") : []
+if (lines.length === 0) {
+  console.log(JSON.stringify({ score: 0, no_artifact: true, details: "no actions.jsonl or no decision in it" }))
+  process.exit(0)
+}
+
+const script = scriptOf(taskId, cfg)
+const expected = expectedReplies(script)
+const seen = new Set()
+let right = 0
+let notes = 0
+let notesRight = 0
+let unreadable = 0
+for (const line of lines) {
+  let action
+  try {
+    action = JSON.parse(line)
+  } catch {
+    unreadable++ // a line cut short when the harness was killed
+    continue
+  }
+  if (typeof action?.id !== "string" || typeof action.reply !== "string" || seen.has(action.id)) continue
+  seen.add(action.id)
+  const note = /^n(\d+)$/.exec(action.id)
+  if (note !== null && Number(note[1]) < script.length) {
+    notes++
+    if (action.reply === `note ${script[Number(note[1])].text}`) notesRight++
+  } else if (expected.get(action.id) === action.reply) right++
+}
+const judged = expected.size + notes
+const made = [...seen].filter((id) => expected.has(id)).length
+console.log(JSON.stringify({
+  score: (right + notesRight) / judged,
+  details: { decisions: expected.size, made, right, notes, notesRight, unreadable }
+}))
