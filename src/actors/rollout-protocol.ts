@@ -34,7 +34,12 @@ export const PromptBase = Schema.Struct({
   /** Tokens of the worker's cached sequence for the execution that the prompt starts with. */
   length: PositiveInt,
   /** `digestOf` (src/tree/hash.ts) of those tokens. */
-  digest: Schema.String
+  digest: Schema.String,
+  /**
+   * The earlier request of the execution whose sequence (prompt ++ output) the prompt
+   * starts with; absent: the execution's most recent one on this worker.
+   */
+  request: Schema.optional(ExecutionId)
 })
 
 export const GenerateRequest = Schema.Struct({
@@ -73,6 +78,8 @@ export type GenerateResult = typeof GenerateResult.Type
 export const TokenChunk = Schema.Struct({
   tokens: Int32ArrayFromBase64,
   logprobs: Float32ArrayFromBase64,
+  /** Policy version of each token (absent from senders that predate it). */
+  versions: Schema.optional(Int32ArrayFromBase64),
   done: Schema.Boolean
 })
 export type TokenChunk = typeof TokenChunk.Type
@@ -90,6 +97,12 @@ export class ContextTooLong extends Schema.TaggedError<ContextTooLong>()("Contex
 /** The worker is draining or out of cache memory: retry on another worker. */
 export class WorkerUnavailable extends Schema.TaggedError<WorkerUnavailable>()("WorkerUnavailable", {
   worker: Schema.String,
+  reason: Schema.String
+}) {}
+
+/** The weights of a policy version could not be read from the run's object store. */
+export class WeightsUnavailable extends Schema.TaggedError<WeightsUnavailable>()("WeightsUnavailable", {
+  version: Schema.Number,
   reason: Schema.String
 }) {}
 
@@ -115,7 +128,11 @@ export const RolloutWorkerProtocol = RpcGroup.make(
   /** Frees an execution's cached context (its harness finished). */
   Rpc.make("Release", { payload: { execution: ExecutionId }, success: Schema.Struct({ freedBlocks: NonNegativeInt }) }),
   /** Loads a policy version's weights from the run's object store; later tokens carry it. */
-  Rpc.make("LoadWeights", { payload: { version: NonNegativeInt }, success: Schema.Struct({ version: Schema.Int }) }),
+  Rpc.make("LoadWeights", {
+    payload: { version: NonNegativeInt },
+    success: Schema.Struct({ version: Schema.Int }),
+    error: WeightsUnavailable
+  }),
   /** Stops admitting new executions; `finish` lets running generations end, else they are cancelled. */
   Rpc.make("Drain", { payload: { finish: Schema.Boolean }, success: Schema.Struct({ cancelled: NonNegativeInt }) }),
   Rpc.make("Status", { success: WorkerLoad })
