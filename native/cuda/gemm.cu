@@ -226,16 +226,17 @@ void launch_skinny(cudaStream_t stream, bool vec, int M, int N, int K, const flo
                    int ldb, float *c, int ldc, int accumulate) {
   const unsigned blocks = cdiv(N, SKINNY_WARPS * SKINNY_ROWS);
   if (vec)
-    gemm_skinny<MT, true><<<blocks, SKINNY_WARPS * 32, 0, stream>>>(M, N, K, a, lda, b, ldb, c, ldc, accumulate);
+    LAUNCH(blocks, SKINNY_WARPS * 32, 0, stream, gemm_skinny<MT, true>)(M, N, K, a, lda, b, ldb, c, ldc, accumulate);
   else
-    gemm_skinny<MT, false><<<blocks, SKINNY_WARPS * 32, 0, stream>>>(M, N, K, a, lda, b, ldb, c, ldc, accumulate);
+    LAUNCH(blocks, SKINNY_WARPS * 32, 0, stream, gemm_skinny<MT, false>)(M, N, K, a, lda, b, ldb, c, ldc, accumulate);
 }
 
 template <int BM, int BN>
 void launch_tiled(cudaStream_t stream, dim3 grid, int ta, int tb, int M, int N, int K, const float *a, int lda,
                   const float *b, int ldb, float *c, int ldc, int accumulate, int k_split, float *partial) {
-#define GYRE_TILED(TA, TB) \
-  gemm_tiled<BM, BN, TA, TB><<<grid, THREADS, 0, stream>>>(M, N, K, a, lda, b, ldb, c, ldc, accumulate, k_split, partial)
+#define GYRE_TILED(TA, TB)                                                                                  \
+  LAUNCH(grid, THREADS, 0, stream, gemm_tiled<BM, BN, TA, TB>)(M, N, K, a, lda, b, ldb, c, ldc, accumulate, k_split, \
+                                                              partial)
   if (!ta && !tb) GYRE_TILED(false, false);
   else if (!ta && tb) GYRE_TILED(false, true);
   else if (ta && !tb) GYRE_TILED(true, false);
@@ -297,7 +298,7 @@ gyre_status gemm(exec_ctx *ctx, int M, int N, int K, const float *a, int lda, in
   float *partial = (float *)scratch;
   launch_tiled<64, 64>(stream, grid, trans_a, trans_b, M, N, K, a, lda, b, ldb, c, ldc, accumulate, k_split, partial);
   CU_LAUNCHED();
-  splitk_reduce<<<grid_for((int64_t)M * N), 256, 0, stream>>>(M, N, splits, partial, c, ldc, accumulate);
+  LAUNCH(grid_for((int64_t)M * N), 256, 0, stream, splitk_reduce)(M, N, splits, partial, c, ldc, accumulate);
   CU_LAUNCHED();
   return GYRE_OK;
 }

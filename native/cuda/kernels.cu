@@ -12,7 +12,7 @@ constexpr int COL_CHUNK = 128; /* rows per partial column sum */
 
 /* x[t][c] = table[index[t]][c] */
 __global__ void gather_rows_k(float *__restrict__ x, const float *__restrict__ table, const int32_t *__restrict__ index,
-                              int T, int D) {
+                              int D) {
   const int t = blockIdx.x;
   const float *src = table + (size_t)index[t] * D;
   for (int c = threadIdx.x; c < D; c += blockDim.x) x[(size_t)t * D + c] = src[c];
@@ -208,7 +208,7 @@ __global__ void axpy_k(float *__restrict__ y, const float *__restrict__ x, size_
 
 gyre_status gather_rows(exec_ctx *ctx, float *x, const float *src, const int32_t *rows, int T, int D) {
   if (T <= 0) return GYRE_OK;
-  LAUNCH(T, 256, 0, ctx->stream, gather_rows_k)(x, src, rows, T, D);
+  LAUNCH(T, 256, 0, ctx->stream, gather_rows_k)(x, src, rows, D);
   CU_LAUNCHED();
   return GYRE_OK;
 }
