@@ -120,7 +120,7 @@ export const makeHarnessRunner = (config: HarnessRunnerConfig) => {
       Effect.gen(function* () {
         const system = ctx.system
         const names = rlLayout(system.run)
-        yield* ensureTrajectoryStream(system.nats.jsm, names)
+        yield* ensureTrajectoryStream(system)
         yield* Effect.promise(() => fs.mkdir(config.workspaceRoot, { recursive: true }))
         const slots = yield* Semaphore.make(capacity)
         const inFlight = new Map<string, Deferred.Deferred<ExecutionOutcome>>()

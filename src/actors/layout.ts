@@ -12,10 +12,11 @@
  * `ensureTrajectoryStream` creates the trajectory stream when it is missing; every writer
  * (gateway, harness runner) calls it, so whichever starts first creates it.
  */
-import { RetentionPolicy, StorageType, type JetStreamManager } from "@nats-io/jetstream"
+import { RetentionPolicy, StorageType } from "@nats-io/jetstream"
 import { Effect, Schema } from "effect"
 import { TransportError, messageOf } from "../runtime/errors.ts"
 import { checkRun } from "../runtime/names.ts"
+import type { ActorSystemShape } from "../runtime/system.ts"
 
 const EXECUTION = /^[A-Za-z0-9_-]+$/
 
@@ -44,9 +45,11 @@ export type RlLayout = ReturnType<typeof rlLayout>
  * creation by another writer is fine): limits retention, file storage, 2-minute duplicate
  * window (writers publish with `Nats-Msg-Id`, so a re-sent record or outcome is stored once).
  */
-export const ensureTrajectoryStream = (jsm: JetStreamManager, names: RlLayout) =>
+export const ensureTrajectoryStream = (system: ActorSystemShape) =>
   Effect.tryPromise({
     try: async () => {
+      const names = rlLayout(system.run)
+      const jsm = system.nats.jsm
       const exists = () => jsm.streams.info(names.trajectoryStream).then(() => true, () => false)
       if (await exists()) return
       await jsm.streams
@@ -61,5 +64,5 @@ export const ensureTrajectoryStream = (jsm: JetStreamManager, names: RlLayout) =
           if (!(await exists())) throw e
         })
     },
-    catch: (e) => new TransportError({ operation: `create stream ${names.trajectoryStream}`, message: messageOf(e) })
+    catch: (e) => new TransportError({ operation: `create the trajectory stream of run ${system.run}`, message: messageOf(e) })
   })
