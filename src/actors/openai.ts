@@ -4,6 +4,8 @@
  *
  * Requests are validated with Schema; fields the gateway does not use are ignored, fields it
  * uses must have the documented type (`max_tokens: "abc"` is a 400 naming `max_tokens`).
+ * Besides OpenAI's fields the gateway takes vLLM's `ignore_eos` (generate until `max_tokens`
+ * or a stop string, for fixed-length benchmarks).
  * Errors are `{"error": {"message", "type", "param", "code"}}` with the HTTP status of the
  * `ApiError`.
  */
@@ -66,7 +68,9 @@ const samplingFields = {
   seed: opt(Schema.Int),
   stream: opt(Schema.Boolean),
   stream_options: opt(Schema.Struct({ include_usage: opt(Schema.Boolean) })),
-  n: opt(Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 1 })))
+  n: opt(Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 1 }))),
+  /** vLLM's extension: do not end at the end-of-turn / end-of-text tokens (stop strings still apply). */
+  ignore_eos: opt(Schema.Boolean)
 }
 
 export const ChatCompletionRequest = Schema.Struct({
@@ -119,9 +123,14 @@ export const decodeBody = <S extends Schema.Top>(schema: S, value: unknown, pref
     })
   )
 
-/** Decodes the messages of a chat request, each with its role's schema. */
-export const decodeMessages = (messages: ReadonlyArray<{ readonly role: (typeof roles)[number] }>): Effect.Effect<Array<ChatMessage>, ApiError> =>
-  Effect.forEach(messages, (m, i) => decodeBody(messageSchemas[m.role], m, ["messages", i]) as Effect.Effect<ChatMessage, ApiError>)
+/**
+ * Decodes the messages of a chat request body that `ChatCompletionRequest` accepted (which
+ * checked only their roles), each with its role's schema.
+ */
+export const decodeMessages = (body: unknown): Effect.Effect<Array<ChatMessage>, ApiError> =>
+  Effect.forEach((body as { readonly messages: ReadonlyArray<{ readonly role: (typeof roles)[number] }> }).messages, (m, i) =>
+    decodeBody(messageSchemas[m.role], m, ["messages", i]) as Effect.Effect<ChatMessage, ApiError>
+  )
 
 /* ---- responses ---- */
 
@@ -192,7 +201,7 @@ export const chatChunk = (
   choices: [{ index: 0, delta, logprobs: logprobs === null ? null : { content: logprobs }, finish_reason: finishReason }]
 })
 
-export const completion = (id: string, created: number, model: string, text: string, finishReason: FinishReason, usage: Usage | undefined) => ({
+export const completion = (id: string, created: number, model: string, text: string, finishReason: FinishReason | null, usage: Usage | undefined) => ({
   id,
   object: "text_completion" as const,
   created,

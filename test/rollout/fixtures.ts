@@ -1,0 +1,74 @@
+/**
+ * Shared pieces of the rollout tests: a tiny-preset checkpoint on disk, and a served model
+ * (a node with rollout workers and the gateway on a fresh nats-server, an open execution).
+ */
+import { mkdtempSync, rmSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { Effect, Layer, Logger, type Scope } from "effect"
+import { afterAll } from "vitest"
+import { saveCheckpoint } from "../../src/engine/checkpoint.ts"
+import { Engine } from "../../src/engine/engine.ts"
+import { presets } from "../../src/engine/presets.ts"
+import { gateway, type GatewayConfig } from "../../src/actors/gateway.ts"
+import { GatewayProtocol } from "../../src/actors/harness-protocol.ts"
+import { rolloutWorker, type RolloutWorkerConfig } from "../../src/actors/rollout-worker.ts"
+import { address } from "../../src/runtime/names.ts"
+import { startNode, type NodeHandle } from "../../src/runtime/node.ts"
+import { ActorSystem, refOf } from "../../src/runtime/system.ts"
+
+/** A temporary directory removed after the test file. */
+export const tempDir = (prefix: string): string => {
+  const dir = mkdtempSync(join(tmpdir(), prefix))
+  afterAll(() => rmSync(dir, { recursive: true, force: true }))
+  return dir
+}
+
+/** Writes a randomly initialised tiny-preset checkpoint (the engine's TS API). */
+export const writeCheckpoint = (dir: string, seed: number, initStd = 0.2): Promise<string> =>
+  Effect.runPromise(
+    Effect.gen(function* () {
+      const engine = yield* Engine
+      const model = yield* engine.createModel(presets.tiny, { seed, initStd })
+      yield* saveCheckpoint(dir, model)
+      return dir
+    }).pipe(Effect.scoped, Effect.provide(Engine.layer.pipe(Layer.provide(Logger.layer([])))))
+  )
+
+export const gatewayRef = refOf(GatewayProtocol, address("gateway", "main"))
+
+export const KEY = "test-key-0123456789abcdef"
+
+export interface Served {
+  readonly node: NodeHandle
+  readonly baseUrl: string
+  readonly execution: string
+}
+
+/**
+ * Starts a node hosting `workers` rollout workers (`rollout-worker/<node>.cpu<i>`) and the
+ * gateway, and opens execution `execution` with key `KEY`.
+ */
+export const serve = (options: {
+  readonly node?: string
+  readonly checkpoint: string
+  readonly workers: number
+  readonly worker?: Omit<RolloutWorkerConfig, "checkpoint">
+  readonly gateway?: GatewayConfig
+  readonly execution?: string
+  readonly heartbeatMs?: number
+}): Effect.Effect<Served, unknown, ActorSystem | Scope.Scope> =>
+  Effect.gen(function* () {
+    const system = yield* ActorSystem
+    const name = options.node ?? "a"
+    const node = yield* startNode({
+      name,
+      types: [rolloutWorker({ checkpoint: options.checkpoint, ...options.worker }), gateway(options.gateway)],
+      heartbeatMs: options.heartbeatMs ?? 250
+    })
+    for (let i = 0; i < options.workers; i++) yield* node.spawn("rollout-worker", `${name}.cpu${i}`)
+    yield* node.spawn("gateway", "main")
+    const execution = options.execution ?? "exec-1"
+    const { baseUrl } = yield* system.ask(gatewayRef, "OpenExecution", { key: KEY, task: "t1", execution, defaultRole: "main" })
+    return { node, baseUrl, execution }
+  }).pipe(Effect.provide(Logger.layer([])))
