@@ -5,17 +5,19 @@
 import { mkdtempSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import { Effect, Layer, Logger, type Scope } from "effect"
+import { Effect, Layer, Logger, Schema, type Scope } from "effect"
 import { afterAll } from "vitest"
 import { saveCheckpoint } from "../../src/engine/checkpoint.ts"
 import { Engine } from "../../src/engine/engine.ts"
 import { presets } from "../../src/engine/presets.ts"
 import { gateway, type GatewayConfig } from "../../src/actors/gateway.ts"
 import { GatewayProtocol } from "../../src/actors/harness-protocol.ts"
+import { rlLayout } from "../../src/actors/layout.ts"
 import { rolloutWorker, type RolloutWorkerConfig } from "../../src/actors/rollout-worker.ts"
 import { address } from "../../src/runtime/names.ts"
 import { startNode, type NodeHandle } from "../../src/runtime/node.ts"
 import { ActorSystem, refOf } from "../../src/runtime/system.ts"
+import { CallRecordJson, type CallRecord } from "../../src/tree/record.ts"
 
 /** A temporary directory removed after the test file. */
 export const tempDir = (prefix: string): string => {
@@ -72,3 +74,22 @@ export const serve = (options: {
     const { baseUrl } = yield* system.ask(gatewayRef, "OpenExecution", { key: KEY, task: "t1", execution, defaultRole: "main" })
     return { node, baseUrl, execution }
   }).pipe(Effect.provide(Logger.layer([])))
+
+const decodeRecord = Schema.decodeUnknownSync(CallRecordJson)
+
+/** The first `count` CallRecords of an execution on the trajectory stream, in stream order. */
+export const readRecords = (execution: string, count: number) =>
+  Effect.gen(function* () {
+    const system = yield* ActorSystem
+    const names = rlLayout(system.run)
+    return yield* Effect.promise(async () => {
+      const consumer = await system.nats.js.consumers.get(names.trajectoryStream, { filter_subjects: [names.calls(execution)] })
+      const out: Array<CallRecord> = []
+      const batch = await consumer.fetch({ max_messages: count, expires: 5000 })
+      for await (const m of batch) {
+        out.push(decodeRecord(m.string()))
+        if (out.length === count) break
+      }
+      return out
+    })
+  })

@@ -6,43 +6,22 @@
  * OpenAI-format 4xx errors; the event loop and the worker's heartbeat keep going during
  * generation; closing an execution revokes its key and frees its cache.
  */
-import { Effect, Schema } from "effect"
+import { Effect } from "effect"
 import OpenAI from "openai"
 import { describe, expect, it } from "vitest"
-import { rlLayout } from "../../src/actors/layout.ts"
 import { RolloutWorkerProtocol } from "../../src/actors/rollout-protocol.ts"
 import { special } from "../../src/engine/tokenizer.ts"
 import { address } from "../../src/runtime/names.ts"
 import { ActorSystem, refOf } from "../../src/runtime/system.ts"
-import { CallRecordJson, type CallRecord } from "../../src/tree/record.ts"
 import { DeltaDecoder } from "../../src/tree/decoder.ts"
 import { executionStats } from "../../src/tree/stats.ts"
 import { withSystem } from "../runtime/harness.ts"
-import { KEY, gatewayRef, serve, tempDir, writeCheckpoint } from "./fixtures.ts"
+import { KEY, gatewayRef, readRecords, serve, tempDir, writeCheckpoint } from "./fixtures.ts"
 
 const checkpoint = await writeCheckpoint(tempDir("gyre-gw-"), 5)
 
 const clientOf = (baseURL: string, apiKey = KEY) => new OpenAI({ baseURL, apiKey, maxRetries: 0, timeout: 60_000 })
 const promise = <A>(f: () => Promise<A>) => Effect.promise(f)
-
-const decodeRecord = Schema.decodeUnknownSync(CallRecordJson)
-
-/** Every CallRecord of an execution on the trajectory stream, in stream order. */
-const readRecords = (execution: string, count: number) =>
-  Effect.gen(function* () {
-    const system = yield* ActorSystem
-    const names = rlLayout(system.run)
-    return yield* promise(async () => {
-      const consumer = await system.nats.js.consumers.get(names.trajectoryStream, { filter_subjects: [names.calls(execution)] })
-      const out: Array<CallRecord> = []
-      const batch = await consumer.fetch({ max_messages: count, expires: 5000 })
-      for await (const m of batch) {
-        out.push(decodeRecord(m.string()))
-        if (out.length === count) break
-      }
-      return out
-    })
-  })
 
 const outputOf = (decoder: DeltaDecoder, callId: string) => {
   const tree = decoder.tree
