@@ -17,6 +17,7 @@ export interface Command<S extends FlagSpec = FlagSpec> {
 
 const commands: Record<string, () => Promise<{ readonly command: Command }>> = {
   node: () => import("./node.ts"),
+  engine: () => import("./engine.ts"),
   demo: () => import("./demo.ts")
 }
 

@@ -8,6 +8,7 @@ import { join } from "node:path"
 import { Effect } from "effect"
 import { describe, expect, it } from "vitest"
 import { CheckpointError, loadCheckpoint, readConfig, restoreOptimizer, saveCheckpoint } from "../../src/engine/checkpoint.ts"
+import type { LlamaConfig } from "../../src/engine/config.ts"
 import { Engine } from "../../src/engine/engine.ts"
 import { presets } from "../../src/engine/presets.ts"
 import { adamwDefaults } from "../../src/engine/trainer.ts"
@@ -16,7 +17,7 @@ import { chain, micro, packed, runEngine } from "./helpers.ts"
 const tempDir = () => mkdtempSync(join(tmpdir(), "gyre-ckpt-"))
 
 /** A checkpoint of `config` after one SFT step (so the optimizer state is not zero). */
-const writeTrained = (dir: string, config = presets.tiny) =>
+const writeTrained = (dir: string, config: LlamaConfig = presets.tiny) =>
   runEngine(
     Effect.gen(function* () {
       const engine = yield* Engine

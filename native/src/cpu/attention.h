@@ -20,19 +20,26 @@ void kv_store(float *pool, const dims *d, int B, int layer, const fwd_batch *b, 
 void kv_transfer(float *pool, const dims *d, int B, const int32_t *blocks, int32_t length,
                  float *payload, int to_payload);
 
+/* Per-thread scratch (floats) of the attention forward over at most max_runs key runs
+ * (paged: blocks of the longest context; forest: ranges of a row). */
+size_t attention_scratch_floats(const dims *d, int max_runs);
+/* Extra per-thread floats paged attention needs when B is not a multiple of 16. */
+size_t paged_staging_floats(const dims *d, int B);
+
 /* att[rows, q_dim] = attention of each row's queries over its sequence's cached keys
- * 0..position. scratch: per thread, G * max_pos floats. */
+ * 0..position. scratch: per thread scratch_floats; tiles: rows + 1 ints. */
 void paged_attention(float *att, const float *qkv, const float *pool, const dims *d, int B, int layer,
-                     const fwd_batch *b, float *scratch);
+                     const fwd_batch *b, float *scratch, size_t scratch_floats, int32_t *tiles);
 
 /* Training: att[T, q_dim] and lse[T, H] for token rows attending to their ancestors.
- * kt: scratch [KV][hd][T] (filled here from qkv); scratch: per thread max_depth floats. */
+ * kt: scratch [KV][hd][T] (filled here from qkv); scratch: per thread scratch_floats (with
+ * max_runs = T); tiles: 2T + 2 ints. */
 void forest_attention_forward(float *att, float *lse, const float *qkv, float *kt, const forest *f,
-                              int T, const dims *d, float *scratch);
+                              int T, const dims *d, float *scratch, size_t scratch_floats, int32_t *tiles);
 /* dqkv[T, qkv_dim] (overwritten) from datt[T, q_dim]; kt, vt scratch [KV][hd][T];
- * dsum scratch [T, H]; scratch per thread 2 * max_depth floats. */
+ * dsum scratch [T, H]; scratch per thread scratch_floats >= 2 * max_depth floats. */
 void forest_attention_backward(float *dqkv, const float *datt, const float *qkv, const float *att,
                                const float *lse, float *kt, float *vt, float *dsum, const forest *f,
-                               int T, const dims *d, float *scratch);
+                               int T, const dims *d, float *scratch, size_t scratch_floats);
 
 #endif

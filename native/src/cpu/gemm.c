@@ -180,6 +180,48 @@ static void macro_kernel(int mc, int kc, const float *ap, const float *bp, int j
   }
 }
 
+/* Few rows times a row-major weight (C = A . W^T, W [N, K]): each output is a dot product
+ * of an A row with a W row, computed 4 x 4 at a time in vector registers. W is streamed
+ * once, unpacked: for decode (a handful of rows) packing would cost more than the math. */
+#define FEW_ROWS 16
+#define FEW_BLOCK 4
+
+static void gemm_few_rows(int M, int N, int K, const float *a, int lda, const float *w, int ldw, float *c, int ldc,
+                          int accumulate, int threads) {
+  int blocks = (N + FEW_BLOCK - 1) / FEW_BLOCK, kv = K / VL * VL;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int nb = 0; nb < blocks; nb++) {
+    int n0 = nb * FEW_BLOCK, nn = N - n0 < FEW_BLOCK ? N - n0 : FEW_BLOCK;
+    const float *wr[FEW_BLOCK];
+    for (int j = 0; j < FEW_BLOCK; j++) wr[j] = w + (size_t)(n0 + (j < nn ? j : 0)) * ldw;
+    for (int m0 = 0; m0 < M; m0 += FEW_BLOCK) {
+      int mm = M - m0 < FEW_BLOCK ? M - m0 : FEW_BLOCK;
+      const float *ar[FEW_BLOCK];
+      for (int i = 0; i < FEW_BLOCK; i++) ar[i] = a + (size_t)(m0 + (i < mm ? i : 0)) * lda;
+      vf acc[FEW_BLOCK][FEW_BLOCK];
+      for (int i = 0; i < FEW_BLOCK; i++)
+        for (int j = 0; j < FEW_BLOCK; j++) acc[i][j] = (vf){0};
+      for (int k = 0; k < kv; k += VL) {
+        vf wv[FEW_BLOCK];
+        for (int j = 0; j < FEW_BLOCK; j++) wv[j] = load_v(wr[j] + k);
+        for (int i = 0; i < FEW_BLOCK; i++) {
+          vf av = load_v(ar[i] + k);
+          for (int j = 0; j < FEW_BLOCK; j++) acc[i][j] += av * wv[j];
+        }
+      }
+      for (int i = 0; i < mm; i++)
+        for (int j = 0; j < nn; j++) {
+          float lanes[VL], sum = 0.0f;
+          memcpy(lanes, &acc[i][j], sizeof lanes);
+          for (int l = 0; l < VL; l++) sum += lanes[l];
+          for (int k = kv; k < K; k++) sum += ar[i][k] * wr[j][k];
+          float *dst = c + (size_t)(m0 + i) * ldc + n0 + j;
+          *dst = accumulate ? *dst + sum : sum;
+        }
+    }
+  }
+}
+
 void gemm(int M, int N, int K, const float *a, int lda, int trans_a, const float *b, int ldb, int trans_b,
           float *c, int ldc, int accumulate) {
   if (M <= 0 || N <= 0) return;
@@ -190,7 +232,11 @@ void gemm(int M, int N, int K, const float *a, int lda, int trans_a, const float
   }
   int threads = cpu_threads();
   double work = (double)M * N * K;
-  if (work < 64.0 * 64 * 64) threads = 1;
+  if (work < 128.0 * 128 * 128) threads = 1;
+  if (M <= FEW_ROWS && trans_b && !trans_a) {
+    gemm_few_rows(M, N, K, a, lda, b, ldb, c, ldc, accumulate, threads);
+    return;
+  }
   if (!ensure_buffers(threads)) abort(); /* a few MB; failing here means the host is out of memory */
   int n_ic = (M + MC - 1) / MC;
   float *bpanel = b_buf, **ablocks = a_bufs;

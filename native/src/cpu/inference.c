@@ -14,8 +14,10 @@ struct be_cache {
   float *pool;       /* num_blocks x kv_block_floats */
   float *work;       /* activations for rows_cap rows, grown on demand */
   size_t rows_cap;
-  float *scratch;    /* attention scores, per thread G * max_pos */
+  float *scratch;    /* attention, per thread scratch_floats */
+  size_t scratch_floats;
   int scratch_threads;
+  int32_t *tiles;    /* attention tiles, rows_cap + 1 */
 };
 
 gyre_status be_cache_create(be_model *m, int32_t block_tokens, int32_t num_blocks, be_cache **out) {
@@ -40,6 +42,7 @@ void be_cache_free(be_cache *c) {
   free(c->pool);
   free(c->work);
   free(c->scratch);
+  free(c->tiles);
   free(c);
 }
 
@@ -70,13 +73,17 @@ static gyre_status ensure_work(be_cache *c, int rows, int threads) {
     size_t cap = c->rows_cap ? c->rows_cap : 64;
     while (cap < (size_t)rows) cap *= 2;
     free(c->work);
+    free(c->tiles);
     c->work = aligned_calloc(sizeof(float) * cap * row_floats(d));
-    c->rows_cap = c->work ? cap : 0;
-    if (c->work == NULL) return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cpu: out of host memory for %d rows", rows);
+    c->tiles = malloc(sizeof(int32_t) * (cap + 1));
+    c->rows_cap = c->work && c->tiles ? cap : 0;
+    if (c->rows_cap == 0) return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cpu: out of host memory for %d rows", rows);
   }
   if (threads > c->scratch_threads) {
     free(c->scratch);
-    c->scratch = aligned_calloc(sizeof(float) * (size_t)threads * (d->H / d->KV) * d->max_pos);
+    int max_runs = (d->max_pos + 15) / 16 + (d->max_pos + c->B - 1) / c->B;
+    c->scratch_floats = attention_scratch_floats(d, max_runs) + paged_staging_floats(d, c->B);
+    c->scratch = aligned_calloc(sizeof(float) * (size_t)threads * c->scratch_floats);
     c->scratch_threads = c->scratch ? threads : 0;
     if (c->scratch == NULL) return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cpu: out of host memory for attention");
   }
@@ -92,7 +99,7 @@ static void attend_paged(void *ctx, int layer, const layer_io *io) {
   paged_ctx *p = ctx;
   const dims *d = &p->c->m->d;
   kv_store(p->c->pool, d, p->c->B, layer, p->b, io->qkv);
-  paged_attention(io->att, io->qkv, p->c->pool, d, p->c->B, layer, p->b, p->c->scratch);
+  paged_attention(io->att, io->qkv, p->c->pool, d, p->c->B, layer, p->b, p->c->scratch, p->c->scratch_floats, p->c->tiles);
 }
 
 gyre_status be_forward(be_model *m, be_cache *c, const fwd_batch *b, float *logits_host) {

@@ -3,6 +3,7 @@
 #include <omp.h>
 #include <string.h>
 
+#include "fastmath.h"
 #include "gemm.h"
 #include "kernels.h"
 
@@ -96,14 +97,12 @@ void rope(float *qkv, const int32_t *positions, const float *cos_t, const float 
   }
 }
 
-static inline float sigmoid(float z) { return 1.0f / (1.0f + expf(-z)); }
-
 void swiglu_forward(float *act, const float *gu, int T, int F) {
 #pragma omp parallel for num_threads(cpu_threads()) schedule(static)
   for (int t = 0; t < T; t++) {
     const float *g = gu + (size_t)t * 2 * F, *u = g + F;
     float *a = act + (size_t)t * F;
-    for (int c = 0; c < F; c++) a[c] = g[c] * sigmoid(g[c]) * u[c];
+    for (int c = 0; c < F; c++) a[c] = g[c] * fast_sigmoid(g[c]) * u[c];
   }
 }
 
@@ -113,7 +112,7 @@ void swiglu_backward(float *dgu, const float *dact, const float *gu, int T, int 
     const float *g = gu + (size_t)t * 2 * F, *u = g + F, *da = dact + (size_t)t * F;
     float *dg = dgu + (size_t)t * 2 * F, *du = dg + F;
     for (int c = 0; c < F; c++) {
-      float sg = sigmoid(g[c]), silu = g[c] * sg;
+      float sg = fast_sigmoid(g[c]), silu = g[c] * sg;
       du[c] = da[c] * silu;
       dg[c] = da[c] * u[c] * sg * (1.0f + g[c] * (1.0f - sg));
     }

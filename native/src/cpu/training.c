@@ -22,8 +22,10 @@ struct be_trainer {
   layer_io *io;      /* per layer */
   float *x_final, *hf, *rstdf, *logits, *lse_rows, *entropy_rows;
   float *dres, *dh, *dgu, *dact, *datt, *dqkv, *dlogits, *coef, *kt, *vt, *dsum;
-  float *scratch;    /* attention, per thread 2 * Tm */
+  float *scratch;    /* attention, per thread scratch_floats */
+  size_t scratch_floats;
   int scratch_threads;
+  int32_t *tiles;    /* attention tiles, 2 * Tm + 2 */
 };
 
 /* Carves `floats` floats (64-byte aligned) from the arena cursor; with base NULL only counts. */
@@ -84,7 +86,8 @@ gyre_status be_trainer_create(be_model *m, int32_t max_tokens, be_trainer **out)
   t->adam_m = aligned_calloc(sizeof(float) * n);
   t->adam_v = aligned_calloc(sizeof(float) * n);
   t->arena = t->io ? aligned_calloc(sizeof(float) * arena) : NULL;
-  if (t->io == NULL || t->grads == NULL || t->adam_m == NULL || t->adam_v == NULL || t->arena == NULL) {
+  t->tiles = malloc(sizeof(int32_t) * (2 * (size_t)max_tokens + 2));
+  if (t->tiles == NULL || t->io == NULL || t->grads == NULL || t->adam_m == NULL || t->adam_v == NULL || t->arena == NULL) {
     be_trainer_free(t);
     return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cpu: cannot allocate %zu MB of training activations for %d tokens",
                      arena * sizeof(float) >> 20, max_tokens);
@@ -102,6 +105,7 @@ void be_trainer_free(be_trainer *t) {
   free(t->adam_v);
   free(t->arena);
   free(t->scratch);
+  free(t->tiles);
   free(t);
 }
 
@@ -109,7 +113,9 @@ static gyre_status ensure_scratch(be_trainer *t) {
   int threads = cpu_threads();
   if (threads <= t->scratch_threads) return GYRE_OK;
   free(t->scratch);
-  t->scratch = aligned_calloc(sizeof(float) * 2 * (size_t)t->Tm * threads);
+  size_t forward = attention_scratch_floats(&t->m->d, t->Tm), backward = 2 * (size_t)t->Tm;
+  t->scratch_floats = forward > backward ? forward : backward;
+  t->scratch = aligned_calloc(sizeof(float) * t->scratch_floats * threads);
   t->scratch_threads = t->scratch ? threads : 0;
   return t->scratch ? GYRE_OK : gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cpu: out of host memory for attention scratch");
 }
@@ -122,7 +128,8 @@ typedef struct forest_ctx {
 static void attend_forest(void *ctx, int layer, const layer_io *io) {
   forest_ctx *fc = ctx;
   (void)layer;
-  forest_attention_forward(io->att, io->lse, io->qkv, fc->t->kt, fc->b->forest, fc->b->n, &fc->t->m->d, fc->t->scratch);
+  forest_attention_forward(io->att, io->lse, io->qkv, fc->t->kt, fc->b->forest, fc->b->n, &fc->t->m->d, fc->t->scratch,
+                           fc->t->scratch_floats, fc->t->tiles);
 }
 
 gyre_status be_train_forward(be_trainer *t, const train_batch *b, float *logp_host, float *entropy_host) {
@@ -171,7 +178,7 @@ gyre_status be_train_backward(be_trainer *t, const train_batch *b, const float *
     gemm(D, d->q_dim, T, t->dres, D, 1, io->att, d->q_dim, 0, g + o->wo, d->q_dim, 1);
     gemm(T, d->q_dim, D, t->dres, D, 0, w + o->wo, d->q_dim, 0, t->datt, d->q_dim, 0);
     forest_attention_backward(t->dqkv, t->datt, io->qkv, io->att, io->lse, t->kt, t->vt, t->dsum, b->forest, T, d,
-                              t->scratch);
+                              t->scratch, t->scratch_floats);
     rope(t->dqkv, b->positions, m->rope_cos, m->rope_sin, T, d, 1);
     gemm(d->qkv_dim, D, T, t->dqkv, d->qkv_dim, 1, io->h1, D, 0, g + o->wqkv, D, 1);
     gemm(T, D, d->qkv_dim, t->dqkv, d->qkv_dim, 0, w + o->wqkv, D, 0, t->dh, D, 0);

@@ -1,0 +1,278 @@
+/**
+ * Engine benchmark: for the presets (tiny, small), prefill tokens/s (16 sequences of 512),
+ * decode tokens/s (16 sequences at context 512 and 4096), train tokens/s (4 x 256 tokens:
+ * forward + backward + AdamW) and the GFLOP/s each achieves, against a plain-PyTorch Llama
+ * (bench/llama_torch.py) with the same config, thread count and batch on Debian's
+ * python3-torch + libopenblas0-pthread (installed with apt-get when missing), plus the
+ * machine's sgemm rate measured through that PyTorch. Prints a table, then one JSON line.
+ *
+ *   npm run bench:engine [-- --presets tiny,small --threads N --quick]
+ *
+ * FLOPs are counted the same way for both sides: 2 per weight of every matmul (lm_head
+ * included, embedding lookup not) per token forward, plus 4 x layers x hidden x keys for
+ * attention (QK^T and PV); training counts 3x the forward. Each figure is the best of
+ * repeated runs. decode_over_torch is the lower of the two contexts' ratios.
+ */
+import { execFileSync, spawnSync } from "node:child_process"
+import { availableParallelism } from "node:os"
+import { Effect, Layer, Logger } from "effect"
+import type { PackedBatch } from "../src/engine/batch.ts"
+import type { LlamaConfig } from "../src/engine/config.ts"
+import { Engine } from "../src/engine/engine.ts"
+import type { KvCache } from "../src/engine/kvcache.ts"
+import { type PresetName, presets } from "../src/engine/presets.ts"
+import { adamwDefaults } from "../src/engine/trainer.ts"
+
+const args = process.argv.slice(2)
+const flag = (name: string) => {
+  const i = args.indexOf(`--${name}`)
+  return i >= 0 ? args[i + 1] : undefined
+}
+const quick = args.includes("--quick")
+const threads = Number(flag("threads") ?? availableParallelism())
+const presetList = (flag("presets") ?? "tiny,small").split(",") as Array<PresetName>
+const python = "/usr/bin/python3"
+const peerScript = new URL("./llama_torch.py", import.meta.url).pathname
+
+const BATCH = 16
+const PREFILL = 512
+const CONTEXTS = [512, 4096] as const
+const DECODE_STEPS = quick ? 4 : 8
+const TRAIN_BATCH = 4
+const TRAIN_SEQ = 256
+const MIN_TIME = quick ? 0.3 : 1.0
+
+/* ---- the peer ---- */
+
+const torchReady = () => spawnSync(python, ["-c", "import torch"], { stdio: "ignore" }).status === 0
+const openblasReady = () => spawnSync("dpkg", ["-s", "libopenblas0-pthread"], { stdio: "ignore" }).status === 0
+
+/** Installs python3-torch and libopenblas0-pthread with apt-get when either is missing. */
+const ensurePeer = (): string | undefined => {
+  if (torchReady() && openblasReady()) return undefined
+  console.error("bench: installing python3-torch and libopenblas0-pthread (apt-get)")
+  try {
+    execFileSync("apt-get", ["update", "-qq"], { stdio: "inherit" })
+    execFileSync("apt-get", ["install", "-y", "-qq", "python3-torch", "libopenblas0-pthread"], {
+      stdio: "inherit",
+      env: { ...process.env, DEBIAN_FRONTEND: "noninteractive" }
+    })
+  } catch (e) {
+    return `apt-get failed: ${e instanceof Error ? e.message : String(e)}`
+  }
+  return torchReady() ? undefined : "python3-torch still cannot be imported"
+}
+
+const peer = (cmd: ReadonlyArray<string>): Record<string, number> => {
+  const out = execFileSync(python, [peerScript, ...cmd], { encoding: "utf8", maxBuffer: 1 << 26, env: { ...process.env, OMP_NUM_THREADS: String(threads) } })
+  return JSON.parse(out.trim().split("\n").at(-1)!)
+}
+
+/* ---- FLOP counts ---- */
+
+const matmulParams = (c: LlamaConfig) => {
+  const hd = c.hidden_size / c.num_attention_heads
+  const perLayer = c.hidden_size * hd * (2 * c.num_attention_heads + 2 * c.num_key_value_heads) + 3 * c.hidden_size * c.intermediate_size
+  return c.num_hidden_layers * perLayer + c.vocab_size * c.hidden_size
+}
+/** Forward FLOPs of one token that attends to `keys` keys. */
+const tokenFlops = (c: LlamaConfig, keys: number) => 2 * matmulParams(c) + 4 * c.num_hidden_layers * c.hidden_size * keys
+
+/* ---- ours ---- */
+
+const best = <E, R>(run: Effect.Effect<void, E, R>, minTime = MIN_TIME) =>
+  Effect.gen(function* () {
+    yield* run // warm-up
+    let fastest = Number.POSITIVE_INFINITY
+    let spent = 0
+    while (spent < minTime) {
+      const t = performance.now()
+      yield* run
+      const dt = (performance.now() - t) / 1000
+      fastest = Math.min(fastest, dt)
+      spent += dt
+    }
+    return fastest
+  })
+
+const randomTokens = (n: number, seed: number) => Array.from({ length: n }, (_, i) => (seed * 7919 + i * 104729) % 256)
+
+const chains = (count: number, length: number): PackedBatch => {
+  const n = count * length
+  const tokens = Int32Array.from(randomTokens(n, 3))
+  const parents = Int32Array.from({ length: n }, (_, i) => (i % length === 0 ? -1 : i - 1))
+  const positions = Int32Array.from({ length: n }, (_, i) => i % length)
+  return {
+    length: n,
+    tokens,
+    parents,
+    positions,
+    weights: Float32Array.from(parents, (p) => (p < 0 ? 0 : 1 / (n - count))),
+    advantages: new Float32Array(n),
+    behaviourLogprobs: new Float32Array(n),
+    proximalLogprobs: new Float32Array(n).fill(Number.NaN),
+    versions: new Int32Array(n)
+  }
+}
+
+const decodeSteps = (cache: KvCache, seqs: ReadonlyArray<number>) =>
+  Effect.gen(function* () {
+    for (let s = 0; s < DECODE_STEPS; s++) yield* cache.forward(seqs.map((seq) => ({ seq, tokens: [s + 1] })), "last")
+  })
+
+const ours = (config: LlamaConfig) =>
+  Effect.gen(function* () {
+    const engine = yield* Engine
+    yield* engine.setThreads(threads)
+    const model = yield* engine.createModel(config, { seed: 1 })
+    const out: Record<string, number> = {}
+    // prefill: 16 sequences of 512 in one batched call (fresh sequences each run)
+    const blocksPer = Math.ceil((CONTEXTS[1] + 8 * DECODE_STEPS + 16) / 16)
+    const cache = yield* model.cache({ blockTokens: 16, numBlocks: BATCH * blocksPer + 2 * Math.ceil(PREFILL / 16) * BATCH })
+    const prompts = Array.from({ length: BATCH }, (_, s) => randomTokens(PREFILL, s))
+    let live: Array<number> = []
+    out.prefill_512_s = yield* best(
+      Effect.gen(function* () {
+        for (const seq of live) yield* cache.free(seq)
+        live = []
+        for (let s = 0; s < BATCH; s++) live.push(yield* cache.create())
+        yield* cache.forward(live.map((seq, s) => ({ seq, tokens: prompts[s]! })), "last")
+      })
+    )
+    out.prefill_512_tokens = BATCH * PREFILL
+    out.decode_512_s = yield* best(decodeSteps(cache, live))
+    out.decode_512_tokens = BATCH * DECODE_STEPS
+    for (const seq of live) yield* cache.free(seq)
+    // context 4096: one sequence prefilled, handed to 16 sequences by export -> import
+    const long = randomTokens(CONTEXTS[1], 9)
+    let first = -1
+    out.prefill_4096_s = yield* best(
+      Effect.gen(function* () {
+        if (first >= 0) yield* cache.free(first)
+        first = yield* cache.create()
+        yield* cache.forward([{ seq: first, tokens: long }], "last")
+      }),
+      0
+    )
+    out.prefill_4096_tokens = CONTEXTS[1]
+    const handoff = yield* cache.export(first)
+    yield* cache.free(first)
+    const seqs: Array<number> = []
+    for (let s = 0; s < BATCH; s++) seqs.push(yield* cache.import(handoff))
+    out.decode_4096_s = yield* best(decodeSteps(cache, seqs))
+    out.decode_4096_tokens = BATCH * DECODE_STEPS
+    for (const seq of seqs) yield* cache.free(seq)
+    // training: forward + backward + AdamW on 4 chains of 256
+    const trainer = yield* model.trainer({ maxTokens: TRAIN_BATCH * TRAIN_SEQ })
+    const train = chains(TRAIN_BATCH, TRAIN_SEQ) // 4 x 256 tokens through the model, as the peer's ids[:, :-1]
+    out.train_s = yield* best(
+      Effect.gen(function* () {
+        yield* trainer.zeroGrads()
+        yield* trainer.train(train, { kind: "sft" })
+        yield* trainer.step({ ...adamwDefaults, lr: 1e-4 })
+      })
+    )
+    out.train_tokens = TRAIN_BATCH * TRAIN_SEQ
+    return out
+  })
+
+/* ---- figures ---- */
+
+interface Figures {
+  readonly prefill: number
+  readonly decode512: number
+  readonly decode4096: number
+  readonly train: number
+  readonly prefillGflops: number
+  readonly decode512Gflops: number
+  readonly decode4096Gflops: number
+  readonly trainGflops: number
+}
+
+const figures = (c: LlamaConfig, t: Record<string, number>): Figures => {
+  const prefillFlops = BATCH * Array.from({ length: PREFILL }, (_, p) => tokenFlops(c, p + 1)).reduce((a, b) => a + b, 0)
+  const decodeFlops = (ctx: number) => BATCH * Array.from({ length: DECODE_STEPS }, (_, s) => tokenFlops(c, ctx + s + 1)).reduce((a, b) => a + b, 0)
+  const trainFlops = 3 * TRAIN_BATCH * Array.from({ length: TRAIN_SEQ }, (_, p) => tokenFlops(c, p + 1)).reduce((a, b) => a + b, 0)
+  return {
+    prefill: t.prefill_512_tokens! / t.prefill_512_s!,
+    decode512: t.decode_512_tokens! / t.decode_512_s!,
+    decode4096: t.decode_4096_tokens! / t.decode_4096_s!,
+    train: t.train_tokens! / t.train_s!,
+    prefillGflops: prefillFlops / t.prefill_512_s! / 1e9,
+    decode512Gflops: decodeFlops(512) / t.decode_512_s! / 1e9,
+    decode4096Gflops: decodeFlops(4096) / t.decode_4096_s! / 1e9,
+    trainGflops: trainFlops / t.train_s! / 1e9
+  }
+}
+
+const round = (x: number, digits = 3) => Number(x.toPrecision(digits))
+
+const main = Effect.gen(function* () {
+  const engine = yield* Engine
+  const peerProblem = ensurePeer()
+  const sgemm = peerProblem === undefined ? peer(["sgemm", "--threads", String(threads), "--min-time", String(MIN_TIME)]).sgemm_gflops! : Number.NaN
+  const report: Record<string, unknown> = { backend: engine.backend, devices: engine.devices, threads, sgemm_gflops: round(sgemm) }
+  const rows: Array<Array<string>> = []
+  for (const name of presetList) {
+    const config = presets[name]
+    console.error(`bench: ${name}: engine (${engine.backend}, ${threads} threads)`)
+    const mine = figures(config, yield* Effect.scoped(ours(config)))
+    let theirs: Figures | undefined
+    if (peerProblem === undefined) {
+      console.error(`bench: ${name}: PyTorch`)
+      const peerConfig = JSON.stringify(config)
+      theirs = figures(
+        config,
+        peer(["bench", "--config", peerConfig, "--threads", String(threads), "--batch", String(BATCH), "--decode-steps", String(DECODE_STEPS),
+          "--train-batch", String(TRAIN_BATCH), "--train-seq", String(TRAIN_SEQ), "--min-time", String(MIN_TIME)])
+      )
+    }
+    const ratio = (a: number, b: number | undefined) => (b === undefined ? Number.NaN : a / b)
+    const entry = {
+      params: matmulParams(config),
+      prefill_tok_s: round(mine.prefill),
+      decode_512_tok_s: round(mine.decode512),
+      decode_4096_tok_s: round(mine.decode4096),
+      train_tok_s: round(mine.train),
+      prefill_gflops: round(mine.prefillGflops),
+      decode_512_gflops: round(mine.decode512Gflops),
+      decode_4096_gflops: round(mine.decode4096Gflops),
+      train_gflops: round(mine.trainGflops),
+      torch_prefill_tok_s: theirs && round(theirs.prefill),
+      torch_decode_512_tok_s: theirs && round(theirs.decode512),
+      torch_decode_4096_tok_s: theirs && round(theirs.decode4096),
+      torch_train_tok_s: theirs && round(theirs.train),
+      torch_train_gflops: theirs && round(theirs.trainGflops),
+      prefill_over_torch: round(ratio(mine.prefill, theirs?.prefill)),
+      decode_512_over_torch: round(ratio(mine.decode512, theirs?.decode512)),
+      decode_4096_over_torch: round(ratio(mine.decode4096, theirs?.decode4096)),
+      decode_over_torch: round(Math.min(ratio(mine.decode512, theirs?.decode512), ratio(mine.decode4096, theirs?.decode4096))),
+      train_over_torch: round(ratio(mine.train, theirs?.train)),
+      prefill_frac_of_sgemm: round(mine.prefillGflops / sgemm),
+      decode_512_frac_of_sgemm: round(mine.decode512Gflops / sgemm),
+      decode_4096_frac_of_sgemm: round(mine.decode4096Gflops / sgemm),
+      train_frac_of_sgemm: round(mine.trainGflops / sgemm),
+      torch_train_frac_of_sgemm: theirs && round(theirs.trainGflops / sgemm)
+    }
+    report[name] = entry
+    const line = (what: string, ourRate: number, ourGflops: number, peerRate: number | undefined) =>
+      rows.push([name, what, ourRate.toFixed(0), peerRate === undefined ? "-" : peerRate.toFixed(0), peerRate === undefined ? "-" : `${(ourRate / peerRate).toFixed(2)}x`, ourGflops.toFixed(1), `${((100 * ourGflops) / sgemm).toFixed(0)}%`])
+    line("prefill 16x512", mine.prefill, mine.prefillGflops, theirs?.prefill)
+    line("decode 16 @512", mine.decode512, mine.decode512Gflops, theirs?.decode512)
+    line("decode 16 @4096", mine.decode4096, mine.decode4096Gflops, theirs?.decode4096)
+    line("train 4x256", mine.train, mine.trainGflops, theirs?.train)
+  }
+  const header = ["preset", "figure", "tok/s", "torch tok/s", "ours/torch", "GFLOP/s", "of sgemm"]
+  const widths = header.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i]!.length)))
+  const fmt = (r: ReadonlyArray<string>) => r.map((x, i) => (i < 2 ? x.padEnd(widths[i]!) : x.padStart(widths[i]!))).join("  ")
+  console.log(`engine bench: ${engine.backend} backend (${engine.devices.join("; ")}), ${threads} threads; sgemm ${sgemm.toFixed(1)} GFLOP/s (PyTorch/OpenBLAS, 1024^3)`)
+  if (peerProblem !== undefined) console.log(`PyTorch peer unavailable: ${peerProblem}`)
+  console.log(fmt(header))
+  for (const r of rows) console.log(fmt(r))
+  console.log(JSON.stringify(report))
+})
+
+Effect.runPromise(main.pipe(Effect.provide(Engine.layer.pipe(Layer.provide(Logger.layer([])))))).catch((e) => {
+  console.error(e)
+  process.exitCode = 1
+})
