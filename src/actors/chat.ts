@@ -211,9 +211,10 @@ export const visibleText = (
     const at = text.indexOf(stop)
     if (at >= 0) cut = Math.min(cut, at)
   }
+  const stopped = cut < text.length
   text = text.slice(0, cut)
   if (options.final) return text
-  const held = [...stops, ...(options.holdToolCalls ? [TOOL_CALL_OPEN] : [])]
+  const held = [...(stopped ? [] : stops), ...(options.holdToolCalls ? [TOOL_CALL_OPEN] : [])]
   let keep = text.length
   if (options.holdToolCalls) {
     const open = text.indexOf(TOOL_CALL_OPEN)

@@ -18,7 +18,8 @@ export interface Command<S extends FlagSpec = FlagSpec> {
 const commands: Record<string, () => Promise<{ readonly command: Command }>> = {
   node: () => import("./node.ts"),
   engine: () => import("./engine.ts"),
-  demo: () => import("./demo.ts")
+  demo: () => import("./demo.ts"),
+  serve: () => import("./serve.ts")
 }
 
 const printHelp = async () => {

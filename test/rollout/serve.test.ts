@@ -1,0 +1,79 @@
+/**
+ * `gyre serve` as a user runs it: a child process with its own embedded nats-server and two
+ * rollout workers; an OpenAI client talks to the printed base URL with the printed key, the
+ * call is on the printed record subject, and SIGINT drains and exits 0.
+ */
+import { spawn } from "node:child_process"
+import * as path from "node:path"
+import * as readline from "node:readline"
+import { Effect, Schema } from "effect"
+import OpenAI from "openai"
+import { afterEach, describe, expect, it } from "vitest"
+import { repoRoot } from "../../src/runtime/nats-server.ts"
+import { connectTo } from "../../src/runtime/nats.ts"
+import { jetstream } from "@nats-io/jetstream"
+import { CallRecordJson } from "../../src/tree/record.ts"
+import { tempDir, writeCheckpoint } from "./fixtures.ts"
+
+const checkpoint = await writeCheckpoint(tempDir("gyre-serve-"), 3)
+const killAfter: Array<() => void> = []
+afterEach(() => killAfter.splice(0).forEach((k) => k()))
+
+describe("gyre serve", () => {
+  it("serves a checkpoint to any OpenAI client, records the calls, and drains on SIGINT", async () => {
+    const child = spawn(process.execPath, [path.join(repoRoot, "bin", "gyre.js"), "serve", "--checkpoint", checkpoint, "--port", "0", "--devices", "2"], {
+      cwd: repoRoot,
+      env: { ...process.env, NATS_URL: "" },
+      stdio: ["ignore", "pipe", "pipe"]
+    })
+    killAfter.push(() => child.exitCode === null && child.kill("SIGKILL"))
+    let stderr = ""
+    child.stderr!.on("data", (d: Buffer) => (stderr += d.toString()))
+    const lines: Array<string> = []
+    const events: Array<Record<string, string>> = []
+    const waiters: Array<() => void> = []
+    readline.createInterface({ input: child.stdout! }).on("line", (line) => {
+      lines.push(line)
+      if (line.startsWith("{")) events.push(JSON.parse(line) as Record<string, string>)
+      waiters.splice(0).forEach((w) => w())
+    })
+    const exited = new Promise<number | null>((resolve) => child.on("exit", (code) => resolve(code)))
+    const event = (name: string) =>
+      new Promise<Record<string, string>>((resolve, reject) => {
+        const timer = setTimeout(() => reject(new Error(`no ${name} event; stderr:\n${stderr}`)), 60_000)
+        const check = () => {
+          const e = events.find((x) => x.event === name)
+          if (e !== undefined) {
+            clearTimeout(timer)
+            resolve(e)
+          } else waiters.push(check)
+        }
+        check()
+      })
+
+    const ready = await event("ready")
+    expect(lines.some((l) => l.startsWith(`OpenAI base URL: ${ready.baseUrl}`))).toBe(true)
+    expect(lines.some((l) => l.includes(ready.key!))).toBe(true)
+    const client = new OpenAI({ baseURL: ready.baseUrl, apiKey: ready.key, maxRetries: 0 })
+    const answer = await client.chat.completions.create({ model: "gyre", messages: [{ role: "user", content: "hello" }], max_tokens: 12 })
+    const records = await Effect.runPromise(
+      Effect.scoped(
+        Effect.gen(function* () {
+          const nc = yield* connectTo(ready.nats!, {})
+          return yield* Effect.promise(async () => {
+            const consumer = await jetstream(nc).consumers.get(`GYRE_${ready.run}_TRAJECTORIES`, { filter_subjects: [ready.records!] })
+            const batch = await consumer.fetch({ max_messages: 1, expires: 5000 })
+            const out = []
+            for await (const m of batch) out.push(Schema.decodeUnknownSync(CallRecordJson)(m.string()))
+            return out
+          })
+        })
+      )
+    )
+    child.kill("SIGINT")
+    await event("drained")
+    expect(await exited).toBe(0)
+    expect(answer.usage!.completion_tokens).toBeGreaterThan(0)
+    expect(records.map((r) => [r.callId, r.outputLength, r.execution])).toEqual([[answer.id, answer.usage!.completion_tokens, ready.execution]])
+  })
+})
