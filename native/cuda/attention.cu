@@ -102,19 +102,25 @@ __global__ void __launch_bounds__(PAGED_THREADS)
     for (int c = 0; c < DC; c++) acc[i][c] = 0.0f;
   }
   const size_t v_from_k = (size_t)KV * B * hd;
+  const bool vec = hd % 4 == 0; /* then every key row starts 16-byte aligned */
   for (int k0 = kbeg; k0 < kend; k0 += PK) {
     __syncthreads(); /* qs written (first tile) / the previous tile consumed */
-    for (int idx = threadIdx.x; idx < PK * HDP; idx += PAGED_THREADS) {
-      const int jj = idx / HDP, c = idx % HDP, j = k0 + jj;
-      float kv = 0.0f, vv = 0.0f;
+    for (int idx = threadIdx.x; idx < PK * HDP / 4; idx += PAGED_THREADS) { /* 4 dims per step */
+      const int jj = idx / (HDP / 4), c = idx % (HDP / 4) * 4, j = k0 + jj;
+      float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv;
       if (j < kend && c < hd) {
         const float *at = pool + ((((size_t)table[j / B] * L + layer) * 2) * KV + g) * (size_t)B * hd +
                           (size_t)(j % B) * hd + c;
-        kv = at[0];
-        vv = at[v_from_k];
+        if (vec) {
+          kv = *reinterpret_cast<const float4 *>(at);
+          vv = *reinterpret_cast<const float4 *>(at + v_from_k);
+        } else { /* hd is even: c + 1 < hd; c + 2 < hd iff c + 3 < hd */
+          kv.x = at[0], kv.y = at[1], vv.x = at[v_from_k], vv.y = at[v_from_k + 1];
+          if (c + 2 < hd) kv.z = at[2], kv.w = at[3], vv.z = at[v_from_k + 2], vv.w = at[v_from_k + 3];
+        }
       }
-      ks[jj][c] = kv;
-      vs[jj][c] = vv;
+      ks[jj][c] = kv.x, ks[jj][c + 1] = kv.y, ks[jj][c + 2] = kv.z, ks[jj][c + 3] = kv.w;
+      vs[jj][c] = vv.x, vs[jj][c + 1] = vv.y, vs[jj][c + 2] = vv.z, vs[jj][c + 3] = vv.w;
     }
     __syncthreads();
 #pragma unroll

@@ -267,7 +267,7 @@ extern "C" gyre_status be_train_backward(be_trainer *t, const train_batch *b, co
   exec_ctx *ctx = &t->ctx;
   if (t->T != T) return gyre_fail(GYRE_ERR_STATE, "cuda: backward of a batch that was not the last forward");
   GYRE_CHECK(ctx_enter(ctx));
-  bwd_words bw;
+  bwd_words bw = {};
   GYRE_CHECK(prepare_backward(t, b, dlogp_host, &bw));
   GYRE_CHECK(upload_words(t, &t->bwd_ints, bw.count));
   const int32_t *wi = (const int32_t *)t->bwd_ints.p;

@@ -39,8 +39,9 @@ extern "C" gyre_status be_model_create(const param_layout *lay, be_model **out) 
   if (st == GYRE_OK) {
     m->rope_sin = m->rope_cos + table;
     rope_tables_host(host, host + table, &m->d);
-    cudaError_t err = cudaMemcpy(m->rope_cos, host, sizeof(float) * 2 * table, cudaMemcpyHostToDevice);
-    if (err != cudaSuccess) st = cuda_fail(err, "cudaMemcpy", "be_model_create");
+    cudaError_t err = cudaMemcpyAsync(m->rope_cos, host, sizeof(float) * 2 * table, cudaMemcpyHostToDevice, m->ctx.stream);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(m->ctx.stream);
+    if (err != cudaSuccess) st = cuda_fail(err, "cudaMemcpyAsync", "be_model_create");
   }
   free(host);
   if (st != GYRE_OK) {
@@ -83,7 +84,8 @@ gyre_status layer_forward(const be_model *m, exec_ctx *ctx, int layer, int T, co
   GYRE_CHECK(gemm(ctx, T, d->qkv_dim, d->D, io->h1, d->D, 0, w + o->wqkv, d->D, 1, io->qkv, d->qkv_dim, 0));
   GYRE_CHECK(rope(ctx, io->qkv, positions, m->rope_cos, m->rope_sin, T, d, 0));
   GYRE_CHECK(attend(arg, ctx, layer, io));
-  CU(cudaMemcpyAsync(io->x_mid, io->x_in, sizeof(float) * rows, cudaMemcpyDeviceToDevice, ctx->stream));
+  if (io->x_mid != io->x_in)
+    CU(cudaMemcpyAsync(io->x_mid, io->x_in, sizeof(float) * rows, cudaMemcpyDeviceToDevice, ctx->stream));
   GYRE_CHECK(gemm(ctx, T, d->D, d->q_dim, io->att, d->q_dim, 0, w + o->wo, d->q_dim, 1, io->x_mid, d->D, 1));
   GYRE_CHECK(rmsnorm_forward(ctx, io->h2, io->rstd2, io->x_mid, w + o->ln_post, T, d->D, d->eps));
   GYRE_CHECK(gemm(ctx, T, 2 * d->F, d->D, io->h2, d->D, 0, w + o->wgu, d->D, 1, io->gu, 2 * d->F, 0));

@@ -22,7 +22,7 @@ typedef struct layer_io {
   float *qkv;    /* [T, qkv_dim] q | k | v, q and k rotated */
   float *att;    /* [T, q_dim] attention output */
   float *lse;    /* [T, H] attention log-sum-exp (training) or NULL */
-  float *x_mid;  /* [T, D] x_in + o_proj(att) */
+  float *x_mid;  /* [T, D] x_in + o_proj(att); may alias x_in (inference: one residual stream) */
   float *h2;     /* [T, D] post_attention_layernorm(x_mid) */
   float *rstd2;  /* [T] */
   float *gu;     /* [T, 2F] gate | up */

@@ -20,6 +20,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <functional>
+
 #define GYRE_CUDA_EMU 1
 
 #define __global__
@@ -50,6 +52,7 @@ typedef enum cudaError {
   cudaErrorMemoryAllocation = 2,
   cudaErrorInvalidConfiguration = 9,
   cudaErrorInvalidDevice = 101,
+  cudaErrorStreamCaptureUnsupported = 900,
   cudaErrorLaunchFailure = 719
 } cudaError_t;
 typedef enum cudaMemcpyKind {
@@ -62,6 +65,13 @@ typedef enum cudaMemcpyKind {
 typedef enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16 } cudaDeviceAttr;
 typedef enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 } cudaFuncAttribute;
 typedef struct emu_stream *cudaStream_t;
+typedef struct emu_graph *cudaGraph_t;
+typedef struct emu_graph *cudaGraphExec_t;
+typedef enum cudaStreamCaptureMode {
+  cudaStreamCaptureModeGlobal = 0,
+  cudaStreamCaptureModeThreadLocal = 1,
+  cudaStreamCaptureModeRelaxed = 2
+} cudaStreamCaptureMode;
 #define cudaStreamNonBlocking 0x01
 struct cudaDeviceProp {
   char name[256];
@@ -86,6 +96,15 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
 cudaError_t cudaMemset(void *p, int value, size_t bytes);
 cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t stream);
 cudaError_t cudaMemset2DAsync(void *p, size_t pitch, int value, size_t width, size_t height, cudaStream_t stream);
+/* Stream capture records the launches, copies and sets queued on the stream; a launch of
+ * the graph replays them. Anything that would synchronise or allocate while capturing
+ * aborts the emulator (on a GPU it invalidates the capture). */
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *graph);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
 cudaError_t emu_func_set_attribute(const void *func, cudaFuncAttribute attr, int value);
 template <typename F>
 cudaError_t cudaFuncSetAttribute(F *func, cudaFuncAttribute attr, int value) {
@@ -105,6 +124,9 @@ extern dim3 block_dim, grid_dim;
 extern void *dynamic_smem;
 
 void syncthreads();
+/* While a stream is being captured: appends the operation to the graph instead of running it. */
+bool capturing();
+void record(std::function<void()> op);
 void syncwarp();
 uint64_t exchange(uint64_t bits, int src_lane); /* every lane of the warp posts, reads lane src */
 int lane();
@@ -133,8 +155,12 @@ struct launcher {
   launch config;
   template <typename... A>
   void operator()(A... args) const {
-    auto body = [&]() { kernel(args...); };
-    config.run([](void *b) { (*static_cast<decltype(body) *>(b))(); }, &body);
+    auto run = [k = kernel, config = config, args...]() {
+      auto body = [&]() { k(args...); };
+      config.run([](void *b) { (*static_cast<decltype(body) *>(b))(); }, &body);
+    };
+    if (capturing()) record(run);
+    else run();
   }
 };
 

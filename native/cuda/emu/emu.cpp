@@ -19,6 +19,24 @@
 /* ---- runtime API on host memory ---- */
 
 static cudaError_t last_error = cudaSuccess;
+struct emu_graph {
+  std::vector<std::function<void()>> ops;
+};
+static emu_graph *capture_graph; /* the graph being captured, or NULL */
+
+/* GYRE_EMU_TRACE=1: one line on stderr per kernel run, graph capture and graph launch. */
+static bool tracing() {
+  static int on = -1;
+  if (on < 0) on = getenv("GYRE_EMU_TRACE") != NULL;
+  return on != 0;
+}
+
+/* Calls that synchronise or allocate are not allowed while a stream is captured. */
+static void not_while_capturing(const char *call) {
+  if (capture_graph == NULL) return;
+  fprintf(stderr, "cuda emulator: %s during stream capture\n", call);
+  abort();
+}
 static std::map<const void *, int> max_dynamic_smem;
 static const int EMU_SMS = 132; /* an H100 / H200's SM count, so launch shapes match a real run */
 static const size_t DEFAULT_SMEM = 48 * 1024, MAX_SMEM = 227 * 1024;
@@ -67,41 +85,94 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   (void)stream;
+  not_while_capturing("cudaStreamSynchronize");
   return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) {
+  not_while_capturing("cudaDeviceSynchronize");
+  return cudaSuccess;
+}
 cudaError_t cudaMalloc(void **p, size_t bytes) {
+  not_while_capturing("cudaMalloc");
   *p = malloc(bytes);
   if (*p == NULL) return last_error = cudaErrorMemoryAllocation;
   memset(*p, 0xA5, bytes); /* device memory starts as garbage, never as zeros */
   return cudaSuccess;
 }
 cudaError_t cudaFree(void *p) {
+  not_while_capturing("cudaFree");
   free(p);
   return cudaSuccess;
 }
 cudaError_t cudaMallocHost(void **p, size_t bytes) { return cudaMalloc(p, bytes); }
 cudaError_t cudaFreeHost(void *p) { return cudaFree(p); }
+/* Runs op now, or records it while a stream is captured. */
+static cudaError_t queue(std::function<void()> op) {
+  if (emu::capturing()) emu::record(op);
+  else op();
+  return cudaSuccess;
+}
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind) {
   (void)kind;
+  not_while_capturing("cudaMemcpy");
   if (bytes > 0) memmove(dst, src, bytes);
   return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
-  (void)stream;
-  return cudaMemcpy(dst, src, bytes, kind);
+  (void)stream, (void)kind;
+  return queue([=] {
+    if (bytes > 0) memmove(dst, src, bytes);
+  });
 }
 cudaError_t cudaMemset(void *p, int value, size_t bytes) {
+  not_while_capturing("cudaMemset");
   if (bytes > 0) memset(p, value, bytes);
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t stream) {
   (void)stream;
-  return cudaMemset(p, value, bytes);
+  return queue([=] {
+    if (bytes > 0) memset(p, value, bytes);
+  });
 }
 cudaError_t cudaMemset2DAsync(void *p, size_t pitch, int value, size_t width, size_t height, cudaStream_t stream) {
   (void)stream;
-  for (size_t r = 0; r < height; r++) memset((char *)p + r * pitch, value, width);
+  return queue([=] {
+    for (size_t r = 0; r < height; r++) memset((char *)p + r * pitch, value, width);
+  });
+}
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
+  (void)stream, (void)mode;
+  if (capture_graph != NULL) return last_error = cudaErrorInvalidValue;
+  capture_graph = new emu_graph();
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *graph) {
+  (void)stream;
+  if (capture_graph == NULL) return last_error = cudaErrorInvalidValue;
+  *graph = capture_graph;
+  capture_graph = NULL;
+  if (tracing()) fprintf(stderr, "emu: captured a graph of %zu operations\n", (*graph)->ops.size());
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags) {
+  (void)flags;
+  *exec = new emu_graph(*graph);
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  (void)stream;
+  not_while_capturing("cudaGraphLaunch");
+  if (tracing()) fprintf(stderr, "emu: graph launch (%zu operations)\n", exec->ops.size());
+  for (auto &op : exec->ops) op();
+  return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete graph;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete exec;
   return cudaSuccess;
 }
 cudaError_t emu_func_set_attribute(const void *func, cudaFuncAttribute attr, int value) {
@@ -284,6 +355,9 @@ void run_block(int threads) {
 
 } // namespace
 
+bool capturing() { return capture_graph != NULL; }
+void record(std::function<void()> op) { capture_graph->ops.push_back(std::move(op)); }
+
 void syncthreads() { wait(AT_BLOCK_BARRIER); }
 void syncwarp() { wait(AT_WARP_BARRIER); }
 int lane() { return running->id % 32; }
@@ -303,6 +377,9 @@ uint64_t exchange(uint64_t bits, int src_lane) {
 void launch::run(void (*body)(void *), void *arg) const {
   const unsigned threads = block.x * block.y * block.z;
   kernel_name = name;
+  if (tracing())
+    fprintf(stderr, "emu: %s grid (%u,%u,%u) block (%u,%u,%u) smem %zu\n", name, grid.x, grid.y, grid.z, block.x, block.y,
+            block.z, smem);
   if (threads == 0 || threads > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 ||
       grid.z > 65535 || grid.x > 2147483647u) {
     fprintf(stderr, "cuda emulator: kernel %s: bad launch grid (%u,%u,%u) block (%u,%u,%u)\n", name, grid.x, grid.y,

@@ -2,14 +2,17 @@
  * check.c - gyre-cuda-check: holds the CUDA build of the engine to the CPU build through
  * the public ABI only (both libraries loaded side by side with dlopen), and times it.
  *
- *   gyre-cuda-check compare --cpu LIB --cuda LIB [--checkpoint DIR] [--quick] [--json FILE]
+ *   gyre-cuda-check compare --cpu LIB --cuda LIB [--checkpoint DIR]... [--quick] [--json FILE]
  *       Same weights in both builds; compares prefill and decode logits, a fork with
  *       copy-on-write, KV hand-off within the CUDA build (bit for bit) and across builds,
  *       tree-masked training (SFT and PPO: log-probs, statistics, gradients, accumulation,
  *       determinism), AdamW, optimizer state round trip, and the out-of-blocks and
- *       bad-hand-off errors. Built-in configurations cover head dims 16, 64 and 128, GQA,
- *       MQA and MHA, tied and untied heads; --checkpoint adds a saved model.
+ *       bad-hand-off errors. Built-in configurations cover head dims 6, 8, 16, 64 and 128, GQA,
+ *       MQA and MHA, tied and untied heads, 20 query heads per kv head; each --checkpoint
+ *       adds a saved model (named after its directory).
  *   gyre-cuda-check bench --cuda LIB --checkpoint DIR [--probe FILE] [--json FILE]
+ *       (a checkpoint directory holds config.json and model.safetensors; without the latter
+ *       the model gets random weights)
  *       Prefill, decode (16 sequences at contexts 512 and 4096) and training throughput;
  *       with the probe's measured bandwidth and SGEMM rate (gyre-cuda-probe), decode's
  *       fraction of memory bandwidth and training's fraction of the matmul rate.
@@ -181,11 +184,14 @@ static gyre_config read_config(const char *dir) {
   return c;
 }
 
-/* The model's safetensors: the checkpoint's file, or random weights saved by `ref`. */
+/* The model's safetensors: the checkpoint's model.safetensors, or (none, or no such file)
+ * random weights saved by `ref`. */
 static uint8_t *model_bytes(const api *ref, const model_spec *s, size_t *len) {
-  if (s->dir != NULL) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/model.safetensors", s->dir);
+  char path[4096];
+  snprintf(path, sizeof path, "%s/model.safetensors", s->dir != NULL ? s->dir : ".");
+  FILE *f = s->dir != NULL ? fopen(path, "rb") : NULL;
+  if (f != NULL) {
+    fclose(f);
     return read_file(path, len);
   }
   gyre_model *m;
@@ -480,12 +486,14 @@ static void compare_model(const api *cpu, const api *gpu, const model_spec *s, i
   gpu->model_free(mg);
 }
 
+#define MAX_DIRS 4
+
 static gyre_config config_of(int V, int D, int F, int L, int H, int KV, int tied) {
   gyre_config c = {V, D, F, L, H, KV, 2048, tied, 1e-5, 10000.0};
   return c;
 }
 
-static int run_compare(const char *cpu_path, const char *cuda_path, const char *dir, int quick) {
+static int run_compare(const char *cpu_path, const char *cuda_path, const char *const *dirs, int n_dirs, int quick) {
   api cpu, gpu;
   api_open(&cpu, cpu_path);
   api_open(&gpu, cuda_path);
@@ -496,15 +504,20 @@ static int run_compare(const char *cpu_path, const char *cuda_path, const char *
   TRY(&gpu, device_name(0, name, sizeof name));
   printf("cuda device 0: %s\n", name);
   json_add("{\"device\":\"%s\"", name);
-  model_spec specs[5] = {
+  model_spec specs[5 + MAX_DIRS] = {
       {"gqa-hd16", config_of(300, 64, 160, 2, 4, 2, 0), NULL},
       {"mqa-hd64-tied", config_of(259, 128, 256, 2, 2, 1, 1), NULL},
       {"mha-hd128", config_of(128, 256, 320, 1, 2, 2, 0), NULL},
       {"g20-hd8", config_of(64, 160, 96, 1, 20, 1, 0), NULL}, /* 20 query heads per kv head: 2 slices */
-      {"checkpoint", {0}, dir},
+      {"mha-hd6", config_of(40, 12, 20, 2, 2, 2, 0), NULL},   /* head_dim not a multiple of 4 */
   };
-  int n_specs = 4;
-  if (dir != NULL) specs[n_specs++].cfg = read_config(dir);
+  int n_specs = 5;
+  for (int k = 0; k < n_dirs; k++, n_specs++) {
+    const char *slash = strrchr(dirs[k], '/');
+    specs[n_specs].name = slash != NULL && slash[1] != '\0' ? slash + 1 : dirs[k];
+    specs[n_specs].cfg = read_config(dirs[k]);
+    specs[n_specs].dir = dirs[k];
+  }
   lcg_state = 42;
   for (int k = 0; k < n_specs; k++) compare_model(&cpu, &gpu, &specs[k], quick);
   json_add(",\"failures\":%d}", failures);
@@ -645,15 +658,15 @@ static int run_bench(const char *cuda_path, const char *dir, const char *probe) 
 /* ---- main ---- */
 
 static void usage(void) {
-  die("usage: gyre-cuda-check compare --cpu LIB --cuda LIB [--checkpoint DIR] [--quick] [--json FILE]\n"
+  die("usage: gyre-cuda-check compare --cpu LIB --cuda LIB [--checkpoint DIR]... [--quick] [--json FILE]\n"
       "       gyre-cuda-check bench --cuda LIB --checkpoint DIR [--probe FILE] [--json FILE]");
 }
 
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (argc < 2) usage();
-  const char *cpu = NULL, *cuda = NULL, *dir = NULL, *out = NULL, *probe = NULL;
-  int quick = 0;
+  const char *cpu = NULL, *cuda = NULL, *dirs[MAX_DIRS], *out = NULL, *probe = NULL;
+  int quick = 0, n_dirs = 0;
   for (int i = 2; i < argc; i++) {
     const char *flag = argv[i];
     if (strcmp(flag, "--quick") == 0) {
@@ -664,14 +677,14 @@ int main(int argc, char **argv) {
     const char *value = argv[++i];
     if (strcmp(flag, "--cpu") == 0) cpu = value;
     else if (strcmp(flag, "--cuda") == 0) cuda = value;
-    else if (strcmp(flag, "--checkpoint") == 0) dir = value;
+    else if (strcmp(flag, "--checkpoint") == 0 && n_dirs < MAX_DIRS) dirs[n_dirs++] = value;
     else if (strcmp(flag, "--json") == 0) out = value;
     else if (strcmp(flag, "--probe") == 0) probe = value;
     else usage();
   }
   int rc;
-  if (strcmp(argv[1], "compare") == 0 && cpu != NULL && cuda != NULL) rc = run_compare(cpu, cuda, dir, quick);
-  else if (strcmp(argv[1], "bench") == 0 && cuda != NULL && dir != NULL) rc = run_bench(cuda, dir, probe);
+  if (strcmp(argv[1], "compare") == 0 && cpu != NULL && cuda != NULL) rc = run_compare(cpu, cuda, dirs, n_dirs, quick);
+  else if (strcmp(argv[1], "bench") == 0 && cuda != NULL && n_dirs == 1) rc = run_bench(cuda, dirs[0], probe);
   else usage();
   printf("%s\n", json);
   if (out != NULL) {
