@@ -189,7 +189,11 @@ export const makeCallRouter = (system: ActorSystemShape, directory: WorkerDirect
         Effect.catch((e): Effect.Effect<Attempt> => {
           if (e._tag === "ContextTooLong") return Effect.succeed({ _tag: "tooLong", tokens: e.tokens, limit: e.limit })
           const partial = { tokens: Int32Array.from(streamed.tokens), logprobs: Float32Array.from(streamed.logprobs), versions: Int32Array.from(streamed.versions) }
-          return Effect.succeed({ _tag: "failed", reason: e._tag, partial })
+          const failed = Effect.succeed<Attempt>({ _tag: "failed", reason: e._tag, partial })
+          // A worker that is still there may still be generating: stop it (best effort).
+          return e._tag === "AskTimeout" || e._tag === "TransportError"
+            ? Effect.forkDetach(system.ask(ref, "Cancel", { request }, { timeoutMs: 5000 }).pipe(Effect.ignore)).pipe(Effect.andThen(failed))
+            : failed
         }),
         Effect.ensuring(
           Effect.sync(() => {

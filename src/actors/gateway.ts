@@ -131,6 +131,7 @@ const eventStream = (res: http.ServerResponse) => {
       return started
     },
     send(event: unknown) {
+      if (res.destroyed || res.writableEnded) return
       if (!started) {
         res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache", connection: "keep-alive" })
         started = true
@@ -138,12 +139,13 @@ const eventStream = (res: http.ServerResponse) => {
       res.write(`data: ${JSON.stringify(event)}\n\n`)
     },
     end() {
-      res.end("data: [DONE]\n\n")
+      if (!res.destroyed && !res.writableEnded) res.end("data: [DONE]\n\n")
     }
   }
 }
 
 const sendJson = (res: http.ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}) => {
+  if (res.destroyed || res.writableEnded) return
   const text = JSON.stringify(body)
   res.writeHead(status, { "content-type": "application/json", "content-length": String(Buffer.byteLength(text)), ...headers })
   res.end(text)

@@ -90,7 +90,7 @@ export const rolloutWorker = (config: RolloutWorkerConfig) =>
     kind: "rollout-worker",
     protocol: RolloutWorkerProtocol,
     state: { schema: Schema.Struct({}), initial: () => ({}) },
-    concurrency: 4096,
+    concurrency: 1024,
     behaviour: (ctx) =>
       Effect.gen(function* () {
         if (config.checkpoint === "") return yield* Effect.die(new Error("rollout-worker: no checkpoint configured (GYRE_CHECKPOINT)"))

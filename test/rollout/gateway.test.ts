@@ -184,6 +184,46 @@ describe("gateway (OpenAI API) with a rollout worker", () => {
     expectError(out.badTokenId, 400, "prompt")
   })
 
+  it("answers 503 when no rollout worker is available", async () => {
+    const out = await withSystem("gw-none", Effect.gen(function* () {
+      const { baseUrl } = yield* serve({ checkpoint, workers: 0, gateway: { workerWaitMs: 300 } })
+      return yield* promise(() =>
+        clientOf(baseUrl)
+          .chat.completions.create({ model: "gyre", messages: [{ role: "user", content: "anyone?" }] })
+          .then(() => undefined, (e: InstanceType<typeof OpenAI.APIError>) => ({ status: e.status, error: e.error as Record<string, unknown> }))
+      )
+    }))
+    expect(out?.status).toBe(503)
+    expect(out?.error.code).toBe("no_worker_available")
+    expect(out?.error.type).toBe("server_error")
+  })
+
+  it("cancels the generation of a client that went away, and records it as cancelled", async () => {
+    const out = await withSystem("gw-gone", Effect.gen(function* () {
+      const system = yield* ActorSystem
+      const { baseUrl, execution } = yield* serve({ checkpoint, workers: 1 })
+      const worker = refOf(RolloutWorkerProtocol, address("rollout-worker", "a.cpu0"))
+      const abort = new AbortController()
+      const request = clientOf(baseUrl)
+        .chat.completions.create(
+          { model: "gyre", messages: [{ role: "user", content: "Never stop." }], max_tokens: 5000, ignore_eos: true } as OpenAI.Chat.ChatCompletionCreateParamsNonStreaming,
+          { signal: abort.signal }
+        )
+        .then(() => "answered", () => "aborted")
+      while ((yield* system.ask(worker, "Status", undefined)).activeSequences === 0) yield* Effect.sleep("20 millis")
+      yield* Effect.sleep("200 millis")
+      abort.abort()
+      const client = yield* promise(() => request)
+      const [record] = yield* readRecords(execution, 1)
+      return { client, record: record!, status: yield* system.ask(worker, "Status", undefined) }
+    }))
+    expect(out.client).toBe("aborted")
+    expect(out.record.finishReason).toBe("cancelled")
+    expect(out.record.outputLength).toBeGreaterThan(0)
+    expect(out.record.outputLength).toBeLessThan(5000)
+    expect(out.status.activeSequences).toBe(0)
+  })
+
   it("keeps the event loop and the worker's heartbeat going while it generates; closing the execution revokes the key and frees the cache", async () => {
     const out = await withSystem("gw-loop", Effect.gen(function* () {
       const system = yield* ActorSystem
