@@ -12,6 +12,11 @@
  * prompt is in. Each token records the policy version of the weights that sampled it; new
  * weights are swapped in between steps.
  *
+ * Contexts (`kv-contexts.ts`): a generation starts from a fork of the execution's cached
+ * context whose K/V is the longest prefix of its prompt, and leaves two: its prompt without
+ * the last token (forked off as soon as that is in, so a retry of the same prompt prefills
+ * one token) and, when it ends, its prompt ++ output.
+ *
  * Memory: when the pool is short, the least recently used cached context of any execution
  * is dropped, then the youngest running generation is cancelled (it answers with what it
  * has; the gateway continues it elsewhere). The effective context limit is the smaller of
@@ -91,6 +96,8 @@ interface Generation {
   /** Tokens to append before the next real sample, and how many of them are in. */
   pending: Int32Array
   appended: number
+  /** The prompt's K/V up to its last token is still to be kept as a context of its own. */
+  anchorPrompt: boolean
   readonly output: Array<number>
   readonly logprobs: Array<number>
   readonly versions: Array<number>
@@ -208,9 +215,22 @@ export const makeBatcher = (cache: KvCache, options: BatcherOptions) =>
         g.seq = anchor === undefined ? yield* cache.create() : yield* cache.fork(anchor.seq)
         g.cachedTokens = anchor?.kvLength ?? 0
         g.pending = g.prompt.subarray(g.cachedTokens)
+        g.anchorPrompt = g.pending.length > 1
         running.push(g)
       }
     })
+
+    /**
+     * Keeps the prompt's K/V without its last token as a context (a fork: it shares the blocks),
+     * so a retry of the same prompt, or another continuation of it, prefills one token.
+     */
+    const anchorPrompt = (g: Generation) =>
+      Effect.gen(function* () {
+        g.anchorPrompt = false
+        const seq = yield* cache.fork(g.seq)
+        const kvLength = g.prompt.length - 1
+        yield* freeContexts(contexts.add({ execution: g.job.execution, request: `${g.job.request}:prompt`, seq, tokens: g.prompt.subarray(0, kvLength), kvLength }))
+      })
 
     /** Makes room in the pool: drops a cached context, else cancels the youngest generation. */
     const makeRoom = Effect.gen(function* () {
@@ -231,7 +251,7 @@ export const makeBatcher = (cache: KvCache, options: BatcherOptions) =>
       for (const g of running) {
         const left = g.pending.length - g.appended
         if (left > 1 && budget > 0) {
-          const take = Math.min(left, budget)
+          const take = Math.min(g.anchorPrompt ? left - 1 : left, budget)
           budget -= take
           inputs.push({ g, take })
         }
@@ -252,9 +272,11 @@ export const makeBatcher = (cache: KvCache, options: BatcherOptions) =>
       steps++
       const total = inputs.reduce((s, i) => s + i.take, 0)
       const ended: Array<[Generation, FinishReason]> = []
+      const anchored: Array<Generation> = []
       inputs.forEach(({ g, take }, i) => {
         g.computeMs += (ms * take) / total
         g.appended += take
+        if (g.anchorPrompt && g.appended === g.pending.length - 1) anchored.push(g)
         if (g.appended < g.pending.length) return
         const token = result.sampled![i]!
         const logprob = result.sampledLogprobs![i]!
@@ -268,6 +290,7 @@ export const makeBatcher = (cache: KvCache, options: BatcherOptions) =>
         if (g.job.sampling.stop.some((s) => endsWith(g.prompt, g.output, s))) ended.push([g, "stop"])
         else if (g.output.length >= g.limit) ended.push([g, "length"])
       })
+      for (const g of anchored) yield* anchorPrompt(g)
       for (const [g, reason] of ended) yield* finish(g, reason)
     })
 
@@ -338,6 +361,7 @@ export const makeBatcher = (cache: KvCache, options: BatcherOptions) =>
           cachedTokens: 0,
           pending: prompt,
           appended: 0,
+          anchorPrompt: false,
           output: [],
           logprobs: [],
           versions: [],

@@ -20,21 +20,19 @@
  */
 import * as http from "node:http"
 import type { AddressInfo } from "node:net"
-import { RetentionPolicy, StorageType } from "@nats-io/jetstream"
 import { nuid } from "@nats-io/transport-node"
 import { Deferred, Effect, FiberSet, Schema } from "effect"
 import type { RpcGroup } from "effect/rpc"
 import { encode, special, VOCAB_SIZE } from "../engine/tokenizer.ts"
 import * as Actor from "../runtime/actor.ts"
 import { TransportError, messageOf } from "../runtime/errors.ts"
-import type { ActorSystemShape } from "../runtime/system.ts"
 import { DeltaEncoder } from "../tree/encoder.ts"
 import { CallRecord, type ModelCall } from "../tree/record.ts"
 import type { StepTokens } from "./batcher.ts"
 import { makeCallRouter, newRoute, type CallResult, type Route } from "./call-router.ts"
 import { AssistantTurns, parseToolCalls, renderChat, tokenText, visibleText } from "./chat.ts"
 import { GatewayProtocol, UnknownExecution } from "./harness-protocol.ts"
-import { rlLayout } from "./layout.ts"
+import { ensureTrajectoryStream, rlLayout } from "./layout.ts"
 import {
   ApiError,
   ChatCompletionRequest,
@@ -78,31 +76,6 @@ export interface GatewayConfig {
   /** Limit of one Generate ask (default 600,000). */
   readonly generateTimeoutMs?: number
 }
-
-/** Creates the run's trajectory stream when it does not exist (idempotent). */
-export const ensureTrajectoryStream = (system: ActorSystemShape) =>
-  Effect.tryPromise({
-    try: async () => {
-      const names = rlLayout(system.run)
-      const jsm = system.nats.jsm
-      const exists = await jsm.streams.info(names.trajectoryStream).then(() => true, () => false)
-      if (exists) return
-      await jsm.streams
-        .add({
-          name: names.trajectoryStream,
-          subjects: names.trajectorySubjects,
-          retention: RetentionPolicy.Limits,
-          storage: StorageType.File,
-          duplicate_window: 120_000 * 1_000_000
-        })
-        .catch(async (e) => {
-          await jsm.streams.info(names.trajectoryStream).catch(() => {
-            throw e
-          })
-        })
-    },
-    catch: (e) => new TransportError({ operation: "create the trajectory stream", message: messageOf(e) })
-  })
 
 interface Session {
   key: string

@@ -48,7 +48,7 @@ export interface RolloutWorkerConfig {
   readonly maxBatch?: number
   /** Prompt tokens prefilled per engine step (default 256). */
   readonly prefillChunk?: number
-  /** Cached contexts kept per execution (default 8). */
+  /** Cached contexts kept per execution (default 16; each call leaves two). */
   readonly contextsPerExecution?: number
 }
 
@@ -104,7 +104,7 @@ export const rolloutWorker = (config: RolloutWorkerConfig) =>
           maxContext: config.maxContext ?? modelConfig.max_position_embeddings,
           maxBatch: config.maxBatch ?? 32,
           prefillChunk: config.prefillChunk ?? 256,
-          contextsPerExecution: config.contextsPerExecution ?? 8,
+          contextsPerExecution: config.contextsPerExecution ?? 16,
           version: config.version ?? 0,
           onLoad: (load) => ctx.reportLoad(load)
         })

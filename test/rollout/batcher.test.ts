@@ -18,7 +18,7 @@ import { digestOf } from "../../src/tree/hash.ts"
 const run = <A, E>(effect: Effect.Effect<A, E, Engine | Scope.Scope>): Promise<A> =>
   Effect.runPromise(effect.pipe(Effect.scoped, Effect.provide(Engine.layer.pipe(Layer.provide(Logger.layer([]))))))
 
-const options: BatcherOptions = { worker: "rollout-worker/test", maxContext: 4096, maxBatch: 8, prefillChunk: 64, contextsPerExecution: 4, version: 3 }
+const options: BatcherOptions = { worker: "rollout-worker/test", maxContext: 4096, maxBatch: 8, prefillChunk: 64, contextsPerExecution: 8, version: 3 }
 
 const cacheOf = (numBlocks: number) =>
   Effect.gen(function* () {
@@ -84,7 +84,9 @@ describe("continuous batching (batcher.ts)", () => {
         const r3 = yield* b.generate({ execution: "x", request: "r3", base: null, prompt: retry, sampling: sampling(4) })
         const miss = yield* Effect.flip(b.generate({ execution: "x", request: "r4", base: { ...base, digest: "0000000000000000" }, prompt: delta2, sampling: sampling(4) }))
         const unknown = yield* Effect.flip(b.generate({ execution: "y", request: "r5", base, prompt: delta2, sampling: sampling(4) }))
-        return { p1, r1, r2, r3, seq1, delta2, miss, unknown }
+        // a retry of the very first prompt: its K/V without the last token was kept
+        const again = yield* b.generate({ execution: "x", request: "r6", base: null, prompt: p1, sampling: sampling(4) })
+        return { p1, r1, r2, r3, seq1, delta2, miss, unknown, again }
       })
     )
     expect(out.r1.cachedTokens).toBe(0)
@@ -93,6 +95,7 @@ describe("continuous batching (batcher.ts)", () => {
     expect(out.r3.cachedTokens).toBe(out.seq1.length - 1)
     expect(out.miss._tag).toBe("CacheMiss")
     expect(out.unknown._tag).toBe("CacheMiss")
+    expect(out.again.cachedTokens).toBe(out.p1.length - 1)
   })
 
   it("stops at a stop sequence and enforces the context limit", async () => {

@@ -124,6 +124,7 @@ describe("gateway (OpenAI API) with a rollout worker", () => {
     expect(r3!.ref!.shared).toBeGreaterThanOrEqual(seq1)
     expect(responses[2]!.usage!.prompt_tokens_details!.cached_tokens).toBe(seq1 - 1)
     expect(r4!.ref!.shared).toBe(r1!.promptLength - 1)
+    expect(responses[3]!.usage!.prompt_tokens_details!.cached_tokens).toBe(r1!.promptLength - 1)
     const stats = executionStats(decoder.tree)
     expect(stats.calls).toBe(4)
     expect(stats.leaves).toBe(3)
