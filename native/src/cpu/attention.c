@@ -15,12 +15,13 @@
 
 #include "fastmath.h"
 
-#define KEYS 32 /* keys scored per register block in score_keys */
 #define CHUNK 16 /* keys per step of the online softmax */
 #define QB 8     /* queries sharing one pass over a key chunk */
 #define MASKED (-1e30f)
 
 typedef float v16 __attribute__((vector_size(CHUNK * sizeof(float))));
+
+typedef int32_t i16v __attribute__((vector_size(CHUNK * sizeof(int32_t))));
 
 static inline v16 load16(const float *p) {
   v16 v;
@@ -28,45 +29,58 @@ static inline v16 load16(const float *p) {
   return v;
 }
 
-/* s[j] = scale * sum_d q[d] * kt[d * ldk + j]   for j < n */
-static void score_keys(float *restrict s, const float *restrict q, const float *restrict kt, size_t ldk,
-                       int n, int hd, float scale) {
-  int j = 0;
-  for (; j + KEYS <= n; j += KEYS) {
-    float acc[KEYS] = {0};
-    for (int c = 0; c < hd; c++) {
-      const float qc = q[c], *row = kt + (size_t)c * ldk + j;
-      for (int u = 0; u < KEYS; u++) acc[u] += qc * row[u];
-    }
-    for (int u = 0; u < KEYS; u++) s[j + u] = acc[u] * scale;
-  }
-  if (j < n) {
-    int w = n - j;
-    float acc[KEYS] = {0};
-    for (int c = 0; c < hd; c++) {
-      const float qc = q[c], *row = kt + (size_t)c * ldk + j;
-      for (int u = 0; u < w; u++) acc[u] += qc * row[u];
-    }
-    for (int u = 0; u < w; u++) s[j + u] = acc[u] * scale;
-  }
+/* Lanes u < visible of v, MASKED elsewhere. */
+static inline v16 mask_from(v16 v, int visible) {
+  const i16v lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const v16 masked = (v16){0} + MASKED;
+  i16v keep = lane < (i16v){0} + visible;
+  return (v16)(((i16v)v & keep) | ((i16v)masked & ~keep));
 }
 
-/* out[0..hd) += sum_j p[j] * rows[j * ld + 0..hd) */
-static void sum_rows(float *restrict out, const float *restrict p, const float *restrict rows, size_t ld,
-                     int n, int hd) {
-  for (int j = 0; j < n; j++) {
-    const float pj = p[j], *row = rows + (size_t)j * ld;
-    for (int c = 0; c < hd; c++) out[c] += pj * row[c];
-  }
+/* Horizontal max and sum by halving (four vector steps, not sixteen dependent scalar ones). */
+static inline float hmax16(v16 v) {
+  const i16v h8 = {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7}, h4 = {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11};
+  const i16v h2 = {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13}, h1 = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
+  v16 t = __builtin_shuffle(v, h8);
+  v = (v16)((i16v)v & (v > t)) + (v16)((i16v)t & ~(v > t));
+  t = __builtin_shuffle(v, h4);
+  v = (v16)((i16v)v & (v > t)) + (v16)((i16v)t & ~(v > t));
+  t = __builtin_shuffle(v, h2);
+  v = (v16)((i16v)v & (v > t)) + (v16)((i16v)t & ~(v > t));
+  t = __builtin_shuffle(v, h1);
+  v = (v16)((i16v)v & (v > t)) + (v16)((i16v)t & ~(v > t));
+  return v[0];
+}
+
+static inline float hsum16(v16 v) {
+  const i16v h8 = {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7}, h4 = {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11};
+  const i16v h2 = {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13}, h1 = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
+  v += __builtin_shuffle(v, h8);
+  v += __builtin_shuffle(v, h4);
+  v += __builtin_shuffle(v, h2);
+  v += __builtin_shuffle(v, h1);
+  return v[0];
+}
+
+/* fast_exp on each lane (a loop GCC turns into vector code). */
+static inline v16 exp16(v16 x) {
+  float lanes[CHUNK];
+  memcpy(lanes, &x, sizeof lanes);
+  for (int u = 0; u < CHUNK; u++) lanes[u] = fast_exp(lanes[u]);
+  return load16(lanes);
 }
 
 /* A run of keys: key j < n has K column kt[c * ldk + j], V row v[j * ldv + c], and position
  * pos0 + j, compared with each query's limit (keys past it are masked). */
 typedef struct key_run {
-  const float *kt;
+  const float *kt; /* K columns [hd][ldk] */
   size_t ldk;
-  const float *v;
+  const float *v;  /* V rows */
   size_t ldv;
+  const float *vt; /* backward only: V columns [hd][ldvt] and K rows */
+  size_t ldvt;
+  const float *k;
+  size_t ldkr;
   int n, pos0;
 } key_run;
 
@@ -108,15 +122,12 @@ static void attend(int R, const float *const *q, const int *limit, const key_run
         }
         const float *v = run->v + (size_t)j0 * run->ldv;
         for (int r = 0; r < nq; r++) {
-          float sr[CHUNK], *pr = p + r * CHUNK, chunk_max = MASKED;
-          memcpy(sr, &s[r], sizeof sr);
+          float *pr = p + r * CHUNK;
           int visible = limit[r0 + r] - (run->pos0 + j0) + 1; /* keys u < visible are not masked */
           if (visible > w) visible = w;
           if (visible <= 0) continue;
-          for (int u = 0; u < CHUNK; u++) {
-            sr[u] = u < visible ? sr[u] * scale : MASKED;
-            chunk_max = sr[u] > chunk_max ? sr[u] : chunk_max;
-          }
+          v16 sr = mask_from(s[r] * scale, visible);
+          float chunk_max = hmax16(sr);
           float *orow = o + r * hd;
           if (chunk_max > m[r]) {
             float factor = fast_exp(m[r] - chunk_max);
@@ -124,12 +135,9 @@ static void attend(int R, const float *const *q, const int *limit, const key_run
             for (int c = 0; c < hd; c++) orow[c] *= factor;
             m[r] = chunk_max;
           }
-          float sum = 0.0f;
-          for (int u = 0; u < CHUNK; u++) {
-            pr[u] = fast_exp(sr[u] - m[r]);
-            sum += pr[u];
-          }
-          l[r] += sum;
+          v16 pv = exp16(sr - m[r]);
+          l[r] += hsum16(pv);
+          memcpy(pr, &pv, sizeof pv);
           for (int c = 0; c < hd; c += CHUNK) { /* hd is even; CHUNK-wide columns, then the rest */
             int cw = hd - c < CHUNK ? hd - c : CHUNK;
             if (cw == CHUNK) {
@@ -158,7 +166,7 @@ static size_t attend_work(int hd) { return (size_t)QB * (hd + CHUNK) + (size_t)C
 /* ---- paged (inference) ---- */
 
 void kv_store(float *pool, const dims *d, int B, int layer, const fwd_batch *b, const float *qkv) {
-#pragma omp parallel for num_threads(cpu_threads()) schedule(static)
+#pragma omp parallel for num_threads(cpu_threads_for(2.0 * b->n_rows * d->kv_dim)) schedule(static)
   for (int r = 0; r < b->n_rows; r++) {
     int pos = b->positions[r], slot = pos % B;
     int32_t block = b->blocks[b->block_off[b->row_seq[r]] + pos / B];
@@ -226,7 +234,7 @@ static int paged_runs(key_run *runs, const float *pool, const int32_t *table, in
   if (B % CHUNK == 0) {
     for (int k = 0; k * B < ctx; k++)
       runs[n++] = (key_run){pool + kv_offset(d, B, table[k], layer, 0, g), (size_t)B, pool + kv_offset(d, B, table[k], layer, 1, g),
-                            (size_t)hd, ctx - k * B < B ? ctx - k * B : B, k * B};
+                            (size_t)hd, NULL, 0, NULL, 0, ctx - k * B < B ? ctx - k * B : B, k * B};
     return n;
   }
   for (int p0 = 0; p0 < ctx; p0 += CHUNK) {
@@ -238,7 +246,7 @@ static int paged_runs(key_run *runs, const float *pool, const int32_t *table, in
       for (int c = 0; c < hd; c++) kt[c * CHUNK + u] = kb[(size_t)c * B + pos % B];
       memcpy(v + (size_t)u * hd, vb + (size_t)(pos % B) * hd, sizeof(float) * hd);
     }
-    runs[n++] = (key_run){kt, CHUNK, v, (size_t)hd, w, p0};
+    runs[n++] = (key_run){kt, CHUNK, v, (size_t)hd, NULL, 0, NULL, 0, w, p0};
   }
   return n;
 }
@@ -280,7 +288,7 @@ void paged_attention(float *att, const float *qkv, const float *pool, const dims
 
 /* dst[KV][hd][T] = the kv head columns starting at column `from` of rows[T, ld] */
 static void transpose_heads(float *dst, const float *rows, size_t ld, int from, int T, const dims *d) {
-#pragma omp parallel for num_threads(cpu_threads()) schedule(static)
+#pragma omp parallel for num_threads(cpu_threads_for(4.0 * T * d->kv_dim)) schedule(static)
   for (int gc = 0; gc < d->KV * d->hd; gc++) {
     float *out = dst + (size_t)gc * T;
     const float *src = rows + from + gc;
@@ -288,21 +296,42 @@ static void transpose_heads(float *dst, const float *rows, size_t ld, int from, 
   }
 }
 
+/* Tiles of the forest: runs of at most `rows` rows, each the child of the previous one
+ * (they share their first row's ancestors, the rest of the tile being the causal part);
+ * tiles[0..n] are the boundaries, then row_limit[i] = i. Returns n. */
+static int forest_tiles(const forest *f, int T, int rows, int32_t *tiles) {
+  int n = 0;
+  for (int i = 0; i < T; n++) {
+    tiles[n] = i++;
+    while (i < T && i - tiles[n] < rows && f->ranges[2 * f->range_off[i + 1] - 2] < i) i++; /* parent is i - 1 */
+  }
+  tiles[n] = T;
+  for (int i = 0; i < T; i++) tiles[n + 1 + i] = i;
+  return n;
+}
+
+/* The key runs of the tile [i0, i1) for kv head g: the ancestor ranges of i0, the last one
+ * extended over the tile. Returns the run count. */
+static int forest_runs(key_run *runs, const forest *f, int i0, int i1, int g, const float *qkv, const float *kt,
+                       const float *vt, int T, const dims *d) {
+  int first = f->range_off[i0], n = f->range_off[i0 + 1] - first;
+  size_t col = (size_t)g * d->hd * T;
+  const float *kg = qkv + d->q_dim + g * d->hd;
+  for (int k = 0; k < n; k++) {
+    int a = f->ranges[2 * (first + k)], e = k == n - 1 ? i1 - 1 : f->ranges[2 * (first + k) + 1];
+    runs[k] = (key_run){kt + col + a, (size_t)T, kg + d->kv_dim + (size_t)a * d->qkv_dim, (size_t)d->qkv_dim,
+                        vt != NULL ? vt + col + a : NULL, (size_t)T, kg + (size_t)a * d->qkv_dim, (size_t)d->qkv_dim, e - a + 1, a};
+  }
+  return n;
+}
+
 void forest_attention_forward(float *att, float *lse, const float *qkv, float *kt, const forest *f, int T,
                               const dims *d, float *scratch, size_t scratch_floats, int32_t *tiles) {
-  int rows = tile_rows(d), G = d->H / d->KV;
+  int G = d->H / d->KV;
   float scale = 1.0f / sqrtf((float)d->hd);
   transpose_heads(kt, qkv, d->qkv_dim, d->q_dim, T, d);
-  /* tiles: runs of rows each the child of the previous one; they share their first row's
-   * ancestors, the rest of the tile being the causal part */
-  int n_tiles = 0;
-  for (int i = 0; i < T; n_tiles++) {
-    tiles[n_tiles] = i++;
-    while (i < T && i - tiles[n_tiles] < rows && f->ranges[2 * f->range_off[i + 1] - 2] < i) i++; /* parent is i - 1 */
-  }
-  tiles[n_tiles] = T;
-  int32_t *row_limit = tiles + n_tiles + 1; /* a row sees keys up to itself */
-  for (int i = 0; i < T; i++) row_limit[i] = i;
+  int n_tiles = forest_tiles(f, T, tile_rows(d), tiles);
+  const int32_t *row_limit = tiles + n_tiles + 1;
 #pragma omp parallel num_threads(cpu_threads())
   {
     float *work = scratch + (size_t)omp_get_thread_num() * scratch_floats;
@@ -314,12 +343,7 @@ void forest_attention_forward(float *att, float *lse, const float *qkv, float *k
 #pragma omp for schedule(dynamic, 1)
     for (int task = 0; task < n_tiles * d->KV; task++) {
       int g = task / n_tiles, tile = task % n_tiles, i0 = tiles[tile], i1 = tiles[tile + 1];
-      int first = f->range_off[i0], n_runs = f->range_off[i0 + 1] - first;
-      for (int k = 0; k < n_runs; k++) {
-        int a = f->ranges[2 * (first + k)], e = k == n_runs - 1 ? i1 - 1 : f->ranges[2 * (first + k) + 1];
-        runs[k] = (key_run){kt + (size_t)g * d->hd * T + a, (size_t)T,
-                            qkv + (size_t)a * d->qkv_dim + d->q_dim + d->kv_dim + g * d->hd, (size_t)d->qkv_dim, e - a + 1, a};
-      }
+      int n_runs = forest_runs(runs, f, i0, i1, g, qkv, kt, NULL, T, d);
       int n = gather_queries(q, out, limit, qkv, att, row_limit, i0, i1, g, d);
       attend(n, q, limit, runs, n_runs, d->hd, scale, out, tile_lse, work);
       for (int k = 0; k < n; k++) lse[(size_t)(i0 + k / G) * d->H + g * G + k % G] = tile_lse[k];
@@ -327,89 +351,162 @@ void forest_attention_forward(float *att, float *lse, const float *qkv, float *k
   }
 }
 
-/* p[j] = softmax probability recomputed from the saved lse, ds[j] = p[j] (dp[j] - dsum),
- * for keys kt/vt columns [a, a + n) of query row q / output gradient dout. */
-static void recompute(float *p, float *ds, const float *q, const float *dout, const float *ktg, const float *vtg,
-                      int a, int n, int T, int hd, float scale, float lse, float dsum) {
-  score_keys(p, q, ktg + a, T, n, hd, scale);
-  score_keys(ds, dout, vtg + a, T, n, hd, 1.0f);
-  for (int j = 0; j < n; j++) {
-    p[j] = fast_exp(p[j] - lse);
-    ds[j] = p[j] * (ds[j] - dsum);
+/* Pass A of the backward, per query (flash-attention style): with P recomputed from the
+ * saved lse and dP = dout . V, dS = P (dP - dsum) and dq = scale dS . K, over the same
+ * runs and chunks as the forward. work: attend_work(hd) + CHUNK * hd floats. */
+static void attend_grad_queries(int R, const float *const *q, const float *const *dout, const float *lse, const float *dsum,
+                                const int *limit, const key_run *runs, int n_runs, int hd, float scale, float *const *dq,
+                                float *work) {
+  float *acc = work, *pad_k = acc + QB * hd, *pad_v = pad_k + (size_t)CHUNK * hd;
+  for (int r0 = 0; r0 < R; r0 += QB) {
+    int nq = R - r0 < QB ? R - r0 : QB, top = limit[r0];
+    for (int r = 1; r < nq; r++) top = limit[r0 + r] > top ? limit[r0 + r] : top;
+    memset(acc, 0, sizeof(float) * QB * hd);
+    for (int k = 0; k < n_runs; k++) {
+      const key_run *run = &runs[k];
+      for (int j0 = 0; j0 < run->n && run->pos0 + j0 <= top; j0 += CHUNK) {
+        int w = run->n - j0 < CHUNK ? run->n - j0 : CHUNK;
+        const float *kt = run->kt + j0, *vt = run->vt + j0;
+        size_t ldk = run->ldk, ldvt = run->ldvt;
+        if (w < CHUNK) {
+          for (int c = 0; c < hd; c++) {
+            memset(pad_k + c * CHUNK, 0, sizeof(float) * CHUNK);
+            memset(pad_v + c * CHUNK, 0, sizeof(float) * CHUNK);
+            memcpy(pad_k + c * CHUNK, kt + (size_t)c * ldk, sizeof(float) * w);
+            memcpy(pad_v + c * CHUNK, vt + (size_t)c * ldvt, sizeof(float) * w);
+          }
+          kt = pad_k;
+          vt = pad_v;
+          ldk = ldvt = CHUNK;
+        }
+        v16 s[QB], dp[QB];
+        for (int r = 0; r < QB; r++) s[r] = dp[r] = (v16){0};
+        for (int c = 0; c < hd; c++) {
+          v16 kc = load16(kt + (size_t)c * ldk), vc = load16(vt + (size_t)c * ldvt);
+          for (int r = 0; r < nq; r++) {
+            s[r] += q[r0 + r][c] * kc;
+            dp[r] += dout[r0 + r][c] * vc;
+          }
+        }
+        const float *krows = run->k + (size_t)j0 * run->ldkr;
+        for (int r = 0; r < nq; r++) {
+          int visible = limit[r0 + r] - (run->pos0 + j0) + 1;
+          if (visible > w) visible = w;
+          if (visible <= 0) continue;
+          float sr[CHUNK], dr[CHUNK], ds[CHUNK];
+          memcpy(sr, &s[r], sizeof sr);
+          memcpy(dr, &dp[r], sizeof dr);
+          for (int u = 0; u < CHUNK; u++) ds[u] = u < visible ? fast_exp(sr[u] * scale - lse[r0 + r]) * (dr[u] - dsum[r0 + r]) : 0.0f;
+          float *ar = acc + r * hd;
+          for (int u = 0; u < visible; u++)
+            for (int c = 0; c < hd; c++) ar[c] += ds[u] * krows[(size_t)u * run->ldkr + c];
+        }
+      }
+    }
+    for (int r = 0; r < nq; r++)
+      for (int c = 0; c < hd; c++) dq[r0 + r][c] = acc[r * hd + c] * scale;
   }
 }
 
-void forest_attention_backward(float *dqkv, const float *datt, const float *qkv, const float *att,
-                               const float *lse, float *kt, float *vt, float *dsum, const forest *f, int T,
-                               const dims *d, float *scratch, size_t scratch_floats) {
+/* Pass B of the backward, per chunk of CHUNK key rows [j0, j1) of kv head g: for every query
+ * row i that sees one of them (i >= j0) and each head of the group,
+ *   dk_j += scale ds_ij q_i,  dv_j += p_ij dout_i,
+ * accumulated transposed ([hd][CHUNK]: one vector per dimension) and summed over i in
+ * ascending order. kt, vt hold CHUNK floats of padding past their end. */
+static void attend_grad_keys(int j0, int j1, int g, const float *qkv, const float *datt, const float *lse, const float *dsum,
+                             const float *kt, const float *vt, const forest *f, int T, const dims *d, float scale, float *dqkv,
+                             float *work) {
+  int hd = d->hd, G = d->H / d->KV;
+  float *dkt = work, *dvt = dkt + (size_t)hd * CHUNK;
+  memset(dkt, 0, sizeof(float) * 2 * hd * CHUNK);
+  const float *ktg = kt + (size_t)g * hd * T + j0, *vtg = vt + (size_t)g * hd * T + j0;
+  for (int i = j0; i < T; i++) {
+    float vis[CHUNK] = {0};
+    int any = 0;
+    for (int k = f->range_off[i]; k < f->range_off[i + 1]; k++) {
+      int a = f->ranges[2 * k], b = f->ranges[2 * k + 1];
+      if (a >= j1) break;
+      for (int j = a > j0 ? a : j0; j <= b && j < j1; j++, any = 1) vis[j - j0] = 1.0f;
+    }
+    if (!any) continue;
+    for (int h = g * G; h < (g + 1) * G; h++) {
+      const float *q = qkv + (size_t)i * d->qkv_dim + (size_t)h * hd, *dout = datt + (size_t)i * d->q_dim + (size_t)h * hd;
+      v16 s = (v16){0}, dp = (v16){0};
+      for (int c = 0; c < hd; c++) {
+        s += q[c] * load16(ktg + (size_t)c * T);
+        dp += dout[c] * load16(vtg + (size_t)c * T);
+      }
+      float sr[CHUNK], dr[CHUNK], p[CHUNK], ds[CHUNK];
+      memcpy(sr, &s, sizeof sr);
+      memcpy(dr, &dp, sizeof dr);
+      float l = lse[(size_t)i * d->H + h], D = dsum[(size_t)i * d->H + h];
+      for (int u = 0; u < CHUNK; u++) {
+        p[u] = vis[u] * fast_exp(sr[u] * scale - l);
+        ds[u] = scale * p[u] * (dr[u] - D);
+      }
+      v16 pv = load16(p), dsv = load16(ds);
+      for (int c = 0; c < hd; c++) {
+        v16 *kc = (v16 *)(dkt + c * CHUNK), *vc = (v16 *)(dvt + c * CHUNK);
+        *kc += q[c] * dsv;
+        *vc += dout[c] * pv;
+      }
+    }
+  }
+  for (int j = j0; j < j1; j++) {
+    float *dk = dqkv + (size_t)j * d->qkv_dim + d->q_dim + g * hd, *dv = dk + d->kv_dim;
+    for (int c = 0; c < hd; c++) {
+      dk[c] = dkt[c * CHUNK + j - j0];
+      dv[c] = dvt[c * CHUNK + j - j0];
+    }
+  }
+}
+
+size_t attention_grad_scratch_floats(const dims *d, int max_runs) {
+  return attention_scratch_floats(d, max_runs) + 2 * (size_t)CHUNK * d->hd;
+}
+
+void forest_attention_backward(float *dqkv, const float *datt, const float *qkv, const float *att, const float *lse,
+                               float *kt, float *vt, float *dsum, const forest *f, int T, const dims *d, float *scratch,
+                               size_t scratch_floats, int32_t *tiles) {
   int G = d->H / d->KV, hd = d->hd, threads = cpu_threads();
   float scale = 1.0f / sqrtf((float)hd);
   transpose_heads(kt, qkv, d->qkv_dim, d->q_dim, T, d);
   transpose_heads(vt, qkv, d->qkv_dim, d->q_dim + d->kv_dim, T, d);
 #pragma omp parallel for num_threads(threads) schedule(static)
-  for (int i = 0; i < T; i++) {
-    memset(dqkv + (size_t)i * d->qkv_dim, 0, sizeof(float) * d->qkv_dim);
+  for (int i = 0; i < T; i++)
     for (int h = 0; h < d->H; h++) {
       const float *o = att + (size_t)i * d->q_dim + (size_t)h * hd, *g = datt + (size_t)i * d->q_dim + (size_t)h * hd;
       float s = 0.0f;
       for (int c = 0; c < hd; c++) s += o[c] * g[c];
       dsum[(size_t)i * d->H + h] = s;
     }
-  }
-  /* pass A, per query row: dq_i = scale * sum_j ds_ij k_j */
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 4)
-  for (int task = 0; task < T * d->H; task++) {
-    int i = task / d->H, h = task % d->H, g = h / G;
-    float *p = scratch + (size_t)omp_get_thread_num() * scratch_floats, *ds = p + f->max_depth;
-    const float *q = qkv + (size_t)i * d->qkv_dim + (size_t)h * hd, *dout = datt + (size_t)i * d->q_dim + (size_t)h * hd;
-    const float *kg = qkv + d->q_dim + g * hd;
-    float *dq = dqkv + (size_t)i * d->qkv_dim + (size_t)h * hd;
-    for (int k = f->range_off[i]; k < f->range_off[i + 1]; k++) {
-      int a = f->ranges[2 * k], n = f->ranges[2 * k + 1] - a + 1;
-      recompute(p, ds, q, dout, kt + (size_t)g * hd * T, vt + (size_t)g * hd * T, a, n, T, hd, scale,
-                lse[(size_t)i * d->H + h], dsum[(size_t)i * d->H + h]);
-      sum_rows(dq, ds, kg + (size_t)a * d->qkv_dim, d->qkv_dim, n, hd);
-    }
-    for (int c = 0; c < hd; c++) dq[c] *= scale;
-  }
-  /* pass B, per chunk of key rows (balanced by how many queries see them):
-   * dk_j = scale * sum_i ds_ij q_i, dv_j = sum_i p_ij dout_i, summed over i ascending */
-  int chunks = 4 * threads < T ? 4 * threads : T, bounds[4 * 256 + 1];
-  if (chunks > 4 * 256) chunks = 4 * 256;
-  int64_t total = 0, acc = 0;
-  for (int j = 0; j < T; j++) total += f->desc[j];
-  int c = 1;
-  bounds[0] = 0;
-  for (int j = 0; j < T && c < chunks; j++) {
-    acc += f->desc[j];
-    while (c < chunks && acc * chunks >= total * c) bounds[c++] = j + 1;
-  }
-  while (c <= chunks) bounds[c++] = T;
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
-  for (int task = 0; task < chunks * d->KV; task++) {
-    int c = task / d->KV, g = task % d->KV, lo = bounds[c], hi = bounds[c + 1];
-    float *p = scratch + (size_t)omp_get_thread_num() * scratch_floats, *ds = p + f->max_depth;
-    for (int i = lo; i < T && lo < hi; i++)
-      for (int k = f->range_off[i]; k < f->range_off[i + 1]; k++) {
-        int a = f->ranges[2 * k], b = f->ranges[2 * k + 1];
-        if (a >= hi) break;
-        int from = a > lo ? a : lo, to = b < hi - 1 ? b : hi - 1;
-        if (from > to) continue;
-        int n = to - from + 1;
-        for (int h = g * G; h < (g + 1) * G; h++) {
-          const float *q = qkv + (size_t)i * d->qkv_dim + (size_t)h * hd;
-          const float *dout = datt + (size_t)i * d->q_dim + (size_t)h * hd;
-          recompute(p, ds, q, dout, kt + (size_t)g * hd * T, vt + (size_t)g * hd * T, from, n, T, hd, scale,
-                    lse[(size_t)i * d->H + h], dsum[(size_t)i * d->H + h]);
-          for (int j = 0; j < n; j++) {
-            float *dk = dqkv + (size_t)(from + j) * d->qkv_dim + d->q_dim + g * hd, *dv = dk + d->kv_dim;
-            float a_k = scale * ds[j], a_v = p[j];
-            for (int cc = 0; cc < hd; cc++) {
-              dk[cc] += a_k * q[cc];
-              dv[cc] += a_v * dout[cc];
-            }
-          }
-        }
+  int n_tiles = forest_tiles(f, T, tile_rows(d), tiles), n_chunks = (T + CHUNK - 1) / CHUNK;
+  const int32_t *row_limit = tiles + n_tiles + 1;
+#pragma omp parallel num_threads(threads)
+  {
+    float *work = scratch + (size_t)omp_get_thread_num() * scratch_floats;
+    key_run *runs = (key_run *)(work + attend_work(hd) + 2 * (size_t)CHUNK * hd);
+    const float *q[2 * QB], *dout[2 * QB];
+    float *dq[2 * QB], tile_lse[2 * QB], tile_dsum[2 * QB];
+    int limit[2 * QB];
+#pragma omp for schedule(dynamic, 1) nowait
+    for (int task = 0; task < n_tiles * d->KV; task++) {
+      int g = task / n_tiles, tile = task % n_tiles, i0 = tiles[tile], i1 = tiles[tile + 1];
+      int n_runs = forest_runs(runs, f, i0, i1, g, qkv, kt, vt, T, d);
+      int n = gather_queries(q, dq, limit, qkv, dqkv, row_limit, i0, i1, g, d);
+      for (int k = 0; k < n; k++) { /* dq lives in dqkv's q part, dout in datt, both by head */
+        int i = i0 + k / G, h = g * G + k % G;
+        dq[k] = dqkv + (size_t)i * d->qkv_dim + (size_t)h * hd;
+        dout[k] = datt + (size_t)i * d->q_dim + (size_t)h * hd;
+        tile_lse[k] = lse[(size_t)i * d->H + h];
+        tile_dsum[k] = dsum[(size_t)i * d->H + h];
       }
+      attend_grad_queries(n, q, dout, tile_lse, tile_dsum, limit, runs, n_runs, hd, scale, dq, work);
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int task = 0; task < n_chunks * d->KV; task++) {
+      int g = task % d->KV, j0 = task / d->KV * CHUNK, j1 = j0 + CHUNK < T ? j0 + CHUNK : T;
+      attend_grad_keys(j0, j1, g, qkv, datt, lse, dsum, kt, vt, f, T, d, scale, dqkv, work);
+    }
   }
 }

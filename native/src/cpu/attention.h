@@ -36,10 +36,12 @@ void paged_attention(float *att, const float *qkv, const float *pool, const dims
  * max_runs = T); tiles: 2T + 2 ints. */
 void forest_attention_forward(float *att, float *lse, const float *qkv, float *kt, const forest *f,
                               int T, const dims *d, float *scratch, size_t scratch_floats, int32_t *tiles);
-/* dqkv[T, qkv_dim] (overwritten) from datt[T, q_dim]; kt, vt scratch [KV][hd][T];
- * dsum scratch [T, H]; scratch per thread scratch_floats >= 2 * max_depth floats. */
+/* dqkv[T, qkv_dim] (overwritten) from datt[T, q_dim]; kt, vt scratch [KV][hd][T] plus 16
+ * floats; dsum scratch [T, H]; scratch per thread scratch_floats >=
+ * attention_grad_scratch_floats(d, T); tiles 2T + 2 ints. */
+size_t attention_grad_scratch_floats(const dims *d, int max_runs);
 void forest_attention_backward(float *dqkv, const float *datt, const float *qkv, const float *att,
                                const float *lse, float *kt, float *vt, float *dsum, const forest *f,
-                               int T, const dims *d, float *scratch, size_t scratch_floats);
+                               int T, const dims *d, float *scratch, size_t scratch_floats, int32_t *tiles);
 
 #endif

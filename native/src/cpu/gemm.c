@@ -42,6 +42,8 @@ int cpu_threads(void) {
 
 void cpu_set_threads(int n) { gemm_threads = n > 0 ? n : omp_get_num_procs(); }
 
+int cpu_threads_for(double work) { return work < 32768.0 ? 1 : cpu_threads(); }
+
 static inline vf load_v(const float *p) {
   vf v;
   memcpy(&v, p, sizeof v);
@@ -230,9 +232,7 @@ void gemm(int M, int N, int K, const float *a, int lda, int trans_a, const float
       for (int i = 0; i < M; i++) memset(c + (size_t)i * ldc, 0, sizeof(float) * (size_t)N);
     return;
   }
-  int threads = cpu_threads();
-  double work = (double)M * N * K;
-  if (work < 128.0 * 128 * 128) threads = 1;
+  int threads = cpu_threads_for((double)M * N * K / 64);
   if (M <= FEW_ROWS && trans_b && !trans_a) {
     gemm_few_rows(M, N, K, a, lda, b, ldb, c, ldc, accumulate, threads);
     return;

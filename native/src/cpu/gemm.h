@@ -12,5 +12,8 @@ void gemm(int M, int N, int K, const float *a, int lda, int trans_a, const float
 /* The thread count every CPU kernel uses; cpu_set_threads(0) means one per core. */
 int cpu_threads(void);
 void cpu_set_threads(int n);
+/* Threads for a loop of about `work` element operations: 1 when too small to pay for a
+ * parallel region. */
+int cpu_threads_for(double work);
 
 #endif

@@ -11,13 +11,13 @@
  * never depends on the thread count. */
 
 void embed_forward(float *x, const int32_t *tokens, const float *embed, int T, int D) {
-#pragma omp parallel for num_threads(cpu_threads()) schedule(static)
+#pragma omp parallel for num_threads(cpu_threads_for((double)T * D)) schedule(static)
   for (int t = 0; t < T; t++) memcpy(x + (size_t)t * D, embed + (size_t)tokens[t] * D, sizeof(float) * D);
 }
 
 void embed_backward(float *dembed, const float *dx, const int32_t *tokens, int T, int D) {
   /* columns in parallel, rows in order */
-#pragma omp parallel num_threads(cpu_threads())
+#pragma omp parallel num_threads(cpu_threads_for((double)T * D))
   {
     int nt = omp_get_num_threads(), tid = omp_get_thread_num();
     int c0 = D * tid / nt, c1 = D * (tid + 1) / nt;
@@ -30,7 +30,7 @@ void embed_backward(float *dembed, const float *dx, const int32_t *tokens, int T
 }
 
 void rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int T, int D, float eps) {
-#pragma omp parallel for num_threads(cpu_threads()) schedule(static)
+#pragma omp parallel for num_threads(cpu_threads_for(3.0 * T * D)) schedule(static)
   for (int t = 0; t < T; t++) {
     const float *xt = x + (size_t)t * D;
     float *ot = out + (size_t)t * D;
@@ -46,7 +46,7 @@ void rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, c
                       const float *rstd, int T, int D) {
   /* y = x r w with r = (mean(x^2) + eps)^-1/2:
    * dx = r (dy w) - r^3 / D * x * sum_c(dy_c w_c x_c);  dw = sum_t dy x r */
-#pragma omp parallel num_threads(cpu_threads())
+#pragma omp parallel num_threads(cpu_threads_for(6.0 * T * D))
   {
 #pragma omp for schedule(static)
     for (int t = 0; t < T; t++) {
@@ -83,7 +83,7 @@ void rope(float *qkv, const int32_t *positions, const float *cos_t, const float 
           const dims *d, int inverse) {
   int half = d->hd / 2, heads = d->H + d->KV; /* q heads then k heads, contiguous */
   float sign = inverse ? -1.0f : 1.0f;
-#pragma omp parallel for num_threads(cpu_threads()) schedule(static)
+#pragma omp parallel for num_threads(cpu_threads_for(3.0 * T * heads * d->hd)) schedule(static)
   for (int t = 0; t < T; t++) {
     const float *c = cos_t + (size_t)positions[t] * half, *s = sin_t + (size_t)positions[t] * half;
     for (int h = 0; h < heads; h++) {
@@ -98,7 +98,7 @@ void rope(float *qkv, const int32_t *positions, const float *cos_t, const float 
 }
 
 void swiglu_forward(float *act, const float *gu, int T, int F) {
-#pragma omp parallel for num_threads(cpu_threads()) schedule(static)
+#pragma omp parallel for num_threads(cpu_threads_for(20.0 * T * F)) schedule(static)
   for (int t = 0; t < T; t++) {
     const float *g = gu + (size_t)t * 2 * F, *u = g + F;
     float *a = act + (size_t)t * F;
@@ -107,7 +107,7 @@ void swiglu_forward(float *act, const float *gu, int T, int F) {
 }
 
 void swiglu_backward(float *dgu, const float *dact, const float *gu, int T, int F) {
-#pragma omp parallel for num_threads(cpu_threads()) schedule(static)
+#pragma omp parallel for num_threads(cpu_threads_for(25.0 * T * F)) schedule(static)
   for (int t = 0; t < T; t++) {
     const float *g = gu + (size_t)t * 2 * F, *u = g + F, *da = dact + (size_t)t * F;
     float *dg = dgu + (size_t)t * 2 * F, *du = dg + F;
@@ -120,7 +120,7 @@ void swiglu_backward(float *dgu, const float *dact, const float *gu, int T, int 
 }
 
 void logits_stats(float *lse, float *entropy, const float *logits, int T, int V) {
-#pragma omp parallel for num_threads(cpu_threads()) schedule(static)
+#pragma omp parallel for num_threads(cpu_threads_for(30.0 * T * V)) schedule(static)
   for (int t = 0; t < T; t++) {
     const float *z = logits + (size_t)t * V;
     float max = z[0];

@@ -69,8 +69,8 @@ static size_t lay_out(be_trainer *t, float *base) {
   t->dqkv = carve(base, &at, T * d->qkv_dim);
   t->dlogits = carve(base, &at, T * d->V);
   t->coef = carve(base, &at, T);
-  t->kt = carve(base, &at, T * d->kv_dim);
-  t->vt = carve(base, &at, T * d->kv_dim);
+  t->kt = carve(base, &at, T * d->kv_dim + 16); /* + 16: attention reads whole 16-key chunks */
+  t->vt = carve(base, &at, T * d->kv_dim + 16);
   t->dsum = carve(base, &at, T * d->H);
   return at;
 }
@@ -113,8 +113,7 @@ static gyre_status ensure_scratch(be_trainer *t) {
   int threads = cpu_threads();
   if (threads <= t->scratch_threads) return GYRE_OK;
   free(t->scratch);
-  size_t forward = attention_scratch_floats(&t->m->d, t->Tm), backward = 2 * (size_t)t->Tm;
-  t->scratch_floats = forward > backward ? forward : backward;
+  t->scratch_floats = attention_grad_scratch_floats(&t->m->d, t->Tm);
   t->scratch = aligned_calloc(sizeof(float) * t->scratch_floats * threads);
   t->scratch_threads = t->scratch ? threads : 0;
   return t->scratch ? GYRE_OK : gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cpu: out of host memory for attention scratch");
@@ -178,7 +177,7 @@ gyre_status be_train_backward(be_trainer *t, const train_batch *b, const float *
     gemm(D, d->q_dim, T, t->dres, D, 1, io->att, d->q_dim, 0, g + o->wo, d->q_dim, 1);
     gemm(T, d->q_dim, D, t->dres, D, 0, w + o->wo, d->q_dim, 0, t->datt, d->q_dim, 0);
     forest_attention_backward(t->dqkv, t->datt, io->qkv, io->att, io->lse, t->kt, t->vt, t->dsum, b->forest, T, d,
-                              t->scratch, t->scratch_floats);
+                              t->scratch, t->scratch_floats, t->tiles);
     rope(t->dqkv, b->positions, m->rope_cos, m->rope_sin, T, d, 1);
     gemm(d->qkv_dim, D, T, t->dqkv, d->qkv_dim, 1, io->h1, D, 0, g + o->wqkv, D, 1);
     gemm(T, D, d->qkv_dim, t->dqkv, d->qkv_dim, 0, w + o->wqkv, D, 0, t->dh, D, 0);
