@@ -18,6 +18,7 @@ export interface Command<S extends FlagSpec = FlagSpec> {
 const commands: Record<string, () => Promise<{ readonly command: Command }>> = {
   node: () => import("./node.ts"),
   engine: () => import("./engine.ts"),
+  sim: () => import("./sim.ts"),
   demo: () => import("./demo.ts"),
   serve: () => import("./serve.ts")
 }

@@ -1,0 +1,81 @@
+/**
+ * Scripted tiny scenarios whose makespans are computed by hand (the timelines are written out
+ * beside each expectation), for every policy, plus the lower bound's two parts.
+ */
+import { describe, expect, it } from "vitest"
+import { asyncSplit, colocate, elastic, elasticPublished } from "../../src/policy/index.ts"
+import { lowerBound } from "../../src/sim/bound.ts"
+import { executionsOf, parseScenario, type Scenario } from "../../src/sim/scenario.ts"
+import { simulate } from "../../src/sim/simulate.ts"
+import type { Policy } from "../../src/policy/policy.ts"
+
+/** 2 cells x 1 slot; 10 tokens/s per cell; switches 1 s to training, 2 s back; sync 3 s. */
+const tiny = (max_staleness: number): Scenario =>
+  parseScenario({
+    cells: 2,
+    slots_per_cell: 1,
+    train_tokens_per_s_per_cell: 10,
+    switch_to_train_s: 1,
+    switch_to_rollout_s: 2,
+    weight_sync_s: 3,
+    steps: 2,
+    executions_per_step: 2,
+    max_staleness,
+    executions: [
+      { duration_s: 10, tokens: 100 },
+      { duration_s: 20, tokens: 100 }
+    ]
+  })
+
+const makespan = (s: Scenario, p: Policy<any>) => simulate(s, executionsOf(s), p).makespan_s
+
+describe("tiny scenarios, by hand", () => {
+  it("colocate: roll out, switch, train on both cells, switch back, wait for the weights", () => {
+    // e0 0-10, e1 0-20 | switch 20-21 | train 200 tokens at 20/s 21-31 | switch back 31-33,
+    // version 1 arrives 34 | e2 34-44, e3 34-54 | switch 54-55 | train 55-65.
+    expect(makespan(tiny(0), colocate)).toBeCloseTo(65, 9)
+    // Lock step ignores the staleness bound.
+    expect(makespan(tiny(1), colocate)).toBeCloseTo(65, 9)
+  })
+
+  it("async 1+1, on-policy: one slot rolls out, one cell trains", () => {
+    // cell 1 switches 0-1 | e0 0-10, e1 10-30 | step 0 30-50 (200 tokens at 10/s) | version 1
+    // at 53 | e2 53-63, e3 63-83 | step 1 83-103.
+    const r = simulate(tiny(0), executionsOf(tiny(0)), asyncSplit(1))
+    expect(r.makespan_s).toBeCloseTo(103, 9)
+    expect(r.switches).toBe(1)
+    expect(r.mean_staleness).toBe(0)
+  })
+
+  it("async 1+1, one version stale: batch 1 rolls out while step 0 trains", () => {
+    // e0 0-10, e1 10-30, e2 30-40, e3 40-60 (version 0, one behind) | step 0 30-50 | step 1 60-80.
+    const r = simulate(tiny(1), executionsOf(tiny(1)), asyncSplit(1))
+    expect(r.makespan_s).toBeCloseTo(80, 9)
+    expect(r.mean_staleness).toBeCloseTo(0.5, 9)
+  })
+
+  for (const policy of [elasticPublished, elastic]) {
+    it(`${policy.name}: cells move to training as the water level falls, core first`, () => {
+      // e0 0-10, e1 0-20. At 10 w = 1 <= C_R - C_e = 1: the core leaves (10-11) and starts
+      // step 0 on e0's 100 tokens (11-21). At 20 w = 0: cell 1 leaves (20-21) and joins; at 21
+      // 100 tokens are left for 2 cells: step 0 ends at 26. Version 1 arrives at 29: batch 1
+      // is dispatched, step 1 starts with no data, work waits: cell 1 then the core return
+      // (29-31). e2 31-41, e3 31-51; the core leaves at 41 (41-42) and trains e2's tokens
+      // (42-52); cell 1 leaves at 51 (51-52); 100 tokens left for 2 cells: 52-57.
+      const r = simulate(tiny(0), executionsOf(tiny(0)), policy)
+      expect(r.makespan_s).toBeCloseTo(57, 9)
+      expect(r.switches).toBe(6)
+      expect(r.utilization).toBeCloseTo((60 / 1 + 400 / 10) / (2 * 57), 9)
+    })
+  }
+
+  it("lower bound: work and critical path by hand", () => {
+    // work: (60 s of rollout on 1 slot + 400 tokens at 10/s) / 2 cells = 50.
+    // critical path, R = 20: T0 = max(0 + 20 + 100/20, 0 + 200/20) = 25; T1 = max(25 + 25, 25 + 10) = 50.
+    const s = tiny(0)
+    expect(lowerBound(s, executionsOf(s))).toEqual({ lower_bound_s: 50, work_s: 50, critical_path_s: 50 })
+    // With one version of staleness T1 = max(0 + 25, 25 + 10) = 35.
+    const s1 = tiny(1)
+    expect(lowerBound(s1, executionsOf(s1))).toEqual({ lower_bound_s: 50, work_s: 50, critical_path_s: 35 })
+  })
+})
