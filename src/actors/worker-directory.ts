@@ -9,8 +9,8 @@
  * active sequences it last reported.
  */
 import { Duration, Effect, Schema, type Scope } from "effect"
-import { TransportError, messageOf } from "../runtime/errors.ts"
-import { RegistryEntry } from "../runtime/registry.ts"
+import type { TransportError } from "../runtime/errors.ts"
+import { watchRegistry, type RegistryEntry } from "../runtime/registry.ts"
 import type { ActorSystemShape } from "../runtime/system.ts"
 import { WorkerLoad } from "./rollout-protocol.ts"
 
@@ -37,7 +37,6 @@ export interface WorkerDirectory {
   readonly workers: () => ReadonlyArray<WorkerView>
 }
 
-const decodeEntry = Schema.decodeUnknownOption(RegistryEntry)
 const decodeLoad = Schema.decodeUnknownOption(WorkerLoad)
 
 /** Watches the registry for the lifetime of the scope. */
@@ -47,34 +46,22 @@ export const watchWorkers = (
 ): Effect.Effect<WorkerDirectory, TransportError, Scope.Scope> =>
   Effect.gen(function* () {
     const views = new Map<string, WorkerView>()
-    const watch = yield* Effect.acquireRelease(
-      Effect.tryPromise({
-        try: () => system.registry.watch(),
-        catch: (e) => new TransportError({ operation: "registry watch", message: messageOf(e) })
-      }),
-      (w) => Effect.sync(() => w.stop())
-    )
-    yield* Effect.forkScoped(
-      Effect.promise(async () => {
-        for await (const e of watch) {
-          if (!e.key.startsWith(`${WORKER_KIND}/`)) continue
-          const entry = e.operation === "PUT" ? decodeEntry(e.json()) : undefined
-          if (entry === undefined || entry._tag === "None") {
-            views.delete(e.key)
-            continue
-          }
-          const load = decodeLoad(entry.value.load)
-          views.set(e.key, {
-            key: e.key,
-            id: entry.value.id,
-            node: entry.value.node,
-            status: entry.value.status,
-            load: load._tag === "Some" ? load.value : undefined,
-            seenAt: performance.now()
-          })
-        }
+    yield* watchRegistry(system, ({ key, entry }) => {
+      if (!key.startsWith(`${WORKER_KIND}/`)) return
+      if (entry === undefined) {
+        views.delete(key)
+        return
+      }
+      const load = decodeLoad(entry.load)
+      views.set(key, {
+        key,
+        id: entry.id,
+        node: entry.node,
+        status: entry.status,
+        load: load._tag === "Some" ? load.value : undefined,
+        seenAt: performance.now()
       })
-    )
+    })
 
     const alive = (key: string) => {
       const v = views.get(key)

@@ -74,10 +74,21 @@ export interface LivenessOptions {
   readonly onDead?: (event: DeadEvent) => Effect.Effect<void>
 }
 
-/** Watches the registry for the lifetime of the scope and declares silent entries dead. */
-export const monitorLiveness = (system: ActorSystemShape, options: LivenessOptions) =>
+/** One change of the registry as a watcher sees it: the entry, or undefined when deleted or unreadable. */
+export interface RegistryChange {
+  readonly key: string
+  readonly entry: RegistryEntry | undefined
+  readonly revision: number
+}
+
+const decodeEntry = Schema.decodeUnknownOption(RegistryEntry)
+
+/**
+ * Calls `onChange` for every entry of the registry, then for every change, for the lifetime
+ * of the scope (the watch stops when it closes).
+ */
+export const watchRegistry = (system: ActorSystemShape, onChange: (change: RegistryChange) => void) =>
   Effect.gen(function* () {
-    const seen = new Map<string, { entry: RegistryEntry; revision: number; at: number }>()
     const watch = yield* Effect.acquireRelease(
       Effect.tryPromise({
         try: () => system.registry.watch(),
@@ -88,15 +99,21 @@ export const monitorLiveness = (system: ActorSystemShape, options: LivenessOptio
     yield* Effect.forkScoped(
       Effect.promise(async () => {
         for await (const e of watch) {
-          if (e.operation !== "PUT") {
-            seen.delete(e.key)
-            continue
-          }
-          const decoded = Schema.decodeUnknownOption(RegistryEntry)(e.json())
-          if (decoded._tag === "Some") seen.set(e.key, { entry: decoded.value, revision: e.revision, at: performance.now() })
+          const decoded = e.operation === "PUT" ? decodeEntry(e.json()) : undefined
+          onChange({ key: e.key, entry: decoded?._tag === "Some" ? decoded.value : undefined, revision: e.revision })
         }
       })
     )
+  })
+
+/** Watches the registry for the lifetime of the scope and declares silent entries dead. */
+export const monitorLiveness = (system: ActorSystemShape, options: LivenessOptions) =>
+  Effect.gen(function* () {
+    const seen = new Map<string, { entry: RegistryEntry; revision: number; at: number }>()
+    yield* watchRegistry(system, ({ key, entry, revision }) => {
+      if (entry === undefined) seen.delete(key)
+      else seen.set(key, { entry, revision, at: performance.now() })
+    })
     const check = Effect.gen(function* () {
       const now = performance.now()
       for (const [key, s] of seen) {
