@@ -70,6 +70,41 @@ static inline v16 exp16(v16 x) {
   return load16(lanes);
 }
 
+/* s[r] (+)= sum_c a[r][c] * cols[c * ld + 0..CHUNK) for r < NQ, with a[r] at q[r] and the
+ * count a compile-time constant so the NQ accumulators stay in registers. */
+#define DEFINE_SCORES(NQ)                                                                      \
+  static inline void scores_##NQ(v16 *s, const float *const *q, const float *cols, size_t ld, int hd) { \
+    v16 acc[NQ];                                                                               \
+    for (int r = 0; r < NQ; r++) acc[r] = (v16){0};                                            \
+    for (int c = 0; c < hd; c++) {                                                             \
+      v16 col = load16(cols + (size_t)c * ld);                                                 \
+      for (int r = 0; r < NQ; r++) acc[r] += q[r][c] * col;                                    \
+    }                                                                                          \
+    for (int r = 0; r < NQ; r++) s[r] = acc[r];                                                \
+  }
+DEFINE_SCORES(1)
+DEFINE_SCORES(2)
+DEFINE_SCORES(3)
+DEFINE_SCORES(4)
+DEFINE_SCORES(5)
+DEFINE_SCORES(6)
+DEFINE_SCORES(7)
+DEFINE_SCORES(8)
+
+/* s[r] = a[r] . cols for r < nq (nq <= QB). */
+static void scores(int nq, v16 *s, const float *const *q, const float *cols, size_t ld, int hd) {
+  switch (nq) {
+    case 1: scores_1(s, q, cols, ld, hd); break;
+    case 2: scores_2(s, q, cols, ld, hd); break;
+    case 3: scores_3(s, q, cols, ld, hd); break;
+    case 4: scores_4(s, q, cols, ld, hd); break;
+    case 5: scores_5(s, q, cols, ld, hd); break;
+    case 6: scores_6(s, q, cols, ld, hd); break;
+    case 7: scores_7(s, q, cols, ld, hd); break;
+    default: scores_8(s, q, cols, ld, hd); break;
+  }
+}
+
 /* A run of keys: key j < n has K column kt[c * ldk + j], V row v[j * ldv + c], and position
  * pos0 + j, compared with each query's limit (keys past it are masked). */
 typedef struct key_run {
@@ -115,11 +150,7 @@ static void attend(int R, const float *const *q, const int *limit, const key_run
           ldk = CHUNK;
         }
         v16 s[QB];
-        for (int r = 0; r < QB; r++) s[r] = (v16){0};
-        for (int c = 0; c < hd; c++) {
-          v16 kc = load16(kt + (size_t)c * ldk);
-          for (int r = 0; r < nq; r++) s[r] += q[r0 + r][c] * kc;
-        }
+        scores(nq, s, q + r0, kt, ldk, hd);
         const float *v = run->v + (size_t)j0 * run->ldv;
         for (int r = 0; r < nq; r++) {
           float *pr = p + r * CHUNK;
@@ -165,28 +196,37 @@ static size_t attend_work(int hd) { return (size_t)QB * (hd + CHUNK) + (size_t)C
 
 /* ---- paged (inference) ---- */
 
-void kv_store(float *pool, const dims *d, int B, int layer, const fwd_batch *b, const float *qkv) {
+void kv_store(const kv_pool *pool, const dims *d, int layer, const fwd_batch *b, const float *qkv) {
+  int B = pool->B;
 #pragma omp parallel for num_threads(cpu_threads_for(2.0 * b->n_rows * d->kv_dim)) schedule(static)
   for (int r = 0; r < b->n_rows; r++) {
     int pos = b->positions[r], slot = pos % B;
     int32_t block = b->blocks[b->block_off[b->row_seq[r]] + pos / B];
     const float *k = qkv + (size_t)r * d->qkv_dim + d->q_dim, *v = k + d->kv_dim;
     for (int g = 0; g < d->KV; g++) {
-      float *kt = pool + kv_offset(d, B, block, layer, 0, g);
+      float *kt = pool->data + kv_offset(d, pool, block, layer, 0, g);
       for (int c = 0; c < d->hd; c++) kt[(size_t)c * B + slot] = k[g * d->hd + c];
-      memcpy(pool + kv_offset(d, B, block, layer, 1, g) + (size_t)slot * d->hd, v + g * d->hd,
+      memcpy(pool->data + kv_offset(d, pool, block, layer, 1, g) + (size_t)slot * d->hd, v + g * d->hd,
              sizeof(float) * d->hd);
     }
   }
 }
 
-void kv_transfer(float *pool, const dims *d, int B, const int32_t *blocks, int32_t length, float *payload,
+void kv_copy_block(const kv_pool *pool, const dims *d, int32_t dst, int32_t src) {
+  for (int l = 0; l < d->L; l++)
+    for (int g = 0; g < d->KV; g++)
+      memcpy(pool->data + kv_offset(d, pool, dst, l, 0, g), pool->data + kv_offset(d, pool, src, l, 0, g),
+             sizeof(float) * 2 * pool->B * d->hd);
+}
+
+void kv_transfer(const kv_pool *pool, const dims *d, const int32_t *blocks, int32_t length, float *payload,
                  int to_payload) {
+  int B = pool->B;
   for (int l = 0; l < d->L; l++)
     for (int kind = 0; kind < 2; kind++)
       for (int32_t t = 0; t < length; t++)
         for (int g = 0; g < d->KV; g++) {
-          float *cached = pool + kv_offset(d, B, blocks[t / B], l, kind, g);
+          float *cached = pool->data + kv_offset(d, pool, blocks[t / B], l, kind, g);
           float *flat = payload + ((((size_t)l * 2 + kind) * length + t) * d->KV + g) * d->hd;
           for (int c = 0; c < d->hd; c++) {
             float *x = kind == 0 ? cached + (size_t)c * B + t % B : cached + (size_t)(t % B) * d->hd + c;
@@ -228,12 +268,13 @@ size_t paged_staging_floats(const dims *d, int B) {
  * absolute positions so the arithmetic does not depend on the block size: a block whose
  * size is a multiple of CHUNK is used in place; otherwise each CHUNK of positions is
  * gathered into staging (K as [hd][CHUNK], V as [CHUNK][hd]). Returns the run count. */
-static int paged_runs(key_run *runs, const float *pool, const int32_t *table, int ctx, const dims *d, int B, int layer,
-                      int g, float *staging) {
-  int hd = d->hd, n = 0;
+static int paged_runs(key_run *runs, const kv_pool *pool, const int32_t *table, int ctx, const dims *d, int layer, int g,
+                      float *staging) {
+  int hd = d->hd, n = 0, B = pool->B;
   if (B % CHUNK == 0) {
     for (int k = 0; k * B < ctx; k++)
-      runs[n++] = (key_run){pool + kv_offset(d, B, table[k], layer, 0, g), (size_t)B, pool + kv_offset(d, B, table[k], layer, 1, g),
+      runs[n++] = (key_run){pool->data + kv_offset(d, pool, table[k], layer, 0, g), (size_t)B,
+                            pool->data + kv_offset(d, pool, table[k], layer, 1, g),
                             (size_t)hd, NULL, 0, NULL, 0, ctx - k * B < B ? ctx - k * B : B, k * B};
     return n;
   }
@@ -242,7 +283,8 @@ static int paged_runs(key_run *runs, const float *pool, const int32_t *table, in
     float *kt = staging + (size_t)2 * n * CHUNK * hd, *v = kt + (size_t)CHUNK * hd;
     for (int u = 0; u < w; u++) {
       int pos = p0 + u;
-      const float *kb = pool + kv_offset(d, B, table[pos / B], layer, 0, g), *vb = pool + kv_offset(d, B, table[pos / B], layer, 1, g);
+      const float *kb = pool->data + kv_offset(d, pool, table[pos / B], layer, 0, g);
+      const float *vb = pool->data + kv_offset(d, pool, table[pos / B], layer, 1, g);
       for (int c = 0; c < hd; c++) kt[c * CHUNK + u] = kb[(size_t)c * B + pos % B];
       memcpy(v + (size_t)u * hd, vb + (size_t)(pos % B) * hd, sizeof(float) * hd);
     }
@@ -251,11 +293,11 @@ static int paged_runs(key_run *runs, const float *pool, const int32_t *table, in
   return n;
 }
 
-void paged_attention(float *att, const float *qkv, const float *pool, const dims *d, int B, int layer,
+void paged_attention(float *att, const float *qkv, const kv_pool *pool, const dims *d, int layer,
                      const fwd_batch *b, float *scratch, size_t scratch_floats, int32_t *tiles) {
   int rows = tile_rows(d);
   float scale = 1.0f / sqrtf((float)d->hd);
-  size_t staging = paged_staging_floats(d, B);
+  size_t staging = paged_staging_floats(d, pool->B);
   /* tiles: up to `rows` consecutive rows of one sequence; tasks kv-head-major so one head's
    * keys stay hot while consecutive tiles use them */
   int n_tiles = 0;
@@ -277,7 +319,7 @@ void paged_attention(float *att, const float *qkv, const float *pool, const dims
     for (int task = 0; task < n_tiles * d->KV; task++) {
       int g = task / n_tiles, tile = task % n_tiles, r0 = tiles[tile], r1 = tiles[tile + 1];
       const int32_t *table = b->blocks + b->block_off[b->row_seq[r0]];
-      int n_runs = paged_runs(runs, pool, table, b->positions[r1 - 1] + 1, d, B, layer, g, stage);
+      int n_runs = paged_runs(runs, pool, table, b->positions[r1 - 1] + 1, d, layer, g, stage);
       int n = gather_queries(q, out, limit, qkv, att, b->positions, r0, r1, g, d);
       attend(n, q, limit, runs, n_runs, d->hd, scale, out, NULL, work);
     }
@@ -380,14 +422,8 @@ static void attend_grad_queries(int R, const float *const *q, const float *const
           ldk = ldvt = CHUNK;
         }
         v16 s[QB], dp[QB];
-        for (int r = 0; r < QB; r++) s[r] = dp[r] = (v16){0};
-        for (int c = 0; c < hd; c++) {
-          v16 kc = load16(kt + (size_t)c * ldk), vc = load16(vt + (size_t)c * ldvt);
-          for (int r = 0; r < nq; r++) {
-            s[r] += q[r0 + r][c] * kc;
-            dp[r] += dout[r0 + r][c] * vc;
-          }
-        }
+        scores(nq, s, q + r0, kt, ldk, hd);
+        scores(nq, dp, dout + r0, vt, ldvt, hd);
         const float *krows = run->k + (size_t)j0 * run->ldkr;
         for (int r = 0; r < nq; r++) {
           int visible = limit[r0 + r] - (run->pos0 + j0) + 1;

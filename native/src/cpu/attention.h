@@ -5,20 +5,32 @@
 
 #include "../backend.h"
 
-/* KV block pool layout: block b, layer l, kv head g:
- *   K at pool + kv_offset(b, l, 0, g) as [hd][B]  (transposed: keys contiguous per dim)
- *   V at pool + kv_offset(b, l, 1, g) as [B][hd]                                       */
-static inline size_t kv_offset(const dims *d, int B, int32_t block, int layer, int kind, int g) {
-  return ((((size_t)block * d->L + layer) * 2 + kind) * d->KV + g) * (size_t)B * d->hd;
+/* The KV block pool, ordered [layer][kv head][block][K | V][B * hd], so that the blocks one
+ * (layer, head) attention pass reads are one run of memory (block ids of a sequence are
+ * mostly consecutive), which the hardware prefetchers stream:
+ *   K of block b at data + kv_offset(b, l, 0, g) as [hd][B]  (transposed: keys contiguous)
+ *   V of block b at data + kv_offset(b, l, 1, g) as [B][hd]                                */
+typedef struct kv_pool {
+  float *data;
+  int B;          /* tokens per block */
+  int num_blocks;
+} kv_pool;
+
+static inline size_t kv_offset(const dims *d, const kv_pool *p, int32_t block, int layer, int kind, int g) {
+  return ((((size_t)layer * d->KV + g) * p->num_blocks + block) * 2 + kind) * (size_t)p->B * d->hd;
 }
-static inline size_t kv_block_floats(const dims *d, int B) { return (size_t)d->L * 2 * d->KV * B * d->hd; }
+static inline size_t kv_pool_floats(const dims *d, int B, int num_blocks) {
+  return (size_t)d->L * d->KV * num_blocks * 2 * B * d->hd;
+}
 
 /* Writes the K (after RoPE) and V of every batch row of qkv[rows, qkv_dim] into the pool. */
-void kv_store(float *pool, const dims *d, int B, int layer, const fwd_batch *b, const float *qkv);
+void kv_store(const kv_pool *pool, const dims *d, int layer, const fwd_batch *b, const float *qkv);
 /* Copies `length` tokens of a block table between the pool and the hand-off payload layout
  * ([layer][K|V][length][KV][hd]); to_payload selects the direction. */
-void kv_transfer(float *pool, const dims *d, int B, const int32_t *blocks, int32_t length,
+void kv_transfer(const kv_pool *pool, const dims *d, const int32_t *blocks, int32_t length,
                  float *payload, int to_payload);
+/* Copies every layer and head of block src into block dst. */
+void kv_copy_block(const kv_pool *pool, const dims *d, int32_t dst, int32_t src);
 
 /* Per-thread scratch (floats) of the attention forward over at most max_runs key runs
  * (paged: blocks of the longest context; forest: ranges of a row). */
@@ -28,7 +40,7 @@ size_t paged_staging_floats(const dims *d, int B);
 
 /* att[rows, q_dim] = attention of each row's queries over its sequence's cached keys
  * 0..position. scratch: per thread scratch_floats; tiles: rows + 1 ints. */
-void paged_attention(float *att, const float *qkv, const float *pool, const dims *d, int B, int layer,
+void paged_attention(float *att, const float *qkv, const kv_pool *pool, const dims *d, int layer,
                      const fwd_batch *b, float *scratch, size_t scratch_floats, int32_t *tiles);
 
 /* Training: att[T, q_dim] and lse[T, H] for token rows attending to their ancestors.

@@ -10,8 +10,7 @@
 
 struct be_cache {
   be_model *m;
-  int B, num_blocks;
-  float *pool;       /* num_blocks x kv_block_floats */
+  kv_pool pool;
   float *work;       /* activations for rows_cap rows, grown on demand */
   size_t rows_cap;
   float *scratch;    /* attention, per thread scratch_floats */
@@ -23,23 +22,21 @@ struct be_cache {
 gyre_status be_cache_create(be_model *m, int32_t block_tokens, int32_t num_blocks, be_cache **out) {
   be_cache *c = calloc(1, sizeof *c);
   if (c == NULL) return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cpu: out of host memory");
-  size_t bytes = sizeof(float) * kv_block_floats(&m->d, block_tokens) * (size_t)num_blocks;
-  c->pool = aligned_calloc(bytes);
-  if (c->pool == NULL) {
+  size_t bytes = sizeof(float) * kv_pool_floats(&m->d, block_tokens, num_blocks);
+  c->pool = (kv_pool){aligned_calloc(bytes), block_tokens, num_blocks};
+  if (c->pool.data == NULL) {
     free(c);
     return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cpu: cannot allocate a KV pool of %zu bytes (%d blocks of %d tokens)",
                      bytes, num_blocks, block_tokens);
   }
   c->m = m;
-  c->B = block_tokens;
-  c->num_blocks = num_blocks;
   *out = c;
   return GYRE_OK;
 }
 
 void be_cache_free(be_cache *c) {
   if (c == NULL) return;
-  free(c->pool);
+  free(c->pool.data);
   free(c->work);
   free(c->scratch);
   free(c->tiles);
@@ -47,18 +44,17 @@ void be_cache_free(be_cache *c) {
 }
 
 gyre_status be_cache_copy_block(be_cache *c, int32_t dst, int32_t src) {
-  size_t n = kv_block_floats(&c->m->d, c->B);
-  memcpy(c->pool + (size_t)dst * n, c->pool + (size_t)src * n, sizeof(float) * n);
+  kv_copy_block(&c->pool, &c->m->d, dst, src);
   return GYRE_OK;
 }
 
 gyre_status be_cache_read(const be_cache *c, const int32_t *blocks, int32_t length, float *host) {
-  kv_transfer(c->pool, &c->m->d, c->B, blocks, length, host, 1);
+  kv_transfer(&c->pool, &c->m->d, blocks, length, host, 1);
   return GYRE_OK;
 }
 
 gyre_status be_cache_write(be_cache *c, const int32_t *blocks, int32_t length, const float *host) {
-  kv_transfer(c->pool, &c->m->d, c->B, blocks, length, (float *)host, 0);
+  kv_transfer(&c->pool, &c->m->d, blocks, length, (float *)host, 0);
   return GYRE_OK;
 }
 
@@ -81,8 +77,8 @@ static gyre_status ensure_work(be_cache *c, int rows, int threads) {
   }
   if (threads > c->scratch_threads) {
     free(c->scratch);
-    int max_runs = (d->max_pos + 15) / 16 + (d->max_pos + c->B - 1) / c->B;
-    c->scratch_floats = attention_scratch_floats(d, max_runs) + paged_staging_floats(d, c->B);
+    int max_runs = (d->max_pos + 15) / 16 + (d->max_pos + c->pool.B - 1) / c->pool.B;
+    c->scratch_floats = attention_scratch_floats(d, max_runs) + paged_staging_floats(d, c->pool.B);
     c->scratch = aligned_calloc(sizeof(float) * (size_t)threads * c->scratch_floats);
     c->scratch_threads = c->scratch ? threads : 0;
     if (c->scratch == NULL) return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cpu: out of host memory for attention");
@@ -98,8 +94,8 @@ typedef struct paged_ctx {
 static void attend_paged(void *ctx, int layer, const layer_io *io) {
   paged_ctx *p = ctx;
   const dims *d = &p->c->m->d;
-  kv_store(p->c->pool, d, p->c->B, layer, p->b, io->qkv);
-  paged_attention(io->att, io->qkv, p->c->pool, d, p->c->B, layer, p->b, p->c->scratch, p->c->scratch_floats, p->c->tiles);
+  kv_store(&p->c->pool, d, layer, p->b, io->qkv);
+  paged_attention(io->att, io->qkv, &p->c->pool, d, layer, p->b, p->c->scratch, p->c->scratch_floats, p->c->tiles);
 }
 
 gyre_status be_forward(be_model *m, be_cache *c, const fwd_batch *b, float *logits_host) {
