@@ -75,24 +75,32 @@ static void micro_kernel(int kc, const float *restrict ap, const float *restrict
 
 /* A block (rows m0.., mc x kc at k0) into MR-row slivers, k-major, zero padded. */
 static void pack_a(int mc, int kc, const float *a, int lda, int trans_a, int m0, int k0, int M, float *ap) {
-  for (int s = 0; s < mc; s += MR, ap += (size_t)MR * kc) {
-    int rows = M - (m0 + s) < MR ? M - (m0 + s) : MR;
-    if (trans_a) {
-      for (int k = 0; k < kc; k++) {
-        const float *src = a + (size_t)(k0 + k) * lda + m0 + s;
-        int i = 0;
-        for (; i < rows; i++) ap[k * MR + i] = src[i];
-        for (; i < MR; i++) ap[k * MR + i] = 0.0f;
+  int rows = M - m0 < mc ? M - m0 : mc, slivers = (mc + MR - 1) / MR;
+  if (trans_a) { /* source rows are k: read each once, contiguously, spreading it over the slivers */
+    for (int k = 0; k < kc; k++) {
+      const float *src = a + (size_t)(k0 + k) * lda + m0;
+      for (int s = 0; s < slivers; s++) {
+        float *dst = ap + (size_t)s * MR * kc + (size_t)k * MR;
+        int n = rows - s * MR;
+        if (n >= MR) memcpy(dst, src + s * MR, sizeof(float) * MR);
+        else
+          for (int i = 0; i < MR; i++) dst[i] = i < n ? src[s * MR + i] : 0.0f;
       }
+    }
+    return;
+  }
+  /* source rows are m: walk the sliver's MR rows together (MR streams for the prefetchers),
+   * writing each k's MR values contiguously */
+  for (int s = 0; s < slivers; s++, ap += (size_t)MR * kc) {
+    int n = rows - s * MR;
+    const float *src[MR];
+    for (int i = 0; i < MR; i++) src[i] = a + (size_t)(m0 + s * MR + (i < n ? i : 0)) * lda + k0;
+    if (n >= MR) {
+      for (int k = 0; k < kc; k++)
+        for (int i = 0; i < MR; i++) ap[k * MR + i] = src[i][k];
     } else {
-      for (int i = 0; i < MR; i++) {
-        if (i >= rows) {
-          for (int k = 0; k < kc; k++) ap[k * MR + i] = 0.0f;
-          continue;
-        }
-        const float *src = a + (size_t)(m0 + s + i) * lda + k0;
-        for (int k = 0; k < kc; k++) ap[k * MR + i] = src[k];
-      }
+      for (int k = 0; k < kc; k++)
+        for (int i = 0; i < MR; i++) ap[k * MR + i] = i < n ? src[i][k] : 0.0f;
     }
   }
 }
