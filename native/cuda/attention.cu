@@ -189,6 +189,12 @@ __global__ void paged_merge_k(float *__restrict__ att, const float *__restrict__
 
 constexpr int FT = 256; /* threads: a 16 x 16 grid */
 
+/* What every forest kernel needs to know of the batch and the model. */
+struct forest_dims {
+  int T, H, G, hd, q_dim, kv_dim, qkv_dim;
+  float scale;
+};
+
 /* acc[a][b] += sum_{k < K} X[(ty + 16a) * xr + k * xk] * Y[(tx + 16b) * yc + k * yk] */
 template <int RA, int CB>
 __device__ __forceinline__ void tile_mma(float (&acc)[RA][CB], const float *X, int xr, int xk, const float *Y, int yc,
@@ -205,6 +211,29 @@ __device__ __forceinline__ void tile_mma(float (&acc)[RA][CB], const float *X, i
     for (int a = 0; a < RA; a++)
 #pragma unroll
       for (int b = 0; b < CB; b++) acc[a][b] = fmaf(xa[a], yb[b], acc[a][b]);
+  }
+}
+
+template <int RA, int CB>
+__device__ __forceinline__ void tile_zero(float (&acc)[RA][CB]) {
+#pragma unroll
+  for (int a = 0; a < RA; a++)
+#pragma unroll
+    for (int b = 0; b < CB; b++) acc[a][b] = 0.0f;
+}
+
+/* dst[(row0 + ty + 16a) * ld + tx + 16c] = acc[a][c] * factor[a] for rows < T, columns < hd */
+template <int CD>
+__device__ __forceinline__ void tile_store(float *dst, size_t ld, int row0, int T, int hd, const float (&acc)[4][CD],
+                                           const float (&factor)[4]) {
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+#pragma unroll
+  for (int a = 0; a < 4; a++) {
+    const int row = row0 + ty + 16 * a;
+    if (row >= T) continue;
+#pragma unroll
+    for (int c = 0; c < CD; c++)
+      if (tx + 16 * c < hd) dst[(size_t)row * ld + tx + 16 * c] = acc[a][c] * factor[a];
   }
 }
 
@@ -258,23 +287,18 @@ __global__ void forest_tiles_k(uint8_t *__restrict__ tiles, const uint32_t *__re
 template <int HDP>
 __global__ void __launch_bounds__(FT)
     forest_forward_k(float *__restrict__ att, float *__restrict__ lse, const float *__restrict__ qkv,
-                     const uint32_t *__restrict__ mask, const uint8_t *__restrict__ tiles, int T, int H, int G, int hd,
-                     int q_dim, int kv_dim, int qkv_dim, float scale) {
+                     const uint32_t *__restrict__ mask, const uint8_t *__restrict__ tiles, const forest_dims fd) {
   constexpr int LD = HDP + 1, CD = HDP / 16;
+  const int T = fd.T, H = fd.H, hd = fd.hd, q_dim = fd.q_dim, kv_dim = fd.kv_dim, qkv_dim = fd.qkv_dim;
+  const float scale = fd.scale;
   DYNAMIC_SMEM(smem);
   float *qs = smem, *ks = qs + 64 * LD, *vs = ks + 64 * LD, *ps = vs + 64 * LD; /* ps: [64][65] */
-  const int qt = blockIdx.x, h = blockIdx.y, g = h / G, i0 = qt * 64;
+  const int qt = blockIdx.x, h = blockIdx.y, g = h / fd.G, i0 = qt * 64;
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   const int words = (T + 31) / 32;
   load_rows<HDP>(qs, qkv + (size_t)h * hd, qkv_dim, i0, 64, T, hd);
-  float m[4], l[4], o[4][CD];
-#pragma unroll
-  for (int a = 0; a < 4; a++) {
-    m[a] = -INFINITY;
-    l[a] = 0.0f;
-#pragma unroll
-    for (int c = 0; c < CD; c++) o[a][c] = 0.0f;
-  }
+  float m[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, l[4] = {0.0f, 0.0f, 0.0f, 0.0f}, o[4][CD];
+  tile_zero(o);
   const int kt_last = (min(T, i0 + 64) - 1) / 64;
   for (int kt = 0; kt <= kt_last; kt++) {
     if (!(tile_seen(tiles, words, 2 * qt, 2 * kt) || tile_seen(tiles, words, 2 * qt, 2 * kt + 1) ||
@@ -285,10 +309,7 @@ __global__ void __launch_bounds__(FT)
     load_rows<HDP>(vs, qkv + q_dim + kv_dim + (size_t)g * hd, qkv_dim, kt * 64, 64, T, hd);
     __syncthreads();
     float s[4][4];
-#pragma unroll
-    for (int a = 0; a < 4; a++)
-#pragma unroll
-      for (int b = 0; b < 4; b++) s[a][b] = 0.0f;
+    tile_zero(s);
     tile_mma<4, 4>(s, qs, LD, 1, ks, LD, 1, HDP);
 #pragma unroll
     for (int a = 0; a < 4; a++) {
@@ -322,17 +343,13 @@ __global__ void __launch_bounds__(FT)
     __syncthreads();
     tile_mma<4, CD>(o, ps, 65, 1, vs, 1, LD, 64);
   }
+  float inv_l[4];
 #pragma unroll
   for (int a = 0; a < 4; a++) {
-    const int i = i0 + ty + 16 * a;
-    if (i >= T) continue;
-#pragma unroll
-    for (int c = 0; c < CD; c++) {
-      const int col = tx + 16 * c;
-      if (col < hd) att[(size_t)i * q_dim + (size_t)h * hd + col] = o[a][c] / l[a];
-    }
-    if (tx == 0) lse[(size_t)i * H + h] = m[a] + logf(l[a]);
+    inv_l[a] = 1.0f / l[a];
+    if (tx == 0 && i0 + ty + 16 * a < T) lse[(size_t)(i0 + ty + 16 * a) * H + h] = m[a] + logf(l[a]);
   }
+  tile_store(att + (size_t)h * hd, q_dim, i0, T, hd, o, inv_l);
 }
 
 /* dsum[i][h] = sum_c att[i][h*hd + c] * datt[i][h*hd + c]   (one warp per (i, h)) */
@@ -355,12 +372,13 @@ template <int HDP>
 __global__ void __launch_bounds__(FT)
     forest_dq_k(float *__restrict__ dqkv, const float *__restrict__ datt, const float *__restrict__ qkv,
                 const float *__restrict__ lse, const float *__restrict__ dsum, const uint32_t *__restrict__ mask,
-                const uint8_t *__restrict__ tiles, int T, int H, int G, int hd, int q_dim, int kv_dim, int qkv_dim,
-                float scale) {
+                const uint8_t *__restrict__ tiles, const forest_dims fd) {
   constexpr int LD = HDP + 1, CD = HDP / 16;
+  const int T = fd.T, H = fd.H, hd = fd.hd, q_dim = fd.q_dim, kv_dim = fd.kv_dim, qkv_dim = fd.qkv_dim;
+  const float scale = fd.scale;
   DYNAMIC_SMEM(smem);
   float *qs = smem, *dos = qs + 64 * LD, *ks = dos + 64 * LD, *vs = ks + 32 * LD, *ss = vs + 32 * LD; /* ss: [64][33] */
-  const int qt = blockIdx.x, h = blockIdx.y, g = h / G, i0 = qt * 64;
+  const int qt = blockIdx.x, h = blockIdx.y, g = h / fd.G, i0 = qt * 64;
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   const int words = (T + 31) / 32;
   load_rows<HDP>(qs, qkv + (size_t)h * hd, qkv_dim, i0, 64, T, hd);
@@ -371,9 +389,8 @@ __global__ void __launch_bounds__(FT)
     const int i = i0 + ty + 16 * a;
     li[a] = i < T ? lse[(size_t)i * H + h] : 0.0f;
     di[a] = i < T ? dsum[(size_t)i * H + h] : 0.0f;
-#pragma unroll
-    for (int c = 0; c < CD; c++) dq[a][c] = 0.0f;
   }
+  tile_zero(dq);
   const int kb_last = (min(T, i0 + 64) - 1) / 32;
   for (int kb = 0; kb <= kb_last; kb++) {
     if (!(tile_seen(tiles, words, 2 * qt, kb) || tile_seen(tiles, words, 2 * qt + 1, kb))) continue;
@@ -382,10 +399,8 @@ __global__ void __launch_bounds__(FT)
     load_rows<HDP>(vs, qkv + q_dim + kv_dim + (size_t)g * hd, qkv_dim, kb * 32, 32, T, hd);
     __syncthreads();
     float s[4][2], dp[4][2];
-#pragma unroll
-    for (int a = 0; a < 4; a++)
-#pragma unroll
-      for (int b = 0; b < 2; b++) s[a][b] = dp[a][b] = 0.0f;
+    tile_zero(s);
+    tile_zero(dp);
     tile_mma<4, 2>(s, qs, LD, 1, ks, LD, 1, HDP);
     tile_mma<4, 2>(dp, dos, LD, 1, vs, LD, 1, HDP);
 #pragma unroll
@@ -402,16 +417,8 @@ __global__ void __launch_bounds__(FT)
     __syncthreads();
     tile_mma<4, CD>(dq, ss, 33, 1, ks, 1, LD, 32);
   }
-#pragma unroll
-  for (int a = 0; a < 4; a++) {
-    const int i = i0 + ty + 16 * a;
-    if (i >= T) continue;
-#pragma unroll
-    for (int c = 0; c < CD; c++) {
-      const int col = tx + 16 * c;
-      if (col < hd) dqkv[(size_t)i * qkv_dim + (size_t)h * hd + col] = dq[a][c] * scale;
-    }
-  }
+  const float scaled[4] = {scale, scale, scale, scale};
+  tile_store(dqkv + (size_t)h * hd, qkv_dim, i0, T, hd, dq, scaled);
 }
 
 /* Block (key tile of 64 rows, kv head g): dk = scale * sum_i ds_ij q_i and dv = sum_i p_ij do_i
@@ -420,9 +427,10 @@ template <int HDP>
 __global__ void __launch_bounds__(FT)
     forest_dkv_k(float *__restrict__ dqkv, const float *__restrict__ datt, const float *__restrict__ qkv,
                  const float *__restrict__ lse, const float *__restrict__ dsum, const uint32_t *__restrict__ mask,
-                 const uint8_t *__restrict__ tiles, int T, int H, int G, int hd, int q_dim, int kv_dim, int qkv_dim,
-                 float scale) {
+                 const uint8_t *__restrict__ tiles, const forest_dims fd) {
   constexpr int LD = HDP + 1, CD = HDP / 16;
+  const int T = fd.T, H = fd.H, G = fd.G, hd = fd.hd, q_dim = fd.q_dim, kv_dim = fd.kv_dim, qkv_dim = fd.qkv_dim;
+  const float scale = fd.scale;
   DYNAMIC_SMEM(smem);
   float *ks = smem, *vs = ks + 64 * LD, *qs = vs + 64 * LD, *dos = qs + 32 * LD;
   float *ps = dos + 32 * LD, *ds = ps + 64 * 33; /* [64 keys][33] */
@@ -434,10 +442,8 @@ __global__ void __launch_bounds__(FT)
   load_rows<HDP>(ks, qkv + q_dim + (size_t)g * hd, qkv_dim, j0, 64, T, hd);
   load_rows<HDP>(vs, qkv + q_dim + kv_dim + (size_t)g * hd, qkv_dim, j0, 64, T, hd);
   float dk[4][CD], dv[4][CD];
-#pragma unroll
-  for (int a = 0; a < 4; a++)
-#pragma unroll
-    for (int c = 0; c < CD; c++) dk[a][c] = dv[a][c] = 0.0f;
+  tile_zero(dk);
+  tile_zero(dv);
   for (int h = g * G; h < (g + 1) * G; h++) {
     for (int qa = 2 * kt; qa < words; qa++) { /* ancestors come first: queries from j0 on */
       if (!(tile_seen(tiles, words, qa, 2 * kt) || tile_seen(tiles, words, qa, 2 * kt + 1))) continue;
@@ -453,10 +459,8 @@ __global__ void __launch_bounds__(FT)
       }
       __syncthreads();
       float s[4][2], dp[4][2];
-#pragma unroll
-      for (int a = 0; a < 4; a++)
-#pragma unroll
-        for (int b = 0; b < 2; b++) s[a][b] = dp[a][b] = 0.0f;
+      tile_zero(s);
+      tile_zero(dp);
       tile_mma<4, 2>(s, ks, LD, 1, qs, LD, 1, HDP);
       tile_mma<4, 2>(dp, vs, LD, 1, dos, LD, 1, HDP);
 #pragma unroll
@@ -476,19 +480,9 @@ __global__ void __launch_bounds__(FT)
       tile_mma<4, CD>(dk, ds, 33, 1, qs, 1, LD, 32);
     }
   }
-#pragma unroll
-  for (int a = 0; a < 4; a++) {
-    const int j = j0 + ty + 16 * a;
-    if (j >= T) continue;
-#pragma unroll
-    for (int c = 0; c < CD; c++) {
-      const int col = tx + 16 * c;
-      if (col >= hd) continue;
-      float *row = dqkv + (size_t)j * qkv_dim + q_dim + (size_t)g * hd + col;
-      row[0] = dk[a][c] * scale;
-      row[kv_dim] = dv[a][c];
-    }
-  }
+  const float scaled[4] = {scale, scale, scale, scale}, ones[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+  tile_store(dqkv + q_dim + (size_t)g * hd, qkv_dim, j0, T, hd, dk, scaled);
+  tile_store(dqkv + q_dim + kv_dim + (size_t)g * hd, qkv_dim, j0, T, hd, dv, ones);
 }
 
 size_t forward_smem(int hdp) { return sizeof(float) * (3 * 64 * (hdp + 1) + 64 * 65); }
@@ -497,30 +491,31 @@ size_t dkv_smem(int hdp) { return sizeof(float) * (2 * 64 * (hdp + 1) + 2 * 32 *
 
 int padded_head_dim(int hd) { return hd <= 32 ? 32 : hd <= 64 ? 64 : 128; }
 
+forest_dims forest_dims_of(int T, const dims *d) {
+  return forest_dims{T, d->H, d->H / d->KV, d->hd, d->q_dim, d->kv_dim, d->qkv_dim, 1.0f / sqrtf((float)d->hd)};
+}
+
 template <int HDP>
 gyre_status forest_forward_hdp(exec_ctx *ctx, float *att, float *lse, const float *qkv, const uint32_t *mask,
-                               const uint8_t *tiles, int T, const dims *d, float scale) {
+                               const uint8_t *tiles, const forest_dims &fd) {
   const size_t smem = forward_smem(HDP);
   CU(cudaFuncSetAttribute(forest_forward_k<HDP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  LAUNCH(dim3(cdiv(T, 64), d->H), FT, smem, ctx->stream, forest_forward_k<HDP>)(
-      att, lse, qkv, mask, tiles, T, d->H, d->H / d->KV, d->hd, d->q_dim, d->kv_dim, d->qkv_dim, scale);
+  LAUNCH(dim3(cdiv(fd.T, 64), fd.H), FT, smem, ctx->stream, forest_forward_k<HDP>)(att, lse, qkv, mask, tiles, fd);
   CU_LAUNCHED();
   return GYRE_OK;
 }
 
 template <int HDP>
 gyre_status forest_backward_hdp(exec_ctx *ctx, float *dqkv, const float *datt, const float *qkv, const float *lse,
-                                const float *dsum, const uint32_t *mask, const uint8_t *tiles, int T, const dims *d,
-                                float scale) {
-  const int G = d->H / d->KV;
+                                const float *dsum, const uint32_t *mask, const uint8_t *tiles, const forest_dims &fd) {
   const size_t smem_q = dq_smem(HDP), smem_kv = dkv_smem(HDP);
   CU(cudaFuncSetAttribute(forest_dq_k<HDP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
   CU(cudaFuncSetAttribute(forest_dkv_k<HDP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
-  LAUNCH(dim3(cdiv(T, 64), d->H), FT, smem_q, ctx->stream, forest_dq_k<HDP>)(
-      dqkv, datt, qkv, lse, dsum, mask, tiles, T, d->H, G, d->hd, d->q_dim, d->kv_dim, d->qkv_dim, scale);
+  LAUNCH(dim3(cdiv(fd.T, 64), fd.H), FT, smem_q, ctx->stream, forest_dq_k<HDP>)(dqkv, datt, qkv, lse, dsum, mask,
+                                                                                  tiles, fd);
   CU_LAUNCHED();
-  LAUNCH(dim3(cdiv(T, 64), d->KV), FT, smem_kv, ctx->stream, forest_dkv_k<HDP>)(
-      dqkv, datt, qkv, lse, dsum, mask, tiles, T, d->H, G, d->hd, d->q_dim, d->kv_dim, d->qkv_dim, scale);
+  LAUNCH(dim3(cdiv(fd.T, 64), fd.H / fd.G), FT, smem_kv, ctx->stream, forest_dkv_k<HDP>)(dqkv, datt, qkv, lse, dsum,
+                                                                                          mask, tiles, fd);
   CU_LAUNCHED();
   return GYRE_OK;
 }
@@ -640,24 +635,24 @@ gyre_status forest_mask(exec_ctx *ctx, uint32_t *mask, uint8_t *tiles, const int
 
 gyre_status forest_attention_forward(exec_ctx *ctx, float *att, float *lse, const float *qkv, const uint32_t *mask,
                                      const uint8_t *tiles, int T, const dims *d) {
-  const float scale = 1.0f / sqrtf((float)d->hd);
+  const forest_dims fd = forest_dims_of(T, d);
   switch (padded_head_dim(d->hd)) {
-    case 32: return forest_forward_hdp<32>(ctx, att, lse, qkv, mask, tiles, T, d, scale);
-    case 64: return forest_forward_hdp<64>(ctx, att, lse, qkv, mask, tiles, T, d, scale);
-    default: return forest_forward_hdp<128>(ctx, att, lse, qkv, mask, tiles, T, d, scale);
+    case 32: return forest_forward_hdp<32>(ctx, att, lse, qkv, mask, tiles, fd);
+    case 64: return forest_forward_hdp<64>(ctx, att, lse, qkv, mask, tiles, fd);
+    default: return forest_forward_hdp<128>(ctx, att, lse, qkv, mask, tiles, fd);
   }
 }
 
 gyre_status forest_attention_backward(exec_ctx *ctx, float *dqkv, const float *datt, const float *qkv,
                                       const float *att, const float *lse, float *dsum, const uint32_t *mask,
                                       const uint8_t *tiles, int T, const dims *d) {
-  const float scale = 1.0f / sqrtf((float)d->hd);
+  const forest_dims fd = forest_dims_of(T, d);
   LAUNCH(grid_for((int64_t)T * d->H * 32), 256, 0, ctx->stream, forest_dsum_k)(dsum, att, datt, T, d->H, d->hd,
                                                                                d->q_dim);
   CU_LAUNCHED();
   switch (padded_head_dim(d->hd)) {
-    case 32: return forest_backward_hdp<32>(ctx, dqkv, datt, qkv, lse, dsum, mask, tiles, T, d, scale);
-    case 64: return forest_backward_hdp<64>(ctx, dqkv, datt, qkv, lse, dsum, mask, tiles, T, d, scale);
-    default: return forest_backward_hdp<128>(ctx, dqkv, datt, qkv, lse, dsum, mask, tiles, T, d, scale);
+    case 32: return forest_backward_hdp<32>(ctx, dqkv, datt, qkv, lse, dsum, mask, tiles, fd);
+    case 64: return forest_backward_hdp<64>(ctx, dqkv, datt, qkv, lse, dsum, mask, tiles, fd);
+    default: return forest_backward_hdp<128>(ctx, dqkv, datt, qkv, lse, dsum, mask, tiles, fd);
   }
 }

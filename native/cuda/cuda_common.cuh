@@ -90,44 +90,40 @@ static inline unsigned grid_for(int64_t n) {
 #define DYNAMIC_SMEM(name) extern __shared__ __align__(16) float name[]
 #endif
 
-/* Sum over the 32 lanes of a warp, every lane getting the same value (each butterfly step
- * adds the same two partial sums on both lanes, and float addition commutes). */
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ double warp_sum(double v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
+struct sum_op {
+  template <typename T>
+  __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+};
+struct max_op {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
 
-/* Sum over the block (blockDim.x a multiple of 32), returned to every thread in a fixed
- * order; red is shared memory for 32 values. Every thread of the block must call it. */
+/* Reduction over the 32 lanes of a warp, every lane getting the same value (each butterfly
+ * step combines the same two partial results on both lanes, and op commutes). */
+template <typename T, typename Op>
+__device__ __forceinline__ T warp_reduce(T v, Op op) {
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
 template <typename T>
-__device__ __forceinline__ T block_sum(T v, T *red) {
+__device__ __forceinline__ T warp_sum(T v) { return warp_reduce(v, sum_op()); }
+__device__ __forceinline__ float warp_max(float v) { return warp_reduce(v, max_op()); }
+
+/* Reduction over the block (blockDim.x a multiple of 32), returned to every thread in a
+ * fixed order; red is shared memory for 32 values. Every thread of the block must call it. */
+template <typename T, typename Op>
+__device__ __forceinline__ T block_reduce(T v, T *red, Op op) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  v = warp_sum(v);
+  v = warp_reduce(v, op);
   if (lane == 0) red[warp] = v;
   __syncthreads();
   T total = red[0];
-  for (int w = 1; w < warps; w++) total += red[w];
+  for (int w = 1; w < warps; w++) total = op(total, red[w]);
   __syncthreads(); /* red may be reused at once */
   return total;
 }
-
-__device__ __forceinline__ float block_max(float v, float *red) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  v = warp_max(v);
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  float total = red[0];
-  for (int w = 1; w < warps; w++) total = fmaxf(total, red[w]);
-  __syncthreads();
-  return total;
-}
+template <typename T>
+__device__ __forceinline__ T block_sum(T v, T *red) { return block_reduce(v, red, sum_op()); }
+__device__ __forceinline__ float block_max(float v, float *red) { return block_reduce(v, red, max_op()); }
 
 #endif

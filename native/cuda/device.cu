@@ -105,34 +105,28 @@ gyre_status dev_alloc(void **p, size_t bytes, const char *what) {
   return GYRE_OK;
 }
 
-gyre_status dev_buf_fit(dev_buf *b, size_t bytes) {
+/* Grows b to at least `bytes` of device (pinned == 0) or pinned host memory. */
+static gyre_status buf_fit(dev_buf *b, size_t bytes, int pinned) {
   if (bytes <= b->bytes && b->p != NULL) return GYRE_OK;
-  CU(cudaDeviceSynchronize()); /* queued kernels may still use the old buffer */
-  cudaFree(b->p);
+  CU(cudaDeviceSynchronize()); /* queued work may still use the old buffer */
+  if (pinned) cudaFreeHost(b->p);
+  else cudaFree(b->p);
   b->p = NULL;
   b->bytes = 0;
-  size_t grown = bytes + bytes / 4;
-  GYRE_CHECK(dev_alloc(&b->p, grown, "workspace"));
+  const size_t grown = bytes + bytes / 4 + 64;
+  if (pinned) CU(cudaMallocHost(&b->p, grown));
+  else GYRE_CHECK(dev_alloc(&b->p, grown, "workspace"));
   b->bytes = grown;
   return GYRE_OK;
 }
+
+gyre_status dev_buf_fit(dev_buf *b, size_t bytes) { return buf_fit(b, bytes, 0); }
+gyre_status host_buf_fit(dev_buf *b, size_t bytes) { return buf_fit(b, bytes, 1); }
 
 void dev_buf_free(dev_buf *b) {
   cudaFree(b->p);
   b->p = NULL;
   b->bytes = 0;
-}
-
-gyre_status host_buf_fit(dev_buf *b, size_t bytes) {
-  if (bytes <= b->bytes && b->p != NULL) return GYRE_OK;
-  CU(cudaDeviceSynchronize()); /* an upload from the old buffer may still be queued */
-  cudaFreeHost(b->p);
-  b->p = NULL;
-  b->bytes = 0;
-  size_t grown = bytes + bytes / 4 + 64;
-  CU(cudaMallocHost(&b->p, grown));
-  b->bytes = grown;
-  return GYRE_OK;
 }
 
 void host_buf_free(dev_buf *b) {

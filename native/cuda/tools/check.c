@@ -10,7 +10,7 @@
  *       bad-hand-off errors. Built-in configurations cover head dims 6, 8, 16, 64 and 128, GQA,
  *       MQA and MHA, tied and untied heads, 20 query heads per kv head; each --checkpoint
  *       adds a saved model (named after its directory).
- *   gyre-cuda-check bench --cuda LIB --checkpoint DIR [--probe FILE] [--json FILE]
+ *   gyre-cuda-check bench --cuda LIB --checkpoint DIR [--probe FILE] [--quick] [--json FILE]
  *       (a checkpoint directory holds config.json and model.safetensors; without the latter
  *       the model gets random weights)
  *       Prefill, decode (16 sequences at contexts 512 and 4096) and training throughput;
@@ -549,7 +549,7 @@ static double train_flops(const gyre_config *c, double tokens, double pairs) {
   return 6.0 * tokens * (L * per_layer + V * D) + 12.0 * pairs * hd * H * L;
 }
 
-static int run_bench(const char *cuda_path, const char *dir, const char *probe) {
+static int run_bench(const char *cuda_path, const char *dir, const char *probe, int quick) {
   api gpu;
   api_open(&gpu, cuda_path);
   if (gpu.device_count() < 1) die("%s: no CUDA device visible", cuda_path);
@@ -561,7 +561,8 @@ static int run_bench(const char *cuda_path, const char *dir, const char *probe) 
   free(bytes);
   int64_t n_params;
   TRY(&gpu, param_count(&s.cfg, &n_params));
-  const int V = s.cfg.vocab_size, seqs = 16, B = 16;
+  /* --quick (the emulator): the same steps at toy sizes, to check the tool itself */
+  const int V = s.cfg.vocab_size, seqs = quick ? 2 : 16, B = 16, longest = quick ? 80 : 4096;
   double bandwidth = 0, sgemm = 0;
   if (probe != NULL) {
     size_t plen;
@@ -577,12 +578,12 @@ static int run_bench(const char *cuda_path, const char *dir, const char *probe) 
   json_add("{\"device\":\"%s\",\"params\":%lld", name, (long long)n_params);
 
   /* prefill 16 x 512, then decode at 512 and, after growing the context, at 4096 */
-  const int contexts[2] = {512, 4096};
+  const int contexts[2] = {quick ? 40 : 512, longest};
   gyre_cache *c;
-  TRY(&gpu, cache_create(m, B, seqs * (4096 + 64) / B + seqs, &c));
+  TRY(&gpu, cache_create(m, B, seqs * (longest + 64) / B + seqs, &c));
   int32_t ids[16], n_new[16], ones[16];
-  int32_t *tokens = xmalloc(sizeof(int32_t) * seqs * 4096);
-  for (int i = 0; i < seqs * 4096; i++) tokens[i] = (int32_t)(lcg() % (uint32_t)V);
+  int32_t *tokens = xmalloc(sizeof(int32_t) * seqs * longest);
+  for (int i = 0; i < seqs * longest; i++) tokens[i] = (int32_t)(lcg() % (uint32_t)V);
   float *logits = xmalloc(sizeof(float) * seqs * V);
   for (int k = 0; k < seqs; k++) {
     TRY(&gpu, seq_create(c, &ids[k]));
@@ -601,7 +602,7 @@ static int run_bench(const char *cuda_path, const char *dir, const char *probe) 
       TRY(&gpu, forward(c, seqs, ids, n_new, tokens, GYRE_LOGITS_NONE, NULL, NULL, NULL, NULL));
       context = contexts[k];
     }
-    const int steps = 32;
+    const int steps = quick ? 2 : 32;
     TRY(&gpu, forward(c, seqs, ids, ones, tokens, GYRE_LOGITS_LAST, logits, NULL, NULL, NULL)); /* warm */
     context++;
     t0 = now();
@@ -610,7 +611,7 @@ static int run_bench(const char *cuda_path, const char *dir, const char *probe) 
     double dt = (now() - t0) / steps, rate = seqs / dt;
     double gbs = decode_bytes(&s.cfg, n_params, seqs, context + steps / 2) / dt / 1e9;
     context += steps;
-    printf("decode   16 seqs at context %d: %.0f tokens/s, %.1f GB/s", contexts[k], rate, gbs);
+    printf("decode   %d seqs at context %d: %.0f tokens/s, %.1f GB/s", seqs, contexts[k], rate, gbs);
     json_add(",\"decode_%d_tokens_per_s\":%.1f,\"decode_%d_gbs\":%.2f", contexts[k], rate, contexts[k], gbs);
     if (bandwidth > 0) {
       printf(" = %.1f%% of the measured %.0f GB/s", 100 * gbs / bandwidth, bandwidth);
@@ -621,7 +622,7 @@ static int run_bench(const char *cuda_path, const char *dir, const char *probe) 
   gpu.cache_free(c);
 
   /* training: 16 chains of 512 tokens per micro-batch, SFT, forward + backward + AdamW */
-  const int chain = 512, n = seqs * chain;
+  const int chain = quick ? 40 : 512, n = seqs * chain;
   int32_t *parents = xmalloc(sizeof(int32_t) * n), *positions = xmalloc(sizeof(int32_t) * n);
   for (int i = 0; i < n; i++) {
     parents[i] = i % chain == 0 ? -1 : i - 1;
@@ -632,7 +633,7 @@ static int run_bench(const char *cuda_path, const char *dir, const char *probe) 
   gyre_loss_config sft = {GYRE_LOSS_SFT, 0.2f, 0.2f, 0.0f, 0, -1};
   gyre_adamw opt = {1e-4f, 0.9f, 0.999f, 1e-8f, 0.0f, 1.0f};
   float norm;
-  const int steps = 5;
+  const int steps = quick ? 1 : 5;
   for (int step = -1; step < steps; step++) { /* step -1 warms up */
     if (step == 0) t0 = now();
     TRY(&gpu, train_batch(t, n, tokens, parents, positions, NULL, NULL, NULL, NULL, NULL, &sft, 1, NULL, NULL));
@@ -659,7 +660,7 @@ static int run_bench(const char *cuda_path, const char *dir, const char *probe) 
 
 static void usage(void) {
   die("usage: gyre-cuda-check compare --cpu LIB --cuda LIB [--checkpoint DIR]... [--quick] [--json FILE]\n"
-      "       gyre-cuda-check bench --cuda LIB --checkpoint DIR [--probe FILE] [--json FILE]");
+      "       gyre-cuda-check bench --cuda LIB --checkpoint DIR [--probe FILE] [--quick] [--json FILE]");
 }
 
 int main(int argc, char **argv) {
@@ -684,7 +685,7 @@ int main(int argc, char **argv) {
   }
   int rc;
   if (strcmp(argv[1], "compare") == 0 && cpu != NULL && cuda != NULL) rc = run_compare(cpu, cuda, dirs, n_dirs, quick);
-  else if (strcmp(argv[1], "bench") == 0 && cuda != NULL && n_dirs == 1) rc = run_bench(cuda, dirs[0], probe);
+  else if (strcmp(argv[1], "bench") == 0 && cuda != NULL && n_dirs == 1) rc = run_bench(cuda, dirs[0], probe, quick);
   else usage();
   printf("%s\n", json);
   if (out != NULL) {
