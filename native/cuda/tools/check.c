@@ -22,6 +22,8 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -106,7 +108,7 @@ static void check(const char *model, const char *name, double value, double limi
   int ok = value <= limit; /* NaN fails */
   if (!ok) failures++;
   printf("%-4s %-14s %-34s %.3e  (limit %.1e)\n", ok ? "ok" : "FAIL", model, name, value, limit);
-  json_add("%s\"%s/%s\":%.6e", json_len > 1 ? "," : "", model, name, value);
+  json_add("%s\"%s/%s\":%.6e", json_len > 0 && json[json_len - 1] != '{' ? "," : "", model, name, value);
 }
 
 /* max |a - b| / max |b|: the error relative to the reference's scale */
@@ -493,17 +495,57 @@ static gyre_config config_of(int V, int D, int F, int L, int H, int KV, int tied
   return c;
 }
 
+#define CHECKS_FAILED 4 /* a child's exit status when some of its checks failed */
+
+/* Runs one model's comparison in a child process, so a crash of either library (or a CUDA
+ * fault, which poisons the process's context) fails that model and the others still run.
+ * The parent never initialises CUDA (a CUDA context does not survive fork); the child's
+ * JSON entries come back through a pipe. */
+static void compare_isolated(const api *cpu, const api *gpu, const model_spec *s, int quick, int first) {
+  int fds[2];
+  if (pipe(fds) != 0) die("pipe failed");
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid < 0) die("fork failed");
+  if (pid == 0) {
+    close(fds[0]);
+    json_len = 0;
+    failures = 0;
+    if (first) {
+      char name[256];
+      if (gpu->device_count() < 1) die("%s: no CUDA device visible", gpu->path);
+      TRY(gpu, device_name(0, name, sizeof name));
+      printf("cuda device 0: %s\n", name);
+      json_add("\"device\":\"%s\"", name);
+    }
+    compare_model(cpu, gpu, s, quick);
+    if (write(fds[1], json, json_len) != (ssize_t)json_len) _exit(3);
+    fflush(stdout);
+    _exit(failures > 0 ? CHECKS_FAILED : 0);
+  }
+  close(fds[1]);
+  char part[sizeof json];
+  size_t got = 0;
+  ssize_t n;
+  while ((n = read(fds[0], part + got, sizeof part - 1 - got)) > 0) got += (size_t)n;
+  close(fds[0]);
+  part[got] = '\0';
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (got > 0) json_add("%s%s", json[json_len - 1] != '{' ? "," : "", part);
+  if (WIFSIGNALED(status)) check(s->name, "crashed (signal number)", WTERMSIG(status), 0);
+  else if (WEXITSTATUS(status) == CHECKS_FAILED) failures++; /* the FAIL lines are above */
+  else if (WEXITSTATUS(status) == 2) check(s->name, "setup failed (see above)", 1, 0);
+  else if (WEXITSTATUS(status) != 0) check(s->name, "died (exit status; a sanitizer report?)", WEXITSTATUS(status), 0);
+}
+
 static int run_compare(const char *cpu_path, const char *cuda_path, const char *const *dirs, int n_dirs, int quick) {
   api cpu, gpu;
   api_open(&cpu, cpu_path);
   api_open(&gpu, cuda_path);
   if (strcmp(gpu.backend(), "cuda") != 0 || strcmp(cpu.backend(), "cpu") != 0)
     die("expected a cpu and a cuda build, got %s and %s", cpu.backend(), gpu.backend());
-  if (gpu.device_count() < 1) die("%s: no CUDA device visible", cuda_path);
-  char name[256];
-  TRY(&gpu, device_name(0, name, sizeof name));
-  printf("cuda device 0: %s\n", name);
-  json_add("{\"device\":\"%s\"", name);
+  json_add("{");
   model_spec specs[5 + MAX_DIRS] = {
       {"gqa-hd16", config_of(300, 64, 160, 2, 4, 2, 0), NULL},
       {"mqa-hd64-tied", config_of(259, 128, 256, 2, 2, 1, 1), NULL},
@@ -518,9 +560,11 @@ static int run_compare(const char *cpu_path, const char *cuda_path, const char *
     specs[n_specs].cfg = read_config(dirs[k]);
     specs[n_specs].dir = dirs[k];
   }
-  lcg_state = 42;
-  for (int k = 0; k < n_specs; k++) compare_model(&cpu, &gpu, &specs[k], quick);
-  json_add(",\"failures\":%d}", failures);
+  for (int k = 0; k < n_specs; k++) {
+    lcg_state = 42 + (uint64_t)k; /* each model's data independent of the others' */
+    compare_isolated(&cpu, &gpu, &specs[k], quick, k == 0);
+  }
+  json_add("%s\"failures\":%d}", json[json_len - 1] != '{' ? "," : "", failures);
   return failures > 0;
 }
 
