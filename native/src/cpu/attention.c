@@ -119,22 +119,46 @@ typedef struct key_run {
   int n, pos0;
 } key_run;
 
-/* Online-softmax attention of R queries over runs of keys (flash-attention style, no score
- * matrix): out[r] = softmax(scale q_r . K, keys with position <= limit[r]) V, lse[r] its
- * log-sum-exp (may be NULL). Queries go QB at a time through each 16-key chunk, whose K
- * columns stay in L1 while they are scored. work: QB * (hd + CHUNK) + CHUNK * hd floats. */
+/* max and (after p = exp(x - max) in place) sum of row[0..n), 16 lanes at a time. */
+static float row_max(const float *row, int n) {
+  v16 mv = (v16){0} + MASKED;
+  int j = 0;
+  for (; j + CHUNK <= n; j += CHUNK) {
+    v16 x = load16(row + j);
+    mv = (v16)(((i16v)x & (x > mv)) | ((i16v)mv & ~(x > mv)));
+  }
+  float m = hmax16(mv);
+  for (; j < n; j++) m = row[j] > m ? row[j] : m;
+  return m;
+}
+
+static float exp_sum(float *row, int n, float m) {
+  v16 acc = (v16){0};
+  int j = 0;
+  for (; j + CHUNK <= n; j += CHUNK) {
+    v16 p = exp16(load16(row + j) - m);
+    memcpy(row + j, &p, sizeof p);
+    acc += p;
+  }
+  float sum = hsum16(acc);
+  for (; j < n; j++) sum += row[j] = fast_exp(row[j] - m);
+  return sum;
+}
+
+/* Attention of R queries over runs of keys, flash-attention style in two passes per group
+ * of QB queries (no score matrix beyond the group's rows): scores of every 16-key chunk
+ * for the QB queries at once (the chunk's K columns stay in L1), then per query the
+ * softmax over its row, then P.V chunk by chunk. out[r] = softmax(scale q_r . K, keys with
+ * position <= limit[r]) V and lse[r] its log-sum-exp (lse may be NULL). work:
+ * attend_work(hd, max_keys) floats, max_keys >= the keys of any query. */
 static void attend(int R, const float *const *q, const int *limit, const key_run *runs, int n_runs, int hd,
-                   float scale, float *const *out, float *lse, float *work) {
-  float *o = work, *p = o + QB * hd, *pad = p + QB * CHUNK;
+                   float scale, float *const *out, float *lse, float *work, size_t max_keys) {
+  float *o = work, *pad = o + QB * hd, *sc = pad + (size_t)CHUNK * hd;
   for (int r0 = 0; r0 < R; r0 += QB) {
     int nq = R - r0 < QB ? R - r0 : QB, top = limit[r0];
-    float m[QB], l[QB];
-    for (int r = 0; r < nq; r++) {
-      m[r] = MASKED;
-      l[r] = 0.0f;
-      top = limit[r0 + r] > top ? limit[r0 + r] : top;
-    }
-    memset(o, 0, sizeof(float) * QB * hd);
+    for (int r = 1; r < nq; r++) top = limit[r0 + r] > top ? limit[r0 + r] : top;
+    /* pass 1: masked, scaled scores into sc[r][0..n_keys) */
+    int n_keys = 0;
     for (int k = 0; k < n_runs; k++) {
       const key_run *run = &runs[k];
       for (int j0 = 0; j0 < run->n && run->pos0 + j0 <= top; j0 += CHUNK) {
@@ -151,27 +175,34 @@ static void attend(int R, const float *const *q, const int *limit, const key_run
         }
         v16 s[QB];
         scores(nq, s, q + r0, kt, ldk, hd);
+        for (int r = 0; r < nq; r++) {
+          v16 sv = mask_from(s[r] * scale, limit[r0 + r] - (run->pos0 + j0) + 1);
+          memcpy(sc + r * max_keys + n_keys, &sv, sizeof(float) * w);
+        }
+        n_keys += w;
+      }
+    }
+    /* softmax of each query's row */
+    float m[QB], l[QB];
+    for (int r = 0; r < nq; r++) {
+      m[r] = row_max(sc + r * max_keys, n_keys);
+      l[r] = exp_sum(sc + r * max_keys, n_keys, m[r]);
+    }
+    /* pass 2: o[r] = P.V over the same chunks */
+    memset(o, 0, sizeof(float) * QB * hd);
+    int at = 0;
+    for (int k = 0; k < n_runs; k++) {
+      const key_run *run = &runs[k];
+      for (int j0 = 0; j0 < run->n && run->pos0 + j0 <= top; j0 += CHUNK) {
+        int w = run->n - j0 < CHUNK ? run->n - j0 : CHUNK;
         const float *v = run->v + (size_t)j0 * run->ldv;
         for (int r = 0; r < nq; r++) {
-          float *pr = p + r * CHUNK;
-          int visible = limit[r0 + r] - (run->pos0 + j0) + 1; /* keys u < visible are not masked */
+          int visible = limit[r0 + r] - (run->pos0 + j0) + 1;
           if (visible > w) visible = w;
-          if (visible <= 0) continue;
-          v16 sr = mask_from(s[r] * scale, visible);
-          float chunk_max = hmax16(sr);
+          const float *pr = sc + r * max_keys + at;
           float *orow = o + r * hd;
-          if (chunk_max > m[r]) {
-            float factor = fast_exp(m[r] - chunk_max);
-            l[r] *= factor;
-            for (int c = 0; c < hd; c++) orow[c] *= factor;
-            m[r] = chunk_max;
-          }
-          v16 pv = exp16(sr - m[r]);
-          l[r] += hsum16(pv);
-          memcpy(pr, &pv, sizeof pv);
-          for (int c = 0; c < hd; c += CHUNK) { /* hd is even; CHUNK-wide columns, then the rest */
-            int cw = hd - c < CHUNK ? hd - c : CHUNK;
-            if (cw == CHUNK) {
+          for (int c = 0; c < hd; c += CHUNK) { /* CHUNK-wide columns, then the rest */
+            if (hd - c >= CHUNK) {
               v16 acc = load16(orow + c);
               for (int u = 0; u < visible; u++) acc += pr[u] * load16(v + (size_t)u * run->ldv + c);
               memcpy(orow + c, &acc, sizeof acc);
@@ -181,6 +212,7 @@ static void attend(int R, const float *const *q, const int *limit, const key_run
             }
           }
         }
+        at += w;
       }
     }
     for (int r = 0; r < nq; r++) {
@@ -192,7 +224,7 @@ static void attend(int R, const float *const *q, const int *limit, const key_run
 }
 
 /* Floats of attend's work buffer. */
-static size_t attend_work(int hd) { return (size_t)QB * (hd + CHUNK) + (size_t)CHUNK * hd; }
+static size_t attend_work(int hd, size_t max_keys) { return (size_t)QB * hd + (size_t)CHUNK * hd + QB * max_keys; }
 
 /* ---- paged (inference) ---- */
 
@@ -255,9 +287,9 @@ static int tile_rows(const dims *d) {
   return rows > 0 ? rows : 1;
 }
 
-size_t attention_scratch_floats(const dims *d, int max_runs) {
+size_t attention_scratch_floats(const dims *d, int max_runs, int max_keys) {
   size_t runs = ((size_t)max_runs * sizeof(key_run) + sizeof(float) - 1) / sizeof(float);
-  return (attend_work(d->hd) + runs + 15) / 16 * 16;
+  return (attend_work(d->hd, (size_t)max_keys) + runs + 15) / 16 * 16;
 }
 
 size_t paged_staging_floats(const dims *d, int B) {
@@ -310,7 +342,7 @@ void paged_attention(float *att, const float *qkv, const kv_pool *pool, const di
 #pragma omp parallel num_threads(cpu_threads())
   {
     float *work = scratch + (size_t)omp_get_thread_num() * scratch_floats;
-    key_run *runs = (key_run *)(work + attend_work(d->hd));
+    key_run *runs = (key_run *)(work + attend_work(d->hd, (size_t)d->max_pos));
     float *stage = work + scratch_floats - staging;
     const float *q[2 * QB];
     float *out[2 * QB];
@@ -321,7 +353,7 @@ void paged_attention(float *att, const float *qkv, const kv_pool *pool, const di
       const int32_t *table = b->blocks + b->block_off[b->row_seq[r0]];
       int n_runs = paged_runs(runs, pool, table, b->positions[r1 - 1] + 1, d, layer, g, stage);
       int n = gather_queries(q, out, limit, qkv, att, b->positions, r0, r1, g, d);
-      attend(n, q, limit, runs, n_runs, d->hd, scale, out, NULL, work);
+      attend(n, q, limit, runs, n_runs, d->hd, scale, out, NULL, work, (size_t)d->max_pos);
     }
   }
 }
@@ -377,7 +409,7 @@ void forest_attention_forward(float *att, float *lse, const float *qkv, float *k
 #pragma omp parallel num_threads(cpu_threads())
   {
     float *work = scratch + (size_t)omp_get_thread_num() * scratch_floats;
-    key_run *runs = (key_run *)(work + attend_work(d->hd));
+    key_run *runs = (key_run *)(work + attend_work(d->hd, (size_t)T));
     const float *q[2 * QB];
     float *out[2 * QB];
     float tile_lse[2 * QB];
@@ -387,7 +419,7 @@ void forest_attention_forward(float *att, float *lse, const float *qkv, float *k
       int g = task / n_tiles, tile = task % n_tiles, i0 = tiles[tile], i1 = tiles[tile + 1];
       int n_runs = forest_runs(runs, f, i0, i1, g, qkv, kt, NULL, T, d);
       int n = gather_queries(q, out, limit, qkv, att, row_limit, i0, i1, g, d);
-      attend(n, q, limit, runs, n_runs, d->hd, scale, out, tile_lse, work);
+      attend(n, q, limit, runs, n_runs, d->hd, scale, out, tile_lse, work, (size_t)T);
       for (int k = 0; k < n; k++) lse[(size_t)(i0 + k / G) * d->H + g * G + k % G] = tile_lse[k];
     }
   }
@@ -395,7 +427,7 @@ void forest_attention_forward(float *att, float *lse, const float *qkv, float *k
 
 /* Pass A of the backward, per query (flash-attention style): with P recomputed from the
  * saved lse and dP = dout . V, dS = P (dP - dsum) and dq = scale dS . K, over the same
- * runs and chunks as the forward. work: attend_work(hd) + CHUNK * hd floats. */
+ * runs and chunks as the forward. work: 2 CHUNK hd + QB hd floats. */
 static void attend_grad_queries(int R, const float *const *q, const float *const *dout, const float *lse, const float *dsum,
                                 const int *limit, const key_run *runs, int n_runs, int hd, float scale, float *const *dq,
                                 float *work) {
@@ -498,7 +530,7 @@ static void attend_grad_keys(int j0, int j1, int g, const float *qkv, const floa
 }
 
 size_t attention_grad_scratch_floats(const dims *d, int max_runs) {
-  return attention_scratch_floats(d, max_runs) + 2 * (size_t)CHUNK * d->hd;
+  return attention_scratch_floats(d, max_runs, max_runs) + 2 * (size_t)CHUNK * d->hd;
 }
 
 void forest_attention_backward(float *dqkv, const float *datt, const float *qkv, const float *att, const float *lse,
@@ -521,7 +553,7 @@ void forest_attention_backward(float *dqkv, const float *datt, const float *qkv,
 #pragma omp parallel num_threads(threads)
   {
     float *work = scratch + (size_t)omp_get_thread_num() * scratch_floats;
-    key_run *runs = (key_run *)(work + attend_work(hd) + 2 * (size_t)CHUNK * hd);
+    key_run *runs = (key_run *)(work + attend_work(hd, (size_t)T) + 2 * (size_t)CHUNK * hd);
     const float *q[2 * QB], *dout[2 * QB];
     float *dq[2 * QB], tile_lse[2 * QB], tile_dsum[2 * QB];
     int limit[2 * QB];
