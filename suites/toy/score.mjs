@@ -2,13 +2,14 @@
 /**
  * The toy suite's scorer: replays the task's walk (same id and TOY_* settings as the harness)
  * and judges each decision in $GYRE_WORKSPACE/actions.jsonl against it. Prints
- * `{"score": right / judged, "details": {...}}`; judged = the walk's decisions (main and
- * subagents; ones never made, e.g. after a timeout, count as wrong) plus the compaction notes
- * made. No actions at all: `{"score": 0, "no_artifact": true}`.
+ * `{"score": credit / judged, "details": {...}}`: judged = the walk's decisions (main and
+ * subagents; ones never made, e.g. after a timeout, count 0) plus the compaction notes made;
+ * each earns the fraction of its expected words in place (`creditOf`; a note's expected words
+ * are "note" and the next command). No actions at all: `{"score": 0, "no_artifact": true}`.
  */
 import * as fs from "node:fs"
 import * as path from "node:path"
-import { configFrom, expectedReplies, scriptOf } from "./world.mjs"
+import { configFrom, creditOf, expectedReplies, scriptOf } from "./world.mjs"
 
 const cfg = configFrom(process.env)
 const taskId = process.env.GYRE_TASK_ID
@@ -23,8 +24,8 @@ const script = scriptOf(taskId, cfg)
 const expected = expectedReplies(script)
 const seen = new Set()
 let right = 0
+let credit = 0
 let notes = 0
-let notesRight = 0
 let unreadable = 0
 for (const line of lines) {
   let action
@@ -37,14 +38,16 @@ for (const line of lines) {
   if (typeof action?.id !== "string" || typeof action.reply !== "string" || seen.has(action.id)) continue
   seen.add(action.id)
   const note = /^n(\d+)$/.exec(action.id)
-  if (note !== null && Number(note[1]) < script.length) {
-    notes++
-    if (action.reply === `note ${script[Number(note[1])].text}`) notesRight++
-  } else if (expected.get(action.id) === action.reply) right++
+  const want = note !== null && Number(note[1]) < script.length ? `note ${script[Number(note[1])].reply}` : expected.get(action.id)
+  if (want === undefined) continue
+  if (note !== null) notes++
+  const c = creditOf(action.reply, want)
+  credit += c
+  if (c === 1) right++
 }
 const judged = expected.size + notes
 const made = [...seen].filter((id) => expected.has(id)).length
 console.log(JSON.stringify({
-  score: (right + notesRight) / judged,
-  details: { decisions: expected.size, made, right, notes, notesRight, unreadable }
+  score: credit / judged,
+  details: { decisions: expected.size, made, notes, right, credit, unreadable }
 }))

@@ -34,6 +34,7 @@ export declare const generator: (seed: number) => () => number
 export declare const seedOf: (text: string) => number
 export declare const scriptOf: (taskId: string, cfg: ToyConfig) => ReadonlyArray<ToyStep>
 export declare const expectedReplies: (script: ReadonlyArray<ToyStep>) => Map<string, string>
+export declare const creditOf: (reply: string, expected: string) => number
 export declare const wellFormed: (reply: string) => boolean
 export declare const oracleReply: (messages: ReadonlyArray<ToyMessage>) => string
 export declare const latencySampler: (rand: () => number, cfg: ToyConfig) => { readonly slowness: number; readonly next: () => number }

@@ -2,21 +2,25 @@
  * The toy suite's world, shared by its harness and its scorer (no Gyre imports: the suite is
  * a black box that only talks HTTP to OPENAI_BASE_URL).
  *
- * A task is a walk along a chain of numbered cells, generated from the task id. At each
- * decision the agent sees one short observation (the last message of its context) and must
- * answer with one short command:
+ * A task is a walk through named places, generated from the task id. At each decision the
+ * agent sees one short observation (the last message of its context) and answers with one
+ * short command, a verb and a word: the verb follows from the observation's keyword, the word
+ * is the one word of the verb's kind in the observation (a place for get and spawn, an item
+ * for take and report). Places and items come from two small vocabularies, so the word to
+ * write is found by what it is, not by where it is.
  *
- *   "12: next 345"           -> "get 345"     follow the pointer
- *   "12: item 7 next 345"    -> "take 7"      pick up the item first...
- *   "took 7 next 345"        -> "get 345"     ...then follow the pointer
- *   "12: fork 88 next 345"   -> "spawn 88"    a subagent walks from cell 88 (forked context)
- *   "sub 41 next 345"        -> "get 345"     the subagent came back with 41
- *   "12: end 41"             -> "report 41"   the walk is over
- *   (user) "compact"         -> "note " + the observation before it (context compaction)
+ *   "next oak"              -> "get oak"       follow the path
+ *   "next oak, item gem"    -> "take gem"      pick up the item first...
+ *   "took gem, next oak"    -> "get oak"       ...then follow the path
+ *   "fork elm"              -> "spawn elm"     a subagent walks from elm (forked context)
+ *   "sub jade, next oak"    -> "get oak"       the subagent came back with jade
+ *   "end jade"              -> "report jade"   the walk is over
+ *   (user) "compact"        -> "note " + the next command (context compaction); the walk
+ *                              resumes from [system, that command]: "take gem" -> "take gem"
  *
  * The world does not react to mistakes: every reply is judged against its observation and
- * the walk moves on, so an execution always makes the configured number of decisions and
- * its score is the fraction judged right.
+ * the walk moves on, so an execution always makes the configured number of decisions; its
+ * score is the mean credit of its decisions (the fraction of words in place).
  */
 
 /** The configuration of a walk and its harness, from the environment (ARCHITECTURE.md lists the knobs). */
@@ -50,8 +54,7 @@ export const configFrom = (env) => {
   }
 }
 
-export const systemPrompt =
-  "You walk a chain of cells. Answer the last message with one command: get N, take N, spawn N, report N, or note TEXT."
+export const systemPrompt = "Walk the places. Answer the last message with one command: get PLACE, take ITEM, spawn PLACE, report ITEM; asked to compact, note the next command."
 
 /** The user message that asks for a context compaction. */
 export const compactRequest = "compact"
@@ -75,38 +78,37 @@ export const seedOf = (text) => {
   return h
 }
 
+export const places = ["ash", "bay", "cave", "dune", "elm", "fen", "glen", "hill", "isle", "jetty", "keep", "lake", "moor", "nook", "oak", "pier"]
+export const items = ["amber", "bell", "coin", "drum", "egg", "flute", "gem", "horn", "ink", "jade", "key", "lamp", "map", "nut", "opal", "pearl"]
+
+const pick = (rand, words) => words[Math.floor(rand() * words.length)]
+
 /**
- * One walk of `n` decisions from `cell`: a list of `{ text, reply, sub? }` (observation,
- * expected reply, and for a fork the subagent's walk). Forks only where `forkAt(j)` says.
+ * One walk of `n` decisions starting with an observation of `first`'s path: a list of
+ * `{ text, reply, sub? }` (observation, expected reply, and for a fork the subagent's walk).
+ * Forks only where `forkAt(j)` says.
  */
-const walk = (rand, cfg, n, cell, forkAt) => {
-  const key = () => Math.floor(rand() * 1000)
-  const value = () => Math.floor(rand() * 100)
+const walk = (rand, cfg, n, forkAt) => {
   const out = []
   let pending = undefined
   for (let j = 0; j < n; j++) {
-    const next = key()
+    const next = pick(rand, places)
     if (j === n - 1) {
-      const v = value()
-      out.push({ text: `${cell}: end ${v}`, reply: `report ${v}` })
+      const v = pick(rand, items)
+      out.push({ text: `end ${v}`, reply: `report ${v}` })
     } else if (pending !== undefined) {
-      out.push({ text: `${pending} next ${cell}`, reply: `get ${cell}` })
+      out.push({ text: `${pending}, next ${next}`, reply: `get ${next}` })
       pending = undefined
     } else if (j < n - 2 && forkAt(j)) {
-      const start = key()
-      const sub = walk(rand, cfg, cfg.subSteps, start, () => false)
-      const result = sub[sub.length - 1].reply.slice("report ".length)
-      out.push({ text: `${cell}: fork ${start} next ${next}`, reply: `spawn ${start}`, sub })
-      pending = `sub ${result}`
-      cell = next
+      const sub = walk(rand, cfg, cfg.subSteps, () => false)
+      out.push({ text: `fork ${next}`, reply: `spawn ${next}`, sub })
+      pending = `sub ${sub[sub.length - 1].reply.split(" ")[1]}`
     } else if (j < n - 2 && rand() < cfg.itemRate) {
-      const v = value()
-      out.push({ text: `${cell}: item ${v} next ${next}`, reply: `take ${v}` })
+      const v = pick(rand, items)
+      out.push({ text: `next ${next}, item ${v}`, reply: `take ${v}` })
       pending = `took ${v}`
-      cell = next
     } else {
-      out.push({ text: `${cell}: next ${next}`, reply: `get ${next}` })
-      cell = next
+      out.push({ text: `next ${next}`, reply: `get ${next}` })
     }
   }
   return out
@@ -121,7 +123,7 @@ export const scriptOf = (taskId, cfg) => {
     nextFork = j + 1 + cfg.forkEvery
     return true
   }
-  return walk(rand, cfg, cfg.steps, Math.floor(rand() * 1000), forkAt)
+  return walk(rand, cfg, cfg.steps, forkAt)
 }
 
 /** Decision ids: `m<j>` (main), `s<k>.<j>` (k-th subagent), `n<j>` (compaction before main decision j). */
@@ -138,24 +140,39 @@ export const expectedReplies = (script) => {
   return expected
 }
 
-/** A well-formed reply: one command on one line. */
-export const wellFormed = (reply) => /^(get|take|spawn|report) \d{1,4}$/.test(reply) || /^note [^\n]{1,200}$/.test(reply)
+/**
+ * Credit of a reply: the fraction of the expected words it has in place (extra words count
+ * against it), so a model that has learned the verbs but not yet the words earns half, and
+ * executions differ in score, which group-relative advantages need.
+ */
+export const creditOf = (reply, expected) => {
+  const want = expected.split(" ")
+  const got = reply.split(" ")
+  return want.filter((w, i) => got[i] === w).length / Math.max(want.length, got.length)
+}
+
+const COMMAND = "(get|take|spawn|report) [a-z]+"
+
+/** A well-formed reply: one command, or a note holding one. */
+export const wellFormed = (reply) => new RegExp(`^(note )?${COMMAND}$`).test(reply)
 
 /** The scripted oracle: the right reply to a context, from its last message(s) alone. */
 export const oracleReply = (messages) => {
   const last = messages[messages.length - 1]
-  if (last.role === "user" && last.content === compactRequest) return `note ${messages[messages.length - 2].content}`
+  if (last.role === "user" && last.content === compactRequest) return `note ${oracleReply(messages.slice(0, -1))}`
+  const text = last.content
   const rules = [
-    [/item (\d+)/, "take"],
-    [/fork (\d+)/, "spawn"],
-    [/end (\d+)/, "report"],
-    [/next (\d+)/, "get"]
+    [/item (\w+)$/, "take"],
+    [/^fork (\w+)$/, "spawn"],
+    [/^end (\w+)$/, "report"],
+    [new RegExp(`^${COMMAND}$`), ""],
+    [/next (\w+)$/, "get"]
   ]
   for (const [pattern, verb] of rules) {
-    const m = pattern.exec(last.content)
-    if (m) return `${verb} ${m[1]}`
+    const m = pattern.exec(text)
+    if (m) return verb === "" ? text : `${verb} ${m[1]}`
   }
-  return "get 0"
+  return "get ash"
 }
 
 /**

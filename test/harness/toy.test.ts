@@ -8,7 +8,7 @@ import { execFile } from "node:child_process"
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { describe, expect, it } from "vitest"
-import { compactRequest, configFrom, expectedReplies, generator, latencySampler, oracleReply, scriptOf, systemPrompt, wellFormed, type ToyMessage } from "../../suites/toy/world.mjs"
+import { compactRequest, configFrom, creditOf, expectedReplies, generator, latencySampler, oracleReply, scriptOf, systemPrompt, wellFormed, type ToyMessage } from "../../suites/toy/world.mjs"
 import { startChatServer, suitesDir, tempDir, type ChatRequest } from "./helpers.ts"
 
 const toyDir = path.join(suitesDir, "toy")
@@ -40,17 +40,18 @@ describe("toy suite", () => {
     const demos = path.join(tempDir("demos"), "demos.jsonl")
     const { report, stats } = await execute("train-1", { TOY_POLICY: "oracle", TOY_DEMOS: demos, TOY_STEPS: "120", TOY_RANDOM_SEED: "3" })
     expect(report.score).toBe(1)
-    expect(report.details).toMatchObject({ decisions: 120 + 7 * 4, made: 148, right: 148 })
+    expect(report.details).toMatchObject({ decisions: 120 + 7 * 4, made: 148, right: 148 + report.details.notes })
     expect(report.details.notes).toBeGreaterThanOrEqual(2)
     const lines = fs.readFileSync(demos, "utf8").trim().split("\n").map((l) => JSON.parse(l))
     expect(lines).toHaveLength(stats.calls)
     expect(stats.calls).toBe(148 + report.details.notes + stats.retries)
+    expect(report.details.credit).toBe(148 + report.details.notes)
     for (const d of lines) {
       expect(d.task).toBe("train-1")
       expect(d.messages[0]).toEqual({ role: "system", content: systemPrompt })
       expect(d.reply).toBe(oracleReply(d.messages))
       expect(wellFormed(d.reply)).toBe(true)
-      expect(d.reply.length).toBeLessThanOrEqual(40)
+      expect(d.reply.length).toBeLessThanOrEqual(24)
     }
     expect(new Set(lines.map((d) => d.role))).toEqual(new Set(["main", "main-summary", "subagent", "subagent-summary"]))
     // Every prompt stays within the compaction threshold plus a subagent's few steps.
@@ -89,7 +90,7 @@ describe("toy suite", () => {
       expect(firsts).toHaveLength(3)
       for (const first of firsts) {
         const spawn = first.messages[first.messages.length - 2]!
-        expect(spawn).toMatchObject({ role: "assistant", content: expect.stringMatching(/^spawn \d+$/) })
+        expect(spawn).toMatchObject({ role: "assistant", content: expect.stringMatching(/^spawn [a-z]+$/) })
         // The parent's call that produced the spawn is a prefix of the subagent's context.
         const parent = calls.find((c) => c.role === "main" && oracleReply(c.messages) === spawn.content && isPrefix(c.messages, first.messages))
         expect(parent).toBeDefined()
@@ -118,12 +119,11 @@ describe("toy suite", () => {
     }
   })
 
-  it("partial credit: the score is the fraction of decisions right; malformed replies are retried", async () => {
-    // Wrong on every item (get instead of take); malformed on the first try of every 5th call.
+  it("partial credit: the fraction of words in place; malformed replies are retried", async () => {
+    // The wrong verb on every item (get instead of take: half right); malformed on the first try of every 5th call.
     const server = await startChatServer((messages, i) => {
       if (i % 5 === 0) return "I think get"
-      const right = oracleReply(messages)
-      return right.startsWith("take") ? "get 1" : right
+      return oracleReply(messages).replace(/^take/, "get")
     })
     try {
       const env = { OPENAI_BASE_URL: server.url, OPENAI_API_KEY: "k", TOY_STEPS: "50", TOY_FAIL_RATE: "0", TOY_MAX_RETRIES: "1" }
@@ -131,12 +131,24 @@ describe("toy suite", () => {
       const expected = expectedReplies(scriptOf("train-9", configFrom(env)))
       const takes = [...expected.values()].filter((r) => r.startsWith("take")).length
       expect(takes).toBeGreaterThan(3)
-      expect(report.details.right).toBe(expected.size - takes)
-      expect(report.score).toBeCloseTo((expected.size - takes + report.details.notesRight) / (expected.size + report.details.notes), 12)
+      expect(report.details.right).toBe(expected.size - takes + report.details.notes)
+      expect(report.details.credit).toBe(expected.size - takes / 2 + report.details.notes)
+      expect(report.score).toBeCloseTo(report.details.credit / (expected.size + report.details.notes), 12)
       expect(stats.retries).toBeGreaterThan(5)
     } finally {
       await server.close()
     }
+  })
+
+  it("credits the fraction of words in place", () => {
+    expect(creditOf("get oak", "get oak")).toBe(1)
+    expect(creditOf("get elm", "get oak")).toBe(0.5)
+    expect(creditOf("take oak", "get oak")).toBe(0.5)
+    expect(creditOf("take gem", "get oak")).toBe(0)
+    expect(creditOf("get oak now", "get oak")).toBeCloseTo(2 / 3, 12)
+    expect(creditOf("note take gem", "note take gem")).toBe(1)
+    expect(creditOf("take gem", "note take gem")).toBe(0)
+    expect(creditOf("", "report jade")).toBe(0)
   })
 
   it("train and held-out tasks are different walks; the same task is the same walk", () => {
