@@ -12,9 +12,9 @@ export { asyncSplit, colocate }
 export type { Policy, Transition } from "./policy.ts"
 export { replay } from "./policy.ts"
 
-/** The elastic policy with Gyre's trigger (the default `elastic`). */
-export const elastic = elasticWith("elastic", "tail")
-/** The elastic policy with the published water-level trigger, kept for comparison. */
+/** The elastic policy, Gyre's variant (the core rolls out while its step has nothing to train). */
+export const elastic = elasticWith("elastic", "gyre")
+/** The elastic policy as published (the core stays in its step), kept for comparison. */
 export const elasticPublished = elasticWith("elastic-published", "published")
 
 /** Policies that need no parameter, by name. */

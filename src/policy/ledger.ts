@@ -26,11 +26,8 @@ export const CellView = Schema.Struct({
 })
 export type CellView = typeof CellView.Type
 
-/**
- * A dispatched batch not yet trained: how many of its executions started (the last at
- * `lastStartAt`) and finished, and the finished ones' tokens.
- */
-export const BatchView = Schema.Struct({ started: Count, lastStartAt: Schema.Number, finished: Count, tokens: Count })
+/** A dispatched batch not yet trained: how many of its executions finished, with how many tokens. */
+export const BatchView = Schema.Struct({ finished: Count, tokens: Count })
 export type BatchView = typeof BatchView.Type
 
 export const Ledger = Schema.Struct({
@@ -149,18 +146,13 @@ const updateCell = (l: Ledger, cell: number, f: (c: CellView) => CellView): Ledg
 /** Folds an event into the bookkeeping. */
 export const observe = (l: Ledger, event: PolicyEvent): Ledger => {
   switch (event._tag) {
-    case "ExecutionStarted": {
-      const i = event.batch - l.stepsDone
-      const b = l.batches[i]!
-      const batches = l.batches.slice()
-      batches[i] = { started: b.started + 1, lastStartAt: event.at, finished: b.finished, tokens: b.tokens }
-      return next(l, { started: l.started + 1, batches })
-    }
+    case "ExecutionStarted":
+      return next(l, { started: l.started + 1 })
     case "ExecutionFinished": {
       const i = event.batch - l.stepsDone
       const b = l.batches[i]!
       const batches = l.batches.slice()
-      batches[i] = { started: b.started, lastStartAt: b.lastStartAt, finished: b.finished + 1, tokens: b.tokens + event.tokens }
+      batches[i] = { finished: b.finished + 1, tokens: b.tokens + event.tokens }
       return next(l, { finished: l.finished + 1, batches })
     }
     case "CellJoined":
@@ -192,7 +184,7 @@ export const record = (l: Ledger, action: PolicyAction): Ledger => {
       return next(l, {
         nextBatch: action.batch + 1,
         dispatched: l.dispatched + l.config.executions_per_step,
-        batches: [...l.batches, { started: 0, lastStartAt: 0, finished: 0, tokens: 0 }]
+        batches: [...l.batches, { finished: 0, tokens: 0 }]
       })
     case "SwitchRole":
       return updateCell(l, action.cell, (c) => ({ ...c, role: action.role, switching: true, inStep: false }))
@@ -234,9 +226,6 @@ export const decide = (ledger: Ledger, event: PolicyEvent, rules: (d: Decision, 
 }
 
 // ---- rules and views shared by the policies -----------------------------------------------
-
-/** Executions dispatched but not started: work waiting for a rollout slot. */
-export const queued = (l: Ledger): number => l.dispatched - l.started
 
 /** The batch step `step` trains, if dispatched and not yet trained. */
 export const batchOf = (l: Ledger, step: number): BatchView | undefined => l.batches[step - l.stepsDone]

@@ -22,8 +22,8 @@ export const Role = Schema.Literals(["rollout", "training"])
 export type Role = typeof Role.Type
 
 /**
- * What every policy knows of the run before its first event: the run's shape and the cluster's
- * measured cost model. Cells arrive as events; execution durations are never known in advance.
+ * What every policy knows of the run before its first event. Cells arrive as events; execution
+ * durations are never known in advance.
  */
 export const PolicyConfig = Schema.Struct({
   /** Concurrent executions one cell serves in rollout (C_e = one cell's capacity). */
@@ -31,10 +31,7 @@ export const PolicyConfig = Schema.Struct({
   executions_per_step: Positive,
   steps: Positive,
   /** Batch k may start once version k - max_staleness is published (0 = on-policy). */
-  max_staleness: Count,
-  train_tokens_per_s_per_cell: Schema.Number.check(Schema.isFinite(), Schema.isGreaterThan(0)),
-  switch_to_train_s: Seconds,
-  switch_to_rollout_s: Seconds
+  max_staleness: Count
 })
 export type PolicyConfig = typeof PolicyConfig.Type
 

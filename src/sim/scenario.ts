@@ -166,8 +166,5 @@ export const policyConfigOf = (s: Scenario): PolicyConfig => ({
   slots_per_cell: s.slots_per_cell,
   executions_per_step: s.executions_per_step,
   steps: s.steps,
-  max_staleness: s.max_staleness,
-  train_tokens_per_s_per_cell: s.train_tokens_per_s_per_cell,
-  switch_to_train_s: s.switch_to_train_s,
-  switch_to_rollout_s: s.switch_to_rollout_s
+  max_staleness: s.max_staleness
 })

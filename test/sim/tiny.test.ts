@@ -54,14 +54,14 @@ describe("tiny scenarios, by hand", () => {
     expect(r.mean_staleness).toBeCloseTo(0.5, 9)
   })
 
-  for (const policy of [elasticPublished, elastic]) {
+  for (const policy of [elastic, elasticPublished]) {
     it(`${policy.name}: cells move to training as the water level falls, core first`, () => {
       // e0 0-10, e1 0-20. At 10 w = 1 <= C_R - C_e = 1: the core leaves (10-11) and starts
       // step 0 on e0's 100 tokens (11-21). At 20 w = 0: cell 1 leaves (20-21) and joins; at 21
       // 100 tokens are left for 2 cells: step 0 ends at 26. Version 1 arrives at 29: batch 1
-      // is dispatched, step 1 starts with no data, work waits: cell 1 then the core return
-      // (29-31). e2 31-41, e3 31-51; the core leaves at 41 (41-42) and trains e2's tokens
-      // (42-52); cell 1 leaves at 51 (51-52); 100 tokens left for 2 cells: 52-57.
+      // is dispatched, no step runs and work waits: cell 1, then the core, return (29-31).
+      // e2 31-41, e3 31-51; the core leaves at 41 (41-42) and starts step 1 on e2's tokens
+      // (42-52); cell 1 leaves at 51 (51-52) and joins; 100 tokens left for 2 cells: 52-57.
       const r = simulate(tiny(0), executionsOf(tiny(0)), policy)
       expect(r.makespan_s).toBeCloseTo(57, 9)
       expect(r.switches).toBe(6)
