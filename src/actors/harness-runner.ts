@@ -81,6 +81,9 @@ const baseEnv = (): Record<string, string> => {
 
 const keepRank: Record<KeepPolicy, number> = { never: 0, "on-failure": 1, always: 2 }
 
+/** A tagged error in one line: its tag and fields (the runtime's errors carry no message). */
+const describeError = (e: { readonly _tag: string }) => `${e._tag} ${JSON.stringify(e)}`
+
 const clip = (text: string, max: number) => (text.length <= max ? text : `${text.slice(0, max)}...`)
 const tailOf = (text: string, max: number) => (text.length <= max ? text : `...${text.slice(text.length - max)}`)
 
@@ -166,7 +169,7 @@ export const makeHarnessRunner = (config: HarnessRunnerConfig) => {
           system.ask(gateway, "OpenExecution", { key, task: taskName, execution, defaultRole: "main" }, { timeoutMs: gatewayTimeoutMs }).pipe(
             Effect.retry({ times: 2, schedule: Schedule.exponential(Duration.millis(200)) }),
             Effect.map((r) => ({ ok: true as const, baseUrl: r.baseUrl })),
-            Effect.catch((e) => Effect.succeed({ ok: false as const, reason: `gateway ${formatAddress(config.gateway)}: ${e._tag}: ${messageOf(e)}` }))
+            Effect.catch((e) => Effect.succeed({ ok: false as const, reason: `gateway ${formatAddress(config.gateway)}: ${describeError(e)}` }))
           )
 
         const publish = (outcome: ExecutionOutcome) =>
@@ -206,7 +209,7 @@ export const makeHarnessRunner = (config: HarnessRunnerConfig) => {
             } else {
               const harness = yield* run(suite.harness, workspace, { ...env, OPENAI_BASE_URL: opened.baseUrl, OPENAI_API_KEY: key }, req.timeoutMs ?? suite.harness.timeoutMs)
               yield* system.ask(gateway, "CloseExecution", { execution: req.execution }, { timeoutMs: gatewayTimeoutMs }).pipe(
-                Effect.catch((e) => Effect.logWarning(`CloseExecution ${req.execution}: ${e._tag}: ${messageOf(e)}`))
+                Effect.catch((e) => Effect.logWarning(`CloseExecution ${req.execution}: ${describeError(e)}`))
               )
               yield* writeLog(path.join(dir, "harness.log"), "harness", harness)
               ended = harness.timedOut ? "timed-out" : "finished"

@@ -241,7 +241,7 @@ describe("harness runner", () => {
       return { unknown, outcome, status, left: fs.existsSync(path.join(workspaceRoot, req.execution)) }
     }))
     expect(reasonOf(noGateway.unknown)).toMatchObject({ _tag: "UnknownTask", reason: expect.stringContaining("no task 'zzz'") })
-    expect(noGateway.outcome).toMatchObject({ evaluation: "failed", score: null, attempts: 0, detail: expect.stringContaining("gateway gateway/g1") })
+    expect(noGateway.outcome).toMatchObject({ evaluation: "failed", score: null, attempts: 0, detail: expect.stringContaining("gateway gateway/g1: ActorUnavailable") })
     expect(noGateway.status).toMatchObject({ finished: 0, dropped: 1 })
     expect(noGateway.left).toBe(false)
   })
