@@ -11,7 +11,7 @@
  * - Subagents: a fork runs a subagent on a copy of the parent's context (role `subagent`,
  *   its final report `subagent-summary`), then the parent goes on.
  * - Compaction: past TOY_COMPACT_BYTES of context the agent asks for a note (role
- *   `main-summary`) and starts over from [system, note].
+ *   `main-summary`) and starts over from [system, the command the note holds].
  * Every decision is appended to $GYRE_WORKSPACE/actions.jsonl (what the scorer reads).
  * With TOY_POLICY=oracle the scripted oracle answers instead of the model (no HTTP), and
  * TOY_DEMOS=<file> appends each call's messages and reply as JSONL (demonstrations).

@@ -84,9 +84,8 @@ export const items = ["amber", "bell", "coin", "drum", "egg", "flute", "gem", "h
 const pick = (rand, words) => words[Math.floor(rand() * words.length)]
 
 /**
- * One walk of `n` decisions starting with an observation of `first`'s path: a list of
- * `{ text, reply, sub? }` (observation, expected reply, and for a fork the subagent's walk).
- * Forks only where `forkAt(j)` says.
+ * One walk of `n` decisions: a list of `{ text, reply, sub? }` (observation, expected reply,
+ * and for a fork the subagent's walk). Forks only where `forkAt(j)` says.
  */
 const walk = (rand, cfg, n, forkAt) => {
   const out = []
