@@ -125,9 +125,33 @@ const withCells = (l: Ledger, cells: ReadonlyArray<CellView>, d: Partial<Ledger>
   return next(l, { ...d, cells, serving, rolloutBound, trainingReady, trainersIdle })
 }
 
+/** `l` with the execution counters and batches replaced: the per-execution path, kept lean. */
+const withProgress = (l: Ledger, started: number, finished: number, batches: ReadonlyArray<BatchView>): Ledger => ({
+  config: l.config,
+  cells: l.cells,
+  serving: l.serving,
+  rolloutBound: l.rolloutBound,
+  trainingReady: l.trainingReady,
+  trainersIdle: l.trainersIdle,
+  dispatched: l.dispatched,
+  started,
+  finished,
+  nextBatch: l.nextBatch,
+  published: l.published,
+  stepsDone: l.stepsDone,
+  stepRunning: l.stepRunning,
+  stepCore: l.stepCore,
+  trainedTokens: l.trainedTokens,
+  batches
+})
+
+/** Index of cell `cell` in `cells` (cells joined in id order sit at their id). */
+const indexOf = (cells: ReadonlyArray<CellView>, cell: number): number =>
+  cells[cell]?.cell === cell ? cell : cells.findIndex((c) => c.cell === cell)
+
 /** `l` with cell `cell` replaced by `f` of it, the counts adjusted. */
 const updateCell = (l: Ledger, cell: number, f: (c: CellView) => CellView): Ledger => {
-  const i = l.cells.findIndex((c) => c.cell === cell)
+  const i = indexOf(l.cells, cell)
   if (i < 0) return l
   const was = counts(l.cells[i]!)
   const now = f(l.cells[i]!)
@@ -147,13 +171,13 @@ const updateCell = (l: Ledger, cell: number, f: (c: CellView) => CellView): Ledg
 export const observe = (l: Ledger, event: PolicyEvent): Ledger => {
   switch (event._tag) {
     case "ExecutionStarted":
-      return next(l, { started: l.started + 1 })
+      return withProgress(l, l.started + 1, l.finished, l.batches)
     case "ExecutionFinished": {
       const i = event.batch - l.stepsDone
       const b = l.batches[i]!
       const batches = l.batches.slice()
       batches[i] = { finished: b.finished + 1, tokens: b.tokens + event.tokens }
-      return next(l, { finished: l.finished + 1, batches })
+      return withProgress(l, l.started, l.finished + 1, batches)
     }
     case "CellJoined":
       return withCells(l, [...l.cells, { cell: event.cell, role: "rollout", switching: false, inStep: false }])
@@ -253,7 +277,7 @@ const idleTrainers = (l: Ledger): Array<number> =>
   l.trainersIdle === 0 ? [] : l.cells.filter((c) => c.role === "training" && !c.switching && !c.inStep).map((c) => c.cell)
 
 /** Whether the running step's core is in it (a satellite may join only then). */
-const coreIn = (l: Ledger): boolean => l.cells.some((c) => c.cell === l.stepCore && c.inStep)
+const coreIn = (l: Ledger): boolean => l.cells[indexOf(l.cells, l.stepCore)]?.inStep === true
 
 /** Lets every idle training cell join the running step, its core first. */
 export const joinRunningStep = (d: Decision): void => {

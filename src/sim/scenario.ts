@@ -30,7 +30,7 @@ export const LognormalGenerator = Schema.Struct({
 
 export const Scenario = Schema.Struct({
   /** Free text: where the numbers come from. Ignored by the simulator. */
-  notes: Schema.optional(Schema.Union([Schema.String, Schema.Array(Schema.String)])),
+  notes: Schema.optionalKey(Schema.Union([Schema.String, Schema.Array(Schema.String)])),
   cells: Int(1),
   slots_per_cell: Int(1),
   train_tokens_per_s_per_cell: Positive,
@@ -40,8 +40,8 @@ export const Scenario = Schema.Struct({
   steps: Int(1),
   executions_per_step: Int(1),
   max_staleness: Int(0),
-  executions: Schema.optional(Schema.NonEmptyArray(Execution)),
-  generator: Schema.optional(LognormalGenerator)
+  executions: Schema.optionalKey(Schema.NonEmptyArray(Execution)),
+  generator: Schema.optionalKey(LognormalGenerator)
 })
 export type Scenario = typeof Scenario.Type
 
