@@ -15,8 +15,8 @@ describe("engine binding", () => {
       Effect.gen(function* () {
         const engine = yield* Engine
         const model = yield* engine.createModel(presets.tiny, { seed: 1 })
-        const trainer = yield* model.trainer({ maxTokens: 3072 })
-        const batch = packed(Array.from({ length: 3072 }, (_, i) => i % 256), chain(3072))
+        const trainer = yield* model.trainer({ maxTokens: 2048 })
+        const batch = packed(Array.from({ length: 2048 }, (_, i) => i % 256), chain(2048))
         let ticks = 0
         const timer = setInterval(() => ticks++, 5)
         const started = performance.now()
