@@ -8,10 +8,14 @@
  *    under each fixed policy, timed on one core (the simulator is single-threaded) after the
  *    runs above warmed the JIT: wall and CPU seconds, events delivered to the policy per CPU
  *    second (target >= 1M/s, each run < 10 s).
+ * 3. With `--grid` (minutes): elastic and elastic-published over lower_bound_s on a grid of 108
+ *    scenarios (tail sigma x training rate x staleness x batch size over slots), the evidence
+ *    behind the Gyre variant (ARCHITECTURE.md).
  */
 import { fixedPolicies } from "../src/policy/index.ts"
 import { compare } from "../src/sim/compare.ts"
-import { executionsOf, loadScenario } from "../src/sim/scenario.ts"
+import { lowerBound } from "../src/sim/bound.ts"
+import { executionsOf, loadScenario, parseScenario } from "../src/sim/scenario.ts"
 import { simulate } from "../src/sim/simulate.ts"
 
 const scale = "scenarios/scale-512x64.json"
@@ -92,12 +96,53 @@ console.log(
 console.log("\nbundled scenarios (elastic = Gyre's variant, published = elastic-published; async at its best split)")
 console.log(pad(rows))
 
+// ---- grid (optional) -------------------------------------------------------------------------
+const grid = process.argv.includes("--grid") ? gridRun() : undefined
+
+function gridRun() {
+  const over: Record<string, Array<number>> = { elastic: [], "elastic-published": [] }
+  for (const sigma of [0.5, 1, 1.5, 2])
+    for (const rate of [50_000, 200_000, 1_000_000])
+      for (const max_staleness of [0, 1, 2])
+        for (const fill of [0.5, 1, 2]) {
+          const s = parseScenario({
+            cells: 8,
+            slots_per_cell: 64,
+            train_tokens_per_s_per_cell: rate,
+            switch_to_train_s: 8.52,
+            switch_to_rollout_s: 3.46,
+            weight_sync_s: 20,
+            steps: 24,
+            executions_per_step: 512 * fill,
+            max_staleness,
+            generator: { kind: "lognormal", median_s: 1800, sigma, max_s: 14400, tokens_per_s: 240, seed: 3 }
+          })
+          const e = executionsOf(s)
+          const bound = lowerBound(s, e).lower_bound_s
+          for (const name of Object.keys(over)) over[name]!.push(simulate(s, e, fixedPolicies[name]!).makespan_s / bound)
+        }
+  const g = over.elastic!
+  const p = over["elastic-published"]!
+  const summary = {
+    scenarios: g.length,
+    elastic_better: g.filter((x, i) => x < p[i]! - 0.005).length,
+    elastic_worse: g.filter((x, i) => x > p[i]! + 0.005).length,
+    mean_over_bound: { elastic: g.reduce((a, b) => a + b) / g.length, "elastic-published": p.reduce((a, b) => a + b) / p.length },
+    above_1_15: { elastic: g.filter((x) => x > 1.15).length, "elastic-published": p.filter((x) => x > 1.15).length },
+    worst_over_bound: { elastic: Math.max(...g), "elastic-published": Math.max(...p) }
+  }
+  console.log("\ngrid: makespan / lower_bound over 108 scenarios (better/worse: by more than 0.005)")
+  console.log(JSON.stringify(summary))
+  return summary
+}
+
 const round = (x: unknown): unknown =>
   typeof x === "number" ? Number(x.toPrecision(6)) : x && typeof x === "object" ? Object.fromEntries(Object.entries(x).map(([k, v]) => [k, round(v)])) : x
 console.log(
   JSON.stringify({
     bench: "sim",
     scale: { scenario: scale, cells: big.cells, slots_per_cell: big.slots_per_cell, steps: big.steps, executions_per_step: big.executions_per_step, ...(round(speed) as object) },
-    scenarios: round(table)
+    scenarios: round(table),
+    ...(grid ? { grid: round(grid) } : {})
   })
 )

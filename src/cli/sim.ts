@@ -18,7 +18,7 @@ const flags = {
     kind: "string",
     default: "all",
     choices: [...policyNames, "all"],
-    doc: "policy to simulate (elastic = tail-predicting trigger, elastic-published = published water level)"
+    doc: "policy to simulate: elastic is Gyre's variant, elastic-published the published design; all runs every one"
   },
   json: { kind: "boolean", default: false, doc: "print one JSON object keyed by policy" },
   svg: { kind: "string", doc: "write each cell's role timeline to this SVG file" }

@@ -9,22 +9,9 @@ import { join } from "node:path"
 import { promisify } from "node:util"
 import { describe, expect, it } from "vitest"
 import { executionsOf, parseScenario, ScenarioError } from "../../src/sim/scenario.ts"
+import { tinyScenario } from "./fixtures.ts"
 
-const valid = {
-  cells: 2,
-  slots_per_cell: 1,
-  train_tokens_per_s_per_cell: 10,
-  switch_to_train_s: 1,
-  switch_to_rollout_s: 2,
-  weight_sync_s: 3,
-  steps: 2,
-  executions_per_step: 3,
-  max_staleness: 0,
-  executions: [
-    { duration_s: 10, tokens: 100 },
-    { duration_s: 20, tokens: 200 }
-  ]
-}
+const valid = { ...tinyScenario, executions_per_step: 3, executions: [{ duration_s: 10, tokens: 100 }, { duration_s: 20, tokens: 200 }] }
 
 const { executions: _, ...generated } = valid
 

@@ -8,24 +8,10 @@ import { lowerBound } from "../../src/sim/bound.ts"
 import { executionsOf, parseScenario, type Scenario } from "../../src/sim/scenario.ts"
 import { simulate } from "../../src/sim/simulate.ts"
 import type { Policy } from "../../src/policy/policy.ts"
+import { tinyScenario } from "./fixtures.ts"
 
-/** 2 cells x 1 slot; 10 tokens/s per cell; switches 1 s to training, 2 s back; sync 3 s. */
-const tiny = (max_staleness: number): Scenario =>
-  parseScenario({
-    cells: 2,
-    slots_per_cell: 1,
-    train_tokens_per_s_per_cell: 10,
-    switch_to_train_s: 1,
-    switch_to_rollout_s: 2,
-    weight_sync_s: 3,
-    steps: 2,
-    executions_per_step: 2,
-    max_staleness,
-    executions: [
-      { duration_s: 10, tokens: 100 },
-      { duration_s: 20, tokens: 100 }
-    ]
-  })
+/** The shared tiny scenario (see `fixtures.ts`) with `max_staleness` versions of staleness. */
+const tiny = (max_staleness: number): Scenario => parseScenario({ ...tinyScenario, max_staleness })
 
 const makespan = (s: Scenario, p: Policy<any>) => simulate(s, executionsOf(s), p).makespan_s
 
