@@ -1,11 +1,13 @@
 /**
  * Finite-difference check of the analytic gradient of every parameter tensor (every layer:
  * embedding, both RMSNorms, q/k/v/o, gate/up/down, final norm, lm_head) for both losses,
- * on a micro model over a packed forest with branches and two roots.
+ * on a micro model over a packed forest with branches and two roots; and SFT again with 20
+ * query heads per kv head (attention tasks that split one kv head's group of heads).
  */
 import { Effect } from "effect"
 import { describe, expect, it } from "vitest"
 import type { PackedBatch } from "../../src/engine/batch.ts"
+import type { LlamaConfig } from "../../src/engine/config.ts"
 import { Engine } from "../../src/engine/engine.ts"
 import type { LossConfig } from "../../src/engine/trainer.ts"
 import { micro, packed, rng, runEngine } from "./helpers.ts"
@@ -15,11 +17,10 @@ const parents = [-1, 0, 1, 2, 3, 4, 5, 3, 7, -1, 9, 10]
 const tokens = [3, 17, 5, 9, 30, 2, 11, 8, 21, 4, 19, 26]
 
 /** Directional derivative of each tensor: analytic g.u against (L(w+eu) - L(w-eu)) / 2e. */
-const checkGradients = (tied: boolean, loss: LossConfig, makeBatch: (logp: Float32Array) => PackedBatch) =>
+const checkGradients = (config: LlamaConfig, loss: LossConfig, makeBatch: (logp: Float32Array) => PackedBatch) =>
   runEngine(
     Effect.gen(function* () {
       const engine = yield* Engine
-      const config = micro(tied)
       const model = yield* engine.createModel(config, { seed: 7, initStd: 0.3 })
       const trainer = yield* model.trainer({ maxTokens: 32 })
       const base = packed(tokens, parents)
@@ -66,7 +67,7 @@ const expectClose = (results: ReadonlyArray<{ name: string; analytic: number; nu
 
 describe("gradients match finite differences", () => {
   it("SFT cross-entropy, untied lm_head, every tensor", async () => {
-    const results = await checkGradients(false, { kind: "sft" }, () =>
+    const results = await checkGradients(micro(false), { kind: "sft" }, () =>
       packed(tokens, parents, { weights: Float32Array.from(parents, (p, i) => (p < 0 ? 0 : 0.05 + 0.01 * i)) })
     )
     expect(results.map((r) => r.name)).toContain("lm_head.weight")
@@ -79,7 +80,7 @@ describe("gradients match finite differences", () => {
     const ratioOffsets = [0, 0.05, -0.08, 0.6, -0.7, 0.02, 0.1, -0.03, 0.5, 0, -0.04, 0.07]
     const isOffsets = [0, 0.3, -0.2, 0.1, 0, 2.0, -0.1, 0.4, 0, 0, 1.5, -0.3]
     const advantages = Float32Array.from([0, 1.0, -0.7, 1.2, 0.9, -1.1, 0.4, -0.8, -1.3, 0, 0.6, -0.5])
-    const results = await checkGradients(true, { kind: "ppo", clipLow: 0.2, clipHigh: 0.28, isCap: 2 }, (logp) => {
+    const results = await checkGradients(micro(true), { kind: "ppo", clipLow: 0.2, clipHigh: 0.28, isCap: 2 }, (logp) => {
       const proximal = Float32Array.from(logp, (lp, i) => (parents[i]! < 0 ? Number.NaN : lp + ratioOffsets[i]!))
       return packed(tokens, parents, {
         weights: Float32Array.from(parents, (p) => (p < 0 ? 0 : 0.1)),
@@ -89,6 +90,13 @@ describe("gradients match finite differences", () => {
       })
     })
     expect(results.map((r) => r.name)).not.toContain("lm_head.weight")
+    expectClose(results)
+  })
+
+  it("SFT with 20 query heads per kv head (more than one attention task's queries)", async () => {
+    const config = { ...micro(false), hidden_size: 40, num_attention_heads: 20, num_key_value_heads: 1 }
+    const results = await checkGradients(config, { kind: "sft" }, () => packed(tokens, parents))
+    expect(results.map((r) => r.name)).toContain("model.layers.1.self_attn.q_proj.weight")
     expectClose(results)
   })
 })

@@ -268,23 +268,47 @@ void kv_transfer(const kv_pool *pool, const dims *d, const int32_t *blocks, int3
         }
 }
 
-/* Queries of rows [r0, r1) and the G heads of kv head g, for attend. */
+#define TASK_QUERIES (2 * QB) /* queries of one attention task: two passes of QB over each key chunk */
+
+/* The queries of one attention task: rows [r0, r1) of a tile x query heads [h0, h1), all of
+ * kv head g. A kv head's group of G query heads splits into tiles of `rows` consecutive rows
+ * x slices of `heads` heads, rows * heads <= TASK_QUERIES: G <= TASK_QUERIES takes whole
+ * groups of several rows; a larger group takes one row and G / TASK_QUERIES (rounded up)
+ * slices of heads. Tasks are ordered kv head, tile, slice, so one head's keys stay hot while
+ * consecutive tasks use them. */
+typedef struct task_split {
+  int rows, heads, slices;
+} task_split;
+
+typedef struct attn_task {
+  int g, tile, h0, h1;
+} attn_task;
+
+static task_split task_split_of(const dims *d) {
+  int G = d->H / d->KV;
+  if (G > TASK_QUERIES) return (task_split){1, TASK_QUERIES, (G + TASK_QUERIES - 1) / TASK_QUERIES};
+  return (task_split){TASK_QUERIES / G, G, 1};
+}
+
+static int task_count(task_split sp, int n_tiles, const dims *d) { return d->KV * n_tiles * sp.slices; }
+
+static attn_task task_at(int task, task_split sp, int n_tiles, const dims *d) {
+  int G = d->H / d->KV, slice = task % sp.slices, g = task / sp.slices / n_tiles;
+  int h0 = g * G + slice * sp.heads, h1 = h0 + sp.heads < (g + 1) * G ? h0 + sp.heads : (g + 1) * G;
+  return (attn_task){g, task / sp.slices % n_tiles, h0, h1};
+}
+
+/* Queries of rows [r0, r1) and heads [h0, h1), row-major, for attend: at most TASK_QUERIES. */
 static int gather_queries(const float **q, float **out, int *limit, const float *qkv, float *att, const int32_t *row_limit,
-                          int r0, int r1, int g, const dims *d) {
-  int G = d->H / d->KV, n = 0;
+                          int r0, int r1, int h0, int h1, const dims *d) {
+  int n = 0;
   for (int r = r0; r < r1; r++)
-    for (int h = g * G; h < (g + 1) * G; h++, n++) {
+    for (int h = h0; h < h1; h++, n++) {
       q[n] = qkv + (size_t)r * d->qkv_dim + (size_t)h * d->hd;
       out[n] = att + (size_t)r * d->q_dim + (size_t)h * d->hd;
       limit[n] = row_limit[r];
     }
   return n;
-}
-
-/* Rows per tile: two passes of QB queries over each key chunk. */
-static int tile_rows(const dims *d) {
-  int rows = 2 * QB / (d->H / d->KV);
-  return rows > 0 ? rows : 1;
 }
 
 size_t attention_scratch_floats(const dims *d, int max_runs, int max_keys) {
@@ -327,16 +351,15 @@ static int paged_runs(key_run *runs, const kv_pool *pool, const int32_t *table, 
 
 void paged_attention(float *att, const float *qkv, const kv_pool *pool, const dims *d, int layer,
                      const fwd_batch *b, float *scratch, size_t scratch_floats, int32_t *tiles) {
-  int rows = tile_rows(d);
+  task_split sp = task_split_of(d);
   float scale = 1.0f / sqrtf((float)d->hd);
   size_t staging = paged_staging_floats(d, pool->B);
-  /* tiles: up to `rows` consecutive rows of one sequence; tasks kv-head-major so one head's
-   * keys stay hot while consecutive tiles use them */
+  /* tiles: up to sp.rows consecutive rows of one sequence */
   int n_tiles = 0;
   for (int r = 0; r < b->n_rows; n_tiles++) {
     tiles[n_tiles] = r;
     int s = b->row_seq[r];
-    while (r < b->n_rows && b->row_seq[r] == s && r - tiles[n_tiles] < rows) r++;
+    while (r < b->n_rows && b->row_seq[r] == s && r - tiles[n_tiles] < sp.rows) r++;
   }
   tiles[n_tiles] = b->n_rows;
 #pragma omp parallel num_threads(cpu_threads())
@@ -344,15 +367,16 @@ void paged_attention(float *att, const float *qkv, const kv_pool *pool, const di
     float *work = scratch + (size_t)omp_get_thread_num() * scratch_floats;
     key_run *runs = (key_run *)(work + attend_work(d->hd, (size_t)d->max_pos));
     float *stage = work + scratch_floats - staging;
-    const float *q[2 * QB];
-    float *out[2 * QB];
-    int limit[2 * QB];
+    const float *q[TASK_QUERIES];
+    float *out[TASK_QUERIES];
+    int limit[TASK_QUERIES];
 #pragma omp for schedule(dynamic, 1)
-    for (int task = 0; task < n_tiles * d->KV; task++) {
-      int g = task / n_tiles, tile = task % n_tiles, r0 = tiles[tile], r1 = tiles[tile + 1];
+    for (int task = 0; task < task_count(sp, n_tiles, d); task++) {
+      attn_task t = task_at(task, sp, n_tiles, d);
+      int r0 = tiles[t.tile], r1 = tiles[t.tile + 1];
       const int32_t *table = b->blocks + b->block_off[b->row_seq[r0]];
-      int n_runs = paged_runs(runs, pool, table, b->positions[r1 - 1] + 1, d, layer, g, stage);
-      int n = gather_queries(q, out, limit, qkv, att, b->positions, r0, r1, g, d);
+      int n_runs = paged_runs(runs, pool, table, b->positions[r1 - 1] + 1, d, layer, t.g, stage);
+      int n = gather_queries(q, out, limit, qkv, att, b->positions, r0, r1, t.h0, t.h1, d);
       attend(n, q, limit, runs, n_runs, d->hd, scale, out, NULL, work, (size_t)d->max_pos);
     }
   }
@@ -401,26 +425,27 @@ static int forest_runs(key_run *runs, const forest *f, int i0, int i1, int g, co
 
 void forest_attention_forward(float *att, float *lse, const float *qkv, float *kt, const forest *f, int T,
                               const dims *d, float *scratch, size_t scratch_floats, int32_t *tiles) {
-  int G = d->H / d->KV;
+  task_split sp = task_split_of(d);
   float scale = 1.0f / sqrtf((float)d->hd);
   transpose_heads(kt, qkv, d->qkv_dim, d->q_dim, T, d);
-  int n_tiles = forest_tiles(f, T, tile_rows(d), tiles);
+  int n_tiles = forest_tiles(f, T, sp.rows, tiles);
   const int32_t *row_limit = tiles + n_tiles + 1;
 #pragma omp parallel num_threads(cpu_threads())
   {
     float *work = scratch + (size_t)omp_get_thread_num() * scratch_floats;
     key_run *runs = (key_run *)(work + attend_work(d->hd, (size_t)T));
-    const float *q[2 * QB];
-    float *out[2 * QB];
-    float tile_lse[2 * QB];
-    int limit[2 * QB];
+    const float *q[TASK_QUERIES];
+    float *out[TASK_QUERIES];
+    float tile_lse[TASK_QUERIES];
+    int limit[TASK_QUERIES];
 #pragma omp for schedule(dynamic, 1)
-    for (int task = 0; task < n_tiles * d->KV; task++) {
-      int g = task / n_tiles, tile = task % n_tiles, i0 = tiles[tile], i1 = tiles[tile + 1];
-      int n_runs = forest_runs(runs, f, i0, i1, g, qkv, kt, NULL, T, d);
-      int n = gather_queries(q, out, limit, qkv, att, row_limit, i0, i1, g, d);
+    for (int task = 0; task < task_count(sp, n_tiles, d); task++) {
+      attn_task t = task_at(task, sp, n_tiles, d);
+      int i0 = tiles[t.tile], i1 = tiles[t.tile + 1], nh = t.h1 - t.h0;
+      int n_runs = forest_runs(runs, f, i0, i1, t.g, qkv, kt, NULL, T, d);
+      int n = gather_queries(q, out, limit, qkv, att, row_limit, i0, i1, t.h0, t.h1, d);
       attend(n, q, limit, runs, n_runs, d->hd, scale, out, tile_lse, work, (size_t)T);
-      for (int k = 0; k < n; k++) lse[(size_t)(i0 + k / G) * d->H + g * G + k % G] = tile_lse[k];
+      for (int k = 0; k < n; k++) lse[(size_t)(i0 + k / nh) * d->H + t.h0 + k % nh] = tile_lse[k];
     }
   }
 }
@@ -536,7 +561,7 @@ size_t attention_grad_scratch_floats(const dims *d, int max_runs) {
 void forest_attention_backward(float *dqkv, const float *datt, const float *qkv, const float *att, const float *lse,
                                float *kt, float *vt, float *dsum, const forest *f, int T, const dims *d, float *scratch,
                                size_t scratch_floats, int32_t *tiles) {
-  int G = d->H / d->KV, hd = d->hd, threads = cpu_threads();
+  int hd = d->hd, threads = cpu_threads();
   float scale = 1.0f / sqrtf((float)hd);
   transpose_heads(kt, qkv, d->qkv_dim, d->q_dim, T, d);
   transpose_heads(vt, qkv, d->qkv_dim, d->q_dim + d->kv_dim, T, d);
@@ -548,22 +573,24 @@ void forest_attention_backward(float *dqkv, const float *datt, const float *qkv,
       for (int c = 0; c < hd; c++) s += o[c] * g[c];
       dsum[(size_t)i * d->H + h] = s;
     }
-  int n_tiles = forest_tiles(f, T, tile_rows(d), tiles), n_chunks = (T + CHUNK - 1) / CHUNK;
+  task_split sp = task_split_of(d);
+  int n_tiles = forest_tiles(f, T, sp.rows, tiles), n_chunks = (T + CHUNK - 1) / CHUNK;
   const int32_t *row_limit = tiles + n_tiles + 1;
 #pragma omp parallel num_threads(threads)
   {
     float *work = scratch + (size_t)omp_get_thread_num() * scratch_floats;
     key_run *runs = (key_run *)(work + attend_work(hd, (size_t)T) + 2 * (size_t)CHUNK * hd);
-    const float *q[2 * QB], *dout[2 * QB];
-    float *dq[2 * QB], tile_lse[2 * QB], tile_dsum[2 * QB];
-    int limit[2 * QB];
+    const float *q[TASK_QUERIES], *dout[TASK_QUERIES];
+    float *dq[TASK_QUERIES], tile_lse[TASK_QUERIES], tile_dsum[TASK_QUERIES];
+    int limit[TASK_QUERIES];
 #pragma omp for schedule(dynamic, 1) nowait
-    for (int task = 0; task < n_tiles * d->KV; task++) {
-      int g = task / n_tiles, tile = task % n_tiles, i0 = tiles[tile], i1 = tiles[tile + 1];
-      int n_runs = forest_runs(runs, f, i0, i1, g, qkv, kt, vt, T, d);
-      int n = gather_queries(q, dq, limit, qkv, dqkv, row_limit, i0, i1, g, d);
+    for (int task = 0; task < task_count(sp, n_tiles, d); task++) {
+      attn_task t = task_at(task, sp, n_tiles, d);
+      int i0 = tiles[t.tile], i1 = tiles[t.tile + 1], nh = t.h1 - t.h0;
+      int n_runs = forest_runs(runs, f, i0, i1, t.g, qkv, kt, vt, T, d);
+      int n = gather_queries(q, dq, limit, qkv, dqkv, row_limit, i0, i1, t.h0, t.h1, d);
       for (int k = 0; k < n; k++) { /* dq lives in dqkv's q part, dout in datt, both by head */
-        int i = i0 + k / G, h = g * G + k % G;
+        int i = i0 + k / nh, h = t.h0 + k % nh;
         dq[k] = dqkv + (size_t)i * d->qkv_dim + (size_t)h * hd;
         dout[k] = datt + (size_t)i * d->q_dim + (size_t)h * hd;
         tile_lse[k] = lse[(size_t)i * d->H + h];
