@@ -15,13 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* internal.h declares gyre_model's reference count as a C11 _Atomic int32_t; C++ has no
- * such qualifier, and this backend never touches that struct, so it reads as plain here. */
-#define _Atomic
-extern "C" {
 #include "../src/backend.h"
-}
-#undef _Atomic
 
 /* Records a failed CUDA call as the last error and returns GYRE_ERR_OUT_OF_MEMORY for an
  * allocation failure, else GYRE_ERR_DEVICE; the message names the caller and the call. */

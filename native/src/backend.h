@@ -12,6 +12,10 @@
 
 #include "internal.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct be_model be_model;
 typedef struct be_cache be_cache;
 typedef struct be_trainer be_trainer;
@@ -66,7 +70,7 @@ typedef struct train_batch {
   const int32_t *tokens;
   const int32_t *parents;
   const int32_t *positions;
-  const forest *forest;
+  const struct forest *forest;
 } train_batch;
 
 gyre_status be_trainer_create(be_model *m, int32_t max_tokens, be_trainer **out);
@@ -87,5 +91,9 @@ gyre_status be_grads_add(be_trainer *t, const float *host, float scale);
 gyre_status be_adamw_step(be_trainer *t, const gyre_adamw *opt, int64_t step, float *grad_norm);
 gyre_status be_moments_get(const be_trainer *t, float *m_host, float *v_host);
 gyre_status be_moments_set(be_trainer *t, const float *m_host, const float *v_host);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -5,6 +5,9 @@
  * layout, safetensors and hand-off formats, KV block bookkeeping, the forest (ancestor
  * ranges) of a packed batch, loss terms and sampling. It calls the backend (backend.h) only
  * for what touches device memory. Everything here runs on the host.
+ *
+ * Plain C11 that also compiles as C++ (the CUDA backend includes it from .cu files): no C-only
+ * qualifiers, C linkage for every declaration.
  */
 #ifndef GYRE_INTERNAL_H
 #define GYRE_INTERNAL_H
@@ -14,6 +17,10 @@
 #include <stdint.h>
 
 #include "gyre.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /* ---- errors (common/errors.c) ---- */
 
@@ -141,7 +148,10 @@ struct gyre_model {
   gyre_config cfg;
   param_layout layout;
   struct be_model *be;
-  _Atomic int32_t refs; /* the caller's handle plus one per cache and trainer */
+  /* The caller's handle plus one per cache and trainer. A plain int32_t, read and written
+   * only by model_retain / model_release through the __atomic builtins (GCC, Clang), so the
+   * struct is the same in C and C++ and handles may be freed from different threads. */
+  int32_t refs;
 };
 void model_retain(gyre_model *m);
 void model_release(gyre_model *m);
@@ -149,5 +159,9 @@ void model_release(gyre_model *m);
 /* ---- small helpers ---- */
 
 void *aligned_calloc(size_t bytes); /* 64-byte aligned, zeroed; free with free() */
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -17,10 +17,11 @@ gyre_status gyre_device_name(int32_t device, char *buf, size_t cap) {
   return be_device_name(device, buf, cap);
 }
 
-void model_retain(gyre_model *m) { m->refs++; }
+void model_retain(gyre_model *m) { __atomic_fetch_add(&m->refs, 1, __ATOMIC_RELAXED); }
 
+/* The last release frees; acquire-release so every other holder's writes happen before. */
 void model_release(gyre_model *m) {
-  if (--m->refs > 0) return;
+  if (__atomic_sub_fetch(&m->refs, 1, __ATOMIC_ACQ_REL) > 0) return;
   be_model_free(m->be);
   layout_free(&m->layout);
   free(m);
