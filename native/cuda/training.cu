@@ -1,9 +1,9 @@
 /* training.cu - the GPU trainer: forward and backward over a packed forest, gradients, AdamW.
  *
  * All activations for max_tokens rows are one device allocation made at creation (llm.c
- * style), laid out as the CPU trainer's: L+1 residual streams, each layer's saved tensors
- * (layer_io), the final norm and logits, the backward's scratch, and the forest's ancestor
- * mask. The host prepares the integer side of each batch (ancestor ranges, children of each
+ * style), in the layout every backend shares (train_acts of activations.h: residual streams,
+ * each layer's saved tensors, the final norm and logits, the backward's gradients), then
+ * this backend's per-token outputs and the forest's ancestor mask. The host prepares the integer side of each batch (ancestor ranges, children of each
  * row with their dlogp, rows of each token id) so every device sum has a fixed order. The
  * backward mirrors layer_forward step by step, as on the CPU.
  */
@@ -23,9 +23,8 @@ struct be_trainer {
   int T;             /* rows of the last forward (0: none, or its logits already consumed) */
   float *grads, *adam_m, *adam_v;
   float *arena;      /* every activation below lives here */
-  layer_io *io;      /* per layer (host array of device pointers) */
-  float *x_final, *hf, *rstdf, *logits, *lse_rows, *entropy_rows, *token_out;
-  float *dres, *dh, *dgu, *dact, *datt, *dqkv, *dsum;
+  train_acts acts;   /* the shared layout (activations.h); io a host array of device pointers */
+  float *token_out;
   uint32_t *mask;    /* [Tm][ceil(Tm / 32)] ancestor bits */
   uint8_t *tiles;    /* [ceil(Tm / 32)]^2 */
   dev_buf fwd_ints;  /* tokens, parents, positions, forest ranges of the last forward */
@@ -34,50 +33,16 @@ struct be_trainer {
   const int32_t *dev_tokens, *dev_parents, *dev_positions;
 };
 
-/* Carves `floats` floats (64-byte aligned) from the arena cursor; with base NULL only counts. */
-static float *carve(float *base, size_t *cursor, size_t floats) {
-  float *p = base ? base + *cursor : NULL;
-  *cursor += (floats + 15) / 16 * 16;
-  return p;
-}
-
-/* Lays out (or, with base NULL, measures) the arena. */
+/* Lays out (or, with base NULL, measures) the arena: the shared activations, then this
+ * backend's per-token outputs, the forest's ancestor mask and its tile summary. */
 static size_t lay_out(be_trainer *t, float *base) {
   const dims *d = &t->m->d;
   const size_t T = (size_t)t->Tm, words = (T + 31) / 32;
   size_t at = 0;
-  float *stream = carve(base, &at, (d->L + 1) * T * d->D);
-  for (int l = 0; l < d->L; l++) {
-    layer_io *io = &t->io[l];
-    io->x_in = stream ? stream + l * T * d->D : NULL;
-    io->x_out = stream ? stream + (l + 1) * T * d->D : NULL;
-    io->h1 = carve(base, &at, T * d->D);
-    io->rstd1 = carve(base, &at, T);
-    io->qkv = carve(base, &at, T * d->qkv_dim);
-    io->att = carve(base, &at, T * d->q_dim);
-    io->lse = carve(base, &at, T * d->H);
-    io->x_mid = carve(base, &at, T * d->D);
-    io->h2 = carve(base, &at, T * d->D);
-    io->rstd2 = carve(base, &at, T);
-    io->gu = carve(base, &at, T * 2 * d->F);
-    io->act = carve(base, &at, T * d->F);
-  }
-  t->x_final = stream ? stream + d->L * T * d->D : NULL;
-  t->hf = carve(base, &at, T * d->D);
-  t->rstdf = carve(base, &at, T);
-  t->logits = carve(base, &at, T * d->V);
-  t->lse_rows = carve(base, &at, T);
-  t->entropy_rows = carve(base, &at, T);
-  t->token_out = carve(base, &at, 2 * T);
-  t->dres = carve(base, &at, T * d->D);
-  t->dh = carve(base, &at, T * d->D);
-  t->dgu = carve(base, &at, T * 2 * d->F);
-  t->dact = carve(base, &at, T * d->F);
-  t->datt = carve(base, &at, T * d->q_dim);
-  t->dqkv = carve(base, &at, T * d->qkv_dim);
-  t->dsum = carve(base, &at, T * d->H);
-  t->mask = (uint32_t *)carve(base, &at, T * words);
-  t->tiles = (uint8_t *)carve(base, &at, (words * words + 3) / 4);
+  train_acts_lay_out(&t->acts, d, T, base, &at);
+  t->token_out = arena_carve(base, &at, 2 * T);
+  t->mask = (uint32_t *)arena_carve(base, &at, T * words);
+  t->tiles = (uint8_t *)arena_carve(base, &at, (words * words + 3) / 4);
   return at;
 }
 
@@ -86,9 +51,9 @@ extern "C" gyre_status be_trainer_create(be_model *m, int32_t max_tokens, be_tra
   if (t == NULL) return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
   t->m = m;
   t->Tm = max_tokens;
-  t->io = (layer_io *)calloc((size_t)m->d.L, sizeof(layer_io));
-  const size_t n = (size_t)m->lay->n_params, arena = t->io ? lay_out(t, NULL) : 0;
-  gyre_status st = t->io == NULL ? gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cuda: out of host memory") : GYRE_OK;
+  t->acts.io = (layer_io *)calloc((size_t)m->d.L, sizeof(layer_io));
+  const size_t n = (size_t)m->lay->n_params, arena = t->acts.io ? lay_out(t, NULL) : 0;
+  gyre_status st = t->acts.io == NULL ? gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cuda: out of host memory") : GYRE_OK;
   if (st == GYRE_OK) st = ctx_open(&t->ctx, m->ctx.device);
   if (st == GYRE_OK) st = dev_alloc((void **)&t->grads, sizeof(float) * 3 * n, "gradients and AdamW moments");
   if (st == GYRE_OK) {
@@ -123,7 +88,7 @@ extern "C" void be_trainer_free(be_trainer *t) {
     host_buf_free(&t->staging);
   }
   ctx_close(&t->ctx);
-  free(t->io);
+  free(t->acts.io);
   free(t);
 }
 
@@ -146,6 +111,7 @@ static gyre_status attend_forest(void *arg, exec_ctx *ctx, int layer, const laye
 }
 
 extern "C" gyre_status be_train_forward(be_trainer *t, const train_batch *b, float *logp_host, float *entropy_host) {
+  const train_acts *acts = &t->acts;
   const be_model *m = t->m;
   const dims *d = &m->d;
   const forest *f = b->forest;
@@ -171,12 +137,12 @@ extern "C" gyre_status be_train_forward(be_trainer *t, const train_batch *b, flo
   GYRE_CHECK(forest_mask(ctx, t->mask, t->tiles, di + 3 * T, di + 4 * T + 1, T));
 
   forest_arg arg = {t, T};
-  GYRE_CHECK(embed_forward(ctx, t->io[0].x_in, t->dev_tokens, m->w + m->lay->embed, T, d->D));
-  for (int l = 0; l < d->L; l++) GYRE_CHECK(layer_forward(m, ctx, l, T, t->dev_positions, &t->io[l], attend_forest, &arg));
-  GYRE_CHECK(rmsnorm_forward(ctx, t->hf, t->rstdf, t->x_final, m->w + m->lay->norm_f, T, d->D, d->eps));
-  GYRE_CHECK(gemm(ctx, T, d->V, d->D, t->hf, d->D, 0, m->w + m->lay->lm_head, d->D, 1, t->logits, d->V, 0));
-  GYRE_CHECK(logits_stats(ctx, t->lse_rows, t->entropy_rows, t->logits, T, d->V));
-  GYRE_CHECK(token_logprobs(ctx, t->token_out, t->token_out + T, t->logits, t->lse_rows, t->entropy_rows,
+  GYRE_CHECK(embed_forward(ctx, acts->io[0].x_in, t->dev_tokens, m->w + m->lay->embed, T, d->D));
+  for (int l = 0; l < d->L; l++) GYRE_CHECK(layer_forward(m, ctx, l, T, t->dev_positions, &acts->io[l], attend_forest, &arg));
+  GYRE_CHECK(rmsnorm_forward(ctx, acts->hf, acts->rstdf, acts->x_final, m->w + m->lay->norm_f, T, d->D, d->eps));
+  GYRE_CHECK(gemm(ctx, T, d->V, d->D, acts->hf, d->D, 0, m->w + m->lay->lm_head, d->D, 1, acts->logits, d->V, 0));
+  GYRE_CHECK(logits_stats(ctx, acts->lse_rows, acts->entropy_rows, acts->logits, T, d->V));
+  GYRE_CHECK(token_logprobs(ctx, t->token_out, t->token_out + T, acts->logits, acts->lse_rows, acts->entropy_rows,
                             t->dev_tokens, t->dev_parents, T, d->V));
   CU(cudaMemcpyAsync(logp_host, t->token_out, sizeof(float) * T, cudaMemcpyDeviceToHost, ctx->stream));
   CU(cudaMemcpyAsync(entropy_host, t->token_out + T, sizeof(float) * T, cudaMemcpyDeviceToHost, ctx->stream));
@@ -259,6 +225,7 @@ static gyre_status prepare_backward(be_trainer *t, const train_batch *b, const f
 }
 
 extern "C" gyre_status be_train_backward(be_trainer *t, const train_batch *b, const float *dlogp_host) {
+  const train_acts *acts = &t->acts;
   const be_model *m = t->m;
   const dims *d = &m->d;
   const float *w = m->w;
@@ -274,34 +241,34 @@ extern "C" gyre_status be_train_backward(be_trainer *t, const train_batch *b, co
   const float *wf = (const float *)t->bwd_ints.p;
   t->T = 0; /* the logits become dlogits in place */
 
-  GYRE_CHECK(logits_backward(ctx, t->logits, t->lse_rows, wf + bw.coef, wi + bw.child_off, wi + bw.child_token,
+  GYRE_CHECK(logits_backward(ctx, acts->logits, acts->lse_rows, wf + bw.coef, wi + bw.child_off, wi + bw.child_token,
                              wf + bw.child_dlogp, T, d->V));
-  const float *dlogits = t->logits;
-  GYRE_CHECK(gemm(ctx, d->V, D, T, dlogits, d->V, 1, t->hf, D, 0, g + m->lay->lm_head, D, 1));
-  GYRE_CHECK(gemm(ctx, T, D, d->V, dlogits, d->V, 0, w + m->lay->lm_head, D, 0, t->dh, D, 0));
-  CU(cudaMemsetAsync(t->dres, 0, sizeof(float) * (size_t)T * D, ctx->stream));
-  GYRE_CHECK(rmsnorm_backward(ctx, t->dres, g + m->lay->norm_f, t->dh, t->x_final, w + m->lay->norm_f, t->rstdf, T, D));
+  const float *dlogits = acts->logits;
+  GYRE_CHECK(gemm(ctx, d->V, D, T, dlogits, d->V, 1, acts->hf, D, 0, g + m->lay->lm_head, D, 1));
+  GYRE_CHECK(gemm(ctx, T, D, d->V, dlogits, d->V, 0, w + m->lay->lm_head, D, 0, acts->dh, D, 0));
+  CU(cudaMemsetAsync(acts->dres, 0, sizeof(float) * (size_t)T * D, ctx->stream));
+  GYRE_CHECK(rmsnorm_backward(ctx, acts->dres, g + m->lay->norm_f, acts->dh, acts->x_final, w + m->lay->norm_f, acts->rstdf, T, D));
   for (int l = d->L - 1; l >= 0; l--) {
-    const layer_io *io = &t->io[l];
+    const layer_io *io = &acts->io[l];
     const layer_offsets *o = &m->lay->layers[l];
     /* x_out = x_mid + act . Wdown^T */
-    GYRE_CHECK(gemm(ctx, D, F, T, t->dres, D, 1, io->act, F, 0, g + o->wdown, F, 1));
-    GYRE_CHECK(gemm(ctx, T, F, D, t->dres, D, 0, w + o->wdown, F, 0, t->dact, F, 0));
-    GYRE_CHECK(swiglu_backward(ctx, t->dgu, t->dact, io->gu, T, F));
-    GYRE_CHECK(gemm(ctx, 2 * F, D, T, t->dgu, 2 * F, 1, io->h2, D, 0, g + o->wgu, D, 1));
-    GYRE_CHECK(gemm(ctx, T, D, 2 * F, t->dgu, 2 * F, 0, w + o->wgu, D, 0, t->dh, D, 0));
-    GYRE_CHECK(rmsnorm_backward(ctx, t->dres, g + o->ln_post, t->dh, io->x_mid, w + o->ln_post, io->rstd2, T, D));
+    GYRE_CHECK(gemm(ctx, D, F, T, acts->dres, D, 1, io->act, F, 0, g + o->wdown, F, 1));
+    GYRE_CHECK(gemm(ctx, T, F, D, acts->dres, D, 0, w + o->wdown, F, 0, acts->dact, F, 0));
+    GYRE_CHECK(swiglu_backward(ctx, acts->dgu, acts->dact, io->gu, T, F));
+    GYRE_CHECK(gemm(ctx, 2 * F, D, T, acts->dgu, 2 * F, 1, io->h2, D, 0, g + o->wgu, D, 1));
+    GYRE_CHECK(gemm(ctx, T, D, 2 * F, acts->dgu, 2 * F, 0, w + o->wgu, D, 0, acts->dh, D, 0));
+    GYRE_CHECK(rmsnorm_backward(ctx, acts->dres, g + o->ln_post, acts->dh, io->x_mid, w + o->ln_post, io->rstd2, T, D));
     /* x_mid = x_in + att . Wo^T */
-    GYRE_CHECK(gemm(ctx, D, d->q_dim, T, t->dres, D, 1, io->att, d->q_dim, 0, g + o->wo, d->q_dim, 1));
-    GYRE_CHECK(gemm(ctx, T, d->q_dim, D, t->dres, D, 0, w + o->wo, d->q_dim, 0, t->datt, d->q_dim, 0));
-    GYRE_CHECK(forest_attention_backward(ctx, t->dqkv, t->datt, io->qkv, io->att, io->lse, t->dsum, t->mask, t->tiles,
+    GYRE_CHECK(gemm(ctx, D, d->q_dim, T, acts->dres, D, 1, io->att, d->q_dim, 0, g + o->wo, d->q_dim, 1));
+    GYRE_CHECK(gemm(ctx, T, d->q_dim, D, acts->dres, D, 0, w + o->wo, d->q_dim, 0, acts->datt, d->q_dim, 0));
+    GYRE_CHECK(forest_attention_backward(ctx, acts->dqkv, acts->datt, io->qkv, io->att, io->lse, acts->dsum, t->mask, t->tiles,
                                          T, d));
-    GYRE_CHECK(rope(ctx, t->dqkv, t->dev_positions, m->rope_cos, m->rope_sin, T, d, 1));
-    GYRE_CHECK(gemm(ctx, d->qkv_dim, D, T, t->dqkv, d->qkv_dim, 1, io->h1, D, 0, g + o->wqkv, D, 1));
-    GYRE_CHECK(gemm(ctx, T, D, d->qkv_dim, t->dqkv, d->qkv_dim, 0, w + o->wqkv, D, 0, t->dh, D, 0));
-    GYRE_CHECK(rmsnorm_backward(ctx, t->dres, g + o->ln_in, t->dh, io->x_in, w + o->ln_in, io->rstd1, T, D));
+    GYRE_CHECK(rope(ctx, acts->dqkv, t->dev_positions, m->rope_cos, m->rope_sin, T, d, 1));
+    GYRE_CHECK(gemm(ctx, d->qkv_dim, D, T, acts->dqkv, d->qkv_dim, 1, io->h1, D, 0, g + o->wqkv, D, 1));
+    GYRE_CHECK(gemm(ctx, T, D, d->qkv_dim, acts->dqkv, d->qkv_dim, 0, w + o->wqkv, D, 0, acts->dh, D, 0));
+    GYRE_CHECK(rmsnorm_backward(ctx, acts->dres, g + o->ln_in, acts->dh, io->x_in, w + o->ln_in, io->rstd1, T, D));
   }
-  GYRE_CHECK(embed_backward(ctx, g + m->lay->embed, t->dres, wi + bw.ids, wi + bw.id_off, wi + bw.id_rows, bw.n_ids, D));
+  GYRE_CHECK(embed_backward(ctx, g + m->lay->embed, acts->dres, wi + bw.ids, wi + bw.id_off, wi + bw.id_rows, bw.n_ids, D));
   return ctx_sync(ctx);
 }
 

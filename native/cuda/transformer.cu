@@ -1,5 +1,4 @@
 /* transformer.cu - the GPU model's weights and the decoder layer forward (llm.c style). */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -7,20 +6,6 @@
 #include "gemm.cuh"
 #include "kernels.cuh"
 #include "transformer.cuh"
-
-/* cos/sin tables [max_pos, hd/2] as Hugging Face computes them (inv_freq in F32), the
- * same arithmetic as the CPU backend's rope_tables. */
-static void rope_tables_host(float *cos_t, float *sin_t, const dims *d) {
-  int half = d->hd / 2;
-  for (int j = 0; j < half; j++) {
-    float inv_freq = 1.0f / powf((float)d->rope_theta, (float)(2 * j) / (float)d->hd);
-    for (int p = 0; p < d->max_pos; p++) {
-      float angle = (float)p * inv_freq;
-      cos_t[(size_t)p * half + j] = (float)cos((double)angle);
-      sin_t[(size_t)p * half + j] = (float)sin((double)angle);
-    }
-  }
-}
 
 extern "C" gyre_status be_model_create(const param_layout *lay, be_model **out) {
   if (lay->d.hd > ATTENTION_MAX_HEAD_DIM)
@@ -38,7 +23,7 @@ extern "C" gyre_status be_model_create(const param_layout *lay, be_model **out) 
   if (st == GYRE_OK) st = dev_alloc((void **)&m->rope_cos, sizeof(float) * 2 * table, "RoPE tables");
   if (st == GYRE_OK) {
     m->rope_sin = m->rope_cos + table;
-    rope_tables_host(host, host + table, &m->d);
+    rope_tables(host, host + table, &m->d); /* the shared tables, uploaded */
     cudaError_t err = cudaMemcpyAsync(m->rope_cos, host, sizeof(float) * 2 * table, cudaMemcpyHostToDevice, m->ctx.stream);
     if (err == cudaSuccess) err = cudaStreamSynchronize(m->ctx.stream);
     if (err != cudaSuccess) st = cuda_fail(err, "cudaMemcpyAsync", "be_model_create");

@@ -97,6 +97,12 @@ float uniform_at(uint64_t seed, uint64_t counter);
 /* Fills the flat vector with the Hugging Face Llama initialisation. */
 void init_weights(const param_layout *layout, uint64_t seed, float init_std, float *flat);
 
+/* ---- RoPE (common/rope.c) ---- */
+
+/* cos/sin tables [max_pos, hd/2] as Hugging Face computes them (inv_freq in F32, angles
+ * rounded to F32, cos and sin in double); every backend rotates by these. */
+void rope_tables(float *cos_t, float *sin_t, const dims *d);
+
 /* ---- forest of a packed batch (common/forest.c) ---- */
 
 /* The ancestors of token i (itself included) as ascending, disjoint index ranges

@@ -67,18 +67,6 @@ void rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, c
   }
 }
 
-void rope_tables(float *cos_t, float *sin_t, const dims *d) {
-  int half = d->hd / 2;
-  for (int j = 0; j < half; j++) {
-    float inv_freq = 1.0f / powf((float)d->rope_theta, (float)(2 * j) / (float)d->hd);
-    for (int p = 0; p < d->max_pos; p++) {
-      float angle = (float)p * inv_freq;
-      cos_t[(size_t)p * half + j] = (float)cos((double)angle);
-      sin_t[(size_t)p * half + j] = (float)sin((double)angle);
-    }
-  }
-}
-
 void rope(float *qkv, const int32_t *positions, const float *cos_t, const float *sin_t, int T,
           const dims *d, int inverse) {
   int half = d->hd / 2, heads = d->H + d->KV; /* q heads then k heads, contiguous */

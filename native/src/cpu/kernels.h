@@ -24,8 +24,6 @@ void rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, c
  * cos/sin tables [max_pos, hd/2]; inverse rotates back (the backward of the rotation). */
 void rope(float *qkv, const int32_t *positions, const float *cos_t, const float *sin_t, int T,
           const dims *d, int inverse);
-/* cos/sin tables [max_pos, hd/2] as Hugging Face computes them (inv_freq in F32). */
-void rope_tables(float *cos_t, float *sin_t, const dims *d);
 
 /* act[T,F] = silu(gu[:, :F]) * gu[:, F:]   (gu = gate | up, [T, 2F]) */
 void swiglu_forward(float *act, const float *gu, int T, int F);

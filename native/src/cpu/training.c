@@ -1,8 +1,9 @@
 /* training.c - the CPU trainer: forward and backward over a packed forest, gradients, AdamW.
  *
  * All activations for max_tokens rows are one allocation made at creation (llm.c style):
- * L+1 residual streams, each layer's saved tensors (layer_io), the final norm and logits,
- * and the backward's scratch. The backward mirrors layer_forward step by step.
+ * the layout every backend shares (train_acts of activations.h: residual streams, each
+ * layer's saved tensors, the final norm and logits, the backward's gradients), then this
+ * backend's scratch. The backward mirrors layer_forward step by step.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -19,59 +20,24 @@ struct be_trainer {
   int T;             /* rows of the last forward (0: none) */
   float *grads, *adam_m, *adam_v;
   float *arena;      /* every activation below lives here */
-  layer_io *io;      /* per layer */
-  float *x_final, *hf, *rstdf, *logits, *lse_rows, *entropy_rows;
-  float *dres, *dh, *dgu, *dact, *datt, *dqkv, *dlogits, *coef, *kt, *vt, *dsum;
+  train_acts acts;   /* the shared layout (activations.h) */
+  float *dlogits, *coef, *kt, *vt;
   float *scratch;    /* attention, per thread scratch_floats */
   size_t scratch_floats;
   int scratch_threads;
   int32_t *tiles;    /* attention tiles, 2 * Tm + 2 */
 };
 
-/* Carves `floats` floats (64-byte aligned) from the arena cursor; with base NULL only counts. */
-static float *carve(float *base, size_t *cursor, size_t floats) {
-  float *p = base ? base + *cursor : NULL;
-  *cursor += (floats + 15) / 16 * 16;
-  return p;
-}
-
-/* Lays out (or, with base NULL, measures) the arena. */
+/* Lays out (or, with base NULL, measures) the arena: the shared activations, then this
+ * backend's logits gradient, loss coefficients and transposed K/V for attention. */
 static size_t lay_out(be_trainer *t, float *base) {
   const dims *d = &t->m->d;
   size_t T = (size_t)t->Tm, at = 0;
-  float *stream = carve(base, &at, (d->L + 1) * T * d->D);
-  for (int l = 0; l < d->L; l++) {
-    layer_io *io = &t->io[l];
-    io->x_in = stream ? stream + l * T * d->D : NULL;
-    io->x_out = stream ? stream + (l + 1) * T * d->D : NULL;
-    io->h1 = carve(base, &at, T * d->D);
-    io->rstd1 = carve(base, &at, T);
-    io->qkv = carve(base, &at, T * d->qkv_dim);
-    io->att = carve(base, &at, T * d->q_dim);
-    io->lse = carve(base, &at, T * d->H);
-    io->x_mid = carve(base, &at, T * d->D);
-    io->h2 = carve(base, &at, T * d->D);
-    io->rstd2 = carve(base, &at, T);
-    io->gu = carve(base, &at, T * 2 * d->F);
-    io->act = carve(base, &at, T * d->F);
-  }
-  t->x_final = stream ? stream + d->L * T * d->D : NULL;
-  t->hf = carve(base, &at, T * d->D);
-  t->rstdf = carve(base, &at, T);
-  t->logits = carve(base, &at, T * d->V);
-  t->lse_rows = carve(base, &at, T);
-  t->entropy_rows = carve(base, &at, T);
-  t->dres = carve(base, &at, T * d->D);
-  t->dh = carve(base, &at, T * d->D);
-  t->dgu = carve(base, &at, T * 2 * d->F);
-  t->dact = carve(base, &at, T * d->F);
-  t->datt = carve(base, &at, T * d->q_dim);
-  t->dqkv = carve(base, &at, T * d->qkv_dim);
-  t->dlogits = carve(base, &at, T * d->V);
-  t->coef = carve(base, &at, T);
-  t->kt = carve(base, &at, T * d->kv_dim + 16); /* + 16: attention reads whole 16-key chunks */
-  t->vt = carve(base, &at, T * d->kv_dim + 16);
-  t->dsum = carve(base, &at, T * d->H);
+  train_acts_lay_out(&t->acts, d, T, base, &at);
+  t->dlogits = arena_carve(base, &at, T * d->V);
+  t->coef = arena_carve(base, &at, T);
+  t->kt = arena_carve(base, &at, T * d->kv_dim + 16); /* + 16: attention reads whole 16-key chunks */
+  t->vt = arena_carve(base, &at, T * d->kv_dim + 16);
   return at;
 }
 
@@ -80,14 +46,14 @@ gyre_status be_trainer_create(be_model *m, int32_t max_tokens, be_trainer **out)
   if (t == NULL) return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cpu: out of host memory");
   t->m = m;
   t->Tm = max_tokens;
-  t->io = calloc((size_t)m->d.L, sizeof(layer_io));
-  size_t n = (size_t)m->lay->n_params, arena = t->io ? lay_out(t, NULL) : 0;
+  t->acts.io = calloc((size_t)m->d.L, sizeof(layer_io));
+  size_t n = (size_t)m->lay->n_params, arena = t->acts.io ? lay_out(t, NULL) : 0;
   t->grads = aligned_calloc(sizeof(float) * n);
   t->adam_m = aligned_calloc(sizeof(float) * n);
   t->adam_v = aligned_calloc(sizeof(float) * n);
-  t->arena = t->io ? aligned_calloc(sizeof(float) * arena) : NULL;
+  t->arena = t->acts.io ? aligned_calloc(sizeof(float) * arena) : NULL;
   t->tiles = malloc(sizeof(int32_t) * (2 * (size_t)max_tokens + 2));
-  if (t->tiles == NULL || t->io == NULL || t->grads == NULL || t->adam_m == NULL || t->adam_v == NULL || t->arena == NULL) {
+  if (t->tiles == NULL || t->acts.io == NULL || t->grads == NULL || t->adam_m == NULL || t->adam_v == NULL || t->arena == NULL) {
     be_trainer_free(t);
     return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cpu: cannot allocate %zu MB of training activations for %d tokens",
                      arena * sizeof(float) >> 20, max_tokens);
@@ -99,7 +65,7 @@ gyre_status be_trainer_create(be_model *m, int32_t max_tokens, be_trainer **out)
 
 void be_trainer_free(be_trainer *t) {
   if (t == NULL) return;
-  free(t->io);
+  free(t->acts.io);
   free(t->grads);
   free(t->adam_m);
   free(t->adam_v);
@@ -132,58 +98,60 @@ static void attend_forest(void *ctx, int layer, const layer_io *io) {
 }
 
 gyre_status be_train_forward(be_trainer *t, const train_batch *b, float *logp_host, float *entropy_host) {
+  const train_acts *acts = &t->acts;
   const be_model *m = t->m;
   const dims *d = &m->d;
   int T = b->n;
   GYRE_CHECK(ensure_scratch(t));
   forest_ctx ctx = {t, b};
-  embed_forward(t->io[0].x_in, b->tokens, m->w + m->lay->embed, T, d->D);
-  for (int l = 0; l < d->L; l++) layer_forward(m, l, T, b->positions, &t->io[l], attend_forest, &ctx);
-  rmsnorm_forward(t->hf, t->rstdf, t->x_final, m->w + m->lay->norm_f, T, d->D, d->eps);
-  gemm(T, d->V, d->D, t->hf, d->D, 0, m->w + m->lay->lm_head, d->D, 1, t->logits, d->V, 0);
-  logits_stats(t->lse_rows, t->entropy_rows, t->logits, T, d->V);
+  embed_forward(acts->io[0].x_in, b->tokens, m->w + m->lay->embed, T, d->D);
+  for (int l = 0; l < d->L; l++) layer_forward(m, l, T, b->positions, &acts->io[l], attend_forest, &ctx);
+  rmsnorm_forward(acts->hf, acts->rstdf, acts->x_final, m->w + m->lay->norm_f, T, d->D, d->eps);
+  gemm(T, d->V, d->D, acts->hf, d->D, 0, m->w + m->lay->lm_head, d->D, 1, acts->logits, d->V, 0);
+  logits_stats(acts->lse_rows, acts->entropy_rows, acts->logits, T, d->V);
   for (int i = 0; i < T; i++) {
     int p = b->parents[i];
-    logp_host[i] = p < 0 ? NAN : t->logits[(size_t)p * d->V + b->tokens[i]] - t->lse_rows[p];
-    entropy_host[i] = p < 0 ? NAN : t->entropy_rows[p];
+    logp_host[i] = p < 0 ? NAN : acts->logits[(size_t)p * d->V + b->tokens[i]] - acts->lse_rows[p];
+    entropy_host[i] = p < 0 ? NAN : acts->entropy_rows[p];
   }
   t->T = T;
   return GYRE_OK;
 }
 
 gyre_status be_train_backward(be_trainer *t, const train_batch *b, const float *dlogp_host) {
+  const train_acts *acts = &t->acts;
   const be_model *m = t->m;
   const dims *d = &m->d;
   const float *w = m->w;
   float *g = t->grads;
   int T = b->n, D = d->D, F = d->F;
   if (t->T != T) return gyre_fail(GYRE_ERR_STATE, "cpu: backward of a batch that was not the last forward");
-  logits_backward(t->dlogits, t->logits, t->lse_rows, b->tokens, b->parents, dlogp_host, T, d->V, t->coef);
-  gemm(d->V, D, T, t->dlogits, d->V, 1, t->hf, D, 0, g + m->lay->lm_head, D, 1);
-  gemm(T, D, d->V, t->dlogits, d->V, 0, w + m->lay->lm_head, D, 0, t->dh, D, 0);
-  memset(t->dres, 0, sizeof(float) * (size_t)T * D);
-  rmsnorm_backward(t->dres, g + m->lay->norm_f, t->dh, t->x_final, w + m->lay->norm_f, t->rstdf, T, D);
+  logits_backward(t->dlogits, acts->logits, acts->lse_rows, b->tokens, b->parents, dlogp_host, T, d->V, t->coef);
+  gemm(d->V, D, T, t->dlogits, d->V, 1, acts->hf, D, 0, g + m->lay->lm_head, D, 1);
+  gemm(T, D, d->V, t->dlogits, d->V, 0, w + m->lay->lm_head, D, 0, acts->dh, D, 0);
+  memset(acts->dres, 0, sizeof(float) * (size_t)T * D);
+  rmsnorm_backward(acts->dres, g + m->lay->norm_f, acts->dh, acts->x_final, w + m->lay->norm_f, acts->rstdf, T, D);
   for (int l = d->L - 1; l >= 0; l--) {
-    const layer_io *io = &t->io[l];
+    const layer_io *io = &acts->io[l];
     const layer_offsets *o = &m->lay->layers[l];
     /* x_out = x_mid + act . Wdown^T */
-    gemm(D, F, T, t->dres, D, 1, io->act, F, 0, g + o->wdown, F, 1);
-    gemm(T, F, D, t->dres, D, 0, w + o->wdown, F, 0, t->dact, F, 0);
-    swiglu_backward(t->dgu, t->dact, io->gu, T, F);
-    gemm(2 * F, D, T, t->dgu, 2 * F, 1, io->h2, D, 0, g + o->wgu, D, 1);
-    gemm(T, D, 2 * F, t->dgu, 2 * F, 0, w + o->wgu, D, 0, t->dh, D, 0);
-    rmsnorm_backward(t->dres, g + o->ln_post, t->dh, io->x_mid, w + o->ln_post, io->rstd2, T, D);
+    gemm(D, F, T, acts->dres, D, 1, io->act, F, 0, g + o->wdown, F, 1);
+    gemm(T, F, D, acts->dres, D, 0, w + o->wdown, F, 0, acts->dact, F, 0);
+    swiglu_backward(acts->dgu, acts->dact, io->gu, T, F);
+    gemm(2 * F, D, T, acts->dgu, 2 * F, 1, io->h2, D, 0, g + o->wgu, D, 1);
+    gemm(T, D, 2 * F, acts->dgu, 2 * F, 0, w + o->wgu, D, 0, acts->dh, D, 0);
+    rmsnorm_backward(acts->dres, g + o->ln_post, acts->dh, io->x_mid, w + o->ln_post, io->rstd2, T, D);
     /* x_mid = x_in + att . Wo^T */
-    gemm(D, d->q_dim, T, t->dres, D, 1, io->att, d->q_dim, 0, g + o->wo, d->q_dim, 1);
-    gemm(T, d->q_dim, D, t->dres, D, 0, w + o->wo, d->q_dim, 0, t->datt, d->q_dim, 0);
-    forest_attention_backward(t->dqkv, t->datt, io->qkv, io->att, io->lse, t->kt, t->vt, t->dsum, b->forest, T, d,
+    gemm(D, d->q_dim, T, acts->dres, D, 1, io->att, d->q_dim, 0, g + o->wo, d->q_dim, 1);
+    gemm(T, d->q_dim, D, acts->dres, D, 0, w + o->wo, d->q_dim, 0, acts->datt, d->q_dim, 0);
+    forest_attention_backward(acts->dqkv, acts->datt, io->qkv, io->att, io->lse, t->kt, t->vt, acts->dsum, b->forest, T, d,
                               t->scratch, t->scratch_floats, t->tiles);
-    rope(t->dqkv, b->positions, m->rope_cos, m->rope_sin, T, d, 1);
-    gemm(d->qkv_dim, D, T, t->dqkv, d->qkv_dim, 1, io->h1, D, 0, g + o->wqkv, D, 1);
-    gemm(T, D, d->qkv_dim, t->dqkv, d->qkv_dim, 0, w + o->wqkv, D, 0, t->dh, D, 0);
-    rmsnorm_backward(t->dres, g + o->ln_in, t->dh, io->x_in, w + o->ln_in, io->rstd1, T, D);
+    rope(acts->dqkv, b->positions, m->rope_cos, m->rope_sin, T, d, 1);
+    gemm(d->qkv_dim, D, T, acts->dqkv, d->qkv_dim, 1, io->h1, D, 0, g + o->wqkv, D, 1);
+    gemm(T, D, d->qkv_dim, acts->dqkv, d->qkv_dim, 0, w + o->wqkv, D, 0, acts->dh, D, 0);
+    rmsnorm_backward(acts->dres, g + o->ln_in, acts->dh, io->x_in, w + o->ln_in, io->rstd1, T, D);
   }
-  embed_backward(g + m->lay->embed, t->dres, b->tokens, T, D);
+  embed_backward(g + m->lay->embed, acts->dres, b->tokens, T, D);
   return GYRE_OK;
 }
 

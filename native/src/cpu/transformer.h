@@ -3,6 +3,7 @@
 #ifndef GYRE_CPU_TRANSFORMER_H
 #define GYRE_CPU_TRANSFORMER_H
 
+#include "../activations.h"
 #include "../backend.h"
 
 struct be_model {
@@ -11,22 +12,6 @@ struct be_model {
   float *w;                /* flat parameters */
   float *rope_cos, *rope_sin; /* [max_pos, hd/2] */
 };
-
-/* The activations of one decoder layer over T rows (row-major, T leading). */
-typedef struct layer_io {
-  float *x_in;   /* [T, D] residual stream in */
-  float *h1;     /* [T, D] input_layernorm(x_in) */
-  float *rstd1;  /* [T] */
-  float *qkv;    /* [T, qkv_dim] q | k | v, q and k rotated */
-  float *att;    /* [T, q_dim] attention output */
-  float *lse;    /* [T, H] attention log-sum-exp (training) or NULL */
-  float *x_mid;  /* [T, D] x_in + o_proj(att) */
-  float *h2;     /* [T, D] post_attention_layernorm(x_mid) */
-  float *rstd2;  /* [T] */
-  float *gu;     /* [T, 2F] gate | up */
-  float *act;    /* [T, F] silu(gate) * up */
-  float *x_out;  /* [T, D] x_mid + down_proj(act); may alias x_in */
-} layer_io;
 
 /* Fills io->att (and io->lse) from io->qkv for layer `layer`. */
 typedef void (*attend_fn)(void *ctx, int layer, const layer_io *io);
