@@ -7,12 +7,13 @@
  * protocol (when the caller supplies it) so a replay sees the same typed values the actors saw.
  * A read covers the messages present when it starts, then ends.
  */
-import { DeliverPolicy } from "@nats-io/jetstream"
-import { Cause, Effect, Exit, Schema, Stream } from "effect"
+import type { JsMsg } from "@nats-io/jetstream"
+import { Cause, Exit, Schema, Stream } from "effect"
 import type { RpcGroup } from "effect/rpc"
-import { TransportError, messageOf } from "./errors.ts"
+import type { TransportError } from "./errors.ts"
 import type { ActorAddress } from "./names.ts"
 import { Headers, codecsOf, parseJson, requestOf } from "./protocol.ts"
+import { readStored, type StartAt } from "./stream-reader.ts"
 import type { ActorSystemShape } from "./system.ts"
 
 export interface JournalEntry {
@@ -34,7 +35,7 @@ export interface JournalEntry {
 
 export interface ReadJournalOptions {
   /** First sequence to read (default 1), or the first time. */
-  readonly from?: { readonly seq: number } | { readonly time: Date }
+  readonly from?: StartAt
   /** Protocols by actor kind, to decode payloads. */
   readonly protocols?: Readonly<Record<string, RpcGroup.RpcGroup<any>>>
 }
@@ -48,76 +49,35 @@ const classify = (prefix: string, subject: string) => {
 }
 
 /** Streams the journal of `system`'s run, decoded. */
-export const readJournal = (system: ActorSystemShape, options: ReadJournalOptions = {}): Stream.Stream<JournalEntry, TransportError> =>
-  Stream.unwrap(
-    Effect.gen(function* () {
-      const names = system.layout
-      const info = yield* Effect.tryPromise({
-        try: () => system.nats.jsm.streams.info(names.journalStream),
-        catch: (e) => new TransportError({ operation: `journal info ${names.journalStream}`, message: messageOf(e) })
-      })
-      const last = info.state.last_seq
-      const from = options.from
-      const start = from === undefined ? { seq: 1 } : from
-      if ("seq" in start ? start.seq > last : start.time.getTime() > Date.parse(info.state.last_ts)) return Stream.empty
-      const consumer = yield* Effect.tryPromise({
-        try: () =>
-          system.nats.js.consumers.get(
-            names.journalStream,
-            "seq" in start
-              ? { deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: Math.max(1, start.seq) }
-              : { deliver_policy: DeliverPolicy.StartTime, opt_start_time: start.time.toISOString() }
-          ),
-        catch: (e) => new TransportError({ operation: "journal consumer", message: messageOf(e) })
-      })
-      const prefix = `gyre.${system.run}`
-      const messages = yield* Effect.tryPromise({
-        try: () => consumer.consume(),
-        catch: (e) => new TransportError({ operation: "journal read", message: messageOf(e) })
-      })
-      const decodeEntry = (m: (typeof messages) extends AsyncIterable<infer M> ? M : never): JournalEntry => {
-        const where = classify(prefix, m.subject)
-        const name = where.via === "event" ? where.name : m.headers?.get(Headers.request) ?? ""
-        const parsed = parseJson(m.data)
-        let payload: unknown = parsed.ok ? parsed.value : undefined
-        let error: string | undefined = parsed.ok ? undefined : parsed.reason
-        const protocol = where.actor ? options.protocols?.[where.actor.kind] : undefined
-        if (parsed.ok && protocol !== undefined) {
-          const rpc = requestOf(protocol, name)
-          if (rpc === undefined) error = `unknown request '${name}'`
-          else {
-            const decoded = Schema.decodeUnknownExit(codecsOf(rpc).payload)(parsed.value)
-            if (Exit.isSuccess(decoded)) payload = decoded.value
-            else error = Cause.pretty(decoded.cause)
-          }
-        }
-        return {
-          seq: m.seq,
-          time: new Date(Number(m.timestampNanos / 1_000_000n)),
-          subject: m.subject,
-          via: where.via,
-          actor: where.actor,
-          name,
-          msgId: m.headers?.get(Headers.msgId) || undefined,
-          payload,
-          error
-        }
+export const readJournal = (system: ActorSystemShape, options: ReadJournalOptions = {}): Stream.Stream<JournalEntry, TransportError> => {
+  const prefix = `gyre.${system.run}`
+  const decodeEntry = (m: JsMsg): JournalEntry => {
+    const where = classify(prefix, m.subject)
+    const name = where.via === "event" ? where.name : m.headers?.get(Headers.request) ?? ""
+    const parsed = parseJson(m.data)
+    let payload: unknown = parsed.ok ? parsed.value : undefined
+    let error: string | undefined = parsed.ok ? undefined : parsed.reason
+    const protocol = where.actor ? options.protocols?.[where.actor.kind] : undefined
+    if (parsed.ok && protocol !== undefined) {
+      const rpc = requestOf(protocol, name)
+      if (rpc === undefined) error = `unknown request '${name}'`
+      else {
+        const decoded = Schema.decodeUnknownExit(codecsOf(rpc).payload)(parsed.value)
+        if (Exit.isSuccess(decoded)) payload = decoded.value
+        else error = Cause.pretty(decoded.cause)
       }
-      return Stream.fromAsyncIterable(
-        {
-          async *[Symbol.asyncIterator]() {
-            if (last === 0) return
-            try {
-              for await (const m of messages) {
-                yield decodeEntry(m)
-                if (m.seq >= last) break
-              }
-            } finally {
-              await messages.close().catch(() => undefined)
-            }
-          }
-        },
-        (e) => new TransportError({ operation: "journal read", message: messageOf(e) })
-      )
-    })
-  )
+    }
+    return {
+      seq: m.seq,
+      time: new Date(Number(m.timestampNanos / 1_000_000n)),
+      subject: m.subject,
+      via: where.via,
+      actor: where.actor,
+      name,
+      msgId: m.headers?.get(Headers.msgId) || undefined,
+      payload,
+      error
+    }
+  }
+  return readStored(system.nats, system.layout.journalStream, options.from).pipe(Stream.map(decodeEntry))
+}
