@@ -24,16 +24,7 @@ extern "C" int32_t be_device_count(void) {
   return n;
 }
 
-static gyre_status device_check(int32_t device, const char *fn) {
-  int32_t n = be_device_count();
-  if (device < 0 || device >= n)
-    return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "%s: device %d not in [0, %d) (visible CUDA devices)", fn,
-                     device, n);
-  return GYRE_OK;
-}
-
 extern "C" gyre_status be_device_name(int32_t device, char *buf, size_t cap) {
-  GYRE_CHECK(device_check(device, "gyre_device_name"));
   cudaDeviceProp prop;
   CU(cudaGetDeviceProperties(&prop, device));
   snprintf(buf, cap, "%s", prop.name);
@@ -41,7 +32,6 @@ extern "C" gyre_status be_device_name(int32_t device, char *buf, size_t cap) {
 }
 
 extern "C" gyre_status be_set_device(int32_t device) {
-  GYRE_CHECK(device_check(device, "gyre_set_device"));
   selected_device = device;
   return GYRE_OK;
 }

@@ -91,7 +91,10 @@ GYRE_API int32_t gyre_abi_version(void);          /* GYRE_ABI_VERSION of the bui
 GYRE_API const char *gyre_backend(void);          /* "cpu" or "cuda" */
 GYRE_API int32_t gyre_device_count(void);         /* CPU: 1; CUDA: visible devices */
 GYRE_API gyre_status gyre_device_name(int32_t device, char *buf, size_t cap);
-/* Selects the device for handles created afterwards (CPU: only 0). */
+/* Selects the device for models created afterwards (CPU: only 0); a cache or trainer lives
+ * on its model's device. The selection is process-wide, not per thread: a caller creating
+ * models on several devices serialises each (set_device, create) pair. A device outside
+ * [0, gyre_device_count()) fails with GYRE_ERR_INVALID_ARGUMENT. */
 GYRE_API gyre_status gyre_set_device(int32_t device);
 /* Host threads used by compute (CPU: OpenMP threads; 0 = one per core). */
 GYRE_API void gyre_set_num_threads(int32_t n);

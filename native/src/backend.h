@@ -20,7 +20,7 @@ typedef struct be_model be_model;
 typedef struct be_cache be_cache;
 typedef struct be_trainer be_trainer;
 
-/* ---- device ---- */
+/* ---- device (the shared code checks device < be_device_count() first) ---- */
 const char *be_name(void);
 int32_t be_device_count(void);
 gyre_status be_device_name(int32_t device, char *buf, size_t cap);

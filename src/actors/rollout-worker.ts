@@ -1,8 +1,9 @@
 /**
  * The rollout-worker actor: one per device, serving `RolloutWorkerProtocol`.
  *
- * Each incarnation loads the checkpoint (config.json + model.safetensors) into the engine,
- * creates a paged KV cache and runs the continuous-batching loop (`batcher.ts`) in its
+ * Each incarnation loads the checkpoint (config.json + model.safetensors) into the engine on
+ * its device (`device`, else the number ending its id modulo the engine's device count, so
+ * `<node>.cuda0`, `<node>.cuda1`, ... spread over the GPUs; the CPU has one), creates a paged KV cache and runs the continuous-batching loop (`batcher.ts`) in its
  * scope; all three are freed when the incarnation ends. `Generate` handlers only queue work
  * for the loop and wait, so the actor declares a high `concurrency`: every request in flight
  * is a handler, and control requests (Cancel, Status, Drain) never wait behind them.
@@ -50,6 +51,17 @@ export interface RolloutWorkerConfig {
   readonly prefillChunk?: number
   /** Cached contexts kept per execution (default 16; each call leaves two). */
   readonly contextsPerExecution?: number
+  /** Engine device of the model and its KV cache; default `workerDevice(id, device count)`. */
+  readonly device?: number
+}
+
+/**
+ * The device of worker `id` among `deviceCount`: the number ending the id (`serve.cuda3` -> 3)
+ * modulo the count, so worker i of a node runs on device i mod count; 0 without a number.
+ */
+export const workerDevice = (id: string, deviceCount: number): number => {
+  const index = /(\d+)$/.exec(id)
+  return index === null || deviceCount < 1 ? 0 : Number(index[1]) % deviceCount
 }
 
 const intFromEnv = (name: string): number | undefined => {
@@ -63,7 +75,7 @@ const intFromEnv = (name: string): number | undefined => {
 /**
  * The configuration from the environment: `GYRE_CHECKPOINT` (required when an actor is
  * spawned), `GYRE_POLICY_VERSION`, `GYRE_KV_BLOCK_TOKENS`, `GYRE_KV_BLOCKS`, `GYRE_MAX_CONTEXT`,
- * `GYRE_MAX_BATCH`, `GYRE_PREFILL_CHUNK`, `GYRE_CONTEXTS_PER_EXECUTION`.
+ * `GYRE_MAX_BATCH`, `GYRE_PREFILL_CHUNK`, `GYRE_CONTEXTS_PER_EXECUTION`, `GYRE_DEVICE`.
  */
 export const workerConfigFromEnv = (): RolloutWorkerConfig => {
   const optional = (key: keyof RolloutWorkerConfig, env: string) => {
@@ -78,7 +90,8 @@ export const workerConfigFromEnv = (): RolloutWorkerConfig => {
     ...optional("maxContext", "GYRE_MAX_CONTEXT"),
     ...optional("maxBatch", "GYRE_MAX_BATCH"),
     ...optional("prefillChunk", "GYRE_PREFILL_CHUNK"),
-    ...optional("contextsPerExecution", "GYRE_CONTEXTS_PER_EXECUTION")
+    ...optional("contextsPerExecution", "GYRE_CONTEXTS_PER_EXECUTION"),
+    ...optional("device", "GYRE_DEVICE")
   }
 }
 
@@ -95,7 +108,8 @@ export const rolloutWorker = (config: RolloutWorkerConfig) =>
       Effect.gen(function* () {
         if (config.checkpoint === "") return yield* Effect.die(new Error("rollout-worker: no checkpoint configured (GYRE_CHECKPOINT)"))
         const engine = yield* Engine
-        const { model } = yield* loadCheckpoint(config.checkpoint)
+        const device = config.device ?? workerDevice(ctx.address.id, engine.devices.length)
+        const { model } = yield* loadCheckpoint(config.checkpoint, { device })
         const modelConfig = model.config
         const cache = yield* model.cache({ blockTokens: config.blockTokens ?? 16, numBlocks: config.numBlocks ?? 4096 })
         const worker = formatAddress(ctx.address)
@@ -128,7 +142,7 @@ export const rolloutWorker = (config: RolloutWorkerConfig) =>
             const blob = yield* Effect.tryPromise({ try: () => store.getBlob(name), catch: (e) => unavailable(String(e)) })
             if (blob === null) return yield* unavailable(`no object ${name} in ${layout.weightsBucket}`)
             return yield* Effect.scoped(
-              engine.loadModel(modelConfig, blob).pipe(
+              engine.loadModel(modelConfig, blob, { device }).pipe(
                 Effect.flatMap((m) => m.getWeights()),
                 Effect.mapError((e) => unavailable(e.message))
               )

@@ -3,7 +3,8 @@
  *
  * The embedded default: a private nats-server (its store in `--store`, else a temporary
  * directory removed at exit; or NATS_URL), one node hosting `--devices`
- * rollout workers (`rollout-worker/<node>.<backend><i>`) and the gateway on `--port`. It
+ * rollout workers (`rollout-worker/<node>.<backend><i>`, worker i on engine device i modulo the
+ * device count) and the gateway on `--port`. It
  * opens one execution, prints the base URL, the API key and where the call records go, then
  * a JSON line `{"event":"ready",...}`, and serves until SIGINT or SIGTERM, on which it drains
  * (calls in flight finish) and prints `{"event":"drained"}`.
@@ -15,7 +16,7 @@ import { Deferred, Effect, Layer } from "effect"
 import { gateway } from "../actors/gateway.ts"
 import { GatewayProtocol } from "../actors/harness-protocol.ts"
 import { rlLayout } from "../actors/layout.ts"
-import { rolloutWorker } from "../actors/rollout-worker.ts"
+import { rolloutWorker, workerDevice } from "../actors/rollout-worker.ts"
 import { CONFIG_FILE, MODEL_FILE } from "../engine/checkpoint.ts"
 import { loadNative } from "../engine/native.ts"
 import { Nats, natsOptionsFromEnv } from "../runtime/nats.ts"
@@ -29,7 +30,7 @@ const flags = {
   checkpoint: { kind: "string", doc: "checkpoint directory (config.json, model.safetensors)", required: true },
   port: { kind: "integer", doc: "HTTP port of the OpenAI API (0: any free port)", default: 8000 },
   host: { kind: "string", doc: "interface the HTTP server listens on", default: "127.0.0.1" },
-  devices: { kind: "integer", doc: "rollout workers, one per device", default: 1 },
+  devices: { kind: "integer", doc: "rollout workers; worker i runs on device i mod the device count", default: 1 },
   model: { kind: "string", doc: "model id served", default: "gyre" },
   run: { kind: "string", doc: "run id (names the streams the calls are recorded on)", default: `serve-${Date.now().toString(36)}` },
   node: { kind: "string", doc: "node name", default: "serve" },
@@ -52,7 +53,8 @@ export const command: Command<typeof flags> = {
     const storeDir = f.store ?? env.storeDir
     const program = Effect.gen(function* () {
       const system = yield* ActorSystem
-      const backend = (yield* loadNative()).backend
+      const { backend, devices } = yield* loadNative()
+      const workers = Array.from({ length: f.devices }, (_, i) => `${f.node}.${backend}${i}`)
       const node = yield* startNode({
         name: f.node,
         types: [
@@ -60,7 +62,7 @@ export const command: Command<typeof flags> = {
           gateway({ host: f.host, port: f.port, model: f.model, defaultMaxTokens: f["max-tokens"] })
         ]
       })
-      for (let i = 0; i < f.devices; i++) yield* node.spawn("rollout-worker", `${f.node}.${backend}${i}`)
+      for (const id of workers) yield* node.spawn("rollout-worker", id) // each on workerDevice(id): i mod devices
       yield* node.spawn("gateway", "main")
       const key = `gyre-${nuid.next()}${nuid.next()}`
       const execution = `serve-${nuid.next()}`
@@ -73,7 +75,8 @@ export const command: Command<typeof flags> = {
       const names = rlLayout(system.run)
       console.log(`OpenAI base URL: ${baseUrl}`)
       console.log(`API key:         ${key}`)
-      console.log(`model:           ${f.model} (${f.checkpoint}, ${f.devices} ${backend} worker${f.devices === 1 ? "" : "s"})`)
+      const onDevices = workers.map((id) => workerDevice(id, devices.length)).join(", ")
+      console.log(`model:           ${f.model} (${f.checkpoint}, ${f.devices} ${backend} worker${f.devices === 1 ? "" : "s"} on device${f.devices === 1 ? "" : "s"} ${onDevices})`)
       const where = system.nats.embedded ? (storeDir === undefined ? " (temporary store: --store DIR keeps them)" : ` (store ${storeDir})`) : ""
       console.log(`call records:    stream ${names.trajectoryStream}, subject ${names.calls(execution)} on ${system.nats.servers}${where}`)
       console.log(JSON.stringify({ event: "ready", baseUrl, key, model: f.model, run: system.run, execution, nats: system.nats.servers, records: names.calls(execution) }))

@@ -13,7 +13,7 @@ import { mkdir, readFile, rename, writeFile } from "node:fs/promises"
 import { join } from "node:path"
 import { Effect, Schema, type Scope } from "effect"
 import { type LlamaConfig, parseConfigJson, toConfigJson } from "./config.ts"
-import { Engine, type Model } from "./engine.ts"
+import { Engine, type Model, type ModelOptions } from "./engine.ts"
 import { EngineError, type NativeError } from "./native.ts"
 import { special } from "./tokenizer.ts"
 import type { Trainer } from "./trainer.ts"
@@ -69,15 +69,16 @@ export const saveCheckpoint = (
 const asCheckpointError = (path: string) => (e: NativeError) =>
   e instanceof EngineError && e.code === "GYRE_ERR_BAD_CHECKPOINT" ? new CheckpointError({ path, message: e.message }) : e
 
-/** Loads a checkpoint's model (into the caller's scope) and its optimizer state bytes, if any. */
+/** Loads a checkpoint's model (into the caller's scope, on `options.device`) and its optimizer state bytes, if any. */
 export const loadCheckpoint = (
-  dir: string
+  dir: string,
+  options: ModelOptions = {}
 ): Effect.Effect<{ readonly model: Model; readonly optimizer: Uint8Array | undefined }, CheckpointError | NativeError, Engine | Scope.Scope> =>
   Effect.gen(function* () {
     const engine = yield* Engine
     const config = yield* readConfig(dir)
     const modelPath = join(dir, MODEL_FILE)
-    const model = yield* engine.loadModel(config, yield* read(modelPath)).pipe(Effect.mapError(asCheckpointError(modelPath)))
+    const model = yield* engine.loadModel(config, yield* read(modelPath), options).pipe(Effect.mapError(asCheckpointError(modelPath)))
     const optimizer = yield* read(join(dir, OPTIMIZER_FILE)).pipe(
       Effect.map((b): Uint8Array | undefined => b),
       Effect.catchIf((e) => e.message.includes("ENOENT"), () => Effect.succeed(undefined))

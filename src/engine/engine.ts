@@ -4,11 +4,15 @@
  * Models, caches and trainers are handles on native memory: each is acquired into the
  * caller's Scope and freed when that scope closes. A cache or trainer keeps its model alive
  * natively, so scopes may close in any order.
+ *
+ * Devices: a model is created on a device (`{ device }`, an index below `devices.length`,
+ * default 0; the CPU backend has one, the host) and its caches and trainers live on that
+ * device too.
  */
 import { Context, Effect, Layer, type Scope } from "effect"
 import type { LlamaConfig } from "./config.ts"
 import { KvCache } from "./kvcache.ts"
-import { type Backend, type NativeError, type NativeLibrary, loadNative } from "./native.ts"
+import { type Backend, EngineError, type NativeError, type NativeLibrary, loadNative } from "./native.ts"
 import { Trainer } from "./trainer.ts"
 
 /** A tensor of the flat parameter layout (gyre.h): its HF name, offset and shape. */
@@ -21,13 +25,15 @@ export interface ParamTensor {
 /** The C struct of a config. */
 export const cConfig = (c: LlamaConfig) => ({ ...c, tie_word_embeddings: c.tie_word_embeddings ? 1 : 0 })
 
-/** A model's weights on the engine's device. */
+/** A model's weights on one of the engine's devices. */
 export class Model {
   constructor(
     readonly lib: NativeLibrary,
     readonly ptr: unknown,
     readonly config: LlamaConfig,
-    readonly paramCount: number
+    readonly paramCount: number,
+    /** Index of the device holding the weights (and the model's caches and trainers). */
+    readonly device: number
   ) {}
 
   /** The weights as a safetensors file (HF names, F32). */
@@ -66,20 +72,32 @@ export class Model {
   }
 }
 
-/** Creates a native handle with `create(...args, out)` and frees it with `free` on scope close. */
+/**
+ * Creates a native handle with `create(...args, out)` and frees it with `free` on scope close;
+ * with `device`, the create runs with that device selected (a model: caches and trainers
+ * follow their model's device natively).
+ */
 const acquire = (
   lib: NativeLibrary,
   create: "model_create" | "model_load" | "cache_create" | "trainer_create",
   args: ReadonlyArray<unknown>,
-  free: "model_free" | "cache_free" | "trainer_free"
+  free: "model_free" | "cache_free" | "trainer_free",
+  device?: number
 ): Effect.Effect<unknown, NativeError, Scope.Scope> =>
   Effect.acquireRelease(
     Effect.suspend(() => {
       const out: Array<unknown> = [null]
-      return lib.run(create, [...args, out]).pipe(Effect.map(() => out[0]))
+      const call = [...args, out]
+      return (device === undefined ? lib.run(create, call) : lib.runOnDevice(device, create, call)).pipe(Effect.map(() => out[0]))
     }),
     (ptr) => lib.value(free, [ptr])
   )
+
+/** Options of model creation. */
+export interface ModelOptions {
+  /** Device index, below `Engine.devices.length` (default 0). */
+  readonly device?: number
+}
 
 export interface EngineShape {
   readonly backend: Backend
@@ -89,13 +107,13 @@ export interface EngineShape {
   readonly threads: Effect.Effect<number>
   /** Parameter count and layout of a config (fails on an unusable config). */
   readonly layout: (config: LlamaConfig) => Effect.Effect<ReadonlyArray<ParamTensor>, NativeError>
-  /** A randomly initialised model (HF Llama init: N(0, initStd^2), norms 1). */
+  /** A randomly initialised model (HF Llama init: N(0, initStd^2), norms 1) on `device`. */
   readonly createModel: (
     config: LlamaConfig,
-    options?: { readonly seed?: number; readonly initStd?: number }
+    options?: ModelOptions & { readonly seed?: number; readonly initStd?: number }
   ) => Effect.Effect<Model, NativeError, Scope.Scope>
-  /** A model from a safetensors file in memory (a checkpoint's model.safetensors). */
-  readonly loadModel: (config: LlamaConfig, safetensors: Uint8Array) => Effect.Effect<Model, NativeError, Scope.Scope>
+  /** A model from a safetensors file in memory (a checkpoint's model.safetensors) on `device`. */
+  readonly loadModel: (config: LlamaConfig, safetensors: Uint8Array, options?: ModelOptions) => Effect.Effect<Model, NativeError, Scope.Scope>
   /** FNV-1a 64 of the bytes (the hand-off checksum). */
   readonly checksum: (bytes: Uint8Array) => Effect.Effect<bigint>
 }
@@ -129,11 +147,15 @@ const paramCount = (lib: NativeLibrary, config: LlamaConfig) => {
 const make = Effect.gen(function* () {
   const lib = yield* loadNative()
   yield* Effect.logInfo(`engine: ${lib.backend} backend (${lib.path}), devices: ${lib.devices.join("; ")}`)
-  const model = (config: LlamaConfig, create: "model_create" | "model_load", args: ReadonlyArray<unknown>) =>
+  const model = (config: LlamaConfig, create: "model_create" | "model_load", args: ReadonlyArray<unknown>, options: ModelOptions) =>
     Effect.gen(function* () {
+      const device = options.device ?? 0
+      if (!Number.isSafeInteger(device)) {
+        return yield* new EngineError({ op: "createModel", code: "GYRE_ERR_INVALID_ARGUMENT", message: `device must be an integer index, got ${device}` })
+      }
       const count = yield* paramCount(lib, config)
-      const ptr = yield* acquire(lib, create, [cConfig(config), ...args], "model_free")
-      return new Model(lib, ptr, config, count)
+      const ptr = yield* acquire(lib, create, [cConfig(config), ...args], "model_free", device)
+      return new Model(lib, ptr, config, count, device)
     })
   return {
     backend: lib.backend,
@@ -142,8 +164,8 @@ const make = Effect.gen(function* () {
     threads: lib.value<number>("num_threads", []),
     layout: (config) => paramLayout(lib, config),
     createModel: (config, options = {}) =>
-      model(config, "model_create", [BigInt(options.seed ?? 0), options.initStd ?? 0.02]),
-    loadModel: (config, safetensors) => model(config, "model_load", [safetensors, safetensors.length]),
+      model(config, "model_create", [BigInt(options.seed ?? 0), options.initStd ?? 0.02], options),
+    loadModel: (config, safetensors, options = {}) => model(config, "model_load", [safetensors, safetensors.length], options),
     checksum: (bytes) => lib.value<bigint>("checksum", [bytes, bytes.length]).pipe(Effect.map(BigInt))
   } satisfies EngineShape
 })

@@ -107,6 +107,7 @@ const prototypes = {
   backend: "const char *gyre_backend(void)",
   device_count: "int32_t gyre_device_count(void)",
   device_name: "int32_t gyre_device_name(int32_t device, _Out_ uint8_t *buf, size_t cap)",
+  set_device: "int32_t gyre_set_device(int32_t device)",
   set_num_threads: "void gyre_set_num_threads(int32_t n)",
   num_threads: "int32_t gyre_num_threads(void)",
   config_check: "int32_t gyre_config_check(const gyre_config *cfg)",
@@ -161,6 +162,12 @@ export interface NativeLibrary {
   readonly devices: ReadonlyArray<string>
   /** Runs `fn` on the libuv pool (for long calls); fails on a non-zero status. */
   readonly run: (fn: FunctionName, args: ReadonlyArray<unknown>) => Effect.Effect<void, NativeError>
+  /**
+   * Selects `device` (gyre_set_device) and runs `fn` (a handle's create) as `run` does, both
+   * under one permit, so no other call changes the selection in between; an unknown device
+   * fails with gyre_set_device's message.
+   */
+  readonly runOnDevice: (device: number, fn: FunctionName, args: ReadonlyArray<unknown>) => Effect.Effect<void, NativeError>
   /** Runs `fn` on the calling thread (for quick calls); fails on a non-zero status. */
   readonly runSync: (fn: FunctionName, args: ReadonlyArray<unknown>) => Effect.Effect<void, NativeError>
   /** Calls a function that cannot fail (void or a plain value), under the permit. */
@@ -262,27 +269,28 @@ const open = (backend: Backend): NativeLibrary => {
       rc === 3 ? new OutOfKvBlocks({ op: `gyre_${fn}`, message }) : new EngineError({ op: `gyre_${fn}`, code: statusName(rc), message })
     )
   }
-  const runSync = (fn: FunctionName, args: ReadonlyArray<unknown>) =>
-    lock.withPermit(Effect.suspend(() => check(fn, fns[fn](...args) as number)))
-  const run = (fn: FunctionName, args: ReadonlyArray<unknown>) =>
-    lock.withPermit(
-      Effect.uninterruptible(
-        Effect.callback<number>((resume) => {
-          const passed = args.map(offHeap)
-          inFlight.add(passed)
-          fns[fn].async(...passed, (err: unknown, rc: number) => {
-            inFlight.delete(passed)
-            args.forEach((a, i) => copyBack(a, passed[i]))
-            resume(err ? Effect.die(err) : Effect.succeed(rc))
-          })
-        }).pipe(Effect.flatMap((rc) => check(fn, rc)))
-      )
+  const callSync = (fn: FunctionName, args: ReadonlyArray<unknown>) => Effect.suspend(() => check(fn, fns[fn](...args) as number))
+  const callAsync = (fn: FunctionName, args: ReadonlyArray<unknown>) =>
+    Effect.uninterruptible(
+      Effect.callback<number>((resume) => {
+        const passed = args.map(offHeap)
+        inFlight.add(passed)
+        fns[fn].async(...passed, (err: unknown, rc: number) => {
+          inFlight.delete(passed)
+          args.forEach((a, i) => copyBack(a, passed[i]))
+          resume(err ? Effect.die(err) : Effect.succeed(rc))
+        })
+      }).pipe(Effect.flatMap((rc) => check(fn, rc)))
     )
+  const run = (fn: FunctionName, args: ReadonlyArray<unknown>) => lock.withPermit(callAsync(fn, args))
+  const runSync = (fn: FunctionName, args: ReadonlyArray<unknown>) => lock.withPermit(callSync(fn, args))
+  const runOnDevice = (device: number, fn: FunctionName, args: ReadonlyArray<unknown>) =>
+    lock.withPermit(callSync("set_device", [device]).pipe(Effect.andThen(callAsync(fn, args))))
   const value = <A>(fn: FunctionName, args: ReadonlyArray<unknown>) =>
     lock.withPermit(Effect.sync(() => fns[fn](...args) as A))
   const count = fns.device_count() as number
   const devices = Array.from({ length: count }, (_, i) => readString((buf) => fns.device_name(i, buf, buf.length)))
-  const lib: NativeLibrary = { backend, path, devices, run, runSync, value }
+  const lib: NativeLibrary = { backend, path, devices, run, runOnDevice, runSync, value }
   loaded.set(backend, lib)
   return lib
 }

@@ -1,6 +1,6 @@
 /**
  * The koffi binding: long native calls run off the event loop, handles close with their
- * scope, and the backend choice honours GYRE_BACKEND.
+ * scope, the backend choice honours GYRE_BACKEND, and models are created on a chosen device.
  */
 import { Effect } from "effect"
 import { describe, expect, it } from "vitest"
@@ -74,5 +74,37 @@ describe("engine binding", () => {
       const cuda = await Effect.runPromise(Effect.flip(loadNative("cuda")))
       expect(cuda.message).toMatch(/GYRE_BACKEND=cuda but/)
     }
+  })
+
+  it("creates a model and its cache on a chosen device; an unknown device is a clear error", async () => {
+    const out = await runEngine(
+      Effect.gen(function* () {
+        const engine = yield* Engine
+        const count = engine.devices.length
+        const model = yield* engine.createModel(presets.tiny, { seed: 1, device: count - 1 })
+        const cache = yield* model.cache({ blockTokens: 16, numBlocks: 4 })
+        const seq = yield* cache.create()
+        const logits = (yield* cache.forward([{ seq, tokens: [1, 2, 3] }])).logits!
+        const loaded = yield* engine.loadModel(presets.tiny, yield* model.save(), { device: 0 })
+        const sameWeights = Buffer.from((yield* loaded.getWeights()).buffer).equals(Buffer.from((yield* model.getWeights()).buffer))
+        const beyond = yield* Effect.flip(engine.createModel(presets.tiny, { device: count }))
+        const negative = yield* Effect.flip(engine.loadModel(presets.tiny, yield* model.save(), { device: -1 }))
+        const fractional = yield* Effect.flip(engine.createModel(presets.tiny, { device: 0.5 }))
+        // a failed selection leaves the engine usable
+        const after = yield* engine.createModel(presets.tiny, { seed: 1 })
+        return { count, model, logits, loaded, sameWeights, beyond, negative, fractional, after }
+      })
+    )
+    expect(out.model.device).toBe(out.count - 1)
+    expect(out.logits.length).toBe(presets.tiny.vocab_size)
+    expect(out.loaded.device).toBe(0)
+    expect(out.sameWeights).toBe(true)
+    expect(out.after.device).toBe(0)
+    for (const [error, device] of [[out.beyond, out.count], [out.negative, -1]] as const) {
+      expect(error).toBeInstanceOf(EngineError)
+      expect(error).toMatchObject({ op: "gyre_set_device", code: "GYRE_ERR_INVALID_ARGUMENT" })
+      expect(error.message).toContain(`gyre_set_device: device ${device} not in [0, ${out.count})`)
+    }
+    expect(out.fractional).toMatchObject({ code: "GYRE_ERR_INVALID_ARGUMENT", message: "device must be an integer index, got 0.5" })
   })
 })

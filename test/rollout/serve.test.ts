@@ -54,6 +54,8 @@ describe("gyre serve", () => {
     const ready = await event("ready")
     expect(lines.some((l) => l.startsWith(`OpenAI base URL: ${ready.baseUrl}`))).toBe(true)
     expect(lines.some((l) => l.includes(ready.key!))).toBe(true)
+    // worker i on device i mod the device count (the CPU has one: both on 0)
+    expect(lines.some((l) => /^model: .*2 (cpu workers on devices 0, 0|cuda workers on devices 0, [01])\)$/.test(l))).toBe(true)
     const client = new OpenAI({ baseURL: ready.baseUrl, apiKey: ready.key, maxRetries: 0 })
     const answer = await client.chat.completions.create({ model: "gyre", messages: [{ role: "user", content: "hello" }], max_tokens: 12 })
     const records = await Effect.runPromise(

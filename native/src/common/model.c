@@ -8,12 +8,26 @@
 int32_t gyre_abi_version(void) { return GYRE_ABI_VERSION; }
 const char *gyre_backend(void) { return be_name(); }
 int32_t gyre_device_count(void) { return be_device_count(); }
-gyre_status gyre_set_device(int32_t device) { return be_set_device(device); }
 void gyre_set_num_threads(int32_t n) { be_set_num_threads(n); }
 int32_t gyre_num_threads(void) { return be_num_threads(); }
 
+/* Device indices are below the backend's device count (the CPU has one, the host). */
+static gyre_status device_check(int32_t device, const char *fn) {
+  int32_t n = be_device_count();
+  if (device < 0 || device >= n)
+    return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "%s: device %d not in [0, %d) (the %s backend's devices)", fn, device, n,
+                     be_name());
+  return GYRE_OK;
+}
+
+gyre_status gyre_set_device(int32_t device) {
+  GYRE_CHECK(device_check(device, "gyre_set_device"));
+  return be_set_device(device);
+}
+
 gyre_status gyre_device_name(int32_t device, char *buf, size_t cap) {
   if (buf == NULL || cap == 0) return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "gyre_device_name: empty buffer");
+  GYRE_CHECK(device_check(device, "gyre_device_name"));
   return be_device_name(device, buf, cap);
 }
 
