@@ -10,6 +10,7 @@
  * `ApiError`.
  */
 import { Effect, Schema, SchemaIssue } from "effect"
+import { fieldPath } from "../runtime/schema-path.ts"
 import type { ChatMessage, ToolCall } from "./chat.ts"
 
 /** An HTTP error answered in the OpenAI error format. */
@@ -107,17 +108,12 @@ export type CompletionRequest = typeof CompletionRequest.Type
 const formatter = SchemaIssue.makeFormatterStandardSchemaV1()
 
 /** `["messages", 0, "content"]` -> `messages[0].content` */
-const paramOf = (path: ReadonlyArray<PropertyKey | { readonly key: PropertyKey }>): string =>
-  path
-    .map((p) => (typeof p === "object" ? p.key : p))
-    .reduce<string>((s, k) => (typeof k === "number" ? `${s}[${k}]` : s === "" ? String(k) : `${s}.${String(k)}`), "")
-
 /** Decodes `value` with `schema`, or fails with a 400 naming the first offending field. */
 export const decodeBody = <S extends Schema.Top>(schema: S, value: unknown, prefix: ReadonlyArray<PropertyKey> = []): Effect.Effect<S["Type"], ApiError> =>
   Schema.decodeUnknownEffect(schema as unknown as Schema.Codec<S["Type"], unknown>)(value, { errors: "first" }).pipe(
     Effect.mapError((error) => {
       const first = formatter(error.issue).issues[0]
-      const param = first !== undefined ? paramOf([...prefix, ...(first.path ?? [])]) : ""
+      const param = first !== undefined ? fieldPath([...prefix, ...(first.path ?? [])]) : ""
       const message = first?.message ?? "invalid request body"
       return apiError(400, param === "" ? `Invalid request body: ${message}` : `Invalid value for '${param}': ${message}`, param === "" ? {} : { param })
     })

@@ -11,6 +11,7 @@
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { Effect, Exit, Schema, SchemaIssue } from "effect"
+import { fieldPath } from "../runtime/schema-path.ts"
 import { Split } from "./harness-protocol.ts"
 
 const SUITE_NAME = /^[a-z0-9][a-z0-9_-]*$/
@@ -51,6 +52,15 @@ export const SuiteFile = Schema.Struct({
   scorer: Program,
   template: Schema.optional(Schema.NonEmptyString),
   env: Schema.optional(Env),
+  /** How the harness records the suite's oracle demonstrations (`src/train/demonstrations.ts`). */
+  demonstrations: Schema.optional(
+    Schema.Struct({
+      /** Environment that makes the harness follow the oracle instead of calling a model. */
+      env: Env,
+      /** Variable naming the JSONL file the harness appends each call's messages and reply to. */
+      fileVariable: Schema.NonEmptyString
+    })
+  ),
   tasks: Schema.Array(TaskEntry).check(Schema.isMinLength(1))
 })
 export type SuiteFile = typeof SuiteFile.Type
@@ -77,15 +87,11 @@ export interface Suite {
   readonly scorer: SuiteProgram
   readonly tasks: ReadonlyArray<Task>
   readonly task: (id: string) => Task | undefined
+  readonly demonstrations: SuiteFile["demonstrations"]
 }
 
 const formatter = SchemaIssue.makeFormatterStandardSchemaV1()
 
-/** `["tasks", 2, "split"]` -> `tasks[2].split` */
-const fieldOf = (at: ReadonlyArray<PropertyKey | { readonly key: PropertyKey }> = []): string =>
-  at
-    .map((p) => (typeof p === "object" ? p.key : p))
-    .reduce<string>((s, k) => (typeof k === "number" ? `${s}[${k}]` : s === "" ? String(k) : `${s}.${String(k)}`), "")
 
 class Invalid extends Error {
   constructor(readonly field: string, readonly reason: string) {
@@ -151,7 +157,7 @@ export const parseSuite = (name: string, dir: string, text: string): Effect.Effe
     if (Exit.isFailure(decoded)) {
       const error = decoded.cause.reasons.find((r) => r._tag === "Fail")?.error
       const issues = error instanceof Schema.SchemaError ? formatter(error.issue).issues : []
-      return fail(issues.map((i) => `${fieldOf(i.path) || "(document)"}: ${i.message}`).join("; ") || "invalid suite document")
+      return fail(issues.map((i) => `${fieldPath(i.path) || "(document)"}: ${i.message}`).join("; ") || "invalid suite document")
     }
     try {
       const file = decoded.value
@@ -164,7 +170,8 @@ export const parseSuite = (name: string, dir: string, text: string): Effect.Effe
         harness: programOf(file.harness, dir, "harness"),
         scorer: programOf(file.scorer, dir, "scorer"),
         tasks,
-        task: (id: string) => byId.get(id)
+        task: (id: string) => byId.get(id),
+        demonstrations: file.demonstrations
       })
     } catch (e) {
       if (e instanceof Invalid) return fail(e.message)

@@ -1,100 +1,189 @@
 /**
- * `gyre demo`: the main job on the embedded default.
+ * `gyre demo`: the main job on the embedded default. Until the training loop lands, it runs
+ * a batch of `toy` executions through the whole rollout path with a freshly warm-started
+ * `tiny` policy:
  *
- * Until the training loop lands this is the runtime demo: it starts a private nats-server
- * (or joins NATS_URL), hosts four evaluator actors on one node, sends them a batch of
- * evaluations (half as durable tells, half as asks), stops one actor and restarts it from its
- * snapshot, then reads the run's journal back and prints what happened and where it lives.
+ * 1. Warm start (cached in `.gyre/cache/warm-start-<key>`, the key a digest of everything
+ *    that shapes it): the toy oracle's demonstrations on train tasks, then supervised steps
+ *    of the engine's SFT loss on their prefix trees (`src/train/warm-start.ts`).
+ * 2. A private nats-server (or NATS_URL), one node hosting a rollout worker on the warm-started
+ *    checkpoint, the gateway and a harness runner.
+ * 3. `--executions` held-out toy executions at once, each an unmodified harness process
+ *    talking HTTP to the gateway; their outcomes, and the trees rebuilt from the call records.
  */
-import { Effect, Layer, Stream } from "effect"
-import { Evaluator, EvaluatorProtocol } from "../../examples/evaluator.ts"
-import { readJournal } from "../runtime/journal.ts"
+import { createHash } from "node:crypto"
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+import { Effect, Layer } from "effect"
+import { gateway } from "../actors/gateway.ts"
+import { HarnessRunnerProtocol } from "../actors/harness-protocol.ts"
+import { makeHarnessRunner } from "../actors/harness-runner.ts"
+import { rlLayout } from "../actors/layout.ts"
+import { rolloutWorker } from "../actors/rollout-worker.ts"
+import { loadSuite } from "../actors/suites.ts"
+import { readTrajectories } from "../actors/trajectories.ts"
+import { CONFIG_FILE, MODEL_FILE, saveCheckpoint } from "../engine/checkpoint.ts"
+import { Engine } from "../engine/engine.ts"
+import { presets } from "../engine/presets.ts"
 import { Nats, natsOptionsFromEnv } from "../runtime/nats.ts"
 import { address } from "../runtime/names.ts"
+import { repoRoot } from "../runtime/nats-server.ts"
 import { startNode } from "../runtime/node.ts"
 import { ActorSystem, refOf } from "../runtime/system.ts"
+import { recordDemonstrations } from "../train/demonstrations.ts"
+import { demonstrationTrees, readDemonstrations, warmStart } from "../train/warm-start.ts"
+import { executionStats } from "../tree/stats.ts"
 import { parseFlags } from "./args.ts"
 import type { Command } from "./main.ts"
 
 const flags = {
-  evaluations: { kind: "integer", doc: "how many evaluations to send", default: 200 },
-  evaluators: { kind: "integer", doc: "how many evaluator actors", default: 4 },
-  run: { kind: "string", doc: "run id", default: `demo-${Date.now().toString(36)}` }
+  executions: { kind: "integer", doc: "toy executions to run at once", default: 8 },
+  horizon: { kind: "integer", doc: "decisions per execution (TOY_STEPS)", default: 48 },
+  "demo-tasks": { kind: "integer", doc: "train tasks the oracle demonstrates for the warm start", default: 60 },
+  "sft-steps": { kind: "integer", doc: "supervised warm-start steps", default: 150 },
+  "sft-lr": { kind: "number", doc: "peak learning rate of the warm start", default: 4e-3 },
+  seed: { kind: "integer", doc: "initialisation and sampling seed", default: 1 },
+  fresh: { kind: "boolean", doc: "ignore a cached warm start", default: false },
+  run: { kind: "string", doc: "run id", default: `demo-${Date.now().toString(36)}` },
+  store: { kind: "string", doc: "JetStream store of the embedded nats-server (keeps the records)", default: path.join(repoRoot, ".gyre", "demo-store") }
 } as const
 
-const words = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran", "far", "away"]
-const sentence = (seed: number, n: number) => Array.from({ length: n }, (_, i) => words[(seed * 7 + i * 3 + (seed % (i + 2))) % words.length]).join(" ")
+type Flags = ReturnType<typeof parseFlags<typeof flags>>
+
+/** The knobs the demo gives the toy suite, for both the demonstrations and the executions. */
+const toyEnv = (f: Flags) => ({ TOY_STEPS: String(f.horizon), TOY_TOOL_MS: "20", TOY_TEMPERATURE: "1" })
+
+const digestOf = (parts: ReadonlyArray<string>) => {
+  const h = createHash("sha256")
+  for (const p of parts) h.update(p).update("\0")
+  return h.digest("hex").slice(0, 16)
+}
+
+/** The warm-started checkpoint: from the cache, or trained now and cached. */
+const warmStartedCheckpoint = (f: Flags) =>
+  Effect.gen(function* () {
+    const suite = yield* loadSuite(path.join(repoRoot, "suites"), "toy")
+    const shaping = ["suites/toy/world.mjs", "suites/toy/harness.mjs", "suites/toy/suite.json", "src/actors/chat.ts", "src/engine/tokenizer.ts", "src/train/warm-start.ts"]
+    const key = digestOf([
+      ...shaping.map((p) => fs.readFileSync(path.join(repoRoot, p), "utf8")),
+      JSON.stringify({ preset: presets.tiny, env: toyEnv(f), tasks: f["demo-tasks"], steps: f["sft-steps"], lr: f["sft-lr"], seed: f.seed })
+    ])
+    const dir = path.join(repoRoot, ".gyre", "cache", `warm-start-${key}`)
+    if (!f.fresh && fs.existsSync(path.join(dir, CONFIG_FILE)) && fs.existsSync(path.join(dir, MODEL_FILE))) {
+      console.log(`warm start: cached in ${path.relative(process.cwd(), dir)}`)
+      return dir
+    }
+    const started = Date.now()
+    const work = fs.mkdtempSync(path.join(os.tmpdir(), "gyre-warm-start-"))
+    const demosFile = path.join(work, "demonstrations.jsonl")
+    const tasks = suite.tasks.filter((t) => t.split === "train").slice(0, f["demo-tasks"]).map((t) => t.id)
+    yield* recordDemonstrations(suite, tasks, demosFile, { env: { ...toyEnv(f), TOY_TOOL_MS: "0" } })
+    const trees = demonstrationTrees(yield* readDemonstrations([demosFile]))
+    const calls = trees.reduce((a, t) => a + t.tree.callCount, 0)
+    console.log(`warm start: ${calls} oracle calls on ${trees.length} train tasks; ${f["sft-steps"]} SFT steps of the tiny preset...`)
+    const engine = yield* Engine
+    const model = yield* engine.createModel(presets.tiny, { seed: f.seed })
+    const budget = 4096
+    const trainer = yield* model.trainer({ maxTokens: budget })
+    const loss = yield* warmStart(trainer, trees, {
+      steps: f["sft-steps"],
+      tasksPerStep: 2,
+      microBatchTokens: budget,
+      lr: f["sft-lr"],
+      seed: f.seed,
+      onStep: (step, l) => {
+        if (step % 25 === 0) console.log(`  step ${String(step).padStart(4)}  loss ${l.toFixed(4)}  ${((Date.now() - started) / 1000).toFixed(0)} s`)
+      }
+    })
+    const staging = `${dir}.tmp-${process.pid}`
+    yield* saveCheckpoint(staging, model)
+    fs.writeFileSync(
+      path.join(staging, "warm-start.json"),
+      `${JSON.stringify({ key, demonstrations: calls, tasks: trees.length, steps: f["sft-steps"], lr: f["sft-lr"], finalLoss: loss, seconds: (Date.now() - started) / 1000 }, null, 2)}\n`
+    )
+    fs.rmSync(dir, { recursive: true, force: true })
+    fs.renameSync(staging, dir)
+    fs.rmSync(work, { recursive: true, force: true })
+    console.log(`warm start: final loss ${loss.toFixed(4)} in ${((Date.now() - started) / 1000).toFixed(0)} s, cached in ${path.relative(process.cwd(), dir)}`)
+    return dir
+  })
+
+const pad = (s: string | number, n: number) => String(s).padStart(n)
 
 export const command: Command<typeof flags> = {
-  summary: "run the main demo on the embedded default",
+  summary: "run a batch of toy executions through the rollout path with a warm-started tiny policy",
   flags,
   run: async (argv) => {
     const f = parseFlags("demo", flags, argv)
+    const checkpoint = await Effect.runPromise(Effect.scoped(warmStartedCheckpoint(f)).pipe(Effect.provide(Engine.layer)))
     const program = Effect.gen(function* () {
       const system = yield* ActorSystem
+      const workspaces = fs.mkdtempSync(path.join(os.tmpdir(), "gyre-demo-ws-"))
+      yield* Effect.addFinalizer(() => Effect.sync(() => fs.rmSync(workspaces, { recursive: true, force: true })))
+      const node = yield* startNode({
+        name: "demo",
+        types: [
+          rolloutWorker({ checkpoint, maxBatch: 64 }),
+          gateway({ port: 0 }),
+          makeHarnessRunner({
+            suitesDir: path.join(repoRoot, "suites"),
+            gateway: address("gateway", "main"),
+            capacity: f.executions,
+            evaluationRetries: 2,
+            workspaceRoot: workspaces
+          })
+        ]
+      })
+      yield* node.spawn("rollout-worker", "demo.0")
+      yield* node.spawn("gateway", "main")
+      yield* node.spawn("harness-runner", "demo")
+      const names = rlLayout(system.run)
+      console.log(`\nrun ${system.run}: nats ${system.nats.servers} (${system.nats.embedded ? "embedded" : "external"} nats-server ${system.nats.serverVersion})`)
+      console.log(`${f.executions} held-out toy executions of ${f.horizon} decisions, at once...`)
+      const runner = refOf(HarnessRunnerProtocol, address("harness-runner", "demo"))
       const started = Date.now()
-      const node = yield* startNode({ name: "demo", types: [Evaluator] })
-      const ids = Array.from({ length: f.evaluators }, (_, i) => `e${i}`)
-      for (const id of ids) yield* node.spawn("evaluator", id)
-      const ref = (id: string) => refOf(EvaluatorProtocol, address("evaluator", id))
-      console.log(`nats ${system.nats.servers} (${system.nats.embedded ? "embedded" : "external"} nats-server ${system.nats.serverVersion}), run ${system.run}`)
-
-      let asked = 0
-      let scoreSum = 0
-      yield* Effect.forEach(
-        Array.from({ length: f.evaluations }, (_, i) => i),
-        (i) => {
-          const id = ids[i % ids.length]!
-          const payload = { candidate: sentence(i, 5), reference: sentence(i + (i % 3), 6) }
-          return i % 2 === 0
-            ? system.tell(ref(id), "Evaluate", payload).pipe(Effect.asVoid)
-            : system.ask(ref(id), "Evaluate", payload).pipe(
-                Effect.map((r) => {
-                  asked++
-                  scoreSum += r.score
-                })
-              )
-        },
-        { concurrency: 16, discard: true }
+      const heldout = (yield* loadSuite(path.join(repoRoot, "suites"), "toy")).tasks.filter((t) => t.split === "heldout")
+      const runs = yield* Effect.forEach(
+        heldout.slice(0, f.executions),
+        (task, i) =>
+          Effect.gen(function* () {
+            const execution = `${system.run}-x${i}`
+            const t0 = Date.now()
+            const outcome = yield* system.ask(
+              runner,
+              "RunExecution",
+              { task: { suite: "toy", task: task.id }, execution, timeoutMs: null, keepWorkspace: "on-failure", env: toyEnv(f) },
+              { timeoutMs: 60 * 60_000 }
+            )
+            return { execution, outcome, seconds: (Date.now() - t0) / 1000 }
+          }),
+        { concurrency: "unbounded" }
       )
-      // Restart one evaluator: its statistics come back from the snapshot.
-      const before = yield* waitForAll(system, ref, ids, f.evaluations)
-      yield* node.stop("evaluator", ids[0]!)
-      yield* node.spawn("evaluator", ids[0]!)
-      const restored = yield* system.ask(ref(ids[0]!), "Stats", undefined)
+      const wall = (Date.now() - started) / 1000
+      const trajectories = yield* readTrajectories(system, new Set(runs.map((r) => r.execution)))
 
-      console.log("\nevaluator  evaluated  mean score")
-      for (const [id, s] of before) console.log(`${id.padEnd(10)} ${String(s.evaluated).padStart(9)}  ${(s.scoreSum / Math.max(1, s.evaluated)).toFixed(3).padStart(10)}`)
-      console.log(`\n${ids[0]} after a restart from its snapshot: ${restored.evaluated} evaluations (before: ${before.get(ids[0]!)!.evaluated})`)
-      console.log(`asks answered: ${asked}, mean score of asked: ${(scoreSum / Math.max(1, asked)).toFixed(3)}`)
-
-      const counts = new Map<string, number>()
-      const entries = yield* Stream.runCollect(readJournal(system, { protocols: { evaluator: EvaluatorProtocol } }))
-      for (const e of entries) counts.set(`${e.via} ${e.name}`, (counts.get(`${e.via} ${e.name}`) ?? 0) + 1)
-      console.log(`\njournal ${system.layout.journalStream}: ${entries.length} messages`)
-      for (const [k, n] of [...counts].sort()) console.log(`  ${k.padEnd(24)} ${n}`)
-      console.log(`dead letters: stream ${system.layout.deadStream}; registry: KV ${system.layout.registryBucket}; snapshots: KV ${system.layout.stateBucket}`)
-      console.log(`done in ${((Date.now() - started) / 1000).toFixed(1)} s`)
+      console.log(`\n${"execution".padEnd(22)} ${"task".padEnd(11)} score  ended     calls  tokens  unique  dedup  depth  leaves (main/summary/sub/sub-summary)   time`)
+      let scoreSum = 0
+      for (const r of runs) {
+        const t = trajectories.executions.get(r.execution)
+        const s = t === undefined ? undefined : executionStats(t.decoder.tree)
+        const roles = s?.leavesByRole ?? {}
+        const leaves = `${roles["main"] ?? 0}/${roles["main-summary"] ?? 0}/${roles["subagent"] ?? 0}/${roles["subagent-summary"] ?? 0}`
+        scoreSum += r.outcome.score ?? 0
+        console.log(
+          `${r.execution.slice(-22).padEnd(22)} ${r.outcome.task.padEnd(11)} ${(r.outcome.score ?? NaN).toFixed(3)}  ${r.outcome.ended.padEnd(9)} ${pad(s?.calls ?? 0, 5)} ${pad(s?.totalTokens ?? 0, 7)} ${pad(s?.uniqueTokens ?? 0, 7)} ${pad((s?.dedupRatio ?? 0).toFixed(1), 6)} ${pad(s?.depth ?? 0, 6)}  ${leaves.padEnd(38)} ${pad(r.seconds.toFixed(1), 5)} s`
+        )
+      }
+      const rejected = [...trajectories.executions.values()].reduce((a, t) => a + t.rejected.length, 0)
+      console.log(`\nmean score ${(scoreSum / runs.length).toFixed(3)} (the oracle scores 1.000); ${runs.length} executions in ${wall.toFixed(1)} s`)
+      console.log(`call records: stream ${names.trajectoryStream}, subjects ${names.allCalls} (${rejected} rejected, ${trajectories.malformed.length} malformed); outcomes: ${names.allOutcomes}`)
+      console.log(`journal: stream ${system.layout.journalStream}; store: ${system.nats.embedded ? f.store : system.nats.servers}`)
       yield* node.drain
     })
-    const layer = ActorSystem.layer({ run: f.run }).pipe(Layer.provideMerge(Nats.layer(natsOptionsFromEnv("gyre-demo"))))
+    const env = natsOptionsFromEnv("gyre-demo")
+    const layer = ActorSystem.layer({ run: f.run }).pipe(Layer.provideMerge(Nats.layer({ ...env, storeDir: env.storeDir ?? f.store })))
     await Effect.runPromise(Effect.scoped(program).pipe(Effect.provide(layer)))
     return 0
   }
 }
-
-/** Waits until the evaluators have handled `total` evaluations between them; returns their stats. */
-const waitForAll = (
-  system: typeof ActorSystem.Service,
-  ref: (id: string) => ReturnType<typeof refOf<any>>,
-  ids: ReadonlyArray<string>,
-  total: number
-) =>
-  Effect.gen(function* () {
-    while (true) {
-      const stats = new Map<string, { evaluated: number; scoreSum: number }>()
-      for (const id of ids) stats.set(id, (yield* system.ask(ref(id), "Stats", undefined)) as { evaluated: number; scoreSum: number })
-      if ([...stats.values()].reduce((a, s) => a + s.evaluated, 0) >= total) return stats
-      yield* Effect.sleep("50 millis")
-    }
-  })
