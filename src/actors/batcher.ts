@@ -102,6 +102,8 @@ interface Generation {
   readonly logprobs: Array<number>
   readonly versions: Array<number>
   computeMs: number
+  /** performance.now() when the worker took the job. */
+  readonly receivedAt: number
 }
 
 export interface Batcher {
@@ -183,6 +185,7 @@ export const makeBatcher = (cache: KvCache, options: BatcherOptions) =>
       promptTokens: g.prompt.length,
       cachedTokens: g.cachedTokens,
       computeMs: g.computeMs,
+      workerMs: performance.now() - g.receivedAt,
       worker: options.worker
     })
 
@@ -365,7 +368,8 @@ export const makeBatcher = (cache: KvCache, options: BatcherOptions) =>
           output: [],
           logprobs: [],
           versions: [],
-          computeMs: 0
+          computeMs: 0,
+          receivedAt: performance.now()
         }
         waiting.push(g)
         wake.openUnsafe()

@@ -56,6 +56,8 @@ export interface CallResult {
   /** Prompt tokens the first worker to answer found in its cache. */
   readonly cachedTokens: number
   readonly computeMs: number
+  /** Time spent inside workers (from each taking the request to its answer). */
+  readonly workerMs: number
   /** Workers that took part, in order (more than one after a retry). */
   readonly workers: ReadonlyArray<string>
 }
@@ -218,6 +220,7 @@ export const makeCallRouter = (system: ActorSystemShape, directory: WorkerDirect
       const workers: Array<string> = []
       let cachedTokens: number | undefined
       let computeMs = 0
+      let workerMs = 0
       const finished = (finishReason: FinishReason): CallResult => ({
         output: Int32Array.from(out.tokens),
         logprobs: Float32Array.from(out.logprobs),
@@ -226,6 +229,7 @@ export const makeCallRouter = (system: ActorSystemShape, directory: WorkerDirect
         promptTokens: req.prompt.length,
         cachedTokens: Math.min(cachedTokens ?? 0, req.prompt.length),
         computeMs,
+        workerMs,
         workers
       })
       for (let n = 1; n <= options.maxAttempts; n++) {
@@ -252,6 +256,7 @@ export const makeCallRouter = (system: ActorSystemShape, directory: WorkerDirect
         const result = outcome.result
         append({ tokens: result.output, logprobs: result.logprobs, versions: result.versions })
         computeMs += result.computeMs
+        workerMs += result.workerMs
         cachedTokens ??= result.cachedTokens
         req.route.servedBy.add(worker)
         req.route.recent.push({ request, tokens: concat(full, result.output) })

@@ -51,6 +51,7 @@ import {
   type TokenLogprob,
   type Usage
 } from "./openai.ts"
+import { recentCalls } from "./recent-calls.ts"
 import type { SamplingParams } from "./rollout-protocol.ts"
 import { watchWorkers } from "./worker-directory.ts"
 
@@ -177,6 +178,7 @@ export const gateway = (config: GatewayConfig = {}) =>
         const byKey = new Map<string, Session>()
         const byExecution = new Map<string, Session>()
         const counters = { calls: 0, errors: 0 }
+        const recent = recentCalls()
 
         const record = (session: Session, call: ModelCall) =>
           Effect.suspend(() => {
@@ -246,6 +248,7 @@ export const gateway = (config: GatewayConfig = {}) =>
               finishedAt: Date.now(),
               toolCalls
             })
+            recent.add(Date.now() - call.startedAt, result)
             return result
           })
 
@@ -471,7 +474,7 @@ export const gateway = (config: GatewayConfig = {}) =>
               yield* router.release(execution, session.route)
               return { calls: session.calls }
             }),
-          Status: () => Effect.sync(() => ({ baseUrl, openExecutions: byExecution.size, calls: counters.calls, errors: counters.errors }))
+          Status: () => Effect.sync(() => ({ baseUrl, openExecutions: byExecution.size, calls: counters.calls, errors: counters.errors, recent: recent.figures() }))
         }
         return handlers
       })

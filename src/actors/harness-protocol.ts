@@ -61,11 +61,30 @@ export class UnknownExecution extends Schema.TaggedError<UnknownExecution>()("Un
   execution: Schema.String
 }) {}
 
+/** Figures of the gateway's most recent calls (a window of the last 4096). */
+export const RecentCalls = Schema.Struct({
+  calls: NonNegativeInt,
+  /** From the request's arrival to its record on JetStream (the response is written then). */
+  roundTripP50Ms: Schema.Number,
+  /** The worker's share of engine time for the call (batched steps split among their calls). */
+  computeP50Ms: Schema.Number,
+  /** Time inside the worker: from taking the request to its answer (batching waits included). */
+  workerP50Ms: Schema.Number,
+  /** Per call, round trip minus time inside the worker: what HTTP, the gateway and NATS add. */
+  overheadP50Ms: Schema.Number,
+  promptTokens: NonNegativeInt,
+  /** Prompt tokens the worker found cached (not prefilled again). */
+  cachedTokens: NonNegativeInt,
+  generatedTokens: NonNegativeInt
+})
+export type RecentCalls = typeof RecentCalls.Type
+
 export const GatewayStatus = Schema.Struct({
   baseUrl: Schema.String,
   openExecutions: NonNegativeInt,
   calls: NonNegativeInt,
-  errors: NonNegativeInt
+  errors: NonNegativeInt,
+  recent: RecentCalls
 })
 
 export const GatewayProtocol = RpcGroup.make(

@@ -69,6 +69,8 @@ export const GenerateResult = Schema.Struct({
   cachedTokens: NonNegativeInt,
   /** Milliseconds of engine compute spent on this request (its share of batched steps). */
   computeMs: Schema.Number,
+  /** Milliseconds from the worker taking the request to its answer (queueing and batching included). */
+  workerMs: Schema.Number,
   /** The worker that served it (`rollout-worker/<id>`). */
   worker: Schema.String
 })
