@@ -163,7 +163,7 @@ export const command: Command<typeof flags> = {
       const wall = (Date.now() - started) / 1000
       const trajectories = yield* readTrajectories(system, new Set(runs.map((r) => r.execution)))
 
-      console.log(`\n${"execution".padEnd(22)} ${"task".padEnd(11)} score  ended     calls  tokens  unique  dedup  depth  leaves (main/summary/sub/sub-summary)   time`)
+      console.log(`\n${"execution".padEnd(22)} ${"task".padEnd(14)} score  ended     calls  tokens  unique  dedup  depth  leaves (main/summary/sub/sub-summary)   time`)
       let scoreSum = 0
       for (const r of runs) {
         const t = trajectories.executions.get(r.execution)
@@ -172,7 +172,7 @@ export const command: Command<typeof flags> = {
         const leaves = `${roles["main"] ?? 0}/${roles["main-summary"] ?? 0}/${roles["subagent"] ?? 0}/${roles["subagent-summary"] ?? 0}`
         scoreSum += r.outcome.score ?? 0
         console.log(
-          `${r.execution.slice(-22).padEnd(22)} ${r.outcome.task.padEnd(11)} ${(r.outcome.score ?? NaN).toFixed(3)}  ${r.outcome.ended.padEnd(9)} ${pad(s?.calls ?? 0, 5)} ${pad(s?.totalTokens ?? 0, 7)} ${pad(s?.uniqueTokens ?? 0, 7)} ${pad((s?.dedupRatio ?? 0).toFixed(1), 6)} ${pad(s?.depth ?? 0, 6)}  ${leaves.padEnd(38)} ${pad(r.seconds.toFixed(1), 5)} s`
+          `${r.execution.slice(-22).padEnd(22)} ${r.outcome.task.padEnd(14)} ${(r.outcome.score ?? NaN).toFixed(3)}  ${r.outcome.ended.padEnd(9)} ${pad(s?.calls ?? 0, 5)} ${pad(s?.totalTokens ?? 0, 7)} ${pad(s?.uniqueTokens ?? 0, 7)} ${pad((s?.dedupRatio ?? 0).toFixed(1), 6)} ${pad(s?.depth ?? 0, 6)}  ${leaves.padEnd(38)} ${pad(r.seconds.toFixed(1), 5)} s`
         )
       }
       const rejected = [...trajectories.executions.values()].reduce((a, t) => a + t.rejected.length, 0)

@@ -19,6 +19,7 @@ import { encode, special } from "../engine/tokenizer.ts"
 import { adamwDefaults, type Trainer } from "../engine/trainer.ts"
 import { renderChat, type ChatMessage } from "../actors/chat.ts"
 import { DeltaDecoder, DeltaEncoder, mulberry32, packMicroBatches, stepUnits, type StepExecution } from "../tree/index.ts"
+import { plainCall } from "../tree/record.ts"
 import { Role } from "../tree/role.ts"
 
 /** One demonstrated call (a line of the demonstrations JSONL). */
@@ -75,18 +76,7 @@ export const demonstrationTrees = (demos: ReadonlyArray<Demonstration>): Array<S
     calls.forEach((d, i) => {
       const prompt = renderChat(d.messages as ReadonlyArray<ChatMessage>, [], undefined)
       const output = Int32Array.from([...encode(d.reply), special.end])
-      const record = encoder.encode({
-        callId: `c${i}`,
-        role: d.role,
-        prompt,
-        output,
-        logprobs: new Float32Array(output.length),
-        versions: new Int32Array(output.length),
-        finishReason: "stop",
-        startedAt: 0,
-        finishedAt: 0,
-        toolCalls: {}
-      })
+      const record = encoder.encode(plainCall(`c${i}`, d.role, prompt, output))
       const report = decoder.add(record)
       if (report.rejected.length > 0) throw new Error(`demonstration ${task}/${d.id}: ${report.rejected[0]!.detail}`)
     })

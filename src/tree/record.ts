@@ -68,6 +68,30 @@ export interface ModelCall {
   readonly toolCalls: Readonly<Record<string, string>>
 }
 
+/**
+ * A call with nothing but its tokens (behaviour log-probs 0, version 0, finished "stop"), as
+ * demonstrations and tests make them; `extra` overrides any field.
+ */
+export const plainCall = (
+  callId: string,
+  role: Role,
+  prompt: ArrayLike<number>,
+  output: ArrayLike<number>,
+  extra: Partial<ModelCall> = {}
+): ModelCall => ({
+  callId,
+  role,
+  prompt: Int32Array.from(prompt),
+  output: Int32Array.from(output),
+  logprobs: new Float32Array(output.length),
+  versions: new Int32Array(output.length),
+  finishReason: "stop",
+  startedAt: 0,
+  finishedAt: 0,
+  toolCalls: {},
+  ...extra
+})
+
 /** A record the decoder refuses, and why. */
 export class CallRecordRejected extends Schema.TaggedError<CallRecordRejected>()("CallRecordRejected", {
   execution: Schema.String,

@@ -92,7 +92,14 @@ export const fakeGateway = (baseUrl: string, log: GatewayLog) =>
             log.closed.push(execution)
             return { calls: 0 }
           }),
-        Status: () => Effect.succeed({ baseUrl, openExecutions: log.opened.length - log.closed.length, calls: 0, errors: 0 })
+        Status: () =>
+          Effect.succeed({
+            baseUrl,
+            openExecutions: log.opened.length - log.closed.length,
+            calls: 0,
+            errors: 0,
+            recent: { calls: 0, roundTripP50Ms: 0, computeP50Ms: 0, workerP50Ms: 0, overheadP50Ms: 0, promptTokens: 0, cachedTokens: 0, generatedTokens: 0 }
+          })
       })
   })
 

@@ -1,7 +1,7 @@
 import fc from "fast-check"
 import { describe, expect, it } from "vitest"
 import { digestOf } from "../../src/tree/hash.ts"
-import type { ModelCall } from "../../src/tree/record.ts"
+import { plainCall, type ModelCall } from "../../src/tree/record.ts"
 import { executionStats } from "../../src/tree/stats.ts"
 import { build, deliveryOrder, executionArb, listing, naivePreorder, naiveTrie, wireRecords, type NaiveNode } from "./simulate.ts"
 
@@ -45,18 +45,12 @@ describe("trajectory tree from delta-encoded records", () => {
   })
 
   it("counts a hand-built execution: retry, subagent fork and compaction", () => {
-    const call = (callId: string, role: string, prompt: Array<number>, output: Array<number>): ModelCall => ({
-      callId,
-      role,
-      prompt: Int32Array.from(prompt),
-      output: Int32Array.from(output),
-      logprobs: new Float32Array(output.length).fill(-0.5),
-      versions: new Int32Array(output.length).fill(3),
-      finishReason: "stop",
-      startedAt: 0,
-      finishedAt: 1,
-      toolCalls: {}
-    })
+    const call = (callId: string, role: string, prompt: Array<number>, output: Array<number>): ModelCall =>
+      plainCall(callId, role, prompt, output, {
+        logprobs: new Float32Array(output.length).fill(-0.5),
+        versions: new Int32Array(output.length).fill(3),
+        finishedAt: 1
+      })
     const calls = [
       call("a", "main", [1, 2, 3], [10, 11]), // 5 new tokens
       call("b", "main", [1, 2, 3], [12]), // retry: 1 new
@@ -91,18 +85,7 @@ describe("trajectory tree from delta-encoded records", () => {
   })
 
   it("stores tokens in chunked typed arrays: under 13 bytes per unique token for long executions", () => {
-    const calls = Array.from({ length: 50 }, (_, i): ModelCall => ({
-      callId: `c${i}`,
-      role: "main",
-      prompt: Int32Array.from({ length: 2600 * (i + 1) }, (_, t) => t),
-      output: new Int32Array(0),
-      logprobs: new Float32Array(0),
-      versions: new Int32Array(0),
-      finishReason: "stop",
-      startedAt: 0,
-      finishedAt: 0,
-      toolCalls: {}
-    }))
+    const calls = Array.from({ length: 50 }, (_, i) => plainCall(`c${i}`, "main", Int32Array.from({ length: 2600 * (i + 1) }, (_, t) => t), []))
     const { tree } = build(wireRecords(calls, 1 << 16), 1 << 16)
     expect(tree.uniqueTokens).toBe(130_000)
     expect(tree.nodeCount).toBe(3) // root + one node per 64k-token chunk

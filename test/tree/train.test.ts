@@ -3,7 +3,7 @@ import { Result } from "effect"
 import { describe, expect, it } from "vitest"
 import type { PackedBatch } from "../../src/engine/batch.ts"
 import { packMicroBatches } from "../../src/tree/pack.ts"
-import type { ModelCall } from "../../src/tree/record.ts"
+import { plainCall, type ModelCall } from "../../src/tree/record.ts"
 import { roleRank } from "../../src/tree/role.ts"
 import { samplePaths } from "../../src/tree/sample.ts"
 import { ROOT, type TrajectoryTree } from "../../src/tree/tree.ts"
@@ -73,18 +73,7 @@ describe("bounded dedup sampling", () => {
   })
 
   it("draws leaves of one class in proportion to their unmasked trainable tokens", () => {
-    const call = (callId: string, prompt: Array<number>, output: Array<number>, role = "main"): ModelCall => ({
-      callId,
-      role,
-      prompt: Int32Array.from(prompt),
-      output: Int32Array.from(output),
-      logprobs: new Float32Array(output.length),
-      versions: new Int32Array(output.length),
-      finishReason: "stop",
-      startedAt: 0,
-      finishedAt: 0,
-      toolCalls: {}
-    })
+    const call = (callId: string, prompt: Array<number>, output: Array<number>, role = "main"): ModelCall => plainCall(callId, role, prompt, output)
     const tree = treeOf([call("a", [1, 2], [3]), call("b", [1, 2], [4, 5, 6]), call("s", [1, 2, 9], [7, 7, 7, 7, 7, 7], "subagent")])
     let drewB = 0
     const draws = 4000
