@@ -78,7 +78,8 @@ const warmStartedCheckpoint = (f: Flags) =>
     const work = fs.mkdtempSync(path.join(os.tmpdir(), "gyre-warm-start-"))
     const demosFile = path.join(work, "demonstrations.jsonl")
     const tasks = suite.tasks.filter((t) => t.split === "train").slice(0, f["demo-tasks"]).map((t) => t.id)
-    yield* recordDemonstrations(suite, tasks, demosFile, { env: { ...toyEnv(f), TOY_TOOL_MS: "0" } })
+    // Seeded, so the demonstrations (their retries) and hence the cached checkpoint are reproducible.
+    yield* recordDemonstrations(suite, tasks, demosFile, { env: { ...toyEnv(f), TOY_TOOL_MS: "0", TOY_RANDOM_SEED: String(f.seed) } })
     const trees = demonstrationTrees(yield* readDemonstrations([demosFile]))
     const calls = trees.reduce((a, t) => a + t.tree.callCount, 0)
     console.log(`warm start: ${calls} oracle calls on ${trees.length} train tasks; ${f["sft-steps"]} SFT steps of the tiny preset...`)
