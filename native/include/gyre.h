@@ -318,7 +318,7 @@ typedef struct gyre_train_stats {
 } gyre_train_stats;
 
 /* Forward (and, with backward != 0, backward) over a packed micro-batch of n tokens
- * forming a forest (the PackedBatch of src/engine/batch.ts): token i attends to its
+ * forming a forest (the PackedBatch of src/common/packed-batch.ts): token i attends to its
  * ancestors (following parents[], each < i, -1 for a root) and itself; RoPE rotates it by
  * positions[i]; loss term i predicts tokens[i] from the output at parents[i].
  * weights, advantages, behaviour_logprobs, proximal_logprobs and versions may be NULL for

@@ -28,11 +28,11 @@ import * as Actor from "../runtime/actor.ts"
 import { TransportError, messageOf } from "../runtime/errors.ts"
 import { DeltaEncoder } from "../tree/encoder.ts"
 import { CallRecord, type ModelCall } from "../tree/record.ts"
-import type { StepTokens } from "./batcher.ts"
-import { makeCallRouter, newRoute, type CallResult, type Route } from "./call-router.ts"
-import { AssistantTurns, parseToolCalls, renderChat, tokenText, visibleText } from "./chat.ts"
-import { GatewayProtocol, UnknownExecution } from "./harness-protocol.ts"
-import { ensureTrajectoryStream, rlLayout } from "./layout.ts"
+import type { StepTokens } from "../serving/batcher.ts"
+import { makeCallRouter, newRoute, type CallResult, type Route } from "../gateway/call-router.ts"
+import { AssistantTurns, parseToolCalls, renderChat, tokenText, visibleText } from "../openai/chat.ts"
+import { GatewayProtocol, UnknownExecution } from "../protocols/gateway.ts"
+import { ensureTrajectoryStream, rlLayout } from "../protocols/layout.ts"
 import {
   ApiError,
   ChatCompletionRequest,
@@ -50,10 +50,10 @@ import {
   type FinishReason,
   type TokenLogprob,
   type Usage
-} from "./openai.ts"
-import { recentCalls } from "./recent-calls.ts"
-import type { SamplingParams } from "./rollout-protocol.ts"
-import { watchWorkers } from "./worker-directory.ts"
+} from "../openai/openai.ts"
+import { recentCalls } from "../gateway/recent-calls.ts"
+import type { SamplingParams } from "../protocols/rollout.ts"
+import { watchWorkers } from "../gateway/worker-directory.ts"
 
 export interface GatewayConfig {
   /** Interface to listen on (default 127.0.0.1). */

@@ -30,9 +30,9 @@ import { loadCheckpoint } from "../engine/checkpoint.ts"
 import { Engine } from "../engine/engine.ts"
 import * as Actor from "../runtime/actor.ts"
 import { formatAddress } from "../runtime/names.ts"
-import { makeBatcher } from "./batcher.ts"
-import { rlLayout } from "./layout.ts"
-import { RolloutWorkerProtocol, TokenChunk, WeightsUnavailable } from "./rollout-protocol.ts"
+import { makeBatcher } from "../serving/batcher.ts"
+import { rlLayout } from "../protocols/layout.ts"
+import { RolloutWorkerProtocol, TokenChunk, WeightsUnavailable } from "../protocols/rollout.ts"
 
 export interface RolloutWorkerConfig {
   /** Checkpoint directory: config.json and model.safetensors (the initial weights). */

@@ -5,7 +5,7 @@
  *
  * 1. Warm start (cached in `.gyre/cache/warm-start-<key>`, the key a digest of everything
  *    that shapes it): the toy oracle's demonstrations on train tasks, then supervised steps
- *    of the engine's SFT loss on their prefix trees (`src/train/warm-start.ts`).
+ *    of the engine's SFT loss on their prefix trees (`src/training/warm-start.ts`).
  * 2. A private nats-server (or NATS_URL), one node hosting a rollout worker on the warm-started
  *    checkpoint, the gateway and a harness runner.
  * 3. `--executions` held-out toy executions at once, each an unmodified harness process
@@ -17,12 +17,12 @@ import * as os from "node:os"
 import * as path from "node:path"
 import { Effect, Layer } from "effect"
 import { gateway } from "../actors/gateway.ts"
-import { HarnessRunnerProtocol } from "../actors/harness-protocol.ts"
+import { HarnessRunnerProtocol } from "../protocols/harness.ts"
 import { makeHarnessRunner } from "../actors/harness-runner.ts"
-import { rlLayout } from "../actors/layout.ts"
+import { rlLayout } from "../protocols/layout.ts"
 import { rolloutWorker } from "../actors/rollout-worker.ts"
-import { loadSuite } from "../actors/suites.ts"
-import { readTrajectories } from "../actors/trajectories.ts"
+import { loadSuite } from "../harness/suites.ts"
+import { readTrajectories } from "../protocols/trajectories.ts"
 import { CONFIG_FILE, MODEL_FILE, saveCheckpoint } from "../engine/checkpoint.ts"
 import { Engine } from "../engine/engine.ts"
 import { presets } from "../engine/presets.ts"
@@ -31,11 +31,10 @@ import { address } from "../runtime/names.ts"
 import { repoRoot } from "../runtime/nats-server.ts"
 import { startNode } from "../runtime/node.ts"
 import { ActorSystem, refOf } from "../runtime/system.ts"
-import { recordDemonstrations } from "../train/demonstrations.ts"
-import { demonstrationTrees, readDemonstrations, warmStart } from "../train/warm-start.ts"
+import { recordDemonstrations } from "../training/demonstrations.ts"
+import { demonstrationTrees, readDemonstrations, warmStart } from "../training/warm-start.ts"
 import { executionStats } from "../tree/stats.ts"
-import { parseFlags } from "./args.ts"
-import type { Command } from "./main.ts"
+import { parseFlags, type Command } from "./args.ts"
 
 const flags = {
   executions: { kind: "integer", doc: "toy executions to run at once", default: 8 },
@@ -64,7 +63,7 @@ const digestOf = (parts: ReadonlyArray<string>) => {
 const warmStartedCheckpoint = (f: Flags) =>
   Effect.gen(function* () {
     const suite = yield* loadSuite(path.join(repoRoot, "suites"), "toy")
-    const shaping = ["suites/toy/world.mjs", "suites/toy/harness.mjs", "suites/toy/suite.json", "src/actors/chat.ts", "src/engine/tokenizer.ts", "src/train/warm-start.ts"]
+    const shaping = ["suites/toy/world.mjs", "suites/toy/harness.mjs", "suites/toy/suite.json", "src/openai/chat.ts", "src/engine/tokenizer.ts", "src/training/warm-start.ts"]
     const key = digestOf([
       ...shaping.map((p) => fs.readFileSync(path.join(repoRoot, p), "utf8")),
       JSON.stringify({ preset: presets.tiny, env: toyEnv(f), tasks: f["demo-tasks"], steps: f["sft-steps"], lr: f["sft-lr"], seed: f.seed })

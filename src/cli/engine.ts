@@ -20,8 +20,7 @@ import { Engine } from "../engine/engine.ts"
 import { type PresetName, presetNames, presets } from "../engine/presets.ts"
 import { chatTemplate, decode, special } from "../engine/tokenizer.ts"
 import { adamwDefaults } from "../engine/trainer.ts"
-import { type FlagSpec, UsageError, parseFlags } from "./args.ts"
-import type { Command } from "./main.ts"
+import { type FlagSpec, UsageError, parseFlags, type Command } from "./args.ts"
 
 const subcommands = {
   init: {

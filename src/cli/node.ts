@@ -17,8 +17,7 @@ import { Nats, natsOptionsFromEnv } from "../runtime/nats.ts"
 import { parseAddress } from "../runtime/names.ts"
 import { startNode } from "../runtime/node.ts"
 import { ActorSystem } from "../runtime/system.ts"
-import { UsageError, parseFlags } from "./args.ts"
-import type { Command } from "./main.ts"
+import { UsageError, parseFlags, type Command } from "./args.ts"
 
 const flags = {
   name: { kind: "string", doc: "node name (unique in the run)", default: os.hostname().replace(/[^A-Za-z0-9_-]/g, "-") },

@@ -3,7 +3,7 @@
  * buffer (export/import for reducing across trainers), AdamW and the optimizer state.
  */
 import { Effect } from "effect"
-import type { PackedBatch } from "./batch.ts"
+import type { PackedBatch } from "../common/packed-batch.ts"
 import type { LlamaConfig } from "./config.ts"
 import { type NativeError, type NativeLibrary, readStruct, structBuffer } from "./native.ts"
 

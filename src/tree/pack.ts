@@ -17,7 +17,7 @@
  * ratio is packed tokens / (micro-batches * budget).
  */
 import { Result, Schema } from "effect"
-import type { PackedBatch } from "../engine/batch.ts"
+import type { PackedBatch } from "../common/packed-batch.ts"
 import type { TrainingUnit } from "./units.ts"
 
 export interface PackReport {

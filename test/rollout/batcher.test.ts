@@ -11,8 +11,8 @@ import { Engine } from "../../src/engine/engine.ts"
 import type { KvCache } from "../../src/engine/kvcache.ts"
 import { presets } from "../../src/engine/presets.ts"
 import { special } from "../../src/engine/tokenizer.ts"
-import { makeBatcher, type Batcher, type BatcherOptions } from "../../src/actors/batcher.ts"
-import type { SamplingParams } from "../../src/actors/rollout-protocol.ts"
+import { makeBatcher, type Batcher, type BatcherOptions } from "../../src/serving/batcher.ts"
+import type { SamplingParams } from "../../src/protocols/rollout.ts"
 import { digestOf } from "../../src/tree/hash.ts"
 
 const run = <A, E>(effect: Effect.Effect<A, E, Engine | Scope.Scope>): Promise<A> =>

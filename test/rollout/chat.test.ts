@@ -5,7 +5,7 @@
  */
 import { describe, expect, it } from "vitest"
 import fc from "fast-check"
-import { AssistantTurns, parseToolCalls, renderChat, toolsPrompt, visibleText, type ChatMessage, type ToolDefinition } from "../../src/actors/chat.ts"
+import { AssistantTurns, parseToolCalls, renderChat, toolsPrompt, visibleText, type ChatMessage, type ToolDefinition } from "../../src/openai/chat.ts"
 import { chatTemplate, encode, special } from "../../src/engine/tokenizer.ts"
 
 const tools: Array<ToolDefinition> = [{ type: "function", function: { name: "read_file", parameters: { type: "object", properties: { path: { type: "string" } } } } }]

@@ -2,7 +2,7 @@
  * The gateway's window of its most recent calls: round trip, engine compute and tokens per
  * call, summarised as medians and sums for `Status` (and `bench:rollout`).
  */
-import type { RecentCalls } from "./harness-protocol.ts"
+import type { RecentCalls } from "../protocols/gateway.ts"
 
 interface Row {
   readonly roundTripMs: number

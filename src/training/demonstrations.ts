@@ -10,8 +10,8 @@ import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { Effect, Schema } from "effect"
-import { describeEnd, runInGroup } from "../actors/process-group.ts"
-import type { Suite } from "../actors/suites.ts"
+import { describeEnd, runInGroup } from "../harness/process-group.ts"
+import type { Suite } from "../harness/suites.ts"
 
 export class DemonstrationsFailed extends Schema.TaggedError<DemonstrationsFailed>()("DemonstrationsFailed", {
   suite: Schema.String,

@@ -12,7 +12,7 @@ import * as fs from "node:fs"
 import * as path from "node:path"
 import { Effect, Exit, Schema, SchemaIssue } from "effect"
 import { fieldPath } from "../runtime/schema-path.ts"
-import { Split } from "./harness-protocol.ts"
+import { Split } from "../protocols/harness.ts"
 
 const SUITE_NAME = /^[a-z0-9][a-z0-9_-]*$/
 /** Task ids end up in file names and environment variables: letters, digits, `_`, `-`, `.`. */
@@ -52,7 +52,7 @@ export const SuiteFile = Schema.Struct({
   scorer: Program,
   template: Schema.optional(Schema.NonEmptyString),
   env: Schema.optional(Env),
-  /** How the harness records the suite's oracle demonstrations (`src/train/demonstrations.ts`). */
+  /** How the harness records the suite's oracle demonstrations (`src/training/demonstrations.ts`). */
   demonstrations: Schema.optional(
     Schema.Struct({
       /** Environment that makes the harness follow the oracle instead of calling a model. */

@@ -40,7 +40,7 @@ import {
   type GenerateResult,
   type SamplingParams,
   type WorkerLoad
-} from "./rollout-protocol.ts"
+} from "../protocols/rollout.ts"
 
 export interface BatcherOptions {
   /** `rollout-worker/<id>`, reported in results. */

@@ -12,7 +12,7 @@ import { Duration, Effect, Schema, type Scope } from "effect"
 import type { TransportError } from "../runtime/errors.ts"
 import { watchRegistry, type RegistryEntry } from "../runtime/registry.ts"
 import type { ActorSystemShape } from "../runtime/system.ts"
-import { WorkerLoad } from "./rollout-protocol.ts"
+import { WorkerLoad } from "../protocols/rollout.ts"
 
 export const WORKER_KIND = "rollout-worker"
 
