@@ -6,6 +6,10 @@
  * | `GYRE_R_TRAJECTORIES` | stream, limits retention | `gyre.R.calls.<execution>`: one delta-encoded `CallRecord` per model call (JSON, `src/tree/record.ts`); `gyre.R.outcomes.<execution>`: the `ExecutionOutcome` (JSON, `src/tree/outcome.ts`) |
  * | `GYRE_R_weights` | object store | one object per policy version, `v<version>`: a `model.safetensors` (F32, Hugging Face names) |
  * | `gyre.R.tokens.<request>` | core NATS subject | streamed chunks of one generation (`TokenChunk`), for `stream: true` |
+ * | `GYRE_R_MICROBATCHES` | stream, work-queue retention | `gyre.R.mb.<step>`: the step's micro-batches (`MicroBatchJson`, src/protocols/device.ts), one shared durable consumer `mb-<step>` per step |
+ * | `GYRE_R_grads` | object store | `s<step>.m<index>`: one micro-batch's gradient (flat F32, little-endian) |
+ * | `GYRE_R_kv` | object store | `h.<id>`: a KV hand-off buffer (GYKV) of a context moving between devices |
+ * | checkpoints | directory, not NATS | `<checkpointDir>/step-<k>`: HF checkpoint + optimizer.safetensors + run-state.json |
  *
  * Execution ids are subject tokens: letters, digits, `_` and `-`.
  *
@@ -34,7 +38,13 @@ export const rlLayout = (run: string) => {
     allOutcomes: `${base}.outcomes.>`,
     weightsBucket: `GYRE_${run}_weights`,
     weightsObject: (version: number) => `v${version}`,
-    tokens: (request: string) => `${base}.tokens.${request}`
+    tokens: (request: string) => `${base}.tokens.${request}`,
+    microBatchStream: `GYRE_${run}_MICROBATCHES`,
+    microBatches: (step: number) => `${base}.mb.${step}`,
+    microBatchConsumer: (step: number) => `mb-${step}`,
+    allMicroBatches: `${base}.mb.>`,
+    gradsBucket: `GYRE_${run}_grads`,
+    kvBucket: `GYRE_${run}_kv`
   }
 }
 
