@@ -85,6 +85,8 @@ export const PolicyRecord = Schema.Struct({
   event: PolicyEvent,
   actions: Schema.Array(PolicyAction),
   /** `digestOf` of the encoded policy state after the event. */
-  digest: Schema.String
+  digest: Schema.String,
+  /** The device of a `CellJoined` or `CellLost` event: the scheduler's cell map (the policy never sees it). */
+  device: Schema.optional(Schema.String)
 })
 export type PolicyRecord = typeof PolicyRecord.Type

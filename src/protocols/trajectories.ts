@@ -5,11 +5,11 @@
  */
 import { Effect, Schema, Stream } from "effect"
 import type { TransportError } from "../runtime/errors.ts"
-import { readStored } from "../runtime/stream-reader.ts"
+import { readLast, readStored } from "../runtime/stream-reader.ts"
 import type { ActorSystemShape } from "../runtime/system.ts"
 import { DeltaDecoder } from "../tree/decoder.ts"
 import { ExecutionOutcome } from "../tree/outcome.ts"
-import { CallRecordJson, type CallRecordRejected } from "../tree/record.ts"
+import { CallRecordJson, CallRecordRejected } from "../tree/record.ts"
 import { rlLayout } from "./layout.ts"
 
 export interface ExecutionTrajectory {
@@ -71,4 +71,35 @@ export const readTrajectories = (
       )
     )
     return { executions, malformed }
+  })
+
+/**
+ * One execution's trajectory from what the stream holds now: a filtered read of its call
+ * records (`gyre.<run>.calls.<execution>`), then its outcome, if published. A call record
+ * that is not valid JSON of a record is kept as a `malformed` rejection.
+ */
+export const readExecution = (system: ActorSystemShape, execution: string): Effect.Effect<ExecutionTrajectory, TransportError> =>
+  Effect.gen(function* () {
+    const names = rlLayout(system.run)
+    const t: ExecutionTrajectory = { execution, task: "", decoder: new DeltaDecoder(execution), rejected: [], outcome: undefined }
+    yield* readStored(system.nats, names.trajectoryStream, undefined, names.calls(execution)).pipe(
+      Stream.runForEach((m) =>
+        Effect.sync(() => {
+          const record = decodeRecord(m.string())
+          if (record._tag === "Failure") {
+            t.rejected.push(new CallRecordRejected({ execution, callId: `seq:${m.seq}`, reason: "malformed", detail: String(record.cause) }))
+            return
+          }
+          t.task = record.value.task
+          t.rejected.push(...t.decoder.add(record.value).rejected)
+        })
+      )
+    )
+    const last = yield* readLast(system.nats, names.trajectoryStream, names.outcomes(execution))
+    const outcome = last === undefined ? undefined : decodeOutcome(last.string())
+    if (outcome?._tag === "Success") {
+      t.outcome = outcome.value
+      t.task = outcome.value.task
+    }
+    return t
   })
