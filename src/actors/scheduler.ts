@@ -1,0 +1,193 @@
+/**
+ * The live scheduler, `scheduler/main`: runs a `src/policy` policy unchanged over the real
+ * actors of a run. Exactly one is live: `standBy` waits for the run's lease and hosts the
+ * actor on its node only while it holds it; any number of candidates may stand by.
+ *
+ * The story of one incarnation:
+ * 1. Take over: the run configuration is read from the journal (written by the first leader),
+ *    the policy records are replayed through the policy with every digest checked, and the
+ *    book (cells, dispatcher, steps, versions) is rebuilt from them (`src/scheduling/takeover.ts`).
+ * 2. Resume: what the records asked for and no completion answered is asked again, idempotently
+ *    (`Shell.resume`), and dispatched executions start while rollout slots are free.
+ * 3. Serve: every input (a durable tell, in order) is checked against the book, becomes one
+ *    `PolicyEvent`, is journaled with the policy's actions (`PolicyRecord` on
+ *    `gyre.<run>.sys.policy`) and then carried out by fibers whose completions come back as
+ *    tells (`src/scheduling/actions.ts`). The registry watch turns a device that is declared
+ *    dead, stopped or failed into `DeviceLost`.
+ * 4. After the last `StepDone`, `gyre.<run>.sys.run-done` holds the run's summary.
+ *
+ * No scheduling decision is made here: the policy decides which batch, which cell, which step;
+ * the shell only chooses what the policy leaves open (hand-off destinations in the order the
+ * design fixes, runner `n mod runners` for execution `n`).
+ */
+import { nuid } from "@nats-io/transport-node"
+import { Duration, Effect, FiberSet, Schema } from "effect"
+import * as Actor from "../runtime/actor.ts"
+import type { MessageMeta } from "../runtime/actor.ts"
+import { address, formatAddress } from "../runtime/names.ts"
+import type { NodeHandle } from "../runtime/node.ts"
+import { watchRegistry } from "../runtime/registry.ts"
+import { refOf, type ActorSystemShape } from "../runtime/system.ts"
+import type { PolicyEvent } from "../policy/vocabulary.ts"
+import { SCHEDULER_KIND, SchedulerProtocol } from "../protocols/scheduler.ts"
+import { parseExecutionName, type RunConfig } from "../protocols/run.ts"
+import { Book } from "../scheduling/book.ts"
+import { makeDriver, policyOf } from "../scheduling/driver.ts"
+import { makeShell, switchMessageId } from "../scheduling/actions.ts"
+import { runOnRunner } from "../scheduling/dispatcher.ts"
+import { kvLease, type Leadership } from "../scheduling/lease.ts"
+import { journalRunConfig, journalStep, readRecords, recordWriter } from "../scheduling/records.ts"
+import { replayRecords } from "../scheduling/takeover.ts"
+
+export const SCHEDULER_ID = "main"
+export const schedulerAddress = address(SCHEDULER_KIND, SCHEDULER_ID)
+export const schedulerRef = refOf(SchedulerProtocol, schedulerAddress)
+
+export interface SchedulerOptions {
+  /** The run as asked for; a run configuration already in the journal wins (a standby, a resume). */
+  readonly config: RunConfig
+  /** The suite's `train` split, in suite order (the plan draws tasks from it). */
+  readonly trainTasks: ReadonlyArray<string>
+  /** Harness runners (`harness-runner/<id>`); execution `n` runs on runner `n mod count`. */
+  readonly runners: ReadonlyArray<string>
+  /** Lease time to live: a dead leader's standby takes over after it (default 5 s). */
+  readonly leaseTtlMs?: number
+  /** Ask timeout of one `RunExecution`, asked again after it (default 6 h). */
+  readonly executionTimeoutMs?: number
+  /** Ask timeout of device requests (default 120 s). */
+  readonly deviceTimeoutMs?: number
+}
+
+/** The scheduler was started without holding the run's lease. */
+export class NotLeader extends Schema.TaggedError<NotLeader>()("NotLeader", { actor: Schema.String }) {}
+
+/** The scheduler actor stopped for good (its supervisor gave up) while this candidate led. */
+export class SchedulerStopped extends Schema.TaggedError<SchedulerStopped>()("SchedulerStopped", { node: Schema.String, term: Schema.Number }) {}
+
+const lostStatuses = new Set(["dead", "stopped", "failed"])
+
+/** The scheduler actor type and the stand-by loop that hosts it while it leads. */
+export const makeScheduler = (options: SchedulerOptions) => {
+  let leadership: Leadership | undefined
+
+  const type = Actor.make({
+    kind: SCHEDULER_KIND,
+    protocol: SchedulerProtocol,
+    state: { schema: Schema.Struct({}), initial: () => ({}) },
+    behaviour: (ctx) =>
+      Effect.gen(function* () {
+        const lead = leadership
+        if (lead === undefined) return yield* Effect.die(new NotLeader({ actor: formatAddress(ctx.address) }))
+        const system = ctx.system
+        const sender = formatAddress(ctx.address)
+        const config = yield* journalRunConfig(system, options.config)
+        const policy = yield* policyOf(config)
+        const book = new Book(config, options.trainTasks)
+        const replayed = yield* replayRecords(policy, config, book, yield* readRecords(system), lead.term)
+        let driver: ReturnType<typeof makeDriver<unknown>> | undefined
+        const shell = yield* makeShell({
+          system,
+          book,
+          self: schedulerRef,
+          sender,
+          runExecution: runOnRunner({ system, config, runners: options.runners, timeoutMs: options.executionTimeoutMs ?? 6 * 3600_000 }),
+          deviceTimeoutMs: options.deviceTimeoutMs ?? 120_000,
+          now: () => driver!.now(),
+          facts: () => ({
+            run: config.run,
+            policy: config.policy,
+            steps: book.stepsDone,
+            wallS: driver!.now(),
+            records: driver!.index(),
+            terms: replayed.terms.includes(lead.term) ? replayed.terms : [...replayed.terms, lead.term],
+            executions: book.dispatcher.finished,
+            switches: book.switches
+          })
+        })
+        driver = makeDriver({ policy, book, term: lead.term, startedAt: config.startedAt, from: replayed, write: recordWriter(system, replayed.lastSeq), execute: shell.execute })
+        yield* shell.resume
+        yield* driver.settle.pipe(Effect.orDie)
+        yield* watchDevices(system, book, sender)
+        const d = driver
+        const feed = (event: PolicyEvent, context?: Parameters<typeof d.feed>[1]) => d.feed(event, context).pipe(Effect.orDie)
+        const accepted = (ok: boolean, event: () => PolicyEvent) => (ok ? feed(event()).pipe(Effect.as({ accepted: true })) : Effect.succeed({ accepted: false }))
+        return {
+          DeviceJoined: ({ device }) => {
+            const known = book.cells.cellOf(device)
+            if (known !== undefined) return Effect.succeed({ cell: known })
+            const cell = book.cells.next
+            return feed({ _tag: "CellJoined", cell, at: d.now() }, { device }).pipe(Effect.as({ cell }))
+          },
+          DeviceLost: ({ device }) => {
+            const cell = book.cells.cellOf(device)
+            return cell === undefined ? Effect.succeed({ cell: -1 }) : feed({ _tag: "CellLost", cell, at: d.now() }).pipe(Effect.as({ cell }))
+          },
+          ExecutionEnded: ({ execution, outcome, tokens, durationS }) => {
+            const id = parseExecutionName(execution)
+            const running = id === undefined ? undefined : book.dispatcher.runningOf(id.n)
+            if (running === undefined) return Effect.succeed({ accepted: false })
+            const event: PolicyEvent = { _tag: "ExecutionFinished", execution: running.plan.n, batch: running.plan.batch, tokens, duration_s: durationS, at: d.now() }
+            return feed(event, { outcome }).pipe(Effect.as({ accepted: true }))
+          },
+          SwitchCompleted: ({ cell, role }, meta: MessageMeta) => {
+            const index = book.cells.get(cell)?.switchIndex ?? -1
+            return accepted(meta.msgId === switchMessageId(index, cell) && book.acceptsSwitch(cell, role, index), () => ({ _tag: "SwitchDone", cell, role, at: d.now() }))
+          },
+          WeightsLoaded: ({ version }) => accepted(book.acceptsWeights(version), () => ({ _tag: "WeightsPublished", version, at: d.now() })),
+          StepProgress: ({ step, trainedTokens }) =>
+            accepted(book.acceptsProgress(step, trainedTokens), () => ({ _tag: "MicroStepDone", step, trained_tokens: trainedTokens, at: d.now() })),
+          StepDone: ({ step, metrics }) =>
+            book.acceptsStepDone(step)
+              ? journalStep(system, metrics).pipe(Effect.orDie, Effect.andThen(accepted(true, () => ({ _tag: "StepDone", step, at: d.now() }))))
+              : Effect.succeed({ accepted: false }),
+          Status: () =>
+            Effect.succeed({
+              leader: `${ctx.node}#${lead.term}`,
+              stepsDone: book.stepsDone,
+              dispatched: book.dispatcher.dispatched,
+              started: book.dispatcher.started,
+              finished: book.dispatcher.finished,
+              cells: book.cells.list().map((c) => ({ cell: c.cell, device: c.device, role: c.role, switching: c.switching })),
+              done: book.done
+            })
+        }
+      })
+  })
+
+  /**
+   * Stands by on `node` for the lifetime of the scope: waits for the lease, hosts the scheduler
+   * while holding it, stops it when the lease is lost, and waits again. Fails with
+   * `SchedulerStopped` when the scheduler's supervisor gives up while this candidate leads.
+   */
+  const standBy = (node: NodeHandle, system: ActorSystemShape) =>
+    Effect.gen(function* () {
+      const lease = kvLease({ kv: system.state, key: `lease/${SCHEDULER_KIND}.${SCHEDULER_ID}`, holder: `${node.name}.${nuid.next()}`, ttlMs: options.leaseTtlMs ?? 5000 })
+      const hosted = () => node.hosted().some((h) => h.kind === SCHEDULER_KIND && h.id === SCHEDULER_ID)
+      while (true) {
+        yield* Effect.scoped(
+          Effect.gen(function* () {
+            const lead = yield* lease.acquire
+            leadership = lead
+            yield* node.spawn(SCHEDULER_KIND, SCHEDULER_ID).pipe(Effect.orDie)
+            const gaveUp = Effect.sleep(Duration.millis(250)).pipe(Effect.repeat({ until: () => !hosted() }))
+            const stopped = yield* Effect.raceFirst(lead.lost.pipe(Effect.as(false)), gaveUp.pipe(Effect.as(true)))
+            leadership = undefined
+            yield* node.stop(SCHEDULER_KIND, SCHEDULER_ID)
+            if (stopped) return yield* new SchedulerStopped({ node: node.name, term: lead.term })
+          })
+        )
+      }
+    })
+
+  return { type, standBy }
+}
+
+/** Tells the scheduler `DeviceLost` for every cell's device the registry shows dead, stopped or failed. */
+const watchDevices = (system: ActorSystemShape, book: Book, sender: string) =>
+  Effect.gen(function* () {
+    const fork = yield* FiberSet.makeRuntime<never, unknown, never>()
+    yield* watchRegistry(system, ({ key, entry }) => {
+      if (entry === undefined || !lostStatuses.has(entry.status) || book.cells.cellOf(key) === undefined) return
+      fork(system.tell(schedulerRef, "DeviceLost", { device: key }, { msgId: `lost-${key}-${entry.incarnation}`, sender }).pipe(Effect.ignore))
+    })
+  })
