@@ -24,7 +24,7 @@ import { nuid } from "@nats-io/transport-node"
 import { Duration, Effect, FiberSet, Schema } from "effect"
 import * as Actor from "../runtime/actor.ts"
 import type { MessageMeta } from "../runtime/actor.ts"
-import { address, formatAddress } from "../runtime/names.ts"
+import { address, formatAddress, parseAddress } from "../runtime/names.ts"
 import type { NodeHandle } from "../runtime/node.ts"
 import { watchRegistry } from "../runtime/registry.ts"
 import { refOf, type ActorSystemShape } from "../runtime/system.ts"
@@ -66,8 +66,18 @@ export class SchedulerStopped extends Schema.TaggedError<SchedulerStopped>()("Sc
 
 const lostStatuses = new Set(["dead", "stopped", "failed"])
 
-/** The scheduler actor type and the stand-by loop that hosts it while it leads. */
+/** Scheduler options that cannot run a plan. */
+export class InvalidSchedulerOptions extends Schema.TaggedError<InvalidSchedulerOptions>()("InvalidSchedulerOptions", { reason: Schema.String }) {}
+
+/**
+ * The scheduler actor type and the stand-by loop that hosts it while it leads. Throws
+ * `InvalidSchedulerOptions` when there is no train task or no runner to plan with, and
+ * `InvalidAddress` for a runner that is not `kind/id`.
+ */
 export const makeScheduler = (options: SchedulerOptions) => {
+  if (options.trainTasks.length === 0) throw new InvalidSchedulerOptions({ reason: "the suite has no train task" })
+  if (options.runners.length === 0) throw new InvalidSchedulerOptions({ reason: "no harness runner" })
+  options.runners.forEach(parseAddress)
   let leadership: Leadership | undefined
 
   const type = Actor.make({
@@ -120,7 +130,7 @@ export const makeScheduler = (options: SchedulerOptions) => {
           },
           DeviceLost: ({ device }) => {
             const cell = book.cells.cellOf(device)
-            return cell === undefined ? Effect.succeed({ cell: -1 }) : feed({ _tag: "CellLost", cell, at: d.now() }).pipe(Effect.as({ cell }))
+            return cell === undefined ? Effect.succeed({ cell: -1 }) : feed({ _tag: "CellLost", cell, at: d.now() }, { device }).pipe(Effect.as({ cell }))
           },
           ExecutionEnded: ({ execution, outcome, tokens, durationS }) => {
             const id = parseExecutionName(execution)

@@ -11,6 +11,7 @@
  * | `StartStep {step, core, cells}` | core `StartStep` (the batch's plan), then `JoinStep` to the other cells and `TrainExecution` of the batch's finished executions | (the core's `StepDone`) |
  * | `JoinStep {step, cell}` | device `JoinStep`, once the core has started the step | |
  * | `PublishWeights {version}` | `LoadWeights` to every cell in the rollout role | `WeightsLoaded` |
+ * | `CellJoined {cell}` after a publish | `LoadWeights` of the newest version to it | |
  * | `CellLost {cell}` | its fibers stop; running executions are asked again (they join) | |
  * | the last `StepDone` | `run-done` with the summary | |
  *
@@ -175,15 +176,17 @@ export const makeShell = (options: ShellOptions): Effect.Effect<Shell, never, Sc
       })
     }
 
+    /** Cell `cell` loads `version` (done, or the cell lost). */
+    const load = (cell: number, version: number) => {
+      const to = device(cell)
+      return whileCell(cell, ask(to, "LoadWeights", { version }, { timeoutMs: deviceTimeoutMs }).pipe(persistently(`LoadWeights ${version} on cell ${cell}`), Effect.asVoid))
+    }
+
     const publish = (version: number) => {
-      const cells = book.cells.rolloutCells().map((c) => ({ cell: c.cell, to: device(c.cell) }))
+      const loads = book.cells.rolloutCells().map((c) => load(c.cell, version))
       return fork(
         `publish:${version}`,
-        Effect.forEach(
-          cells,
-          ({ cell, to }) => whileCell(cell, ask(to, "LoadWeights", { version }, { timeoutMs: deviceTimeoutMs }).pipe(persistently(`LoadWeights ${version} on cell ${cell}`), Effect.asVoid)),
-          { concurrency: "unbounded", discard: true }
-        ).pipe(Effect.andThen(tellSelf("WeightsLoaded", { version }, `weights-${version}`)))
+        Effect.all(loads, { concurrency: "unbounded", discard: true }).pipe(Effect.andThen(tellSelf("WeightsLoaded", { version }, `weights-${version}`)))
       )
     }
 
@@ -196,7 +199,7 @@ export const makeShell = (options: ShellOptions): Effect.Effect<Shell, never, Sc
       true
     )
 
-    const reaskRunning = Effect.forEach(book.dispatcher.runningNow(), execution, { discard: true })
+    const reaskRunning = Effect.suspend(() => Effect.forEach(book.dispatcher.runningNow(), execution, { discard: true }))
 
     const execute = (record: PolicyRecord) =>
       Effect.gen(function* () {
@@ -207,6 +210,9 @@ export const makeShell = (options: ShellOptions): Effect.Effect<Shell, never, Sc
         } else if (e._tag === "ExecutionFinished") {
           const f = book.finishedOf(e.batch).find((x) => x.plan.n === e.execution)
           if (f !== undefined && book.step?.step === e.batch) yield* train(book.step, f)
+        } else if (e._tag === "CellJoined" && book.requested > 0) {
+          // A cell arrives serving rollouts: on the published version, as every rollout cell.
+          yield* fork(`load:${e.cell}`, load(e.cell, book.requested))
         } else if (e._tag === "CellLost") {
           yield* Deferred.succeed(signal(gone, e.cell), undefined)
           yield* reaskRunning
