@@ -1,12 +1,18 @@
 /**
  * The live scheduler on a real nats-server with scripted device and harness-runner actors:
- * a short elastic run to its end, checked from the journal.
+ * a short elastic run to its end, checked from the journal; a journal that does not replay
+ * is refused.
  */
 import { Effect } from "effect"
 import { describe, expect, it } from "vitest"
 import { startNode } from "../../src/runtime/node.ts"
 import { ActorSystem } from "../../src/runtime/system.ts"
 import { makeScheduler } from "../../src/actors/scheduler.ts"
+import type { PolicyRecord } from "../../src/protocols/scheduler.ts"
+import { Book } from "../../src/scheduling/book.ts"
+import { policyOf } from "../../src/scheduling/driver.ts"
+import { readRecords } from "../../src/scheduling/records.ts"
+import { replayRecords } from "../../src/scheduling/takeover.ts"
 import { withSystem } from "../runtime/harness.ts"
 import { fakeDevice, fakeRunner, observed } from "./fakes.ts"
 import { checkJournal, runConfig, runDone, script, trainTasks } from "./run.ts"
@@ -26,9 +32,25 @@ describe("live scheduler", () => {
       yield* Effect.forkScoped(scheduler.standBy(node, system))
       const summary = yield* runDone(system)
       const journal = yield* checkJournal(system, config, seen)
-      return { summary, journal }
+      // A standby refuses a journal that does not replay: a changed action, a changed digest, a gap.
+      const stored = yield* readRecords(system)
+      const policy = yield* policyOf(config)
+      const refused = (records: typeof stored) => replayRecords(policy, config, new Book(config, trainTasks), records, 1).pipe(Effect.flip)
+      const change = (i: number, f: (r: PolicyRecord) => PolicyRecord) => stored.map((x, j) => (j === i ? { ...x, record: f(x.record) } : x))
+      const acting = stored.findIndex((x) => x.record.actions.length > 0)
+      const diverged = [
+        yield* refused(change(acting, (r) => ({ ...r, actions: [] }))),
+        yield* refused(change(5, (r) => ({ ...r, digest: "0".repeat(64) }))),
+        yield* refused(stored.filter((_, j) => j !== 3))
+      ]
+      return { summary, journal, diverged }
     }))
-    const { summary, journal } = result
+    const { summary, journal, diverged } = result
+    expect(diverged.map((e) => [e._tag, e.index])).toEqual([
+      ["JournalDiverged", result.journal.records.findIndex((r) => r.actions.length > 0)],
+      ["JournalDiverged", 5],
+      ["JournalDiverged", 4]
+    ])
     expect(summary.steps).toBe(3)
     expect(summary.executions).toBe(12)
     expect(journal.terms).toEqual([1])
