@@ -23,20 +23,19 @@
 import { nuid } from "@nats-io/transport-node"
 import { Duration, Effect, FiberSet, Schema } from "effect"
 import * as Actor from "../runtime/actor.ts"
-import type { MessageMeta } from "../runtime/actor.ts"
 import { address, formatAddress, parseAddress } from "../runtime/names.ts"
 import type { NodeHandle } from "../runtime/node.ts"
 import { watchRegistry } from "../runtime/registry.ts"
 import { refOf, type ActorSystemShape } from "../runtime/system.ts"
-import type { PolicyEvent } from "../policy/vocabulary.ts"
 import { SCHEDULER_KIND, SchedulerProtocol } from "../protocols/scheduler.ts"
-import { parseExecutionName, type RunConfig } from "../protocols/run.ts"
+import type { RunConfig } from "../protocols/run.ts"
 import { Book } from "../scheduling/book.ts"
-import { makeDriver, policyOf } from "../scheduling/driver.ts"
-import { makeShell, switchMessageId } from "../scheduling/actions.ts"
+import { makeDriver, policyOf, runClock } from "../scheduling/driver.ts"
+import { makeShell } from "../scheduling/actions.ts"
+import { inputHandlers } from "../scheduling/inputs.ts"
 import { runOnRunner } from "../scheduling/dispatcher.ts"
 import { kvLease, type Leadership } from "../scheduling/lease.ts"
-import { journalRunConfig, journalStep, readRecords, recordWriter } from "../scheduling/records.ts"
+import { journalRunConfig, readRecords, recordWriter } from "../scheduling/records.ts"
 import { replayRecords } from "../scheduling/takeover.ts"
 
 export const SCHEDULER_ID = "main"
@@ -89,78 +88,30 @@ export const makeScheduler = (options: SchedulerOptions) => {
         const lead = leadership
         if (lead === undefined) return yield* Effect.die(new NotLeader({ actor: formatAddress(ctx.address) }))
         const system = ctx.system
-        const sender = formatAddress(ctx.address)
+        // 1. Take over from the journal.
         const config = yield* journalRunConfig(system, options.config)
         const policy = yield* policyOf(config)
         const book = new Book(config, options.trainTasks)
         const replayed = yield* replayRecords(policy, config, book, yield* readRecords(system), lead.term)
-        let driver: ReturnType<typeof makeDriver<unknown>> | undefined
+        const now = runClock(config.startedAt, replayed.at)
+        const terms = replayed.terms.includes(lead.term) ? replayed.terms : [...replayed.terms, lead.term]
         const shell = yield* makeShell({
           system,
           book,
           self: schedulerRef,
-          sender,
+          sender: formatAddress(ctx.address),
           runExecution: runOnRunner({ system, config, runners: options.runners, timeoutMs: options.executionTimeoutMs ?? 6 * 3600_000 }),
           deviceTimeoutMs: options.deviceTimeoutMs ?? 120_000,
-          now: () => driver!.now(),
-          facts: () => ({
-            run: config.run,
-            policy: config.policy,
-            steps: book.stepsDone,
-            wallS: driver!.now(),
-            records: driver!.index(),
-            terms: replayed.terms.includes(lead.term) ? replayed.terms : [...replayed.terms, lead.term],
-            executions: book.dispatcher.finished,
-            switches: book.switches
-          })
+          now,
+          facts: () => ({ run: config.run, policy: config.policy, steps: book.stepsDone, wallS: now(), records: book.records, terms, executions: book.dispatcher.finished, switches: book.switches })
         })
-        driver = makeDriver({ policy, book, term: lead.term, startedAt: config.startedAt, from: replayed, write: recordWriter(system, replayed.lastSeq), execute: shell.execute })
+        const driver = makeDriver({ policy, book, term: lead.term, now, from: replayed, write: recordWriter(system, replayed.lastSeq), execute: shell.execute })
+        // 2. Resume what has no completion, start what the slots allow.
         yield* shell.resume
         yield* driver.settle.pipe(Effect.orDie)
-        yield* watchDevices(system, book, sender)
-        const d = driver
-        const feed = (event: PolicyEvent, context?: Parameters<typeof d.feed>[1]) => d.feed(event, context).pipe(Effect.orDie)
-        const accepted = (ok: boolean, event: () => PolicyEvent) => (ok ? feed(event()).pipe(Effect.as({ accepted: true })) : Effect.succeed({ accepted: false }))
-        return {
-          DeviceJoined: ({ device }) => {
-            const known = book.cells.cellOf(device)
-            if (known !== undefined) return Effect.succeed({ cell: known })
-            const cell = book.cells.next
-            return feed({ _tag: "CellJoined", cell, at: d.now() }, { device }).pipe(Effect.as({ cell }))
-          },
-          DeviceLost: ({ device }) => {
-            const cell = book.cells.cellOf(device)
-            return cell === undefined ? Effect.succeed({ cell: -1 }) : feed({ _tag: "CellLost", cell, at: d.now() }, { device }).pipe(Effect.as({ cell }))
-          },
-          ExecutionEnded: ({ execution, outcome, tokens, durationS }) => {
-            const id = parseExecutionName(execution)
-            const running = id === undefined ? undefined : book.dispatcher.runningOf(id.n)
-            if (running === undefined) return Effect.succeed({ accepted: false })
-            const event: PolicyEvent = { _tag: "ExecutionFinished", execution: running.plan.n, batch: running.plan.batch, tokens, duration_s: durationS, at: d.now() }
-            return feed(event, { outcome }).pipe(Effect.as({ accepted: true }))
-          },
-          SwitchCompleted: ({ cell, role }, meta: MessageMeta) => {
-            const index = book.cells.get(cell)?.switchIndex ?? -1
-            return accepted(meta.msgId === switchMessageId(index, cell) && book.acceptsSwitch(cell, role, index), () => ({ _tag: "SwitchDone", cell, role, at: d.now() }))
-          },
-          WeightsLoaded: ({ version }) => accepted(book.acceptsWeights(version), () => ({ _tag: "WeightsPublished", version, at: d.now() })),
-          StepProgress: ({ step, trainedTokens }) =>
-            accepted(book.acceptsProgress(step, trainedTokens), () => ({ _tag: "MicroStepDone", step, trained_tokens: trainedTokens, at: d.now() })),
-          StepDone: ({ step, metrics }) =>
-            book.acceptsStepDone(step)
-              ? journalStep(system, metrics).pipe(Effect.orDie, Effect.andThen(accepted(true, () => ({ _tag: "StepDone", step, at: d.now() }))))
-              : Effect.succeed({ accepted: false }),
-          Status: () =>
-            Effect.succeed({
-              leader: `${ctx.node}#${lead.term}`,
-              stepsDone: book.stepsDone,
-              dispatched: book.dispatcher.dispatched,
-              started: book.dispatcher.started,
-              finished: book.dispatcher.finished,
-              cells: book.cells.list().map((c) => ({ cell: c.cell, device: c.device, role: c.role, switching: c.switching })),
-              done: book.done
-            })
-        }
+        // 3. Serve: devices the registry gives up on become inputs too.
+        yield* watchDevices(system, book, formatAddress(ctx.address))
+        return inputHandlers({ system, book, driver, now, leader: `${ctx.node}#${lead.term}` })
       })
   })
 

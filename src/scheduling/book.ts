@@ -49,6 +49,8 @@ export class Book {
   published = 0
   /** `SwitchRole` actions so far. */
   switches = 0
+  /** Records folded in. */
+  records = 0
 
   constructor(
     readonly config: RunConfig,
@@ -74,6 +76,7 @@ export class Book {
 
   /** Folds a journaled record in: its event, then its actions. */
   apply(record: PolicyRecord, context: RecordContext = {}): void {
+    this.records++
     this.observe(record, context)
     for (const a of record.actions) {
       switch (a._tag) {

@@ -51,38 +51,42 @@ export const actionsJson = (actions: ReadonlyArray<PolicyAction>): string => JSO
 export interface DriverStart {
   readonly state: unknown
   readonly index: number
+  /** The last record's `at` (the clock never goes back past it). */
   readonly at: number
 }
+
+/** The policy clock: seconds since the run's `startedAt` (ms since the epoch), never less than `from` or any reading before. */
+export const runClock = (startedAt: number, from: number) => {
+  let at = from
+  return () => (at = Math.max(at, (Date.now() - startedAt) / 1000))
+}
+
+/** What an input carries besides its event: the book's context and, for a cell event, the device (journaled). */
+export type FeedContext = RecordContext & { readonly device?: string }
 
 export interface DriverOptions<E> {
   readonly policy: Policy<unknown>
   readonly book: Book
   readonly term: number
-  readonly startedAt: number
+  readonly now: () => number
   readonly from: DriverStart
   readonly write: (record: PolicyRecord) => Effect.Effect<void, E>
   readonly execute: (record: PolicyRecord) => Effect.Effect<void>
 }
 
 export interface Driver<E> {
-  /** Seconds since the run started, never less than any `at` before. */
-  readonly now: () => number
-  /** The index the next record gets. */
-  readonly index: () => number
   /** Steps the policy on `event`, journals, applies and executes it, then starts executions. */
-  readonly feed: (event: PolicyEvent, context?: RecordContext & { readonly device?: string }) => Effect.Effect<void, E>
+  readonly feed: (event: PolicyEvent, context?: FeedContext) => Effect.Effect<void, E>
   /** Starts dispatched executions while rollout slots are free. */
   readonly settle: Effect.Effect<void, E>
 }
 
 export const makeDriver = <E>(options: DriverOptions<E>): Driver<E> => {
-  const { policy, book, term } = options
+  const { policy, book, term, now } = options
   let state = options.from.state
   let index = options.from.index
-  let at = options.from.at
-  const now = () => (at = Math.max(at, (Date.now() - options.startedAt) / 1000))
 
-  const one = (event: PolicyEvent, context: RecordContext & { readonly device?: string }) =>
+  const one = (event: PolicyEvent, context: FeedContext) =>
     Effect.gen(function* () {
       const t = policy.step(state, event)
       const record: PolicyRecord = {
@@ -109,9 +113,7 @@ export const makeDriver = <E>(options: DriverOptions<E>): Driver<E> => {
   })
 
   return {
-    now,
-    index: () => index,
-    feed: Effect.fn("Scheduler.feed")(function* (event: PolicyEvent, context: RecordContext & { readonly device?: string } = {}) {
+    feed: Effect.fn("Scheduler.feed")(function* (event: PolicyEvent, context: FeedContext = {}) {
       yield* one(event, context)
       yield* settle
     }),
