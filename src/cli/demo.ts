@@ -63,7 +63,7 @@ const digestOf = (parts: ReadonlyArray<string>) => {
 const warmStartedCheckpoint = (f: Flags) =>
   Effect.gen(function* () {
     const suite = yield* loadSuite(path.join(repoRoot, "suites"), "toy")
-    const shaping = ["suites/toy/world.mjs", "suites/toy/harness.mjs", "suites/toy/suite.json", "src/openai/chat.ts", "src/engine/tokenizer.ts", "src/training/warm-start.ts"]
+    const shaping = ["suites/toy/world.mjs", "suites/toy/harness.mjs", "suites/toy/suite.json", "src/openai/chat.ts", "src/openai/messages.ts", "src/engine/tokenizer.ts", "src/training/warm-start.ts"]
     const key = digestOf([
       ...shaping.map((p) => fs.readFileSync(path.join(repoRoot, p), "utf8")),
       JSON.stringify({ preset: presets.tiny, env: toyEnv(f), tasks: f["demo-tasks"], steps: f["sft-steps"], lr: f["sft-lr"], seed: f.seed })
