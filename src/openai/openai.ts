@@ -10,7 +10,7 @@
  * `ApiError`.
  */
 import { Effect, Schema, SchemaIssue } from "effect"
-import { fieldPath } from "../runtime/schema-path.ts"
+import { fieldPath } from "../common/schema-path.ts"
 import { ChatRole, messageSchemas, ToolDefinition, type ChatMessage, type ToolCall } from "./messages.ts"
 
 /** An HTTP error answered in the OpenAI error format. */
