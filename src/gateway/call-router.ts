@@ -20,10 +20,9 @@ import { Deferred, Effect, Fiber, Schema } from "effect"
 import { address } from "../runtime/names.ts"
 import { refOf, type ActorSystemShape } from "../runtime/system.ts"
 import { digestOf } from "../tree/hash.ts"
-import type { StepTokens } from "../serving/batcher.ts"
 import { rlLayout } from "../protocols/layout.ts"
 import { apiError, type ApiError } from "../openai/openai.ts"
-import { RolloutWorkerProtocol, TokenChunk, type FinishReason, type GenerateResult, type SamplingParams } from "../protocols/rollout.ts"
+import { RolloutWorkerProtocol, TokenChunk, type FinishReason, type GenerateResult, type SamplingParams, type StepTokens } from "../protocols/rollout.ts"
 import { WORKER_KIND, type WorkerDirectory } from "./worker-directory.ts"
 
 /** Where an execution's calls go. */

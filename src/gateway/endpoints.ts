@@ -13,7 +13,6 @@
 import { nuid } from "@nats-io/transport-node"
 import { Effect } from "effect"
 import { encode, special, VOCAB_SIZE } from "../engine/tokenizer.ts"
-import type { StepTokens } from "../serving/batcher.ts"
 import { parseToolCalls, renderChat, tokenText, visibleText } from "../openai/chat.ts"
 import {
   ChatCompletionRequest,
@@ -32,7 +31,7 @@ import {
   type TokenLogprob,
   type Usage
 } from "../openai/openai.ts"
-import type { SamplingParams } from "../protocols/rollout.ts"
+import type { SamplingParams, StepTokens } from "../protocols/rollout.ts"
 import type { CallResult } from "./call-router.ts"
 import { eventStream, readJsonBody, sendJson, type HttpCall, type Methods } from "./http.ts"
 import type { Session } from "./sessions.ts"

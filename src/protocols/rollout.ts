@@ -86,6 +86,13 @@ export const TokenChunk = Schema.Struct({
 })
 export type TokenChunk = typeof TokenChunk.Type
 
+/** One step's new tokens of a generation, in process: what the batcher hands to a stream, and the gateway reads from a `TokenChunk`. */
+export interface StepTokens {
+  readonly tokens: Int32Array
+  readonly logprobs: Float32Array
+  readonly versions: Int32Array
+}
+
 export class CacheMiss extends Schema.TaggedError<CacheMiss>()("CacheMiss", {
   execution: Schema.String,
   reason: Schema.String
