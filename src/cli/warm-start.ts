@@ -45,6 +45,7 @@ const digestOf = (parts: ReadonlyArray<string>) => {
 const shapingFiles = (suite: string) => [
   ...fs.readdirSync(path.join(repoRoot, "suites", suite)).sort().map((f) => `suites/${suite}/${f}`),
   "src/openai/chat.ts",
+  "src/openai/messages.ts",
   "src/engine/tokenizer.ts",
   "src/training/warm-start.ts"
 ]
