@@ -71,8 +71,14 @@ export const GenerateResult = Schema.Struct({
   computeMs: Schema.Number,
   /** Milliseconds from the worker taking the request to its answer (queueing and batching included). */
   workerMs: Schema.Number,
-  /** The worker that served it (`rollout-worker/<id>`). */
-  worker: Schema.String
+  /** The worker that served it (`rollout-worker/<id>` or `device/<id>`). */
+  worker: Schema.String,
+  /**
+   * The generation was paused by a role switch and its context (prompt ++ output) handed to
+   * this device (`device/<id>`) under the same request id: continue there with `base` = that
+   * sequence, the same seed and the remaining tokens (nothing is prefilled again).
+   */
+  movedTo: Schema.optional(Schema.String)
 })
 export type GenerateResult = typeof GenerateResult.Type
 
@@ -122,7 +128,9 @@ export const WorkerLoad = Schema.Struct({
   usedBlocks: NonNegativeInt,
   tokensPerSecond: Schema.Number,
   version: Schema.Int,
-  draining: Schema.Boolean
+  draining: Schema.Boolean,
+  /** Tokens run through the model since the start (prompt chunks and decode tokens). */
+  processedTokens: NonNegativeInt
 })
 export type WorkerLoad = typeof WorkerLoad.Type
 

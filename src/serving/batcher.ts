@@ -20,8 +20,10 @@
  * any execution is dropped, then the youngest running generation is cancelled. The effective
  * context limit is the smaller of `maxContext` and the pool's size.
  *
- * KV hand-off hooks for the scheduler (`kv-handoff.ts`): `pinContext`, `exportContext`,
- * `importContext`, `unpinContext` act on an execution's latest context.
+ * KV hand-off hooks (`kv-handoff.ts`): `pinContext`, `exportContext`, `importContext`,
+ * `unpinContext` act on an execution's latest context (or a named request's). A device's role
+ * switch (`role-switch.ts`) `pause`s every generation at a step boundary, exports their
+ * contexts and every execution's latest one, and `resume`s admission when it serves again.
  */
 import { Deferred, Effect, Latch, Semaphore } from "effect"
 import type { KvCache, SequenceInput } from "../engine/kvcache.ts"
@@ -56,6 +58,15 @@ export interface Batcher extends KvHandoff {
   readonly release: (execution: string) => Effect.Effect<number, NativeError>
   /** Stops admitting; `finish` lets running generations end, else cancels them. Resolves once idle. */
   readonly drain: (finish: boolean) => Effect.Effect<number>
+  /**
+   * Stops admitting and cancels every generation at the next step boundary (each answers with
+   * its partial output and leaves its context); resolves once idle with those it paused.
+   */
+  readonly pause: Effect.Effect<ReadonlyArray<{ readonly execution: string; readonly request: string }>>
+  /** Admits again after a drain or pause. */
+  readonly resume: () => void
+  /** Executions with cached contexts. */
+  readonly executions: () => ReadonlyArray<string>
   /** Runs `apply` (which changes the model's weights) between steps; later tokens carry `version`. */
   readonly swapWeights: (apply: Effect.Effect<void, NativeError>, version: number) => Effect.Effect<void, NativeError>
   readonly load: () => WorkerLoad
@@ -77,6 +88,7 @@ export const makeBatcher = (cache: KvCache, options: BatcherOptions) =>
     let draining = false
     let idleWaiters: Array<Deferred.Deferred<void>> = []
     let generated = 0
+    let processed = 0
     let steps = 0
     let rate = { at: performance.now(), generated: 0, perSecond: 0 }
     let blocks = { free: stats.freeBlocks, used: stats.usedBlocks }
@@ -88,7 +100,8 @@ export const makeBatcher = (cache: KvCache, options: BatcherOptions) =>
       usedBlocks: blocks.used,
       tokensPerSecond: rate.perSecond,
       version,
-      draining
+      draining,
+      processedTokens: processed
     })
 
     const step = Effect.gen(function* () {
@@ -111,6 +124,7 @@ export const makeBatcher = (cache: KvCache, options: BatcherOptions) =>
       const ms = performance.now() - started
       steps++
       const total = inputs.reduce((s, i) => s + i.take, 0)
+      processed += total
       const ended: Array<[Generation, FinishReason]> = []
       const anchored: Array<Generation> = []
       inputs.forEach(({ g, take }, i) => {
@@ -195,16 +209,12 @@ export const makeBatcher = (cache: KvCache, options: BatcherOptions) =>
         })
       )
 
-    const drain: Batcher["drain"] = (finishRunning) =>
+    /** Stops admitting, cancels the generations unless `finishRunning`; resolves once idle with those it cancelled. */
+    const stop = (finishRunning: boolean) =>
       Effect.gen(function* () {
         draining = true
-        let cancelled = 0
-        if (!finishRunning) {
-          for (const g of [...running, ...waiting]) {
-            if (!g.cancelled) cancelled++
-            g.cancelled = true
-          }
-        }
+        const cancelled = finishRunning ? [] : [...running, ...waiting].filter((g) => !g.cancelled)
+        for (const g of cancelled) g.cancelled = true
         wake.openUnsafe()
         if (!lanes.idle) {
           const idle = Deferred.makeUnsafe<void>()
@@ -214,6 +224,12 @@ export const makeBatcher = (cache: KvCache, options: BatcherOptions) =>
         options.onLoad?.(load())
         return cancelled
       })
+    const drain: Batcher["drain"] = (finishRunning) => stop(finishRunning).pipe(Effect.map((cancelled) => cancelled.length))
+    const pause: Batcher["pause"] = stop(false).pipe(Effect.map((paused) => paused.map((g) => ({ execution: g.job.execution, request: g.job.request }))))
+    const resume: Batcher["resume"] = () => {
+      draining = false
+      options.onLoad?.(load())
+    }
 
     const swapWeights: Batcher["swapWeights"] = (apply, next) =>
       stepLock.withPermit(
@@ -232,6 +248,9 @@ export const makeBatcher = (cache: KvCache, options: BatcherOptions) =>
       cancel,
       release,
       drain,
+      pause,
+      resume,
+      executions: () => pool.contexts.ids(),
       swapWeights,
       load,
       counters: () => ({ steps, tokens: generated }),
