@@ -1,11 +1,12 @@
 /**
  * The gateway actor: Gyre's black-box model endpoint. It speaks `GatewayProtocol` to the
  * harness runner (OpenExecution registers an execution's bearer key, CloseExecution revokes
- * it) and serves the OpenAI HTTP API on its port for the harnesses (`../gateway/endpoints.ts`).
+ * it) and to devices leaving rollout (ContextsMoved: where their executions' contexts went),
+ * and serves the OpenAI HTTP API on its port for the harnesses (`../gateway/endpoints.ts`).
  *
  * The bearer key names the execution (`../gateway/sessions.ts`), the `X-Gyre-Role` header the
  * call's role (default the execution's). A request is rendered to tokens, sent to a rollout
- * worker (`../gateway/call-router.ts`: sticky, deltas, transparent retries), answered, and
+ * worker or a device in the rollout role (`../gateway/call-router.ts`: sticky, deltas, transparent retries), answered, and
  * recorded: one delta-encoded `CallRecord` per call on `gyre.<run>.calls.<execution>` of the
  * stream `GYRE_<run>_TRAJECTORIES`, acknowledged by JetStream before the response ends
  * (`../gateway/call-recorder.ts`). Errors use the OpenAI format (`../openai/openai.ts`).
@@ -120,6 +121,17 @@ export const gateway = (config: GatewayConfig = {}) =>
               if (session === undefined) return yield* Effect.fail(new UnknownExecution({ execution }))
               yield* router.release(execution, session.route)
               return { calls: session.calls }
+            }),
+          ContextsMoved: ({ from, to, moves }) =>
+            Effect.sync(() => {
+              const byExecution = new Map<string, Set<string>>()
+              for (const m of moves) byExecution.set(m.execution, (byExecution.get(m.execution) ?? new Set()).add(m.request))
+              let routed = 0
+              for (const [execution, requests] of byExecution) {
+                const session = sessions.get(execution)
+                if (session !== undefined && router.contextsMoved(session.route, from, to, requests)) routed++
+              }
+              return { routed }
             }),
           Status: () =>
             Effect.sync(() => ({ baseUrl, openExecutions: sessions.size, calls: recorder.calls, errors: server.errors, recent: recent.figures() }))

@@ -56,6 +56,8 @@ export const makeSessions = (run: string) => {
       byExecution.set(execution, session)
       return session
     },
+    /** The open session of an execution. */
+    get: (execution: string): Session | undefined => byExecution.get(execution),
     /** Forgets the execution and its key; undefined when it was not open. */
     close: (execution: string): Session | undefined => {
       const session = byExecution.get(execution)
