@@ -113,7 +113,7 @@ export const makeRoleSwitch = Effect.fn("makeRoleSwitch")(function* (options: Ro
       { concurrency: "unbounded" }
     ).pipe(Effect.map((ds) => ds.filter((d): d is Destination => d !== undefined)))
 
-  /** Tells the gateway where contexts cached between calls went; false when it could not be told. */
+  /** Tells the gateway where the moved contexts went (their executions' routes follow); false when it could not be told. */
   const announce = (to: string, moved: ReadonlyArray<OutgoingContext>) =>
     system
       .ask(options.gateway, "ContextsMoved", {
