@@ -20,8 +20,11 @@
  * reported after every engine step and at every change of role. `Generate` handlers wait on
  * the batcher, so the actor declares a high `concurrency`.
  *
+ * With `scheduler`, the device tells it `DeviceJoined` once it serves (the scheduler numbers cells
+ * in join order).
+ *
  * `gyre node --load src/actors/device.ts --spawn device/<node>.0` hosts one configured from the
- * environment (`deviceConfigFromEnv`: the rollout role's variables and `GYRE_GATEWAY`).
+ * environment (`deviceConfigFromEnv`: the rollout role's variables, `GYRE_GATEWAY`, `GYRE_SCHEDULER`).
  */
 import { Effect, Schema } from "effect"
 import type { RpcGroup } from "effect/rpc"
@@ -31,6 +34,7 @@ import { formatAddress, parseAddress } from "../runtime/names.ts"
 import { refOf } from "../runtime/system.ts"
 import { DEVICE_KIND, DeviceProtocol, DeviceRefused } from "../protocols/device.ts"
 import { GatewayProtocol } from "../protocols/gateway.ts"
+import { SchedulerProtocol } from "../protocols/scheduler.ts"
 import { WeightsUnavailable, type WorkerLoad } from "../protocols/rollout.ts"
 import { openKvStore } from "../serving/handoff.ts"
 import { deviceLoad, makeRoleSwitch, type RoleState } from "../serving/role-switch.ts"
@@ -42,12 +46,15 @@ export interface DeviceConfig extends RolloutConfig {
   readonly gateway?: string
   /** Builds the training role over the device's model; without it the device only serves rollouts. */
   readonly training?: TrainingRoleFactory
+  /** The run's scheduler (`scheduler/main`): told `DeviceJoined` once the device serves; none: not announced. */
+  readonly scheduler?: string
 }
 
 /** The configuration from the environment: the rollout role's variables, and `GYRE_GATEWAY`. */
 export const deviceConfigFromEnv = (): DeviceConfig => ({
   ...rolloutConfigFromEnv(),
-  ...(process.env.GYRE_GATEWAY ? { gateway: process.env.GYRE_GATEWAY } : {})
+  ...(process.env.GYRE_GATEWAY ? { gateway: process.env.GYRE_GATEWAY } : {}),
+  ...(process.env.GYRE_SCHEDULER ? { scheduler: process.env.GYRE_SCHEDULER } : {})
 })
 
 /** The device actor type for a configuration. */
@@ -76,6 +83,11 @@ export const device = (config: DeviceConfig) =>
           store: yield* openKvStore(ctx.system),
           report: () => report(rollout.batcher.load())
         })
+        if (config.scheduler !== undefined) {
+          // Durable and deduplicated per incarnation: a restarted device joins again, a redelivered tell once.
+          const scheduler = refOf(SchedulerProtocol, parseAddress(config.scheduler))
+          yield* ctx.system.tell(scheduler, "DeviceJoined", { device: self }, { msgId: `joined-${self}-${ctx.incarnation}`, sender: self })
+        }
         const refused = (reason: string) => new DeviceRefused({ device: self, reason })
         /** A step request, for the training role while the device is in it. */
         const inTraining = <A>(run: (role: TrainingRole) => Effect.Effect<A, DeviceRefused>) =>
