@@ -112,24 +112,34 @@ const makeClaim = (registry: KV, at: ActorAddress, holder: string, incarnation: 
         yield* Deferred.succeed(lostSignal, undefined)
       })
 
-    // One renewal. A conflict is still ours when the entry names this incarnation (our previous
-    // write landed but its reply was lost); otherwise someone else wrote it and the claim is lost.
-    const renewOnce = (load: Readonly<Record<string, unknown>>) =>
+    // Writes this claim's entry over its last revision. A conflict is still ours when the entry
+    // names this incarnation (an earlier write landed but its reply was lost or interrupted):
+    // then it is written over the revision read. Else someone else wrote it: the reason.
+    const writeOwn = (status: RegistryEntry["status"], load: Readonly<Record<string, unknown>>) =>
       Effect.gen(function* () {
-        const sentAt = performance.now()
-        const written = yield* writeOver(registry, key, { entry: undefined, revision }, entryOf(at, holder, incarnation, "running", load))
+        const doc = entryOf(at, holder, incarnation, status, load)
+        const written = yield* writeOver(registry, key, { entry: undefined, revision }, doc)
         if (written !== undefined) {
           revision = written
-          lastRenewedAt = sentAt
-          return
+          return undefined
         }
         const now = yield* readEntry(registry, key)
         const e = now.entry
-        if (e !== undefined && e.node === holder && e.incarnation === incarnation && e.status === "running") {
-          revision = now.revision
-          return
+        if (e === undefined || e.node !== holder || e.incarnation !== incarnation || e.status !== "running") {
+          return `the entry now says ${e === undefined ? "nothing" : `${e.status} by ${e.node}, incarnation ${e.incarnation}`}`
         }
-        yield* lose(`the entry now says ${e === undefined ? "nothing" : `${e.status} by ${e.node}, incarnation ${e.incarnation}`}`)
+        revision = now.revision
+        const again = yield* writeOver(registry, key, now, doc)
+        if (again !== undefined) revision = again
+        return undefined
+      })
+
+    const renewOnce = (load: Readonly<Record<string, unknown>>) =>
+      Effect.gen(function* () {
+        const sentAt = performance.now()
+        const lostBecause = yield* writeOwn("running", load)
+        if (lostBecause !== undefined) return yield* lose(lostBecause)
+        lastRenewedAt = sentAt
       }).pipe(Effect.catch((e) => Effect.logWarning(`${key}: renewal failed`, e)))
 
     const renew: Claim["renew"] = (load, everyMs, options) => {
@@ -154,11 +164,9 @@ const makeClaim = (registry: KV, at: ActorAddress, holder: string, incarnation: 
       Effect.gen(function* () {
         if (!held) return
         held = false
-        const written = yield* writeOver(registry, key, { entry: undefined, revision }, entryOf(at, holder, incarnation, status, {})).pipe(
-          Effect.catch((e) => Effect.logWarning(`${key}: release as ${status} failed`, e).pipe(Effect.as(0)))
-        )
-        if (written === undefined) yield* Effect.logWarning(`${key}: not released as ${status}: the entry was taken meanwhile`)
-      })
+        const lostBecause = yield* writeOwn(status, {})
+        if (lostBecause !== undefined) yield* Effect.logWarning(`${key}: not released as ${status}: ${lostBecause}`)
+      }).pipe(Effect.catch((e) => Effect.logWarning(`${key}: release as ${status} failed`, e)))
 
     return { address: at, holder, incarnation, held: () => held, lost: Deferred.await(lostSignal), renew, release } satisfies Claim
   })
