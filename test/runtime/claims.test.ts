@@ -107,8 +107,8 @@ describe("claims", () => {
     // the zombie never finished "slow": it was interrupted and handed back unacknowledged
     expect(z1.filter((h) => h.item === "slow" && h.node === "a").map((h) => h.phase)).toEqual(["start"])
     expect(z1.some((h) => h.item === "m3" && h.node === "a")).toBe(false)
-    const slowOnB = z1.find((h) => h.item === "slow" && h.node === "b" && h.phase === "end")!
-    expect(slowOnB.deliveryCount).toBe(2)
+    // handed back, not left to the 60 s ack wait: the new incarnation handled it within the test
+    expect(z1.some((h) => h.item === "slow" && h.node === "b" && h.phase === "end")).toBe(true)
     expect(result.items).toEqual(["m1", "slow", "m3"])
     expect(result.current).toMatchObject({ node: "b", incarnation: result.old.incarnation + 2, status: "running" })
     expect(result.sunk.map((h) => [h.item, h.sender, h.senderIncarnation])).toEqual([
