@@ -7,6 +7,8 @@
  * per request of the protocol. A handler gets the decoded payload and returns an Effect of the
  * request's success or typed error; it reads and updates the actor's state through
  * `ctx.state` (a `Ref`). Handlers run one at a time unless the type declares `concurrency`.
+ * When its node dies, the actor is placed again on a live node as `placement` says (default
+ * `spread`, see placement.ts), unless its `restart` type is `temporary`.
  *
  * ```ts
  * const Counter = Actor.make({

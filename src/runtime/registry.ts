@@ -113,10 +113,84 @@ export interface WatchOptions {
 
 const defaultBackoff = Schedule.min([Schedule.exponential(Duration.millis(100), 2), Schedule.spaced(Duration.seconds(2))]).pipe(Schedule.jittered)
 
+type Report = (key: string, entry: RegistryEntry | undefined, revision: number, present: boolean) => void
+
+/**
+ * Hands changes to `onChange` at most once each, in revision order per key, across watch
+ * sessions: it remembers what it last reported per key, deletions included. A deletion found
+ * by a resynchronisation has no revision (0).
+ */
+const orderedReports = (onChange: (change: RegistryChange) => void) => {
+  const known = new Map<string, { revision: number; present: boolean }>()
+  const report: Report = (key, entry, revision, present) => {
+    const k = known.get(key)
+    if (k !== undefined && (revision > 0 ? k.revision >= revision : !k.present)) return
+    if (k === undefined && !present) return
+    known.set(key, { revision: Math.max(revision, k?.revision ?? 0), present })
+    try {
+      onChange({ key, entry, revision })
+    } catch (e) {
+      Effect.runFork(Effect.logError(`registry watcher failed on ${key}`, e))
+    }
+  }
+  const present = () => [...known].filter(([, k]) => k.present).map(([key]) => key)
+  return { report, present }
+}
+
+/**
+ * One session: opens a watch of updates, reads every key (reporting newer entries and the
+ * deletion of keys gone meanwhile), runs `onSynced`, then fails when the watch ends or fails, or
+ * when a probe finds it behind the bucket's last sequence.
+ */
+const watchSession = (registry: KV, reports: ReturnType<typeof orderedReports>, probeEveryMs: number, onSynced: Effect.Effect<void>) =>
+  Effect.gen(function* () {
+    const watch = yield* Effect.acquireRelease(
+      Effect.tryPromise({
+        try: () => registry.watch({ include: KvWatchInclude.UpdatesOnly }),
+        catch: (e) => new TransportError({ operation: "registry watch", message: messageOf(e) })
+      }),
+      (w) => Effect.sync(() => w.stop())
+    )
+    // Everything up to here is read below; everything after arrives through the watch.
+    let delivered = yield* lastSequence(registry)
+    const touched = new Set<string>()
+    const ended = yield* Deferred.make<never, TransportError>()
+    yield* Effect.forkScoped(
+      Effect.promise(async () => {
+        try {
+          for await (const e of watch) {
+            touched.add(e.key)
+            delivered = Math.max(delivered, e.revision)
+            reports.report(e.key, entryOfKv(e), e.revision, e.operation === "PUT")
+          }
+          return "the watch ended"
+        } catch (e) {
+          return `the watch failed: ${messageOf(e)}`
+        }
+      }).pipe(Effect.flatMap((why) => Deferred.fail(ended, new TransportError({ operation: "registry watch", message: why }))))
+    )
+    const all = yield* readAll(registry)
+    for (const [key, stored] of all) reports.report(key, stored.entry, stored.revision, true)
+    for (const key of reports.present()) if (!all.has(key) && !touched.has(key)) reports.report(key, undefined, 0, false)
+    yield* onSynced
+
+    const probe = Effect.gen(function* () {
+      let expected = yield* lastSequence(registry)
+      while (true) {
+        yield* Effect.sleep(Duration.millis(probeEveryMs))
+        if (delivered < expected) {
+          return yield* Effect.fail(new TransportError({ operation: "registry watch", message: `behind: revision ${delivered} delivered, ${expected} stored` }))
+        }
+        expected = yield* lastSequence(registry)
+      }
+    })
+    return yield* Effect.raceFirst(Deferred.await(ended), probe)
+  }).pipe(Effect.scoped)
+
 /**
  * Calls `onChange` for every entry of the registry, then for every change, for the lifetime of
  * the scope; returns once the first full read has been reported. Restarts and resynchronises
- * itself when the watch ends, fails or falls behind.
+ * itself (after `backoff`) when the watch ends, fails or falls behind.
  */
 export const watchRegistry = (
   system: ActorSystemShape,
@@ -124,70 +198,13 @@ export const watchRegistry = (
   options: WatchOptions = {}
 ): Effect.Effect<void, TransportError, Scope.Scope> =>
   Effect.gen(function* () {
-    const registry = system.registry
-    const probeEveryMs = options.probeEveryMs ?? 2000
-    // What was last reported per key (deletions included), so restarts never report out of order.
-    const known = new Map<string, { revision: number; present: boolean }>()
-    const report = (key: string, entry: RegistryEntry | undefined, revision: number, present: boolean) => {
-      const k = known.get(key)
-      if (k !== undefined && (revision > 0 ? k.revision >= revision : !k.present)) return
-      if (k === undefined && !present) return
-      known.set(key, { revision: Math.max(revision, k?.revision ?? 0), present })
-      try {
-        onChange({ key, entry, revision })
-      } catch (e) {
-        Effect.runFork(Effect.logError(`registry watcher failed on ${key}`, e))
-      }
-    }
     const synced = yield* Deferred.make<void, TransportError>()
     let everSynced = false
-
-    const session = Effect.gen(function* () {
-      const watch = yield* Effect.acquireRelease(
-        Effect.tryPromise({
-          try: () => registry.watch({ include: KvWatchInclude.UpdatesOnly }),
-          catch: (e) => new TransportError({ operation: "registry watch", message: messageOf(e) })
-        }),
-        (w) => Effect.sync(() => w.stop())
-      )
-      // Everything up to here is read below; everything after arrives through the watch.
-      let delivered = yield* lastSequence(registry)
-      const touched = new Set<string>()
-      const ended = yield* Deferred.make<never, TransportError>()
-      yield* Effect.forkScoped(
-        Effect.promise(async () => {
-          try {
-            for await (const e of watch) {
-              touched.add(e.key)
-              delivered = Math.max(delivered, e.revision)
-              const entry = entryOfKv(e)
-              report(e.key, entry, e.revision, e.operation === "PUT")
-            }
-            return "the watch ended"
-          } catch (e) {
-            return `the watch failed: ${messageOf(e)}`
-          }
-        }).pipe(Effect.flatMap((why) => Deferred.fail(ended, new TransportError({ operation: "registry watch", message: why }))))
-      )
-      const all = yield* readAll(registry)
-      for (const [key, stored] of all) report(key, stored.entry, stored.revision, true)
-      for (const [key, k] of known) if (k.present && !all.has(key) && !touched.has(key)) report(key, undefined, 0, false)
+    const onSynced = Effect.suspend(() => {
       everSynced = true
-      yield* Deferred.succeed(synced, undefined)
-
-      const probe = Effect.gen(function* () {
-        let expected = yield* lastSequence(registry)
-        while (true) {
-          yield* Effect.sleep(Duration.millis(probeEveryMs))
-          if (delivered < expected) {
-            return yield* Effect.fail(new TransportError({ operation: "registry watch", message: `behind: revision ${delivered} delivered, ${expected} stored` }))
-          }
-          expected = yield* lastSequence(registry)
-        }
-      })
-      return yield* Effect.raceFirst(Deferred.await(ended), probe)
-    }).pipe(Effect.scoped)
-
+      return Deferred.succeed(synced, undefined)
+    })
+    const session = watchSession(system.registry, orderedReports(onChange), options.probeEveryMs ?? 2000, Effect.asVoid(onSynced))
     yield* Effect.forkScoped(
       session.pipe(
         // A failure before the first full read fails the caller; later ones restart the watch.
