@@ -20,11 +20,11 @@
  * the shell only chooses what the policy leaves open (hand-off destinations in the order the
  * design fixes, runner `n mod runners` for execution `n`).
  */
-import { nuid } from "@nats-io/transport-node"
-import { Duration, Effect, FiberSet, Schema } from "effect"
+import { Duration, Effect, FiberSet, Schedule, Schema } from "effect"
 import * as Actor from "../runtime/actor.ts"
 import { address, formatAddress, parseAddress } from "../runtime/names.ts"
 import type { NodeHandle } from "../runtime/node.ts"
+import * as Lease from "../runtime/lease.ts"
 import { watchRegistry } from "../runtime/registry.ts"
 import { refOf, type ActorSystemShape } from "../runtime/system.ts"
 import { SCHEDULER_KIND, SchedulerProtocol } from "../protocols/scheduler.ts"
@@ -34,7 +34,6 @@ import { makeDriver, policyOf, runClock } from "../scheduling/driver.ts"
 import { makeShell } from "../scheduling/actions.ts"
 import { inputHandlers } from "../scheduling/inputs.ts"
 import { runOnRunner } from "../scheduling/dispatcher.ts"
-import { kvLease, type Leadership } from "../scheduling/lease.ts"
 import { journalRunConfig, readRecords, recordWriter } from "../scheduling/records.ts"
 import { replayRecords } from "../scheduling/takeover.ts"
 
@@ -77,12 +76,14 @@ export const makeScheduler = (options: SchedulerOptions) => {
   if (options.trainTasks.length === 0) throw new InvalidSchedulerOptions({ reason: "the suite has no train task" })
   if (options.runners.length === 0) throw new InvalidSchedulerOptions({ reason: "no harness runner" })
   options.runners.forEach(parseAddress)
-  let leadership: Leadership | undefined
+  let leadership: Lease.Lease | undefined
 
   const type = Actor.make({
     kind: SCHEDULER_KIND,
     protocol: SchedulerProtocol,
     state: { schema: Schema.Struct({}), initial: () => ({}) },
+    // The lease, not re-placement, decides where the scheduler runs.
+    restart: "temporary",
     behaviour: (ctx) =>
       Effect.gen(function* () {
         const lead = leadership
@@ -94,7 +95,6 @@ export const makeScheduler = (options: SchedulerOptions) => {
         const book = new Book(config, options.trainTasks)
         const replayed = yield* replayRecords(policy, config, book, yield* readRecords(system), lead.term)
         const now = runClock(config.startedAt, replayed.at)
-        const terms = replayed.terms.includes(lead.term) ? replayed.terms : [...replayed.terms, lead.term]
         const shell = yield* makeShell({
           system,
           book,
@@ -103,7 +103,7 @@ export const makeScheduler = (options: SchedulerOptions) => {
           runExecution: runOnRunner({ system, config, runners: options.runners, timeoutMs: options.executionTimeoutMs ?? 6 * 3600_000 }),
           deviceTimeoutMs: options.deviceTimeoutMs ?? 120_000,
           now,
-          facts: () => ({ run: config.run, policy: config.policy, steps: book.stepsDone, wallS: now(), records: book.records, terms, executions: book.dispatcher.finished, switches: book.switches })
+          facts: () => ({ run: config.run, policy: config.policy, wallS: now() })
         })
         const driver = makeDriver({ policy, book, term: lead.term, now, from: replayed, write: recordWriter(system, replayed.lastSeq), execute: shell.execute })
         // 2. Resume what has no completion, start what the slots allow.
@@ -111,27 +111,33 @@ export const makeScheduler = (options: SchedulerOptions) => {
         yield* driver.settle.pipe(Effect.orDie)
         // 3. Serve: devices the registry gives up on become inputs too.
         yield* watchDevices(system, book, formatAddress(ctx.address))
-        return inputHandlers({ system, book, driver, now, leader: `${ctx.node}#${lead.term}` })
+        return inputHandlers({ book, driver, now, leader: `${ctx.node}#${lead.term}` })
       })
   })
 
   /**
-   * Stands by on `node` for the lifetime of the scope: waits for the lease, hosts the scheduler
-   * while holding it, stops it when the lease is lost, and waits again. Fails with
-   * `SchedulerStopped` when the scheduler's supervisor gives up while this candidate leads.
+   * Stands by on `node` for the lifetime of the scope: waits for the run's scheduler lease
+   * (`src/runtime/lease.ts`), hosts the scheduler while holding it (claiming its address may
+   * wait for a killed leader's activation to fall silent), stops it when the lease is lost,
+   * and waits again. Fails with `SchedulerStopped` when the scheduler's supervisor gives up
+   * while this candidate leads.
    */
   const standBy = (node: NodeHandle, system: ActorSystemShape) =>
     Effect.gen(function* () {
-      const lease = kvLease({ kv: system.state, key: `lease/${SCHEDULER_KIND}.${SCHEDULER_ID}`, holder: `${node.name}.${nuid.next()}`, ttlMs: options.leaseTtlMs ?? 5000 })
       const hosted = () => node.hosted().some((h) => h.kind === SCHEDULER_KIND && h.id === SCHEDULER_ID)
       while (true) {
         yield* Effect.scoped(
           Effect.gen(function* () {
-            const lead = yield* lease.acquire
+            const lead = yield* Lease.acquire(system, SCHEDULER_KIND, node.name, { ttlMs: options.leaseTtlMs ?? 5000 })
             leadership = lead
-            yield* node.spawn(SCHEDULER_KIND, SCHEDULER_ID).pipe(Effect.orDie)
-            const gaveUp = Effect.sleep(Duration.millis(250)).pipe(Effect.repeat({ until: () => !hosted() }))
-            const stopped = yield* Effect.raceFirst(lead.lost.pipe(Effect.as(false)), gaveUp.pipe(Effect.as(true)))
+            const spawned = node.spawn(SCHEDULER_KIND, SCHEDULER_ID).pipe(
+              Effect.tapError((e) => Effect.logWarning(`scheduler not hosted yet on ${node.name}: ${e._tag}`)),
+              Effect.retry({ schedule: Schedule.spaced(Duration.millis(250)), while: (e) => e._tag === "AddressClaimed" || e._tag === "TransportError" }),
+              Effect.orDie,
+              Effect.as(false)
+            )
+            const gaveUp = Effect.sleep(Duration.millis(250)).pipe(Effect.repeat({ until: () => !hosted() }), Effect.as(true))
+            const stopped = yield* Effect.raceFirst(lead.lost.pipe(Effect.as(false)), spawned.pipe(Effect.andThen(gaveUp)))
             leadership = undefined
             yield* node.stop(SCHEDULER_KIND, SCHEDULER_ID)
             if (stopped) return yield* new SchedulerStopped({ node: node.name, term: lead.term })

@@ -11,7 +11,6 @@
  * 3. `--executions` held-out toy executions at once, each an unmodified harness process
  *    talking HTTP to the gateway; their outcomes, and the trees rebuilt from the call records.
  */
-import { createHash } from "node:crypto"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
@@ -23,18 +22,15 @@ import { rlLayout } from "../protocols/layout.ts"
 import { rolloutWorker } from "../actors/rollout-worker.ts"
 import { loadSuite } from "../harness/suites.ts"
 import { readTrajectories } from "../protocols/trajectories.ts"
-import { CONFIG_FILE, MODEL_FILE, saveCheckpoint } from "../engine/checkpoint.ts"
 import { Engine } from "../engine/engine.ts"
-import { presets } from "../engine/presets.ts"
 import { Nats, natsOptionsFromEnv } from "../runtime/nats.ts"
 import { address } from "../runtime/names.ts"
 import { repoRoot } from "../runtime/nats-server.ts"
 import { startNode } from "../runtime/node.ts"
 import { ActorSystem, refOf } from "../runtime/system.ts"
-import { recordDemonstrations } from "../training/demonstrations.ts"
-import { demonstrationTrees, readDemonstrations, warmStart } from "../training/warm-start.ts"
 import { executionStats } from "../tree/stats.ts"
 import { parseFlags, type Command } from "./args.ts"
+import { warmStartedCheckpoint } from "./warm-start.ts"
 
 const flags = {
   executions: { kind: "integer", doc: "toy executions to run at once", default: 8 },
@@ -53,62 +49,6 @@ type Flags = ReturnType<typeof parseFlags<typeof flags>>
 /** The knobs the demo gives the toy suite, for both the demonstrations and the executions. */
 const toyEnv = (f: Flags) => ({ TOY_STEPS: String(f.horizon), TOY_TOOL_MS: "20", TOY_TEMPERATURE: "1" })
 
-const digestOf = (parts: ReadonlyArray<string>) => {
-  const h = createHash("sha256")
-  for (const p of parts) h.update(p).update("\0")
-  return h.digest("hex").slice(0, 16)
-}
-
-/** The warm-started checkpoint: from the cache, or trained now and cached. */
-const warmStartedCheckpoint = (f: Flags) =>
-  Effect.gen(function* () {
-    const suite = yield* loadSuite(path.join(repoRoot, "suites"), "toy")
-    const shaping = ["suites/toy/world.mjs", "suites/toy/harness.mjs", "suites/toy/suite.json", "src/openai/chat.ts", "src/engine/tokenizer.ts", "src/training/warm-start.ts"]
-    const key = digestOf([
-      ...shaping.map((p) => fs.readFileSync(path.join(repoRoot, p), "utf8")),
-      JSON.stringify({ preset: presets.tiny, env: toyEnv(f), tasks: f["demo-tasks"], steps: f["sft-steps"], lr: f["sft-lr"], seed: f.seed })
-    ])
-    const dir = path.join(repoRoot, ".gyre", "cache", `warm-start-${key}`)
-    if (!f.fresh && fs.existsSync(path.join(dir, CONFIG_FILE)) && fs.existsSync(path.join(dir, MODEL_FILE))) {
-      console.log(`warm start: cached in ${path.relative(process.cwd(), dir)}`)
-      return dir
-    }
-    const started = Date.now()
-    const work = fs.mkdtempSync(path.join(os.tmpdir(), "gyre-warm-start-"))
-    const demosFile = path.join(work, "demonstrations.jsonl")
-    const tasks = suite.tasks.filter((t) => t.split === "train").slice(0, f["demo-tasks"]).map((t) => t.id)
-    // Seeded, so the demonstrations (their retries) and hence the cached checkpoint are reproducible.
-    yield* recordDemonstrations(suite, tasks, demosFile, { env: { ...toyEnv(f), TOY_TOOL_MS: "0", TOY_RANDOM_SEED: String(f.seed) } })
-    const trees = demonstrationTrees(yield* readDemonstrations([demosFile]))
-    const calls = trees.reduce((a, t) => a + t.tree.callCount, 0)
-    console.log(`warm start: ${calls} oracle calls on ${trees.length} train tasks; ${f["sft-steps"]} SFT steps of the tiny preset...`)
-    const engine = yield* Engine
-    const model = yield* engine.createModel(presets.tiny, { seed: f.seed })
-    const budget = 4096
-    const trainer = yield* model.trainer({ maxTokens: budget })
-    const loss = yield* warmStart(trainer, trees, {
-      steps: f["sft-steps"],
-      tasksPerStep: 2,
-      microBatchTokens: budget,
-      lr: f["sft-lr"],
-      seed: f.seed,
-      onStep: (step, l) => {
-        if (step % 25 === 0) console.log(`  step ${String(step).padStart(4)}  loss ${l.toFixed(4)}  ${((Date.now() - started) / 1000).toFixed(0)} s`)
-      }
-    })
-    const staging = `${dir}.tmp-${process.pid}`
-    yield* saveCheckpoint(staging, model)
-    fs.writeFileSync(
-      path.join(staging, "warm-start.json"),
-      `${JSON.stringify({ key, demonstrations: calls, tasks: trees.length, steps: f["sft-steps"], lr: f["sft-lr"], finalLoss: loss, seconds: (Date.now() - started) / 1000 }, null, 2)}\n`
-    )
-    fs.rmSync(dir, { recursive: true, force: true })
-    fs.renameSync(staging, dir)
-    fs.rmSync(work, { recursive: true, force: true })
-    console.log(`warm start: final loss ${loss.toFixed(4)} in ${((Date.now() - started) / 1000).toFixed(0)} s, cached in ${path.relative(process.cwd(), dir)}`)
-    return dir
-  })
-
 const pad = (s: string | number, n: number) => String(s).padStart(n)
 
 export const command: Command<typeof flags> = {
@@ -116,7 +56,8 @@ export const command: Command<typeof flags> = {
   flags,
   run: async (argv) => {
     const f = parseFlags("demo", flags, argv)
-    const checkpoint = await Effect.runPromise(Effect.scoped(warmStartedCheckpoint(f)).pipe(Effect.provide(Engine.layer)))
+    const warm = { suite: "toy", env: toyEnv(f), tasks: f["demo-tasks"], steps: f["sft-steps"], lr: f["sft-lr"], seed: f.seed, fresh: f.fresh }
+    const checkpoint = await Effect.runPromise(warmStartedCheckpoint(warm).pipe(Effect.provide(Engine.layer)))
     const program = Effect.gen(function* () {
       const system = yield* ActorSystem
       const workspaces = fs.mkdtempSync(path.join(os.tmpdir(), "gyre-demo-ws-"))

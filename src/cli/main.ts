@@ -13,7 +13,8 @@ const commands: Record<string, () => Promise<{ readonly command: Command }>> = {
   engine: () => import("./engine.ts"),
   sim: () => import("./sim.ts"),
   demo: () => import("./demo.ts"),
-  serve: () => import("./serve.ts")
+  serve: () => import("./serve.ts"),
+  eval: () => import("./eval.ts")
 }
 
 const printHelp = async () => {

@@ -24,6 +24,7 @@ const flags = {
   run: { kind: "string", doc: "run id that namespaces streams, subjects and buckets", default: "default" },
   load: { kind: "string", doc: "comma-separated modules whose exported actor types this node hosts" },
   spawn: { kind: "string", doc: "comma-separated kind/id actors to spawn at start" },
+  "device-ids": { kind: "string", doc: "comma-separated device ids this node offers (for actors placed on a device)" },
   "heartbeat-ms": { kind: "integer", doc: "registry heartbeat interval", default: 1000 },
   "dead-after-ms": { kind: "integer", doc: "silence after which an actor is declared dead", default: 5000 },
   "ack-wait-ms": { kind: "integer", doc: "JetStream ack wait of actor consumers", default: 10000 }
@@ -65,7 +66,8 @@ export const command: Command<typeof flags> = {
         types,
         heartbeatMs: f["heartbeat-ms"],
         deadAfterMs: f["dead-after-ms"],
-        ackWaitMs: f["ack-wait-ms"]
+        ackWaitMs: f["ack-wait-ms"],
+        devices: list(f["device-ids"])
       })
       for (const a of spawns) yield* node.spawn(a.kind, a.id)
       const stop = yield* Deferred.make<void>()

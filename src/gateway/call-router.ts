@@ -14,17 +14,22 @@
  *   worker: the new prompt is the original prompt plus the tokens already generated (streamed,
  *   or returned by a cancelled generation), and their log-probs and versions are kept, so the
  *   client sees one response. A generation cancelled because the client went away ends there.
+ * - Moved contexts: a device leaving rollout (a role switch) pauses its generations and hands
+ *   their contexts to another device; an answer with `movedTo` continues there with `base` =
+ *   the paused request's whole sequence, the same seed and the remaining tokens, so nothing is
+ *   prefilled again and the tokens equal an unmoved run's. `ContextsMoved` (`contextsMoved`)
+ *   moves the routes of executions between calls the same way. A device that is leaving
+ *   rollout keeps its routes until then (`WorkerDirectory.keeps`).
  */
 import { nuid, type Msg } from "@nats-io/transport-node"
 import { Deferred, Effect, Fiber, Schema } from "effect"
-import { address } from "../runtime/names.ts"
+import { parseAddress } from "../runtime/names.ts"
 import { refOf, type ActorSystemShape } from "../runtime/system.ts"
 import { digestOf } from "../tree/hash.ts"
-import type { StepTokens } from "../serving/batcher.ts"
 import { rlLayout } from "../protocols/layout.ts"
 import { apiError, type ApiError } from "../openai/openai.ts"
-import { RolloutWorkerProtocol, TokenChunk, type FinishReason, type GenerateResult, type SamplingParams } from "../protocols/rollout.ts"
-import { WORKER_KIND, type WorkerDirectory } from "./worker-directory.ts"
+import { RolloutWorkerProtocol, TokenChunk, type FinishReason, type GenerateResult, type SamplingParams, type StepTokens } from "../protocols/rollout.ts"
+import type { WorkerDirectory } from "./worker-directory.ts"
 
 /** Where an execution's calls go. */
 export interface Route {
@@ -94,7 +99,8 @@ const commonPrefix = (a: Int32Array, b: Int32Array): number => {
   return i
 }
 
-const workerRef = (key: string) => refOf(RolloutWorkerProtocol, address(WORKER_KIND, key.slice(WORKER_KIND.length + 1)))
+/** A worker by registry key: `rollout-worker/<id>`, or `device/<id>` (a device serves the same requests). */
+const workerRef = (key: string) => refOf(RolloutWorkerProtocol, parseAddress(key))
 
 export const makeCallRouter = (system: ActorSystemShape, directory: WorkerDirectory, options: RouterOptions) => {
   const layout = rlLayout(system.run)
@@ -118,7 +124,7 @@ export const makeCallRouter = (system: ActorSystemShape, directory: WorkerDirect
     Effect.gen(function* () {
       const deadline = performance.now() + options.workerWaitMs
       while (true) {
-        if (route.worker !== undefined && !tried.has(route.worker) && directory.usable(route.worker)) return route.worker
+        if (route.worker !== undefined && !tried.has(route.worker) && directory.keeps(route.worker)) return route.worker
         const picked = directory.pick(tried, localLoad) ?? directory.pick(new Set(), localLoad)
         if (picked !== undefined) {
           moveRoute(route, picked.key)
@@ -263,14 +269,30 @@ export const makeCallRouter = (system: ActorSystemShape, directory: WorkerDirect
         if (req.route.recent.length > options.recentPerExecution) req.route.recent.shift()
         const clientGone = yield* Deferred.isDone(req.clientGone)
         if (result.finishReason !== "cancelled" || clientGone) return finished(result.finishReason)
-        // Cancelled by the worker (draining, short of memory): continue elsewhere.
-        moveRoute(req.route, undefined)
+        // Cancelled by the worker: continue where a role switch moved its context (its
+        // sequence is remembered above, so the next attempt's base is all of it), else elsewhere.
+        if (result.movedTo !== undefined) contextsMoved(req.route, worker, result.movedTo, new Set([request]))
+        else if (req.route.worker === worker) moveRoute(req.route, undefined)
         if (out.tokens.length >= req.sampling.maxTokens) return finished("length")
       }
       return yield* Effect.fail(
         apiError(503, `The call failed on ${options.maxAttempts} rollout workers in a row; try again later.`, { code: "worker_unavailable" })
       )
     })
+
+  /**
+   * A device leaving rollout handed the contexts of `requests` to `to`: a route still on `from`
+   * moves there, keeping the sequences of those requests (the next call's base). False when
+   * the route had already left `from`.
+   */
+  const contextsMoved = (route: Route, from: string, to: string, requests: ReadonlySet<string>): boolean => {
+    if (route.worker !== from) return false
+    const kept = route.recent.filter((r) => requests.has(r.request))
+    moveRoute(route, to)
+    route.recent = kept
+    route.servedBy.add(to)
+    return true
+  }
 
   /** Frees the execution's cached contexts on every worker that served it. */
   const release = (execution: string, route: Route) =>
@@ -283,7 +305,7 @@ export const makeCallRouter = (system: ActorSystemShape, directory: WorkerDirect
       )
     })
 
-  return { call, release }
+  return { call, release, contextsMoved }
 }
 
 export type CallRouter = ReturnType<typeof makeCallRouter>

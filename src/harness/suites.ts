@@ -11,7 +11,7 @@
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { Effect, Exit, Schema, SchemaIssue } from "effect"
-import { fieldPath } from "../runtime/schema-path.ts"
+import { fieldPath } from "../common/schema-path.ts"
 import { Split } from "../protocols/harness.ts"
 
 const SUITE_NAME = /^[a-z0-9][a-z0-9_-]*$/

@@ -1,11 +1,12 @@
 /**
- * Chat rendering and tool calls for the gateway: OpenAI-style messages -> prompt token ids
- * (the byte-level tokenizer's chat template), and generated text -> content + tool calls.
+ * Chat rendering and tool calls: OpenAI-style messages (`messages.ts`) -> prompt token ids,
+ * and generated text -> content + tool calls.
  *
- * Template (`src/engine/tokenizer.ts`): `<|bos|>`, then per message `<|role|>` content
- * `<|end|>`; a prompt for generation ends with `<|assistant|>`. `developer` messages render
- * as `system`. When the request offers tools, a first `<|system|>` turn lists them (one JSON
- * object per line inside `<tools>...</tools>`) and says how to call one.
+ * The chat template, Gyre's only one (over the byte-level tokenizer's special tokens,
+ * `src/engine/tokenizer.ts`): `<|bos|>`, then per message `<|role|>` content bytes `<|end|>`;
+ * the prompt ends with `<|assistant|>`, and the model's turn ends at `<|end|>`. `developer`
+ * messages render as `system`. When the request offers tools, a first `<|system|>` turn
+ * lists them (one JSON object per line inside `<tools>...</tools>`) and says how to call one.
  *
  * Tool-call format: the model writes each call as text,
  *
@@ -24,28 +25,7 @@
  * a history message that matches a remembered turn with those tokens.
  */
 import { decode, encode, special } from "../engine/tokenizer.ts"
-
-export interface TextPart {
-  readonly type: "text"
-  readonly text: string
-}
-export type MessageContent = string | ReadonlyArray<TextPart>
-
-export interface ToolCall {
-  readonly id: string
-  readonly type: "function"
-  readonly function: { readonly name: string; readonly arguments: string }
-}
-
-export type ChatMessage =
-  | { readonly role: "system" | "developer" | "user"; readonly content: MessageContent }
-  | { readonly role: "assistant"; readonly content?: MessageContent | null | undefined; readonly tool_calls?: ReadonlyArray<ToolCall> | undefined }
-  | { readonly role: "tool"; readonly content: MessageContent; readonly tool_call_id: string }
-
-export interface ToolDefinition {
-  readonly type: "function"
-  readonly function: { readonly name: string; readonly description?: string | undefined; readonly parameters?: unknown }
-}
+import type { ChatMessage, MessageContent, ToolCall, ToolDefinition } from "./messages.ts"
 
 export const TOOL_CALL_OPEN = "<tool_call>"
 export const TOOL_CALL_CLOSE = "</tool_call>"

@@ -10,8 +10,8 @@
  * `ApiError`.
  */
 import { Effect, Schema, SchemaIssue } from "effect"
-import { fieldPath } from "../runtime/schema-path.ts"
-import type { ChatMessage, ToolCall } from "./chat.ts"
+import { fieldPath } from "../common/schema-path.ts"
+import { ChatRole, messageSchemas, ToolDefinition, type ChatMessage, type ToolCall } from "./messages.ts"
 
 /** An HTTP error answered in the OpenAI error format. */
 export class ApiError extends Schema.TaggedError<ApiError>()("ApiError", {
@@ -37,26 +37,6 @@ const NonNegativeInt = Schema.Int.check(Schema.isGreaterThanOrEqualTo(0))
 const PositiveInt = Schema.Int.check(Schema.isGreaterThanOrEqualTo(1))
 const opt = <S extends Schema.Top>(s: S) => Schema.optional(Schema.NullOr(s))
 
-const TextPart = Schema.Struct({ type: Schema.Literal("text"), text: Schema.String })
-const Content = Schema.Union([Schema.String, Schema.Array(TextPart)])
-
-const ToolCallSchema = Schema.Struct({
-  id: Schema.String,
-  type: Schema.Literal("function"),
-  function: Schema.Struct({ name: Schema.String, arguments: Schema.String })
-})
-
-const roles = ["system", "developer", "user", "assistant", "tool"] as const
-
-/** One schema per role, so an error names the field of the role the message claims. */
-const messageSchemas = {
-  system: Schema.Struct({ role: Schema.Literal("system"), content: Content }),
-  developer: Schema.Struct({ role: Schema.Literal("developer"), content: Content }),
-  user: Schema.Struct({ role: Schema.Literal("user"), content: Content }),
-  assistant: Schema.Struct({ role: Schema.Literal("assistant"), content: opt(Content), tool_calls: opt(Schema.Array(ToolCallSchema)) }),
-  tool: Schema.Struct({ role: Schema.Literal("tool"), content: Content, tool_call_id: Schema.String })
-} as const
-
 const Stop = opt(Schema.Union([Schema.String, Schema.Array(Schema.String).check(Schema.isMaxLength(4))]))
 
 /** Sampling fields shared by both generation endpoints. */
@@ -76,16 +56,9 @@ const samplingFields = {
 
 export const ChatCompletionRequest = Schema.Struct({
   ...samplingFields,
-  messages: Schema.Array(Schema.Struct({ role: Schema.Literals(roles) })).check(Schema.isMinLength(1)),
+  messages: Schema.Array(Schema.Struct({ role: ChatRole })).check(Schema.isMinLength(1)),
   max_completion_tokens: opt(PositiveInt),
-  tools: opt(
-    Schema.Array(
-      Schema.Struct({
-        type: Schema.Literal("function"),
-        function: Schema.Struct({ name: Schema.NonEmptyString, description: Schema.optional(Schema.String), parameters: Schema.optional(Schema.Unknown) })
-      })
-    )
-  ),
+  tools: opt(Schema.Array(ToolDefinition)),
   tool_choice: opt(Schema.Union([Schema.Literals(["none", "auto", "required"]), Schema.Struct({ type: Schema.Literal("function") })])),
   logprobs: opt(Schema.Boolean),
   top_logprobs: opt(Schema.Int.check(Schema.isBetween({ minimum: 0, maximum: 0 })))
@@ -124,7 +97,7 @@ export const decodeBody = <S extends Schema.Top>(schema: S, value: unknown, pref
  * checked only their roles), each with its role's schema.
  */
 export const decodeMessages = (body: unknown): Effect.Effect<Array<ChatMessage>, ApiError> =>
-  Effect.forEach((body as { readonly messages: ReadonlyArray<{ readonly role: (typeof roles)[number] }> }).messages, (m, i) =>
+  Effect.forEach((body as { readonly messages: ReadonlyArray<{ readonly role: ChatRole }> }).messages, (m, i) =>
     decodeBody(messageSchemas[m.role], m, ["messages", i]) as Effect.Effect<ChatMessage, ApiError>
   )
 

@@ -60,5 +60,18 @@ export const GatewayProtocol = RpcGroup.make(
     success: Schema.Struct({ calls: NonNegativeInt }),
     error: UnknownExecution
   }),
+  /**
+   * A device leaving rollout handed executions' cached contexts to `to` (each under its request
+   * id): their routes and remembered sequences move there, so their next calls prefill only
+   * their new suffix.
+   */
+  Rpc.make("ContextsMoved", {
+    payload: {
+      from: Schema.String,
+      to: Schema.String,
+      moves: Schema.Array(Schema.Struct({ execution: ExecutionId, request: Schema.String, tokens: NonNegativeInt }))
+    },
+    success: Schema.Struct({ routed: NonNegativeInt })
+  }),
   Rpc.make("Status", { success: GatewayStatus })
 )

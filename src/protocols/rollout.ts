@@ -71,8 +71,14 @@ export const GenerateResult = Schema.Struct({
   computeMs: Schema.Number,
   /** Milliseconds from the worker taking the request to its answer (queueing and batching included). */
   workerMs: Schema.Number,
-  /** The worker that served it (`rollout-worker/<id>`). */
-  worker: Schema.String
+  /** The worker that served it (`rollout-worker/<id>` or `device/<id>`). */
+  worker: Schema.String,
+  /**
+   * The generation was paused by a role switch and its context (prompt ++ output) handed to
+   * this device (`device/<id>`) under the same request id: continue there with `base` = that
+   * sequence, the same seed and the remaining tokens (nothing is prefilled again).
+   */
+  movedTo: Schema.optional(Schema.String)
 })
 export type GenerateResult = typeof GenerateResult.Type
 
@@ -85,6 +91,13 @@ export const TokenChunk = Schema.Struct({
   done: Schema.Boolean
 })
 export type TokenChunk = typeof TokenChunk.Type
+
+/** One step's new tokens of a generation, in process: what the batcher hands to a stream, and the gateway reads from a `TokenChunk`. */
+export interface StepTokens {
+  readonly tokens: Int32Array
+  readonly logprobs: Float32Array
+  readonly versions: Int32Array
+}
 
 export class CacheMiss extends Schema.TaggedError<CacheMiss>()("CacheMiss", {
   execution: Schema.String,
@@ -115,7 +128,9 @@ export const WorkerLoad = Schema.Struct({
   usedBlocks: NonNegativeInt,
   tokensPerSecond: Schema.Number,
   version: Schema.Int,
-  draining: Schema.Boolean
+  draining: Schema.Boolean,
+  /** Tokens run through the model since the start (prompt chunks and decode tokens). */
+  processedTokens: NonNegativeInt
 })
 export type WorkerLoad = typeof WorkerLoad.Type
 

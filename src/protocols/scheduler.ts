@@ -38,6 +38,8 @@ export const StepMetrics = Schema.Struct({
   staleTokens: Count,
   dedupRatio: Schema.Number,
   microBatches: Count,
+  /** Executions whose tokens this step trained (an execution trained by two steps is a bug the audit reports). */
+  trainedExecutions: Schema.Array(ExecutionId),
   /** Devices that computed micro-batches (core first). */
   devices: Schema.Array(Schema.String),
   gradNorm: Schema.Number,

@@ -7,6 +7,8 @@
  * per request of the protocol. A handler gets the decoded payload and returns an Effect of the
  * request's success or typed error; it reads and updates the actor's state through
  * `ctx.state` (a `Ref`). Handlers run one at a time unless the type declares `concurrency`.
+ * When its node dies, the actor is placed again on a live node as `placement` says (default
+ * `spread`, see placement.ts), unless its `restart` type is `temporary`.
  *
  * ```ts
  * const Counter = Actor.make({
@@ -22,6 +24,7 @@
 import type { Effect, Ref, Schema, Scope } from "effect"
 import type { Rpc, RpcGroup } from "effect/rpc"
 import { checkKind, type ActorAddress } from "./names.ts"
+import { spread, type Placement } from "./placement.ts"
 import { defaultSupervision, type SupervisionPolicy } from "./supervisor.ts"
 import type { ActorSystemShape } from "./system.ts"
 
@@ -35,13 +38,15 @@ export interface MessageMeta {
   /** How many times JetStream has delivered this tell (1 on first delivery). */
   readonly deliveryCount: number
   readonly sender: string | undefined
+  /** The sender's incarnation (`Gyre-Incarnation`); `claim.isCurrent` says whether it is still the live one. */
+  readonly senderIncarnation: number | undefined
 }
 
 /** What a behaviour sees of its actor. */
 export interface ActorContext<S> {
   readonly address: ActorAddress
-  /** Unique per start of this actor; changes on every restart. */
-  readonly incarnation: string
+  /** Number of this activation of the address: the claim's, one more on every start (claim.ts). */
+  readonly incarnation: number
   readonly node: string
   readonly state: Ref.Ref<S>
   readonly system: ActorSystemShape
@@ -78,10 +83,19 @@ export interface ActorType<R extends Rpc.Any, S, Req> {
   readonly supervision: SupervisionPolicy
   /** A tell delivered more often than this without being handled is dead-lettered. */
   readonly maxDeliveries: number
+  readonly restart: RestartType
+  /** Where the actor is placed again when its node dies (placement.ts). */
+  readonly placement: Placement
 }
 
 /** An actor type with its protocol and requirements erased, as a node's catalogue holds it. */
 export type AnyActorType = ActorType<any, any, any>
+
+/**
+ * OTP's restart types. Re-placement (placement.ts) places `permanent` and `transient` actors of a
+ * dead node again (a node's death is never a normal exit), and never `temporary` ones.
+ */
+export type RestartType = "permanent" | "transient" | "temporary"
 
 export interface ActorDefinition<R extends Rpc.Any, S, Req> {
   readonly kind: string
@@ -93,6 +107,10 @@ export interface ActorDefinition<R extends Rpc.Any, S, Req> {
   readonly persistence?: boolean | Persistence
   readonly supervision?: SupervisionPolicy
   readonly maxDeliveries?: number
+  /** Default `permanent`. */
+  readonly restart?: RestartType
+  /** Default `spread`. */
+  readonly placement?: Placement
 }
 
 export const make = <R extends Rpc.Any, S, Req = never>(def: ActorDefinition<R, S, Req>): ActorType<R, S, Req> => ({
@@ -109,5 +127,7 @@ export const make = <R extends Rpc.Any, S, Req = never>(def: ActorDefinition<R, 
         ? undefined
         : def.persistence,
   supervision: def.supervision ?? defaultSupervision,
-  maxDeliveries: def.maxDeliveries ?? 5
+  maxDeliveries: def.maxDeliveries ?? 5,
+  restart: def.restart ?? "permanent",
+  placement: def.placement ?? spread
 })

@@ -20,6 +20,10 @@
  * Draining stops intake, lets the handler in progress finish, hands buffered tells back to
  * JetStream (nak: redelivered at once to the next incarnation), rejects buffered asks, writes
  * the last snapshot and acknowledges.
+ *
+ * The incarnation holds its address's claim (claim.ts), renewed as its heartbeat. Once the claim
+ * is lost (a newer incarnation or a death mark in the registry), nothing more is snapshotted or
+ * acknowledged and the incarnation ends: what it holds goes back to JetStream unacknowledged.
  */
 import type { JsMsg, ConsumerMessages } from "@nats-io/jetstream"
 import { AckPolicy, DeliverPolicy } from "@nats-io/jetstream"
@@ -30,9 +34,9 @@ import type { ActorContext, ActorType, Handler, MessageMeta } from "./actor.ts"
 import { SnapshotConflict, TransportError, messageOf } from "./errors.ts"
 import { formatAddress, type ActorAddress } from "./names.ts"
 import { Headers, codecsOf, encodeExitReply, encodeJson, encodeRejectedReply, parseJson, requestOf } from "./protocol.ts"
-import { RegistryEntry, heartbeatLoop, writeEntry } from "./registry.ts"
+import type { Claim } from "./claim.ts"
 import type { EndpointStats } from "./discovery.ts"
-import type { ActorSystemShape } from "./system.ts"
+import { speakingAs, type ActorSystemShape } from "./system.ts"
 
 export interface HostOptions {
   readonly node: string
@@ -41,6 +45,8 @@ export interface HostOptions {
   readonly ackWaitMs: number
   /** Request counts and timings, read by service discovery. */
   readonly stats: EndpointStats
+  /** This incarnation's claim on the address: renewed as its heartbeat; once lost, nothing more is handled or acked. */
+  readonly claim: Claim
 }
 
 /** The switches of a running actor, shared by its incarnations. */
@@ -63,7 +69,7 @@ const HANDLED_IN_SNAPSHOT = 512
 export const Snapshot = Schema.Struct({
   state: Schema.Unknown,
   handled: Schema.Array(Schema.String),
-  incarnation: Schema.String,
+  incarnation: Schema.Number,
   at: Schema.Number
 })
 
@@ -89,7 +95,7 @@ export const runIncarnation = <R extends Rpc.Any, S, Req>(
       const names = system.layout
       const actor = formatAddress(address)
       const key = names.registryKey(address)
-      const incarnation = nuid.next()
+      const incarnation = options.claim.incarnation
       const stateCodec = Schema.toCodecJson(type.stateSchema)
       const { js, jsm, nc } = system.nats
 
@@ -113,24 +119,14 @@ export const runIncarnation = <R extends Rpc.Any, S, Req>(
         incarnation,
         node: options.node,
         state,
-        system,
+        system: speakingAs(system, address, incarnation),
         reportLoad: (l) => {
           load = l
         }
       }
 
-      // 2. Register and heartbeat.
-      const entry = (status: RegistryEntry["status"]): RegistryEntry => ({
-        kind: address.kind,
-        id: address.id,
-        node: options.node,
-        incarnation,
-        status,
-        heartbeatAt: Date.now(),
-        load
-      })
-      yield* writeEntry(system.registry, key, entry("running"))
-      yield* Effect.forkScoped(heartbeatLoop(system.registry, key, () => entry("running"), options.heartbeatMs))
+      // 2. Heartbeat: renewals of the claim (the registry entry) with the load figures.
+      yield* Effect.forkScoped(options.claim.renew(() => load, options.heartbeatMs))
 
       // 3. Handlers (resources they acquire live in this scope).
       const handlers = (yield* type.behaviour(ctx)) as Record<string, Handler<any>>
@@ -159,6 +155,7 @@ export const runIncarnation = <R extends Rpc.Any, S, Req>(
       const flush = Effect.gen(function* () {
         if (flushTimer !== undefined) clearTimeout(flushTimer)
         flushTimer = undefined
+        if (!options.claim.held()) return // fenced: no snapshot, no acks
         if (type.persistence !== undefined && sinceSnapshot > 0) yield* snapshotNow
         sinceSnapshot = 0
         const acks = pendingAcks
@@ -173,7 +170,7 @@ export const runIncarnation = <R extends Rpc.Any, S, Req>(
       const settle = (m: JsMsg | undefined, changedState: boolean) =>
         Effect.gen(function* () {
           if (type.persistence === undefined || (!changedState && sinceSnapshot === 0)) {
-            m?.ack()
+            if (options.claim.held()) m?.ack()
             return
           }
           if (m !== undefined) pendingAcks.push(m)
@@ -241,7 +238,8 @@ export const runIncarnation = <R extends Rpc.Any, S, Req>(
             msgId,
             seq,
             deliveryCount: tell?.info.deliveryCount ?? 1,
-            sender: msg.headers?.get(Headers.sender) || undefined
+            sender: msg.headers?.get(Headers.sender) || undefined,
+            senderIncarnation: Number(msg.headers?.get(Headers.incarnation)) || undefined
           }
           const before = yield* Ref.get(state)
           if (tell !== undefined) inFlight.add(tell)
@@ -378,8 +376,10 @@ export const runIncarnation = <R extends Rpc.Any, S, Req>(
       yield* Deferred.succeed(control.ready, undefined)
 
       // 8. Run until drained (intake stops, waiting messages go back, the handler in progress
-      // finishes) or until a handler crashes.
-      yield* Effect.raceFirst(
+      // finishes), until a handler crashes, or until the claim is lost (fenced: the scope's
+      // close hands back what is held, unacknowledged).
+      yield* Effect.raceAllFirst([
+        options.claim.lost,
         Deferred.await(crashed),
         Effect.gen(function* () {
           yield* Deferred.await(control.drain)
@@ -390,8 +390,9 @@ export const runIncarnation = <R extends Rpc.Any, S, Req>(
           dispatch()
           yield* Deferred.await(idle)
         })
-      )
+      ])
+      if (!options.claim.held()) return
       yield* flush
-      yield* writeEntry(system.registry, key, entry("stopped"))
+      yield* options.claim.release("stopped")
     })
   )

@@ -4,19 +4,24 @@
  * It knows a catalogue of actor types, spawns actors of them on request (each under its
  * type's supervision policy; an actor whose supervisor gives up is stopped, marked `failed`
  * in the registry and reported as an `escalated` system event, and the node carries on),
- * runs the liveness monitor, answers NATS service discovery, and drains gracefully.
+ * claims each actor's address first (claim.ts: a spawn of an address a live actor holds
+ * elsewhere is refused with `AddressClaimed`), runs the liveness monitor and re-placement
+ * (placement.ts) over one supervised view of the registry, answers NATS service discovery, and
+ * drains gracefully.
  * The node is itself an actor, `node/<name>`, speaking `NodeProtocol` (Spawn, Stop, List), so
  * spawning is a tell or an ask like any other message, and its registry entry is its heartbeat.
  */
 import { nuid } from "@nats-io/transport-node"
-import { Deferred, Effect, Fiber, Schema, Scope } from "effect"
+import { Deferred, Effect, Exit, Fiber, Schema, Scope } from "effect"
 import { Rpc, RpcGroup } from "effect/rpc"
 import * as Actor from "./actor.ts"
 import { serveDiscovery, type EndpointStats } from "./discovery.ts"
-import { Escalation, type TransportError } from "./errors.ts"
+import * as Claim from "./claim.ts"
+import { Escalation, TransportError } from "./errors.ts"
 import { runIncarnation } from "./host.ts"
 import { address, formatAddress, InvalidAddress, type ActorAddress } from "./names.ts"
-import { monitorLiveness, writeEntry, type DeadEvent } from "./registry.ts"
+import { replaceDead, type NodeLoad } from "./placement.ts"
+import { monitorLiveness, viewRegistry, type DeadEvent } from "./registry.ts"
 import { supervise } from "./supervisor.ts"
 import { ActorSystem, refOf } from "./system.ts"
 
@@ -50,7 +55,7 @@ export const NodeProtocol = RpcGroup.make(
   Rpc.make("Spawn", {
     payload: ActorId,
     success: SpawnResult,
-    error: Schema.Union([UnknownActorKind, NodeDraining, InvalidAddress])
+    error: Schema.Union([UnknownActorKind, NodeDraining, InvalidAddress, Claim.AddressClaimed, TransportError])
   }),
   Rpc.make("Stop", { payload: ActorId, success: Schema.Struct({ stopped: Schema.Boolean }) }),
   Rpc.make("List", { success: Schema.Array(HostedActor) })
@@ -66,6 +71,8 @@ export interface NodeOptions<R> {
   readonly deadAfterMs?: number
   readonly ackWaitMs?: number
   readonly version?: string
+  /** Device ids this node offers (for placements pinned to a device). */
+  readonly devices?: ReadonlyArray<string>
   /** Called when the liveness monitor declares an actor dead. */
   readonly onDead?: (event: DeadEvent) => Effect.Effect<void>
 }
@@ -77,11 +84,16 @@ interface Hosted {
   readonly fiber: Fiber.Fiber<void, never>
   readonly stats: EndpointStats
   restarts: number
+  /** The claim of the latest incarnation. */
+  claim: Claim.Claim
 }
 
 export interface NodeHandle {
   readonly name: string
-  readonly spawn: (kind: string, id: string) => Effect.Effect<SpawnResult, UnknownActorKind | NodeDraining | InvalidAddress>
+  readonly spawn: (
+    kind: string,
+    id: string
+  ) => Effect.Effect<SpawnResult, UnknownActorKind | NodeDraining | InvalidAddress | Claim.AddressClaimed | TransportError>
   /** Drains one actor and waits until it has stopped; false when it was not hosted here. */
   readonly stop: (kind: string, id: string) => Effect.Effect<boolean>
   readonly hosted: () => ReadonlyArray<{ readonly kind: string; readonly id: string; readonly restarts: number }>
@@ -90,13 +102,17 @@ export interface NodeHandle {
 }
 
 /** Starts a node in the current scope; closing the scope stops its actors abruptly (no drain). */
-export const startNode = <R>(options: NodeOptions<R>): Effect.Effect<NodeHandle, TransportError, ActorSystem | Scope.Scope | R> =>
+export const startNode = <R>(
+  options: NodeOptions<R>
+): Effect.Effect<NodeHandle, TransportError | Claim.AddressClaimed, ActorSystem | Scope.Scope | R> =>
   Effect.gen(function* () {
     const system = yield* ActorSystem
     const scope = yield* Effect.scope
     const context = yield* Effect.context<R>()
     const catalogue = new Map<string, Actor.ActorType<any, any, R>>(options.types.map((t) => [t.kind, t]))
     const hosted = new Map<string, Hosted>()
+    const spawning = new Map<string, Deferred.Deferred<void, Claim.AddressClaimed | TransportError>>()
+    const deadAfterMs = options.deadAfterMs ?? 5000
     const hostOptions = {
       node: options.name,
       heartbeatMs: options.heartbeatMs ?? 1000,
@@ -104,16 +120,35 @@ export const startNode = <R>(options: NodeOptions<R>): Effect.Effect<NodeHandle,
     }
     let draining = false
 
-    const host = (type: Actor.ActorType<any, any, any>, at: ActorAddress) =>
+    const claim = (at: ActorAddress) =>
+      Claim.acquire(system.registry, at, { holder: options.name, silentMs: deadAfterMs, whenHeld: "refuse" })
+
+    const host = (type: Actor.ActorType<any, any, any>, at: ActorAddress, first: Claim.Claim) =>
       Effect.gen(function* () {
         const key = formatAddress(at)
         const drain = yield* Deferred.make<void>()
         const ready = yield* Deferred.make<void>()
         const stats: EndpointStats = { name: key, subject: system.layout.ask(at), numRequests: 0, numErrors: 0, lastError: "", processingTimeNs: 0 }
-        const entry = { address: at, drain, ready, stats, restarts: 0 } as Omit<Hosted, "fiber"> & { restarts: number }
+        const entry = { address: at, drain, ready, stats, restarts: 0, claim: first } as Omit<Hosted, "fiber"> & { restarts: number }
+        const run = (c: Claim.Claim) => {
+          entry.claim = c
+          return runIncarnation(type, at, system, { ...hostOptions, stats, claim: c }, { drain, ready })
+        }
+        // Every restart claims the address again (a new incarnation); one taken meanwhile by
+        // another node ends the actor here.
+        const start = (n: number) =>
+          n === 0
+            ? run(first)
+            : claim(at).pipe(
+                Effect.matchEffect({
+                  onFailure: (e) =>
+                    e._tag === "AddressClaimed" ? Effect.logWarning(`${key}: not restarted: ${e.node} holds incarnation ${e.incarnation}`) : Effect.fail(e),
+                  onSuccess: run
+                })
+              )
         const supervised = supervise(
           key,
-          () => runIncarnation(type, at, system, { ...hostOptions, stats }, { drain, ready }),
+          start,
           type.supervision,
           (start, cause) =>
             Effect.gen(function* () {
@@ -124,15 +159,7 @@ export const startNode = <R>(options: NodeOptions<R>): Effect.Effect<NodeHandle,
           Effect.catch((e: Escalation) =>
             Effect.gen(function* () {
               yield* Effect.logError(`${key}: supervisor gave up after ${e.restarts} restarts within ${e.withinMs} ms`)
-              yield* writeEntry(system.registry, system.layout.registryKey(at), {
-                kind: at.kind,
-                id: at.id,
-                node: options.name,
-                incarnation: "",
-                status: "failed",
-                heartbeatAt: Date.now(),
-                load: {}
-              }).pipe(Effect.ignore)
+              yield* entry.claim.release("failed")
               yield* system
                 .publishEvent("escalated", { kind: at.kind, id: at.id, node: options.name, restarts: e.restarts, withinMs: e.withinMs, lastFailure: e.lastFailure })
                 .pipe(Effect.ignore)
@@ -155,9 +182,19 @@ export const startNode = <R>(options: NodeOptions<R>): Effect.Effect<NodeHandle,
         if (type === undefined) {
           return yield* Effect.fail(new UnknownActorKind({ kind, node: options.name, known: [...catalogue.keys()] }))
         }
-        const alreadyRunning = hosted.has(formatAddress(at))
-        if (!alreadyRunning) yield* host(type, at)
-        return { kind, id, node: options.name, alreadyRunning }
+        const key = formatAddress(at)
+        const pending = spawning.get(key)
+        if (hosted.has(key) || pending !== undefined) {
+          if (pending !== undefined) yield* Deferred.await(pending)
+          return { kind, id, node: options.name, alreadyRunning: true }
+        }
+        const done = yield* Deferred.make<void, Claim.AddressClaimed | TransportError>()
+        spawning.set(key, done)
+        const exit = yield* Effect.exit(claim(at).pipe(Effect.flatMap((c) => host(type, at, c))))
+        spawning.delete(key)
+        yield* Deferred.done(done, exit)
+        if (Exit.isFailure(exit)) return yield* Effect.failCause(exit.cause)
+        return { kind, id, node: options.name, alreadyRunning: false }
       })
 
     const stop: NodeHandle["stop"] = (kind, id) =>
@@ -171,6 +208,13 @@ export const startNode = <R>(options: NodeOptions<R>): Effect.Effect<NodeHandle,
 
     const list = () => [...hosted.values()].map((h) => ({ kind: h.address.kind, id: h.address.id, restarts: h.restarts }))
 
+    const nodeKey = `node/${options.name}`
+    const nodeLoad = (): NodeLoad => ({
+      actors: [...hosted.keys()].filter((k) => k !== nodeKey).length,
+      types: [...catalogue.keys()],
+      devices: options.devices ?? [],
+      draining
+    })
     const nodeType = Actor.make({
       kind: "node",
       protocol: NodeProtocol,
@@ -178,8 +222,8 @@ export const startNode = <R>(options: NodeOptions<R>): Effect.Effect<NodeHandle,
       concurrency: 4,
       behaviour: (ctx) =>
         Effect.sync(() => {
-          const beat = setInterval(() => ctx.reportLoad({ actors: hosted.size - 1, types: [...catalogue.keys()] }), hostOptions.heartbeatMs)
-          ctx.reportLoad({ actors: hosted.size, types: [...catalogue.keys()] })
+          const beat = setInterval(() => ctx.reportLoad(nodeLoad()), hostOptions.heartbeatMs)
+          ctx.reportLoad(nodeLoad())
           return { beat }
         }).pipe(
           Effect.tap(({ beat }) => Effect.addFinalizer(() => Effect.sync(() => clearInterval(beat)))),
@@ -190,9 +234,12 @@ export const startNode = <R>(options: NodeOptions<R>): Effect.Effect<NodeHandle,
           })
         )
     })
-    yield* host(nodeType, address("node", options.name))
+    const nodeAddress = address("node", options.name)
+    yield* host(nodeType, nodeAddress, yield* claim(nodeAddress))
 
-    yield* monitorLiveness(system, { deadAfterMs: options.deadAfterMs ?? 5000, ...(options.onDead ? { onDead: options.onDead } : {}) })
+    const view = yield* viewRegistry(system)
+    yield* monitorLiveness(system, view, { deadAfterMs, ...(options.onDead ? { onDead: options.onDead } : {}) })
+    yield* replaceDead(system, view, { node: options.name, types: catalogue, deadAfterMs, spawn, accepting: () => !draining })
     yield* serveDiscovery(system.nats.nc, {
       id: nuid.next(),
       version: options.version ?? "0.1.0",
@@ -204,7 +251,6 @@ export const startNode = <R>(options: NodeOptions<R>): Effect.Effect<NodeHandle,
 
     const drain = Effect.gen(function* () {
       draining = true
-      const nodeKey = `node/${options.name}`
       const others = [...hosted.values()].filter((h) => formatAddress(h.address) !== nodeKey)
       yield* Effect.forEach(others, (h) => stop(h.address.kind, h.address.id), { concurrency: "unbounded", discard: true })
       yield* stop("node", options.name)

@@ -17,6 +17,7 @@ export const Headers = {
   request: "Gyre-Request",
   msgId: "Nats-Msg-Id",
   sender: "Gyre-Sender",
+  incarnation: "Gyre-Incarnation",
   deadReason: "Gyre-Dead-Reason",
   deadSubject: "Gyre-Dead-Subject",
   deadSeq: "Gyre-Dead-Seq",

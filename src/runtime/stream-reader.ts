@@ -1,8 +1,8 @@
 /**
  * Reads what a JetStream stream holds now, in order, from a sequence or a time, and ends:
  * an ordered consumer from the start point up to the stream's last sequence at the time of
- * the call (or, for a read of one subject, that subject's last sequence). The journal reader,
- * the trajectory reader and the scheduler's record reader are all this plus a decoder.
+ * the call (with `subject`, only that subject's messages, up to its last one). The journal
+ * reader and the trajectory readers are all this plus a decoder.
  */
 import { DeliverPolicy, type JsMsg, type StoredMsg } from "@nats-io/jetstream"
 import { Effect, Stream } from "effect"
@@ -11,26 +11,7 @@ import type { NatsShape } from "./nats.ts"
 
 export type StartAt = { readonly seq: number } | { readonly time: Date }
 
-/** The last message stored on `subject` (an exact subject, no wildcards), if any. */
-export const readLast = (nats: NatsShape, stream: string, subject: string): Effect.Effect<StoredMsg | undefined, TransportError> =>
-  Effect.tryPromise({
-    try: () => nats.jsm.streams.getMessage(stream, { last_by_subj: subject }).then((m) => m ?? undefined),
-    catch: (e) => new TransportError({ operation: `read the last ${subject} of ${stream}`, message: messageOf(e) })
-  })
-
-/** The stream's last sequence and time, or those of its last message on `subject`; 0 when empty. */
-const lastOf = (nats: NatsShape, stream: string, subject: string | undefined) =>
-  subject === undefined
-    ? Effect.tryPromise({
-        try: () => nats.jsm.streams.info(stream).then((info) => ({ seq: info.state.last_seq, time: Date.parse(info.state.last_ts) })),
-        catch: (e) => new TransportError({ operation: `stream info ${stream}`, message: messageOf(e) })
-      })
-    : readLast(nats, stream, subject).pipe(Effect.map((m) => ({ seq: m?.seq ?? 0, time: m?.time.getTime() ?? 0 })))
-
-/**
- * The messages of `stream` from `from` (default: the first) to its current last one; with
- * `subject` (exact), only that subject's messages, up to its current last one.
- */
+/** The messages of `stream` (on `subject`, when given) from `from` (default: the first) to its current last one. */
 export const readStored = (
   nats: NatsShape,
   stream: string,
@@ -39,15 +20,26 @@ export const readStored = (
 ): Stream.Stream<JsMsg, TransportError> =>
   Stream.unwrap(
     Effect.gen(function* () {
-      const last = yield* lastOf(nats, stream, subject)
-      const empty = last.seq === 0 || ("seq" in from ? from.seq > last.seq : from.time.getTime() > last.time)
+      const { last, lastTime } = yield* Effect.tryPromise({
+        try: async () => {
+          const info = await nats.jsm.streams.info(stream)
+          if (subject === undefined) return { last: info.state.last_seq, lastTime: Date.parse(info.state.last_ts) }
+          const m = await nats.jsm.streams.getMessage(stream, { last_by_subj: subject })
+          return m === null ? { last: 0, lastTime: 0 } : { last: m.seq, lastTime: m.time.getTime() }
+        },
+        catch: (e) => new TransportError({ operation: `stream info ${stream}`, message: messageOf(e) })
+      })
+      const empty = last === 0 || ("seq" in from ? from.seq > last : from.time.getTime() > lastTime)
       if (empty) return Stream.empty
-      const start =
-        "seq" in from
-          ? { deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: Math.max(1, from.seq) }
-          : { deliver_policy: DeliverPolicy.StartTime, opt_start_time: from.time.toISOString() }
+      const filter = subject === undefined ? {} : { filter_subjects: [subject] }
       const consumer = yield* Effect.tryPromise({
-        try: () => nats.js.consumers.get(stream, subject === undefined ? start : { ...start, filter_subjects: subject }),
+        try: () =>
+          nats.js.consumers.get(
+            stream,
+            "seq" in from
+              ? { deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: Math.max(1, from.seq), ...filter }
+              : { deliver_policy: DeliverPolicy.StartTime, opt_start_time: from.time.toISOString(), ...filter }
+          ),
         catch: (e) => new TransportError({ operation: `read ${stream}`, message: messageOf(e) })
       })
       const messages = yield* Effect.tryPromise({
@@ -60,7 +52,7 @@ export const readStored = (
             try {
               for await (const m of messages) {
                 yield m
-                if (m.seq >= last.seq) break
+                if (m.seq >= last) break
               }
             } finally {
               await messages.close().catch(() => undefined)
@@ -71,3 +63,10 @@ export const readStored = (
       )
     })
   )
+
+/** The last message stored on `subject` (an exact subject, no wildcards), if any. */
+export const readLast = (nats: NatsShape, stream: string, subject: string): Effect.Effect<StoredMsg | undefined, TransportError> =>
+  Effect.tryPromise({
+    try: () => nats.jsm.streams.getMessage(stream, { last_by_subj: subject }).then((m) => m ?? undefined),
+    catch: (e) => new TransportError({ operation: `read the last ${subject} of ${stream}`, message: messageOf(e) })
+  })

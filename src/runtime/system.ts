@@ -38,10 +38,14 @@ export interface TellOptions {
   readonly msgId?: string
   /** Sender address, recorded in the `Gyre-Sender` header. */
   readonly sender?: string
+  /** The sender's incarnation, recorded in the `Gyre-Incarnation` header. */
+  readonly incarnation?: number
 }
 
 export interface AskOptions {
   readonly timeoutMs?: number
+  readonly sender?: string
+  readonly incarnation?: number
 }
 
 export interface SystemOptions {
@@ -109,6 +113,11 @@ const openBucket = (nats: NatsShape, name: string) =>
 
 const defaultAskTimeoutMs = 10_000
 
+const senderHeaders = (h: MsgHdrs, options: { readonly sender?: string; readonly incarnation?: number } | undefined) => {
+  if (options?.sender !== undefined) h.set(Headers.sender, options.sender)
+  if (options?.incarnation !== undefined) h.set(Headers.incarnation, String(options.incarnation))
+}
+
 const make = (options: SystemOptions) =>
   Effect.gen(function* () {
     const nats = yield* Nats
@@ -136,7 +145,7 @@ const make = (options: SystemOptions) =>
         if (rpc === undefined) return Effect.die(new Error(`${tag} is not a request of ${formatAddress(ref.address)}'s protocol`))
         const h = natsHeaders()
         h.set(Headers.request, tag)
-        if (tellOptions?.sender !== undefined) h.set(Headers.sender, tellOptions.sender)
+        senderHeaders(h, tellOptions)
         const msgID = tellOptions?.msgId ?? nuid.next()
         const data = encodePayload(rpc, payload)
         return Effect.tryPromise({
@@ -154,6 +163,7 @@ const make = (options: SystemOptions) =>
         const h = natsHeaders()
         h.set(Headers.request, tag)
         h.set(Headers.msgId, nuid.next())
+        senderHeaders(h, askOptions)
         const data = encodePayload(rpc, payload)
         return Effect.tryPromise({
           try: () => nats.nc.request(names.ask(ref.address), data, { timeout: timeoutMs, headers: h }),
@@ -206,6 +216,20 @@ const make = (options: SystemOptions) =>
 
     return { run: options.run, layout: names, nats, registry, state, tell, ask, publishEvent, copyToJournal } satisfies ActorSystemShape
   })
+
+/**
+ * The system as one incarnation of an actor uses it: its tells and asks carry its address and
+ * incarnation (`Gyre-Sender`, `Gyre-Incarnation`), so a receiver can tell a fenced one's messages
+ * from the live one's (`claim.isCurrent`).
+ */
+export const speakingAs = (system: ActorSystemShape, sender: ActorAddress, incarnation: number): ActorSystemShape => {
+  const from = { sender: formatAddress(sender), incarnation }
+  return {
+    ...system,
+    tell: (ref, tag, payload, options) => system.tell(ref, tag, payload, { ...from, ...options }),
+    ask: (ref, tag, payload, options) => system.ask(ref, tag, payload, { ...from, ...options })
+  }
+}
 
 export class ActorSystem extends Context.Service<ActorSystem, ActorSystemShape>()("gyre/runtime/ActorSystem") {
   /** The system of one run over the `Nats` connection in context. */

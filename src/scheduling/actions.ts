@@ -13,7 +13,7 @@
  * | `PublishWeights {version}` | `LoadWeights` to every cell in the rollout role | `WeightsLoaded` |
  * | `CellJoined {cell}` after a publish | `LoadWeights` of the newest version to it | |
  * | `CellLost {cell}` | its fibers stop; running executions are asked again (they join) | |
- * | the last `StepDone` | `run-done` with the summary | |
+ * | the last `StepDone` | `run-done`: the journal's audit (src/replay/audit.ts) | |
  *
  * `resume` starts, after a takeover, the effects of everything the book shows without its
  * completion; the receivers deduplicate (execution ids, message ids, idempotent steps).
@@ -24,13 +24,13 @@ import { parseAddress } from "../runtime/names.ts"
 import { refOf, type ActorRef, type ActorSystemShape } from "../runtime/system.ts"
 import { DeviceProtocol, type StepPlan } from "../protocols/device.ts"
 import { SchedulerProtocol, type PolicyRecord } from "../protocols/scheduler.ts"
-import { readExecution } from "../protocols/trajectories.ts"
 import type { PlannedExecution } from "../protocols/run.ts"
 import type { Role } from "../policy/vocabulary.ts"
 import type { ExecutionOutcome } from "../tree/outcome.ts"
 import type { Book, Finished, StepView } from "./book.ts"
-import type { Ran, Running } from "./dispatcher.ts"
-import { journalRunDone, runDoneJournaled, summarize, type RunFacts } from "./records.ts"
+import { readOutcome, type Ran, type Running } from "./dispatcher.ts"
+import { auditRun } from "../replay/audit.ts"
+import { journalRunDone, runDoneJournaled, type RunSummary } from "./records.ts"
 import { persistently } from "./retry.ts"
 
 /** Message id of the completion of the switch asked for by record `index`. */
@@ -47,7 +47,8 @@ export interface ShellOptions {
   /** Ask timeout of device requests (a switch moves KV state: seconds). */
   readonly deviceTimeoutMs: number
   readonly now: () => number
-  readonly facts: () => RunFacts
+  /** What the run's end says besides the journal's audit. */
+  readonly facts: () => Pick<RunSummary, "run" | "policy" | "wallS">
 }
 
 export interface Shell {
@@ -123,9 +124,7 @@ export const makeShell = (options: ShellOptions): Effect.Effect<Shell, never, Sc
         Effect.gen(function* () {
           yield* Deferred.await(signal(started, view.step))
           const outcome =
-            f.outcome ??
-            (yield* readExecution(system, f.plan.execution).pipe(persistently(`reading the outcome of ${f.plan.execution}`))).outcome ??
-            lostOutcome(f, book)
+            f.outcome ?? (yield* readOutcome(system, f.plan.execution).pipe(persistently(`reading the outcome of ${f.plan.execution}`))) ?? lostOutcome(f, book)
           const ref = { step: view.step, execution: f.plan.execution, task: f.plan.task, group: f.plan.group, tokens: f.tokens, outcome }
           yield* system.tell(core, "TrainExecution", ref, { msgId: `train-${f.plan.execution}`, sender: options.sender }).pipe(persistently(`TrainExecution ${f.plan.execution}`))
         }),
@@ -194,7 +193,8 @@ export const makeShell = (options: ShellOptions): Effect.Effect<Shell, never, Sc
       "run-done",
       Effect.gen(function* () {
         if (yield* runDoneJournaled(system)) return
-        yield* journalRunDone(system, yield* summarize(system, options.facts()))
+        const audit = yield* auditRun(system, book.config.policyConfig.executions_per_step)
+        yield* journalRunDone(system, { ...options.facts(), ...audit })
       }).pipe(persistently("journaling the run's end")),
       true
     )

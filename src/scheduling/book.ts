@@ -47,10 +47,6 @@ export class Book {
   requested = 0
   /** Newest version every rollout cell has loaded. */
   published = 0
-  /** `SwitchRole` actions so far. */
-  switches = 0
-  /** Records folded in. */
-  records = 0
 
   constructor(
     readonly config: RunConfig,
@@ -76,7 +72,6 @@ export class Book {
 
   /** Folds a journaled record in: its event, then its actions. */
   apply(record: PolicyRecord, context: RecordContext = {}): void {
-    this.records++
     this.observe(record, context)
     for (const a of record.actions) {
       switch (a._tag) {
@@ -86,7 +81,6 @@ export class Book {
         case "SwitchRole":
           this.cells.startSwitch(a.cell, a.role, record.index)
           this.step?.members.delete(a.cell)
-          this.switches++
           break
         case "StartStep": {
           const members = new Map<number, "start" | "join">(a.cells.map((c) => [c, c === a.core ? "start" : "join"]))

@@ -11,13 +11,16 @@
  * execution's tree back; asking again with the same execution id joins the running execution
  * or returns its outcome, which is what makes a re-dispatch (takeover, a lost cell) safe.
  */
-import { Effect } from "effect"
+import { Effect, Schema } from "effect"
+import type { TransportError } from "../runtime/errors.ts"
 import { parseAddress, type ActorAddress } from "../runtime/names.ts"
 import { refOf, type ActorSystemShape } from "../runtime/system.ts"
 import { HarnessRunnerProtocol } from "../protocols/harness.ts"
 import type { PlannedExecution, RunConfig } from "../protocols/run.ts"
+import { rlLayout } from "../protocols/layout.ts"
 import { readExecution } from "../protocols/trajectories.ts"
-import type { ExecutionOutcome } from "../tree/outcome.ts"
+import { readLast } from "../runtime/stream-reader.ts"
+import { ExecutionOutcome } from "../tree/outcome.ts"
 import { persistently } from "./retry.ts"
 
 export interface Running {
@@ -118,7 +121,20 @@ export const runOnRunner = (options: RunnerOptions) => {
       Effect.catchTag("UnknownTask", (e) => Effect.succeed(notRun(config, plan, e.reason))),
       persistently(`RunExecution ${plan.execution}`)
     )
-    const tree = yield* readExecution(system, plan.execution).pipe(persistently(`reading the calls of ${plan.execution}`))
-    return { outcome, tokens: tree.decoder.tree.uniqueTokens } satisfies Ran
+    const { trajectory } = yield* readExecution(system, plan.execution).pipe(persistently(`reading the calls of ${plan.execution}`))
+    return { outcome, tokens: trajectory.decoder.tree.uniqueTokens } satisfies Ran
   })
+}
+
+const decodeOutcome = Schema.decodeUnknownOption(Schema.fromJsonString(ExecutionOutcome))
+
+/** The outcome the runner published for `execution` (`gyre.<run>.outcomes.<execution>`), if any. */
+export const readOutcome = (system: ActorSystemShape, execution: string): Effect.Effect<ExecutionOutcome | undefined, TransportError> => {
+  const names = rlLayout(system.run)
+  return readLast(system.nats, names.trajectoryStream, names.outcomes(execution)).pipe(
+    Effect.map((m) => {
+      const decoded = m === undefined ? undefined : decodeOutcome(m.string())
+      return decoded?._tag === "Some" ? decoded.value : undefined
+    })
+  )
 }

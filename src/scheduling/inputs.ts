@@ -11,22 +11,19 @@
  * | `SwitchCompleted` (message id `switch-<index>-<cell>`) | `SwitchDone` | it completes the cell's last switch |
  * | `WeightsLoaded {version}` | `WeightsPublished` | newer than published, not newer than asked |
  * | `StepProgress` | `MicroStepDone` | the running step, more tokens than last said |
- * | `StepDone` (its metrics to `sys.step` first) | `StepDone` | the running step |
+ * | `StepDone` | `StepDone` | the running step |
  */
 import { Effect } from "effect"
 import type { RpcGroup } from "effect/rpc"
 import type { Handlers, MessageMeta } from "../runtime/actor.ts"
-import type { ActorSystemShape } from "../runtime/system.ts"
 import type { PolicyEvent } from "../policy/vocabulary.ts"
 import { parseExecutionName } from "../protocols/run.ts"
 import type { SchedulerProtocol } from "../protocols/scheduler.ts"
 import { switchMessageId } from "./actions.ts"
 import type { Book } from "./book.ts"
 import type { Driver, FeedContext } from "./driver.ts"
-import { journalStep } from "./records.ts"
 
 export interface InputOptions {
-  readonly system: ActorSystemShape
   readonly book: Book
   readonly driver: Driver<unknown>
   readonly now: () => number
@@ -36,7 +33,7 @@ export interface InputOptions {
 
 /** The scheduler actor's handlers. A failure to journal crashes the incarnation (the input comes back). */
 export const inputHandlers = (options: InputOptions): Handlers<RpcGroup.Rpcs<typeof SchedulerProtocol>> => {
-  const { system, book, driver, now } = options
+  const { book, driver, now } = options
   const feed = (event: PolicyEvent, context?: FeedContext) => driver.feed(event, context).pipe(Effect.orDie)
   const accepted = (ok: boolean, event: () => PolicyEvent) =>
     ok ? feed(event()).pipe(Effect.as({ accepted: true })) : Effect.succeed({ accepted: false })
@@ -66,10 +63,7 @@ export const inputHandlers = (options: InputOptions): Handlers<RpcGroup.Rpcs<typ
     WeightsLoaded: ({ version }) => accepted(book.acceptsWeights(version), () => ({ _tag: "WeightsPublished", version, at: now() })),
     StepProgress: ({ step, trainedTokens }) =>
       accepted(book.acceptsProgress(step, trainedTokens), () => ({ _tag: "MicroStepDone", step, trained_tokens: trainedTokens, at: now() })),
-    StepDone: ({ step, metrics }) =>
-      book.acceptsStepDone(step)
-        ? journalStep(system, metrics).pipe(Effect.orDie, Effect.andThen(accepted(true, () => ({ _tag: "StepDone", step, at: now() }))))
-        : Effect.succeed({ accepted: false }),
+    StepDone: ({ step }) => accepted(book.acceptsStepDone(step), () => ({ _tag: "StepDone", step, at: now() })),
     Status: () =>
       Effect.succeed({
         leader: options.leader,

@@ -5,8 +5,9 @@
  * | --- | --- | --- |
  * | `gyre.<run>.sys.run-config` | once, by the first leader | `RunConfig` (src/protocols/run.ts) |
  * | `gyre.<run>.sys.policy` | one per policy step, before its actions run | `PolicyRecord` (src/protocols/scheduler.ts) |
- * | `gyre.<run>.sys.step` | one per trained step | `StepMetrics` |
  * | `gyre.<run>.sys.run-done` | after the last `StepDone` | `RunSummary` |
+ *
+ * (`gyre.<run>.sys.step`, each step's `StepMetrics`, is the core trainer's.)
  *
  * Records are fenced: each is published with the sequence of the record before it as the
  * subject's expected last sequence, so of two schedulers that believe they lead, only one
@@ -15,12 +16,11 @@
  */
 import { Effect, Schema, Stream } from "effect"
 import { TransportError, messageOf } from "../runtime/errors.ts"
-import { address } from "../runtime/names.ts"
-import { Headers, codecsOf, requestOf } from "../runtime/protocol.ts"
 import { readLast, readStored } from "../runtime/stream-reader.ts"
 import type { ActorSystemShape } from "../runtime/system.ts"
-import { PolicyRecord, SCHEDULER_KIND, SchedulerProtocol, StepMetrics } from "../protocols/scheduler.ts"
+import { PolicyRecord } from "../protocols/scheduler.ts"
 import { RunConfig } from "../protocols/run.ts"
+import type { RunAudit } from "../replay/audit.ts"
 
 /** Another scheduler wrote a record after the last one this one knows: it no longer leads. */
 export class JournalFenced extends Schema.TaggedError<JournalFenced>()("JournalFenced", {
@@ -36,28 +36,13 @@ export class JournalDiverged extends Schema.TaggedError<JournalDiverged>()("Jour
   reason: Schema.String
 }) {}
 
-/** What the run's last record says when the run is complete (`gyre.<run>.sys.run-done`). */
-export const RunSummary = Schema.Struct({
-  run: Schema.String,
-  policy: Schema.String,
-  steps: Schema.Number,
-  /** From the run's start to the last step's end (the policy clock). */
-  wallS: Schema.Number,
-  records: Schema.Number,
-  /** Lease terms that wrote records (more than one: a standby took over). */
-  terms: Schema.Array(Schema.Number),
-  executions: Schema.Number,
-  /** Executions whose evaluation failed (no reward, not trained). */
-  dropped: Schema.Number,
-  switches: Schema.Number,
-  /** Sums over the switches' answers. */
-  generationsMoved: Schema.Number,
-  contextsMoved: Schema.Number,
-  bytesMoved: Schema.Number,
-  reprefillTokens: Schema.Number,
-  meanScores: Schema.Array(Schema.Number)
-})
-export type RunSummary = typeof RunSummary.Type
+/** The run's end (`gyre.<run>.sys.run-done`): the journal's audit (src/replay/audit.ts) with the run's name, policy and wall time. */
+export interface RunSummary extends RunAudit {
+  readonly run: string
+  readonly policy: string
+  /** From the run's start to its last step's end (the policy clock). */
+  readonly wallS: number
+}
 
 const RecordJson = Schema.toCodecJson(PolicyRecord)
 const encodeRecord = Schema.encodeSync(RecordJson)
@@ -67,7 +52,6 @@ const decodeConfig = Schema.decodeUnknownExit(Schema.fromJsonString(Schema.toCod
 const subjects = (system: ActorSystemShape) => ({
   config: system.layout.sys("run-config"),
   policy: system.layout.sys("policy"),
-  step: system.layout.sys("step"),
   done: system.layout.sys("run-done")
 })
 
@@ -143,58 +127,9 @@ export const journalRunConfig = Effect.fn("Scheduler.runConfig")(function* (syst
   return theirs === undefined ? yield* Effect.fail(written.failure) : theirs
 })
 
-/** Journals a step's metrics (message id `step-<k>`: once per step). */
-export const journalStep = (system: ActorSystemShape, metrics: StepMetrics) =>
-  publish(system, subjects(system).step, Schema.encodeSync(StepMetrics)(metrics), { msgID: `step-${metrics.step}` }).pipe(Effect.asVoid)
-
 /** Whether the run's end is journaled. */
 export const runDoneJournaled = (system: ActorSystemShape) =>
   readLast(system.nats, system.layout.journalStream, subjects(system).done).pipe(Effect.map((m) => m !== undefined))
 
 export const journalRunDone = (system: ActorSystemShape, summary: RunSummary) =>
   publish(system, subjects(system).done, summary, { msgID: "run-done" }).pipe(Effect.asVoid)
-
-/** What the scheduler's book knows at the run's end; the rest of the summary is read from the journal. */
-export type RunFacts = Pick<RunSummary, "run" | "policy" | "steps" | "wallS" | "records" | "terms" | "executions" | "switches">
-
-const decodeSwitch = Schema.decodeUnknownExit(codecsOf(requestOf(SchedulerProtocol, "SwitchCompleted")!).payload)
-const decodeMetrics = Schema.decodeUnknownExit(StepMetrics)
-
-/**
- * The run's summary: `facts`, plus the switches' figures (the `SwitchCompleted` tells to the
- * scheduler, once per message id) and each step's metrics (`sys.step`, once per step).
- */
-export const summarize = Effect.fn("Scheduler.summarize")(function* (system: ActorSystemShape, facts: RunFacts) {
-  const stream = system.layout.journalStream
-  const figures = { generationsMoved: 0, contextsMoved: 0, bytesMoved: 0, reprefillTokens: 0 }
-  const seen = new Set<string>()
-  yield* readStored(system.nats, stream, undefined, system.layout.tell(address(SCHEDULER_KIND, "main"))).pipe(
-    Stream.runForEach((m) =>
-      Effect.sync(() => {
-        const id = m.headers?.get(Headers.msgId) ?? `seq:${m.seq}`
-        if (m.headers?.get(Headers.request) !== "SwitchCompleted" || seen.has(id)) return
-        seen.add(id)
-        const decoded = decodeSwitch(m.json())
-        if (decoded._tag === "Failure") return
-        const r = (decoded.value as { result: typeof figures }).result
-        for (const k of Object.keys(figures) as Array<keyof typeof figures>) figures[k] += r[k]
-      })
-    )
-  )
-  const steps = new Map<number, StepMetrics>()
-  yield* readStored(system.nats, stream, undefined, subjects(system).step).pipe(
-    Stream.runForEach((m) =>
-      Effect.sync(() => {
-        const decoded = decodeMetrics(m.json())
-        if (decoded._tag === "Success") steps.set(decoded.value.step, decoded.value)
-      })
-    )
-  )
-  const ordered = [...steps.values()].sort((a, b) => a.step - b.step)
-  return {
-    ...facts,
-    ...figures,
-    dropped: ordered.reduce((n, s) => n + s.dropped, 0),
-    meanScores: ordered.map((s) => s.meanScore)
-  } satisfies RunSummary
-})

@@ -55,6 +55,16 @@ export class ExecutionContexts {
     return [...this.byExecution.values()].flat()
   }
 
+  /** Executions with cached contexts. */
+  ids(): Array<string> {
+    return [...this.byExecution.keys()]
+  }
+
+  /** The context request `request` of the execution left. */
+  find(execution: string, request: string): CachedContext | undefined {
+    return this.byExecution.get(execution)?.find((c) => c.request === request)
+  }
+
   /** The execution's most recently added context. */
   latest(execution: string): CachedContext | undefined {
     return this.byExecution.get(execution)?.at(-1)
@@ -63,8 +73,7 @@ export class ExecutionContexts {
   /** The full prompt of a request: `base` tokens of a held context, then `delta`; or why not. */
   resolvePrompt(execution: string, base: BaseRef | null, delta: Int32Array): Resolved {
     if (base === null) return { prompt: delta }
-    const list = this.byExecution.get(execution) ?? []
-    const context = base.request === undefined ? this.latest(execution) : list.find((c) => c.request === base.request)
+    const context = base.request === undefined ? this.latest(execution) : this.find(execution, base.request)
     if (context === undefined) {
       return { miss: base.request === undefined ? "no cached context for the execution" : `no cached context of request ${base.request}` }
     }

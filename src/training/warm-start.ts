@@ -17,7 +17,8 @@ import { Effect, Result, Schema } from "effect"
 import type { Model } from "../engine/engine.ts"
 import { encode, special } from "../engine/tokenizer.ts"
 import { adamwDefaults, type Trainer } from "../engine/trainer.ts"
-import { renderChat, type ChatMessage } from "../openai/chat.ts"
+import { renderChat } from "../openai/chat.ts"
+import { ChatMessage } from "../openai/messages.ts"
 import { DeltaDecoder, DeltaEncoder, mulberry32, packMicroBatches, stepUnits, type StepExecution } from "../tree/index.ts"
 import { plainCall } from "../tree/record.ts"
 import { Role } from "../tree/role.ts"
@@ -27,13 +28,7 @@ export const Demonstration = Schema.Struct({
   task: Schema.NonEmptyString,
   id: Schema.String,
   role: Role,
-  messages: Schema.Array(
-    Schema.Struct({
-      role: Schema.Literals(["system", "developer", "user", "assistant", "tool"]),
-      content: Schema.String,
-      tool_call_id: Schema.optional(Schema.String)
-    })
-  ),
+  messages: Schema.Array(ChatMessage),
   reply: Schema.String
 })
 export type Demonstration = typeof Demonstration.Type
@@ -74,7 +69,7 @@ export const demonstrationTrees = (demos: ReadonlyArray<Demonstration>): Array<S
     const encoder = new DeltaEncoder({ run: "warm-start", task, execution })
     const decoder = new DeltaDecoder(execution)
     calls.forEach((d, i) => {
-      const prompt = renderChat(d.messages as ReadonlyArray<ChatMessage>, [], undefined)
+      const prompt = renderChat(d.messages, [], undefined)
       const output = Int32Array.from([...encode(d.reply), special.end])
       const record = encoder.encode(plainCall(`c${i}`, d.role, prompt, output))
       const report = decoder.add(record)

@@ -93,6 +93,7 @@ export const fakeGateway = (baseUrl: string, log: GatewayLog) =>
             log.closed.push(execution)
             return { calls: 0 }
           }),
+        ContextsMoved: () => Effect.succeed({ routed: 0 }),
         Status: () =>
           Effect.succeed({
             baseUrl,

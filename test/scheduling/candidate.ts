@@ -15,7 +15,7 @@ const { name, run, options } = JSON.parse(process.env.GYRE_TEST_CANDIDATE ?? "{}
 const program = Effect.gen(function* () {
   const system = yield* ActorSystem
   const scheduler = makeScheduler(options)
-  const node = yield* startNode({ name, types: [scheduler.type], heartbeatMs: 300, ackWaitMs: 1500 })
+  const node = yield* startNode({ name, types: [scheduler.type], heartbeatMs: 300, ackWaitMs: 1500, deadAfterMs: 2000 })
   console.log(JSON.stringify({ event: "ready", node: name }))
   yield* scheduler.standBy(node, system)
 })

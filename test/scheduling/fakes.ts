@@ -7,7 +7,8 @@
  * - The fake device tells `DeviceJoined` when it starts. As a step's core (`StartStep`) it
  *   trains every execution told (`TrainExecution`, deduplicated by execution) for
  *   `trainMs`, one at a time and only while it is in the training role, reporting
- *   `StepProgress` after each and `StepDone` once the batch's executions are all trained.
+ *   `StepProgress` after each and, once the batch's executions are all trained, its metrics
+ *   on `gyre.<run>.sys.step` (as the real trainer) and `StepDone`.
  * - The fake runner sleeps `executionMs(n)`, writes `calls(n)` call records of the execution to
  *   the trajectory stream (through the gateway's delta encoder) and its outcome, and answers;
  *   a second `RunExecution` of one execution joins the running one or gets its outcome.
@@ -42,6 +43,8 @@ export interface Observed {
   /** TrainExecution messages per execution (duplicates included), and executions trained. */
   readonly told: Map<string, number>
   readonly trained: Map<string, number>
+  /** The evaluation of each told execution's outcome. */
+  readonly evaluations: Map<string, string>
   readonly switches: Array<{ readonly device: string; readonly role: Role }>
   readonly loads: Array<{ readonly device: string; readonly version: number }>
   readonly joins: Array<{ readonly device: string; readonly step: number }>
@@ -53,6 +56,7 @@ export const observed = (): Observed => ({
   tokens: new Map(),
   told: new Map(),
   trained: new Map(),
+  evaluations: new Map(),
   switches: [],
   loads: [],
   joins: []
@@ -61,7 +65,7 @@ export const observed = (): Observed => ({
 const bump = (m: Map<string, number>, k: string) => m.set(k, (m.get(k) ?? 0) + 1)
 const notHere = Effect.die(new Error("not used by the scheduler tests"))
 
-const metricsOf = (plan: StepPlan, tokens: number, device: string): StepMetrics => ({
+const metricsOf = (plan: StepPlan, tokens: number, device: string, trained: ReadonlyArray<string>): StepMetrics => ({
   step: plan.step,
   version: plan.step + 1,
   executions: plan.executions,
@@ -78,6 +82,7 @@ const metricsOf = (plan: StepPlan, tokens: number, device: string): StepMetrics 
   staleTokens: 0,
   dedupRatio: 1,
   microBatches: plan.executions,
+  trainedExecutions: trained,
   devices: [device],
   gradNorm: 0,
   waitMs: 0,
@@ -114,6 +119,7 @@ export const fakeDevice = (script: Script, seen: Observed) =>
           Effect.gen(function* () {
             let trained = 0
             let tokens = 0
+            const executions: Array<string> = []
             while (trained < s.plan.executions) {
               if (s.queue.length === 0 || role !== "training" || switching) {
                 yield* Effect.sleep(Duration.millis(10))
@@ -124,9 +130,12 @@ export const fakeDevice = (script: Script, seen: Observed) =>
               bump(seen.trained, ref.execution)
               trained++
               tokens += ref.tokens
+              executions.push(ref.execution)
               yield* tellScheduler(schedulerRef, "StepProgress", { step: s.plan.step, trainedTokens: tokens }, { msgId: `progress-${s.plan.step}-${trained}` })
             }
-            yield* tellScheduler(schedulerRef, "StepDone", { step: s.plan.step, version: s.plan.step + 1, metrics: metricsOf(s.plan, tokens, key) }, { msgId: `done-${s.plan.step}` })
+            const metrics = metricsOf(s.plan, tokens, key, executions)
+            yield* system.publishEvent("step", metrics)
+            yield* tellScheduler(schedulerRef, "StepDone", { step: s.plan.step, version: s.plan.step + 1, metrics }, { msgId: `done-${s.plan.step}` })
           })
 
         const queue = (ref: StepExecutionRef) => {
@@ -169,6 +178,7 @@ export const fakeDevice = (script: Script, seen: Observed) =>
           TrainExecution: (ref) =>
             Effect.sync(() => {
               bump(seen.told, ref.execution)
+              seen.evaluations.set(ref.execution, ref.outcome.evaluation)
               queue(ref)
               return { queued: true }
             }),
@@ -178,7 +188,7 @@ export const fakeDevice = (script: Script, seen: Observed) =>
               return { joined: true }
             }),
           Status: () =>
-            Effect.succeed({ activeSequences: 0, cachedExecutions: 0, freeBlocks: 0, usedBlocks: 0, tokensPerSecond: 0, version, draining: role !== "rollout" }),
+            Effect.succeed({ activeSequences: 0, cachedExecutions: 0, freeBlocks: 0, usedBlocks: 0, tokensPerSecond: 0, version, draining: role !== "rollout", processedTokens: 0 }),
           Generate: () => notHere,
           Cancel: () => notHere,
           Release: () => notHere,

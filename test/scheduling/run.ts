@@ -8,11 +8,11 @@ import { replay } from "../../src/policy/policy.ts"
 import type { RunConfig } from "../../src/protocols/run.ts"
 import { Book } from "../../src/scheduling/book.ts"
 import { actionsJson, policyOf, stateDigest } from "../../src/scheduling/driver.ts"
-import { readRecords, RunSummary, type StoredRecord } from "../../src/scheduling/records.ts"
+import { readRecords, type RunSummary, type StoredRecord } from "../../src/scheduling/records.ts"
+import { auditRun } from "../../src/replay/audit.ts"
 import { replayRecords } from "../../src/scheduling/takeover.ts"
 import { readLast } from "../../src/runtime/stream-reader.ts"
 import type { ActorSystemShape } from "../../src/runtime/system.ts"
-import { Schema } from "effect"
 import type { Observed, Script } from "./fakes.ts"
 
 export const trainTasks = Array.from({ length: 8 }, (_, i) => `t${i}`)
@@ -56,7 +56,7 @@ export const runDone = (system: ActorSystemShape, timeoutMs = 40_000) =>
     const deadline = Date.now() + timeoutMs
     while (Date.now() < deadline) {
       const m = yield* readLast(system.nats, system.layout.journalStream, system.layout.sys("run-done"))
-      if (m !== undefined) return Schema.decodeUnknownSync(RunSummary)(m.json())
+      if (m !== undefined) return m.json<RunSummary>()
       yield* Effect.sleep(Duration.millis(200))
     }
     return yield* Effect.die(new Error("the run did not finish in time"))
@@ -106,7 +106,12 @@ export const checkJournal = (system: ActorSystemShape, config: RunConfig, seen: 
     expect(seen.starts.size).toBe(total)
     expect(seen.trained.size).toBe(total)
     expect([...seen.trained.values()].every((c) => c === 1)).toBe(true)
+    // Outcomes reached the core as the runner published them (read back after a takeover).
+    expect([...seen.evaluations.values()].every((e) => e === "scored")).toBe(true)
     const tokensOf = new Map(finishes.map((e) => [`b${e.batch}-x${e.execution}`, e.tokens]))
     expect(tokensOf).toEqual(seen.tokens)
+    // The journal's audit (what `gyre train` reports) agrees.
+    const audit = yield* auditRun(system, config.policyConfig.executions_per_step)
+    expect(audit).toMatchObject({ recordGaps: [], conflictingRecords: [], executionsLost: 0, trainedTwice: 0, executionsStarted: total, executionsFinished: total })
     return { records, terms: [...new Set(records.map((r) => r.term))] }
   })

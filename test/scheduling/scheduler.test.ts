@@ -51,8 +51,8 @@ describe("live scheduler", () => {
       ["JournalDiverged", 5],
       ["JournalDiverged", 4]
     ])
-    expect(summary.steps).toBe(3)
-    expect(summary.executions).toBe(12)
+    expect(summary.stepsDone).toBe(3)
+    expect(summary.executionsFinished).toBe(12)
     expect(journal.terms).toEqual([1])
     const actions = journal.records.flatMap((r) => r.actions)
     const switches = actions.filter((a) => a._tag === "SwitchRole")

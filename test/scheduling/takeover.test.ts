@@ -78,7 +78,7 @@ describe("live scheduler: leadership and takeover", () => {
       const scopes = { a: yield* Scope.make(), b: yield* Scope.make() }
       for (const name of ["a", "b"] as const) {
         const scheduler = makeScheduler(options)
-        const node = yield* startNode({ name, types: [scheduler.type], heartbeatMs: 300, ackWaitMs: 1500 }).pipe(Scope.provide(scopes[name]))
+        const node = yield* startNode({ name, types: [scheduler.type], heartbeatMs: 300, ackWaitMs: 1500, deadAfterMs: 2000 }).pipe(Scope.provide(scopes[name]))
         yield* Effect.forkIn(scheduler.standBy(node, system), scopes[name])
         if (name === "a") yield* statusWhen(system, () => true)
       }
@@ -96,7 +96,7 @@ describe("live scheduler: leadership and takeover", () => {
     expect(result.after.leader).toBe("b#2")
     expect(result.journal.terms).toEqual([1, 2])
     expect(result.summary.terms).toEqual([1, 2])
-    expect(result.summary.steps).toBe(4)
+    expect(result.summary.stepsDone).toBe(4)
   })
 
   it("a standby process takes over when the leader's process is killed with SIGKILL mid-run", async () => {
@@ -125,7 +125,7 @@ describe("live scheduler: leadership and takeover", () => {
     // The lease lapsed (1.5 s) before the standby led; it did not take over while a still could renew.
     expect(result.takeoverMs).toBeGreaterThan(1500)
     expect(result.journal.terms).toEqual([1, 2])
-    expect(result.summary.steps).toBe(4)
+    expect(result.summary.stepsDone).toBe(4)
   })
 
   it("a device stopped mid-run becomes CellLost, its running executions are asked again and join; a new device gets the newest weights; the run finishes", async () => {
@@ -154,7 +154,7 @@ describe("live scheduler: leadership and takeover", () => {
     const joined = result.journal.records.filter((r) => r.event._tag === "CellJoined").map((r) => [r.event, r.device])
     expect(joined[3]).toEqual([expect.objectContaining({ cell: 3 }), "device/fakes.3"])
     expect(seen.loads.filter((l) => l.device === "device/fakes.3").map((l) => l.version)[0]).toBeGreaterThanOrEqual(2)
-    expect(result.summary.steps).toBe(4)
+    expect(result.summary.stepsDone).toBe(4)
     // Executions running when the cell was lost were asked again (and joined their run).
     const at = lost[0]!.index
     const running = new Map<number, string>()
