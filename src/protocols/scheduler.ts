@@ -89,6 +89,8 @@ export const PolicyRecord = Schema.Struct({
   /** `digestOf` of the encoded policy state after the event. */
   digest: Schema.String,
   /** The device of a `CellJoined` or `CellLost` event: the scheduler's cell map (the policy never sees it). */
-  device: Schema.optional(Schema.String)
+  device: Schema.optional(Schema.String),
+  /** The joining device's incarnation: a `DeviceJoined` from a newer one is a restart (lost, then joined). */
+  incarnation: Schema.optional(Schema.Int)
 })
 export type PolicyRecord = typeof PolicyRecord.Type

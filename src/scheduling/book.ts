@@ -102,7 +102,7 @@ export class Book {
     const e = record.event
     switch (e._tag) {
       case "CellJoined":
-        this.cells.join(e.cell, record.device ?? "")
+        this.cells.join(e.cell, record.device ?? "", record.incarnation)
         return
       case "CellLost":
         this.cells.lose(e.cell)

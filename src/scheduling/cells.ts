@@ -13,6 +13,8 @@ export interface Cell {
   readonly cell: number
   /** The device actor's address, `device/<node>.<i>`. */
   readonly device: string
+  /** The device's incarnation when it joined, if it said. */
+  readonly incarnation: number | undefined
   /** Where it is going while `switching`. */
   role: Role
   switching: boolean
@@ -44,8 +46,8 @@ export class CellMap {
     return [...this.cells.values()]
   }
 
-  join(cell: number, device: string): void {
-    this.cells.set(cell, { cell, device, role: "rollout", switching: false, switchIndex: -1 })
+  join(cell: number, device: string, incarnation: number | undefined): void {
+    this.cells.set(cell, { cell, device, incarnation, role: "rollout", switching: false, switchIndex: -1 })
     this.byDevice.set(device, cell)
     this.nextCell = Math.max(this.nextCell, cell + 1)
   }

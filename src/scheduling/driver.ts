@@ -61,8 +61,8 @@ export const runClock = (startedAt: number, from: number) => {
   return () => (at = Math.max(at, (Date.now() - startedAt) / 1000))
 }
 
-/** What an input carries besides its event: the book's context and, for a cell event, the device (journaled). */
-export type FeedContext = RecordContext & { readonly device?: string }
+/** What an input carries besides its event: the book's context and, for a cell event, the device and its incarnation (journaled). */
+export type FeedContext = RecordContext & { readonly device?: string; readonly incarnation?: number }
 
 export interface DriverOptions<E> {
   readonly policy: Policy<unknown>
@@ -95,7 +95,8 @@ export const makeDriver = <E>(options: DriverOptions<E>): Driver<E> => {
         event,
         actions: t.actions,
         digest: stateDigest(policy, t.state),
-        ...(context.device === undefined ? {} : { device: context.device })
+        ...(context.device === undefined ? {} : { device: context.device }),
+        ...(context.incarnation === undefined ? {} : { incarnation: context.incarnation })
       }
       yield* options.write(record)
       state = t.state

@@ -5,7 +5,8 @@
  *
  * | input | event | new when |
  * | --- | --- | --- |
- * | `DeviceJoined {device}` | `CellJoined {cell: next number}` (the record names the device) | the device has no live cell |
+ * | `DeviceJoined {device}` | `CellJoined {cell: next number}` (the record names the device and its incarnation) | the device has no live cell |
+ * | `DeviceJoined` from a newer incarnation of a device with a cell | `CellLost {cell}`, then `CellJoined` | the device restarted |
  * | `DeviceLost {device}` | `CellLost {cell}` | the device has a live cell |
  * | `ExecutionEnded` | `ExecutionFinished` | the execution is running |
  * | `SwitchCompleted` (message id `switch-<index>-<cell>`) | `SwitchDone` | it completes the cell's last switch |
@@ -38,12 +39,20 @@ export const inputHandlers = (options: InputOptions): Handlers<RpcGroup.Rpcs<typ
   const accepted = (ok: boolean, event: () => PolicyEvent) =>
     ok ? feed(event()).pipe(Effect.as({ accepted: true })) : Effect.succeed({ accepted: false })
   return {
-    DeviceJoined: ({ device }) => {
-      const known = book.cells.cellOf(device)
-      if (known !== undefined) return Effect.succeed({ cell: known })
-      const cell = book.cells.next
-      return feed({ _tag: "CellJoined", cell, at: now() }, { device }).pipe(Effect.as({ cell }))
-    },
+    DeviceJoined: ({ device }, meta: MessageMeta) =>
+      Effect.gen(function* () {
+        const incarnation = meta.senderIncarnation
+        const known = book.cells.cellOf(device)
+        if (known !== undefined) {
+          const was = book.cells.get(known)!.incarnation
+          if (incarnation === undefined || was === undefined || incarnation <= was) return { cell: known }
+          // The device restarted: its role and step state are gone with the old incarnation.
+          yield* feed({ _tag: "CellLost", cell: known, at: now() }, { device })
+        }
+        const cell = book.cells.next
+        yield* feed({ _tag: "CellJoined", cell, at: now() }, incarnation === undefined ? { device } : { device, incarnation })
+        return { cell }
+      }),
     DeviceLost: ({ device }) => {
       const cell = book.cells.cellOf(device)
       return cell === undefined ? Effect.succeed({ cell: -1 }) : feed({ _tag: "CellLost", cell, at: now() }, { device }).pipe(Effect.as({ cell }))

@@ -4,7 +4,7 @@
  * scripted times, and a harness runner (`harness-runner/<id>`) whose executions do. They keep
  * what they were asked in an `Observed` the test reads.
  *
- * - The fake device tells `DeviceJoined` when it starts. As a step's core (`StartStep`) it
+ * - The fake device tells `DeviceJoined` when it starts (each incarnation; `Drain` crashes it). As a step's core (`StartStep`) it
  *   trains every execution told (`TrainExecution`, deduplicated by execution) for
  *   `trainMs`, one at a time and only while it is in the training role, reporting
  *   `StepProgress` after each and, once the batch's executions are all trained, its metrics
@@ -192,7 +192,8 @@ export const fakeDevice = (script: Script, seen: Observed) =>
           Generate: () => notHere,
           Cancel: () => notHere,
           Release: () => notHere,
-          Drain: () => notHere,
+          // The tests' way to crash a device: its supervisor restarts it as a new incarnation.
+          Drain: () => Effect.die(new Error("asked to crash")),
           ImportContexts: () => notHere,
           GradientReady: () => notHere
         }

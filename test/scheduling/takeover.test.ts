@@ -2,7 +2,8 @@
  * Exactly one live scheduler, and a standby that takes over: the leader stopped mid-run (its
  * scope interrupted; its process killed with SIGKILL, so its lease lapses) and the standby
  * finishes the run from the journal, no execution lost, started twice or trained twice; a
- * device stopped mid-run becomes `CellLost` and the run finishes on the other cells.
+ * device stopped mid-run becomes `CellLost` and the run finishes on the other cells; a device
+ * that restarts joins again as a new cell.
  */
 import { spawn, type ChildProcess } from "node:child_process"
 import * as readline from "node:readline"
@@ -14,7 +15,9 @@ import { makeScheduler, schedulerRef, type SchedulerOptions } from "../../src/ac
 import { executionName } from "../../src/protocols/run.ts"
 import { repoRoot } from "../../src/runtime/nats-server.ts"
 import { startNode } from "../../src/runtime/node.ts"
-import { ActorSystem, type ActorSystemShape } from "../../src/runtime/system.ts"
+import { address } from "../../src/runtime/names.ts"
+import { ActorSystem, refOf, type ActorSystemShape } from "../../src/runtime/system.ts"
+import { DeviceProtocol } from "../../src/protocols/device.ts"
 import { withSystem } from "../runtime/harness.ts"
 import { fakeDevice, fakeRunner, observed, type Observed } from "./fakes.ts"
 import { checkJournal, runConfig, runDone, script, trainTasks } from "./run.ts"
@@ -128,7 +131,7 @@ describe("live scheduler: leadership and takeover", () => {
     expect(result.summary.stepsDone).toBe(4)
   })
 
-  it("a device stopped mid-run becomes CellLost, its running executions are asked again and join; a new device gets the newest weights; the run finishes", async () => {
+  it("a device stopped mid-run becomes CellLost, its running executions are asked again and join; a new device gets the newest weights; a restarted device joins again; the run finishes", async () => {
     const run = "sched-lost"
     const config = runConfig(run, 4)
     const seen = observed()
@@ -144,15 +147,29 @@ describe("live scheduler: leadership and takeover", () => {
       // A device joining after weights were published loads the newest version.
       yield* statusWhen(system, (s) => s.stepsDone >= 2)
       yield* fakes.spawn("device", "fakes.3")
+      // A device that crashes and restarts (a new incarnation) is lost and joins again.
+      yield* system.ask(refOf(DeviceProtocol, address("device", "fakes.1")), "Drain", { finish: false }).pipe(Effect.ignore)
+      const rejoined = yield* statusWhen(system, (s) => s.cells.some((c) => c.device === "device/fakes.1" && c.cell > 3))
       const summary = yield* runDone(system)
       const journal = yield* checkJournal(system, config, seen)
-      return { after, summary, journal }
+      return { after, rejoined, summary, journal }
     }))
     const lost = result.journal.records.filter((r) => r.event._tag === "CellLost")
-    expect(lost.map((r) => [r.event, r.device])).toEqual([[expect.objectContaining({ cell: 2 }), "device/fakes.2"]])
+    expect(lost.map((r) => [r.event, r.device])).toEqual([
+      [expect.objectContaining({ cell: 2 }), "device/fakes.2"],
+      [expect.objectContaining({ cell: 1 }), "device/fakes.1"]
+    ])
     expect(result.after.cells.map((c) => c.device)).toEqual(["device/fakes.0", "device/fakes.1"])
-    const joined = result.journal.records.filter((r) => r.event._tag === "CellJoined").map((r) => [r.event, r.device])
-    expect(joined[3]).toEqual([expect.objectContaining({ cell: 3 }), "device/fakes.3"])
+    const joined = result.journal.records.flatMap((r) => (r.event._tag === "CellJoined" ? [{ cell: r.event.cell, device: r.device, incarnation: r.incarnation }] : []))
+    expect(joined.map((j) => [j.cell, j.device])).toEqual([
+      [0, "device/fakes.0"],
+      [1, "device/fakes.1"],
+      [2, "device/fakes.2"],
+      [3, "device/fakes.3"],
+      [4, "device/fakes.1"]
+    ])
+    expect(joined[4]!.incarnation).toBeGreaterThan(joined[1]!.incarnation!)
+    expect(result.rejoined.cells.map((c) => c.cell)).toEqual([0, 3, 4])
     expect(seen.loads.filter((l) => l.device === "device/fakes.3").map((l) => l.version)[0]).toBeGreaterThanOrEqual(2)
     expect(result.summary.stepsDone).toBe(4)
     // Executions running when the cell was lost were asked again (and joined their run).
