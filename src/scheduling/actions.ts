@@ -82,6 +82,8 @@ export const makeShell = (options: ShellOptions): Effect.Effect<Shell, never, Sc
       FiberMap.run(fibers, key, effect, { onlyIfMissing }).pipe(Effect.asVoid)
     /** `effect` until cell `cell` is lost. */
     const whileCell = (cell: number, effect: Effect.Effect<void>) => Effect.raceFirst(effect, Deferred.await(signal(gone, cell)))
+    /** `effect` if `still()` holds when it starts (each retry asks again): a request the book made moot is dropped. */
+    const asLongAs = <A, E>(still: () => boolean, effect: Effect.Effect<A, E>) => Effect.suspend(() => (still() ? Effect.asVoid(effect) : Effect.void))
     const device = (cell: number) => refOf(DeviceProtocol, parseAddress(book.cells.get(cell)?.device ?? "device/unknown"))
     const ask = options.system.ask
     const tellSelf = <const Tag extends SchedulerRpcs["_tag"]>(tag: Tag, payload: Rpc.Payload<Extract<SchedulerRpcs, { readonly _tag: Tag }>>, msgId: string) =>
@@ -138,9 +140,13 @@ export const makeShell = (options: ShellOptions): Effect.Effect<Shell, never, Sc
         whileCell(
           cell,
           Deferred.await(signal(started, view.step)).pipe(
-            Effect.andThen(ask(device(cell), "JoinStep", { step: view.step, version: view.step, core: view.coreDevice }, { timeoutMs: deviceTimeoutMs })),
-            persistently(`JoinStep ${view.step} of cell ${cell}`),
-            Effect.asVoid
+            Effect.andThen(
+              asLongAs(
+                () => book.step?.step === view.step && book.step.members.has(cell),
+                ask(device(cell), "JoinStep", { step: view.step, version: view.step, core: view.coreDevice }, { timeoutMs: deviceTimeoutMs })
+              )
+            ),
+            persistently(`JoinStep ${view.step} of cell ${cell}`)
           )
         )
       )
@@ -163,7 +169,7 @@ export const makeShell = (options: ShellOptions): Effect.Effect<Shell, never, Sc
           `step:${view.step}`,
           whileCell(
             view.core,
-            ask(refOf(DeviceProtocol, parseAddress(view.coreDevice)), "StartStep", stepPlan, { timeoutMs: deviceTimeoutMs }).pipe(
+            asLongAs(() => book.step?.step === view.step, ask(refOf(DeviceProtocol, parseAddress(view.coreDevice)), "StartStep", stepPlan, { timeoutMs: deviceTimeoutMs })).pipe(
               persistently(`StartStep ${view.step}`),
               Effect.andThen(Deferred.succeed(signal(started, view.step), undefined)),
               Effect.asVoid
@@ -175,10 +181,14 @@ export const makeShell = (options: ShellOptions): Effect.Effect<Shell, never, Sc
       })
     }
 
-    /** Cell `cell` loads `version` (done, or the cell lost). */
+    /**
+     * Cell `cell` loads `version`: done, the cell lost, or the cell no longer in the rollout role
+     * (a device leaving rollout refuses weights; it gets the newest version when it comes back).
+     */
     const load = (cell: number, version: number) => {
       const to = device(cell)
-      return whileCell(cell, ask(to, "LoadWeights", { version }, { timeoutMs: deviceTimeoutMs }).pipe(persistently(`LoadWeights ${version} on cell ${cell}`), Effect.asVoid))
+      const request = ask(to, "LoadWeights", { version }, { timeoutMs: deviceTimeoutMs })
+      return whileCell(cell, asLongAs(() => book.cells.get(cell)?.role === "rollout", request).pipe(persistently(`LoadWeights ${version} on cell ${cell}`)))
     }
 
     const publish = (version: number) => {

@@ -18,6 +18,7 @@ import * as Actor from "../../src/runtime/actor.ts"
 import { formatAddress } from "../../src/runtime/names.ts"
 import { DeviceProtocol, type StepExecutionRef, type StepPlan } from "../../src/protocols/device.ts"
 import { HarnessRunnerProtocol } from "../../src/protocols/harness.ts"
+import { WeightsUnavailable } from "../../src/protocols/rollout.ts"
 import { ensureTrajectoryStream, rlLayout } from "../../src/protocols/layout.ts"
 import { parseExecutionName } from "../../src/protocols/run.ts"
 import type { StepMetrics } from "../../src/protocols/scheduler.ts"
@@ -148,8 +149,9 @@ export const fakeDevice = (script: Script, seen: Observed) =>
 
         yield* tellScheduler(schedulerRef, "DeviceJoined", { device: key }, { msgId: `joined-${key}-${ctx.incarnation}` })
         return {
-          SwitchRole: ({ role: to }) =>
+          SwitchRole: ({ role: to, version: newest }) =>
             Effect.gen(function* () {
+              if (to === "rollout" && newest !== undefined) version = Math.max(version, newest)
               if (to !== role || switching) {
                 switching = true
                 role = to
@@ -159,12 +161,15 @@ export const fakeDevice = (script: Script, seen: Observed) =>
               }
               return { role: to, generationsMoved: 0, contextsMoved: 1, bytesMoved: 1000, reprefillTokens: 0, ms: script.switchMs, controlMs: 1 }
             }),
+          // As the real device: only a device serving rollouts loads weights.
           LoadWeights: ({ version: v }) =>
-            Effect.sync(() => {
-              version = Math.max(version, v)
-              seen.loads.push({ device: key, version: v })
-              return { version }
-            }),
+            role !== "rollout" || switching
+              ? Effect.fail(new WeightsUnavailable({ version: v, reason: `${key} is not serving rollouts` }))
+              : Effect.sync(() => {
+                  version = Math.max(version, v)
+                  seen.loads.push({ device: key, version: v })
+                  return { version }
+                }),
           StartStep: (plan) =>
             Effect.sync(() => {
               if (!steps.has(plan.step)) {

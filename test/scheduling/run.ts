@@ -62,6 +62,17 @@ export const runDone = (system: ActorSystemShape, timeoutMs = 40_000) =>
     return yield* Effect.die(new Error("the run did not finish in time"))
   })
 
+/** Waits until every journaled `SwitchRole` has its `SwitchDone` (switches asked for near the end). */
+export const switchesSettled = (system: ActorSystemShape) =>
+  Effect.gen(function* () {
+    for (let i = 0; i < 100; i++) {
+      const records = (yield* readRecords(system)).map((s) => s.record)
+      const asked = records.flatMap((r) => r.actions).filter((a) => a._tag === "SwitchRole").length
+      if (records.filter((r) => r.event._tag === "SwitchDone").length === asked) return
+      yield* Effect.sleep(Duration.millis(100))
+    }
+  })
+
 const count = <A>(xs: ReadonlyArray<A>, key: (x: A) => number) => {
   const m = new Map<number, number>()
   for (const x of xs) m.set(key(x), (m.get(key(x)) ?? 0) + 1)

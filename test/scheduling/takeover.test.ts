@@ -180,6 +180,7 @@ describe("live scheduler: leadership and takeover", () => {
       if (r.event._tag === "ExecutionFinished") running.delete(r.event.execution)
     }
     expect(running.size).toBeGreaterThan(0)
-    for (const id of running.values()) expect(seen.asks.get(id)).toBe(2)
+    // (asked again at each loss while they ran; started once, as checkJournal saw)
+    for (const id of running.values()) expect(seen.asks.get(id)).toBeGreaterThanOrEqual(2)
   })
 })
