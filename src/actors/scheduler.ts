@@ -133,15 +133,14 @@ export const makeScheduler = (options: SchedulerOptions) => {
             const spawned = node.spawn(SCHEDULER_KIND, SCHEDULER_ID).pipe(
               Effect.tapError((e) => Effect.logWarning(`scheduler not hosted yet on ${node.name}: ${e._tag}`)),
               Effect.retry({ schedule: Schedule.spaced(Duration.millis(250)), while: (e) => e._tag === "AddressClaimed" || e._tag === "TransportError" }),
-              Effect.orDie,
-              Effect.as(false)
+              Effect.orDie
             )
-            const gaveUp = Effect.sleep(Duration.millis(250)).pipe(Effect.repeat({ until: () => !hosted() }), Effect.as(true))
-            const stopped = yield* Effect.raceFirst(lead.lost.pipe(Effect.as(false)), spawned.pipe(Effect.andThen(gaveUp)))
+            const gaveUp = Effect.sleep(Duration.millis(250)).pipe(Effect.repeat({ until: () => !hosted() }))
+            const stopped = yield* Effect.raceFirst(lead.lost.pipe(Effect.as(false)), spawned.pipe(Effect.andThen(gaveUp), Effect.as(true)))
             leadership = undefined
             yield* node.stop(SCHEDULER_KIND, SCHEDULER_ID)
             if (stopped) return yield* new SchedulerStopped({ node: node.name, term: lead.term })
-          })
+          }).pipe(Effect.ensuring(Effect.sync(() => (leadership = undefined))))
         )
       }
     })
