@@ -84,7 +84,8 @@ koffi.struct("gyre_loss_config", {
   clip_eps_high: "float",
   is_cap: "float",
   current_version: "int32_t",
-  max_staleness: "int32_t"
+  max_staleness: "int32_t",
+  proximal_current: "int32_t"
 })
 koffi.struct("gyre_train_stats", {
   loss: "double",
