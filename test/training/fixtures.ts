@@ -9,7 +9,7 @@
  */
 import { Effect, Layer, Logger, Ref, Schema } from "effect"
 import type { RpcGroup } from "effect/rpc"
-import { makeTrainingRole, ownWeights, type TrainingRoleOptions } from "../../src/actors/trainer.ts"
+import { makeTrainingRole, ownWeights, type TrainingRole, type TrainingRoleOptions } from "../../src/actors/trainer.ts"
 import { loadCheckpoint } from "../../src/engine/checkpoint.ts"
 import { Engine } from "../../src/engine/engine.ts"
 import { TrainingProtocol, type StepExecutionRef } from "../../src/protocols/device.ts"
@@ -29,6 +29,8 @@ export interface DeviceFixture {
   readonly version?: number
   readonly ackWaitMs?: number
   readonly onClaim?: TrainingRoleOptions["onClaim"]
+  /** Receives the role (to call `leave` and `step` as a device's role switch would). */
+  readonly onRole?: (role: TrainingRole) => void
 }
 
 /** A device (kind `device`) in the training role only, on `checkpoint`'s model. */
@@ -52,6 +54,7 @@ export const trainingDevice = (fixture: DeviceFixture) =>
           ...(fixture.ackWaitMs === undefined ? {} : { ackWaitMs: fixture.ackWaitMs }),
           ...(fixture.onClaim === undefined ? {} : { onClaim: fixture.onClaim })
         })
+        fixture.onRole?.(role)
         return role.handlers
       }).pipe(Effect.provide(Engine.layer.pipe(Layer.provide(Logger.layer([])))))
   })

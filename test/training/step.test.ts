@@ -8,6 +8,7 @@ import { readFile } from "node:fs/promises"
 import { join } from "node:path"
 import { Effect, Layer, Logger, Ref, Schema, type Scope } from "effect"
 import { describe, expect, it } from "vitest"
+import type { TrainingRole } from "../../src/actors/trainer.ts"
 import { Engine } from "../../src/engine/engine.ts"
 import { presets } from "../../src/engine/presets.ts"
 import { TrainingProtocol, type StepExecutionRef, type StepPlan } from "../../src/protocols/device.ts"
@@ -269,5 +270,43 @@ describe("a step of the training role", () => {
     expect(m.tokensTrained).toBe(byVersion.get(3)! + byVersion.get(2)!)
     expect(m.executions).toBe(2)
     expect(result.done.version).toBe(4)
+  }, 60_000)
+
+  it("leave: a satellite stops claiming after the micro-batch in hand", async () => {
+    await checkpoints
+    const claims: Array<number> = []
+    let role: TrainingRole | undefined
+    const result = await withSystem(
+      RUN,
+      quiet(
+        Effect.gen(function* () {
+          const system = yield* ActorSystem
+          const { events, config } = yield* coreNode({ onClaim: () => Effect.sleep(100) }, join(dir, "leave"))
+          yield* publishWeights(system, 0, yield* Effect.promise(() => readFile(join(initial, "model.safetensors"))))
+          const satellite = trainingDevice({
+            checkpoint: other,
+            config,
+            version: 99,
+            onClaim: (c) => Effect.sync(() => claims.push(c.index)).pipe(Effect.andThen(Effect.sleep(400))),
+            onRole: (r) => (role = r)
+          })
+          const node = yield* startNode({ name: "b", types: [satellite], heartbeatMs: 250 })
+          yield* node.spawn("device", "b.0")
+          const refs = yield* batchExecutions(RUN, 0, 1)
+          expect(yield* system.ask(device("a.0"), "StartStep", plan(0, 1))).toEqual({ started: true })
+          yield* system.ask(device("b.0"), "JoinStep", { step: 0, version: 0, core: "device/a.0" })
+          expect(role!.step()).toBe(0)
+          yield* tellAll(refs)
+          while (claims.length === 0) yield* Effect.sleep(10)
+          yield* role!.leave
+          return { done: yield* waitForEvent(events, isStepDone(0)) }
+        })
+      )
+    )
+    // the micro-batch in hand was delivered (the satellite counts among the step's devices), no other was claimed
+    expect(claims).toHaveLength(1)
+    expect(role!.step()).toBe(-1)
+    expect(result.done.metrics.devices).toEqual(["device/a.0", "device/b.0"])
+    expect(result.done.metrics.microBatches).toBeGreaterThan(1)
   }, 60_000)
 })
