@@ -122,7 +122,11 @@ export const isStepDone = (step: number) => (e: SchedulerEvent): e is Extract<Sc
   e._tag === "StepDone" && e.step === step
 
 /** A run configuration for `executions` executions in groups of `groupSize`. */
-export const runConfig = (run: string, checkpointDir: string, over: { readonly maxStaleness?: number; readonly microBatchTokens?: number; readonly executions?: number } = {}): RunConfig => ({
+export const runConfig = (
+  run: string,
+  checkpointDir: string,
+  over: { readonly maxStaleness?: number; readonly microBatchTokens?: number; readonly executions?: number; readonly loss?: "ppo" | "is" } = {}
+): RunConfig => ({
   run,
   policy: "elastic",
   policyConfig: { slots_per_cell: 4, executions_per_step: over.executions ?? 4, steps: 4, max_staleness: over.maxStaleness ?? 1 },
@@ -134,7 +138,7 @@ export const runConfig = (run: string, checkpointDir: string, over: { readonly m
     advantage: "grpo",
     mode: "exact",
     maxPaths: 4,
-    loss: "ppo",
+    loss: over.loss ?? "ppo",
     clipLow: 0.2,
     clipHigh: 0.28,
     isCap: 2,

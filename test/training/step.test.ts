@@ -59,10 +59,10 @@ const published = (version: number) =>
   })
 
 /** Starts a node with the scheduler stand-in and the core `device/a.0`. */
-const coreNode = (core: Partial<DeviceFixture>, checkpointDir: string) =>
+const coreNode = (core: Partial<DeviceFixture>, checkpointDir: string, loss: "ppo" | "is" = "ppo") =>
   Effect.gen(function* () {
     const events = yield* Ref.make<ReadonlyArray<SchedulerEvent>>([])
-    const config = runConfig(RUN, checkpointDir)
+    const config = runConfig(RUN, checkpointDir, { loss })
     const satellite = trainingDevice({ checkpoint: other, config, version: 99 })
     const node = yield* startNode({
       name: "a",
@@ -230,7 +230,7 @@ describe("a step of the training role", () => {
     expect(Buffer.from(restored.weights.buffer).equals(Buffer.from(alone.weights.buffer))).toBe(true)
   }, 60_000)
 
-  it("drops and counts tokens older than step - max_staleness; buffers executions told before their step; refuses wrong steps", async () => {
+  it("drops and counts tokens older than step - max_staleness; buffers executions told before their step; refuses wrong steps (truncated IS loss)", async () => {
     await checkpoints
     const versions = () => [1, 2, 3, 3] // step 3 with max_staleness 1: the first call's output is too old
     const result = await withSystem(
@@ -238,7 +238,7 @@ describe("a step of the training role", () => {
       quiet(
         Effect.gen(function* () {
           const system = yield* ActorSystem
-          const { events } = yield* coreNode({ version: 3 }, join(dir, "stale"))
+          const { events } = yield* coreNode({ version: 3 }, join(dir, "stale"), "is")
           const refs = yield* batchExecutions(RUN, 3, 1, versions)
           yield* tellAll(refs.slice(0, 1)) // before its step starts: kept for it
           const core = device("a.0")
@@ -269,6 +269,8 @@ describe("a step of the training role", () => {
     expect(m.staleness).toEqual([byVersion.get(3), byVersion.get(2)])
     expect(m.tokensTrained).toBe(byVersion.get(3)! + byVersion.get(2)!)
     expect(m.executions).toBe(2)
+    expect(m.clipFraction).toBe(0)
+    expect(m.gradNorm).toBeGreaterThan(0)
     expect(result.done.version).toBe(4)
   }, 60_000)
 
