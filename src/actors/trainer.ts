@@ -153,6 +153,7 @@ export const makeTrainingRole = <S>(
     const scope = yield* Effect.scope
     const stepLock = yield* Semaphore.make(1)
     const trainerLock = yield* Semaphore.make(1)
+    const claimLock = yield* Semaphore.make(1)
     const scheduler = refOf(SchedulerProtocol, address(SCHEDULER_KIND, "main"))
     const gradients = yield* openGradientStore(system, model.paramCount).pipe(Effect.retry(transient), Effect.orDie)
     yield* ensureMicroBatchStream(system).pipe(Effect.retry(transient), Effect.orDie)
@@ -169,7 +170,8 @@ export const makeTrainingRole = <S>(
       weights.version() === version
         ? Effect.void
         : Effect.gen(function* () {
-            const flat = yield* fetchWeights(system, engine, model.config, version, model.device)
+            const blob = yield* fetchWeights(system, version)
+            const flat = yield* Effect.scoped(engine.loadModel(model.config, blob, { device: model.device }).pipe(Effect.flatMap((m) => m.getWeights())))
             yield* weights.swap(model.setWeights(flat), version)
           })
 
@@ -349,21 +351,25 @@ export const makeTrainingRole = <S>(
         )
       )
 
-    const stopClaiming = Effect.suspend(() => {
+    const stop = Effect.suspend(() => {
       const c = claiming
       if (c === undefined) return Effect.void
       c.stop = true
       return c.fiber === undefined ? Effect.void : Fiber.await(c.fiber).pipe(Effect.asVoid)
     })
+    const stopClaiming = claimLock.withPermit(stop)
 
+    /** Claims micro-batches of `step` (one loop per device: a loop of another step is stopped first). */
     const startClaiming = (step: number, coreDevice: string) =>
-      Effect.gen(function* () {
-        if (claiming !== undefined && claiming.step === step && !claiming.stop && claiming.fiber !== undefined) return
-        yield* stopClaiming
-        const c: Claiming = { step, core: coreDevice, stop: false, fiber: undefined }
-        claiming = c
-        c.fiber = yield* Effect.forkIn(runClaims(c), scope)
-      })
+      claimLock.withPermit(
+        Effect.gen(function* () {
+          if (claiming !== undefined && claiming.step === step && !claiming.stop) return
+          yield* stop
+          const c: Claiming = { step, core: coreDevice, stop: false, fiber: undefined }
+          claiming = c
+          c.fiber = yield* Effect.forkIn(runClaims(c), scope)
+        })
+      )
 
     // ---- handlers -------------------------------------------------------------------------------
 

@@ -2,13 +2,11 @@
  * The run's published policy weights: object `v<version>` of `GYRE_<run>_weights`, a
  * model.safetensors (F32, Hugging Face names). The core trainer publishes each version it
  * makes; a device that needs a version (a rollout device's `LoadWeights`, a training
- * satellite joining a step) fetches it and decodes it through the engine into the flat
- * parameter vector it swaps into its loaded model.
+ * satellite joining a step) fetches it, decodes it through the engine and swaps the flat
+ * parameters into its loaded model.
  */
 import { Objm } from "@nats-io/obj"
 import { Effect } from "effect"
-import type { LlamaConfig } from "../engine/config.ts"
-import type { EngineShape } from "../engine/engine.ts"
 import { TransportError, messageOf } from "../runtime/errors.ts"
 import type { ActorSystemShape } from "../runtime/system.ts"
 import { rlLayout } from "./layout.ts"
@@ -26,14 +24,8 @@ export const publishWeights = Effect.fn("publishWeights")(function* (system: Act
   })
 })
 
-/** The flat weights of version `version`, decoded for `config` on engine device `device`. */
-export const fetchWeights = Effect.fn("fetchWeights")(function* (
-  system: ActorSystemShape,
-  engine: EngineShape,
-  config: LlamaConfig,
-  version: number,
-  device: number
-) {
+/** The model.safetensors bytes of version `version`. */
+export const fetchWeights = Effect.fn("fetchWeights")(function* (system: ActorSystemShape, version: number) {
   const layout = rlLayout(system.run)
   const unavailable = (reason: string) => new WeightsUnavailable({ version, reason })
   const name = layout.weightsObject(version)
@@ -42,10 +34,5 @@ export const fetchWeights = Effect.fn("fetchWeights")(function* (
     catch: (e) => unavailable(messageOf(e))
   })
   if (blob === null) return yield* unavailable(`no object ${name} in ${layout.weightsBucket}`)
-  return yield* Effect.scoped(
-    engine.loadModel(config, blob, { device }).pipe(
-      Effect.flatMap((m) => m.getWeights()),
-      Effect.mapError((e) => unavailable(e.message))
-    )
-  )
+  return blob
 })

@@ -54,8 +54,8 @@ const isProgress = (e: SchedulerEvent): e is Extract<SchedulerEvent, { _tag: "St
 /** Published weights `v<version>` as the flat parameter vector. */
 const published = (version: number) =>
   Effect.gen(function* () {
-    const system = yield* ActorSystem
-    return yield* fetchWeights(system, yield* Engine, presets.tiny, version, 0)
+    const blob = yield* fetchWeights(yield* ActorSystem, version)
+    return yield* Effect.scoped((yield* Engine).loadModel(presets.tiny, blob).pipe(Effect.flatMap((m) => m.getWeights())))
   })
 
 /** Starts a node with the scheduler stand-in and the core `device/a.0`. */
