@@ -57,7 +57,7 @@ extern "C" {
 #endif
 
 /* Bumped on any incompatible change of a signature, struct or buffer format below. */
-#define GYRE_ABI_VERSION 1
+#define GYRE_ABI_VERSION 2 /* 2: gyre_loss_config.proximal_current */
 
 /* ------------------------------------------------------------------------------------ */
 /* Status codes and errors                                                               */

@@ -101,6 +101,9 @@ koffi.struct("gyre_train_stats", {
 })
 koffi.struct("gyre_adamw", { lr: "float", beta1: "float", beta2: "float", eps: "float", weight_decay: "float", max_grad_norm: "float" })
 
+/** GYRE_ABI_VERSION of native/include/gyre.h that these prototypes and structs match. */
+const ABI_VERSION = 2
+
 const prototypes = {
   last_error: "size_t gyre_last_error(_Out_ uint8_t *buf, size_t cap)",
   status_name: "const char *gyre_status_name(int32_t status)",
@@ -260,6 +263,8 @@ const open = (backend: Backend): NativeLibrary => {
   const fns = Object.fromEntries(
     Object.entries(prototypes).map(([name, proto]) => [name, handle.func(proto)])
   ) as Record<FunctionName, NativeFunction>
+  const abi = fns.abi_version() as number
+  if (abi !== ABI_VERSION) throw new Error(`${path} has ABI version ${abi}, this binding needs ${ABI_VERSION}: rebuild it (make -C native)`)
   const lock = Semaphore.makeUnsafe(1)
   const statusName = (rc: number): string => fns.status_name(rc) as string
   const lastError = () => readString((buf) => fns.last_error(buf, buf.length))
