@@ -98,7 +98,8 @@ interface CoreStep {
   readonly sum: InOrderSum
   readonly metrics: MetricsSum
   readonly clock: PhaseClock
-  readonly summaries: Map<number, BatchSummary>
+  /** Every micro-batch planned so far, and what the metrics need of it. */
+  readonly planned: Map<number, { readonly microBatch: MicroBatchJson; readonly summary: BatchSummary }>
   readonly received: Set<number>
   readonly devices: Array<string>
   trainedTokens: number
@@ -200,27 +201,44 @@ export const makeTrainingRole = <S>(
       stepLock.withPermit(
         Effect.gen(function* () {
           const s = core
-          const summary = s?.summaries.get(index)
-          if (s === undefined || s.plan.step !== step || s.finishing || summary === undefined) return false
+          const planned = s?.planned.get(index)
+          if (s === undefined || s.plan.step !== step || s.finishing || planned === undefined) return false
           if (!s.sum.offer(index, source)) return false
           s.received.add(index)
           if (!s.devices.includes(device)) s.devices.push(device)
-          s.metrics.add(stats, summary)
+          s.metrics.add(stats, planned.summary)
           s.trainedTokens += s.planner.gradientIn(index)
           s.clock.set(outstanding(s) > 0, Date.now())
-          yield* s.sum.drain((i) => gradients.get(step, i).pipe(Effect.retry(transient), Effect.orDie))
+          yield* s.sum.drain((i) => storedGradient(s, i))
           yield* tellProgress(s)
           yield* finishWhenComplete(s)
           return true
         })
       )
 
-    /** Micro-batches of a completed group: summarised, then published in index order. */
+    /**
+     * A satellite's gradient from the store; one that cannot be read (its micro-batch already
+     * acknowledged) is recomputed here, from the batch the core planned, on the same weights.
+     */
+    const storedGradient = (s: CoreStep, index: number) =>
+      gradients.get(s.plan.step, index).pipe(
+        Effect.retry({ ...transient, while: (e) => e._tag === "TransportError" }),
+        Effect.catchTag("GradientUnreadable", (e) =>
+          Effect.logWarning(`${me}: ${e.object} unreadable (${e.reason}); recomputing it`).pipe(
+            Effect.andThen(compute(s.planned.get(index)!.microBatch)),
+            Effect.map((r) => r.grads)
+          )
+        ),
+        Effect.orDie
+      )
+
+    /** Micro-batches of a completed group: kept, then published in index order. */
     const enqueue = (s: CoreStep, microBatches: ReadonlyArray<PlannedMicroBatch>) =>
       Effect.gen(function* () {
         for (const mb of microBatches) {
-          s.summaries.set(mb.index, summarize(mb.batch, s.plan.step, maxStaleness))
-          yield* publishMicroBatch(system, toJson(s.plan.step, mb)).pipe(Effect.retry(transient), Effect.orDie)
+          const microBatch = toJson(s.plan.step, mb)
+          s.planned.set(mb.index, { microBatch, summary: summarize(mb.batch, s.plan.step, maxStaleness) })
+          yield* publishMicroBatch(system, microBatch).pipe(Effect.retry(transient), Effect.orDie)
         }
         s.clock.set(outstanding(s) > 0, Date.now())
       })
@@ -386,7 +404,7 @@ export const makeTrainingRole = <S>(
           sum: new InOrderSum(model.paramCount),
           metrics: new MetricsSum(),
           clock: new PhaseClock(Date.now()),
-          summaries: new Map(),
+          planned: new Map(),
           received: new Set(),
           devices: [me],
           trainedTokens: 0,

@@ -207,6 +207,30 @@ describe("a step of the training role", () => {
     expect(Buffer.from(killed.weights.buffer).equals(Buffer.from(alone.weights.buffer))).toBe(true)
   }, 60_000)
 
+  it("recomputes a gradient whose object cannot be read, with the same update", async () => {
+    await checkpoints
+    const alone = await coreAlone()
+    const last = alone.done.metrics.microBatches - 1
+    const stats = { loss: 0, weightSum: 0, entropy: 0, meanLogprob: 0, meanRatio: 1, clipFraction: 0, meanIsWeight: 1, maxIsWeight: 1, truncatedFraction: 0, trainedTokens: 0, staleTokens: 0 }
+    const ghost = await stepZero(
+      { onClaim: () => Effect.sleep(100) }, // the core is slower than the ghost's report
+      join(dir, "ghost"),
+      () =>
+        Effect.service(ActorSystem).pipe(
+          Effect.map((system) =>
+            // a device says it stored the last micro-batch's gradient, and never did
+            system.ask(device("a.0"), "GradientReady", { step: 0, index: last, device: "device/ghost", stats }).pipe(
+              Effect.tap((answer) => Effect.sync(() => expect(answer).toEqual({ accepted: true }))),
+              Effect.asVoid,
+              Effect.orDie
+            )
+          )
+        )
+    )
+    expect(ghost.done.metrics.devices).toContain("device/ghost")
+    expect(Buffer.from(ghost.weights.buffer).equals(Buffer.from(alone.weights.buffer))).toBe(true)
+  }, 60_000)
+
   it("writes a checkpoint that restores the weights and the optimizer", async () => {
     await checkpoints
     const alone = await coreAlone()
