@@ -14,7 +14,7 @@
  * the core writes what satellites read.
  */
 import { Schema } from "effect"
-import { Rpc } from "effect/rpc"
+import { Rpc, RpcGroup } from "effect/rpc"
 import { Float32ArrayFromBase64, Int32ArrayFromBase64 } from "../tree/wire.ts"
 import { ExecutionOutcome } from "../tree/outcome.ts"
 import { ExecutionId } from "./layout.ts"
@@ -103,10 +103,27 @@ export const TrainStatsJson = Schema.Struct({
   meanRatio: Schema.Number,
   clipFraction: Schema.Number,
   meanIsWeight: Schema.Number,
+  /** Largest importance weight min(pi / mu, isCap) of a trained token (1 when none). */
+  maxIsWeight: Schema.Number,
   truncatedFraction: Schema.Number,
   trainedTokens: Count,
   staleTokens: Count
 })
+
+/** The requests of the training role (`src/actors/trainer.ts`), part of `DeviceProtocol`. */
+export const TrainingProtocol = RpcGroup.make(
+  /** Core only: plan and run step `step` (idempotent per step). */
+  Rpc.make("StartStep", { payload: StepPlan, success: Schema.Struct({ started: Schema.Boolean }), error: DeviceRefused }),
+  /** Core only: a finished execution of the running step (durable tell, deduplicated by execution). */
+  Rpc.make("TrainExecution", { payload: StepExecutionRef, success: Schema.Struct({ queued: Schema.Boolean }) }),
+  /** Any training device: claim micro-batches of `step` computed on `version` (idempotent). */
+  Rpc.make("JoinStep", { payload: { step: Count, version: Count, core: Schema.String }, success: Schema.Struct({ joined: Schema.Boolean }), error: DeviceRefused }),
+  /** Core only: a satellite stored the gradient of micro-batch `index`. */
+  Rpc.make("GradientReady", {
+    payload: { step: Count, index: Count, device: Schema.String, stats: TrainStatsJson },
+    success: Schema.Struct({ accepted: Schema.Boolean })
+  })
+)
 
 export const DeviceProtocol = RolloutWorkerProtocol.add(
   Rpc.make("SwitchRole", {
@@ -124,19 +141,8 @@ export const DeviceProtocol = RolloutWorkerProtocol.add(
   Rpc.make("ImportContexts", {
     payload: { from: Schema.String, contexts: Schema.Array(ContextHandoff) },
     success: Schema.Struct({ imported: Count, failed: Schema.Array(Schema.String) })
-  }),
-  /** Core only: plan and run step `step` (idempotent per step). */
-  Rpc.make("StartStep", { payload: StepPlan, success: Schema.Struct({ started: Schema.Boolean }), error: DeviceRefused }),
-  /** Core only: a finished execution of the running step (durable tell, deduplicated by execution). */
-  Rpc.make("TrainExecution", { payload: StepExecutionRef, success: Schema.Struct({ queued: Schema.Boolean }) }),
-  /** Any training device: claim micro-batches of `step` computed on `version` (idempotent). */
-  Rpc.make("JoinStep", { payload: { step: Count, version: Count, core: Schema.String }, success: Schema.Struct({ joined: Schema.Boolean }), error: DeviceRefused }),
-  /** Core only: a satellite stored the gradient of micro-batch `index`. */
-  Rpc.make("GradientReady", {
-    payload: { step: Count, index: Count, device: Schema.String, stats: TrainStatsJson },
-    success: Schema.Struct({ accepted: Schema.Boolean })
   })
-)
+).merge(TrainingProtocol)
 
 /** One micro-batch on the step's work queue (`gyre.<run>.mb.<step>`, message id `mb-<step>-<index>`). */
 export const MicroBatchJson = Schema.Struct({
