@@ -71,7 +71,7 @@ export const device = (config: DeviceConfig) =>
         let training: TrainingRole | undefined
         const report = (load: WorkerLoad) => ctx.reportLoad(deviceLoad(load, state, training?.step() ?? -1))
         const rollout = yield* startRollout(ctx, config, report)
-        training = config.training === undefined ? undefined : yield* config.training({ ...rollout, ctx, version: () => rollout.batcher.load().version })
+        training = config.training === undefined ? undefined : yield* config.training({ ...rollout, ctx, version: () => rollout.batcher.load().version, swapWeights: rollout.batcher.swapWeights })
         const roles = yield* makeRoleSwitch({
           system: ctx.system,
           self,

@@ -47,6 +47,7 @@ import { InOrderSum, openGradientStore, type GradientSource } from "../training/
 import { claimLoop, closeStepQueue, ensureMicroBatchStream, openStepQueue, publishMicroBatch, type Claim } from "../training/microbatch-queue.ts"
 import { MetricsSum, PhaseClock, microBatchStats, summarize, type BatchSummary, type MicroBatchStats } from "../training/step-metrics.ts"
 import { StepPlanner, type PlannedMicroBatch } from "../training/step-planner.ts"
+import type { TrainingRoleFactory } from "../serving/training-role.ts"
 
 /** The model's policy version and the one way the role changes its weights. */
 export interface ModelWeights {
@@ -141,8 +142,8 @@ const toJson = (step: number, mb: PlannedMicroBatch): MicroBatchJson => ({
   batch: mb.batch
 })
 
-export const makeTrainingRole = <S>(
-  ctx: Actor.ActorContext<S>,
+export const makeTrainingRole = (
+  ctx: Pick<Actor.ActorContext<unknown>, "address" | "system">,
   options: TrainingRoleOptions
 ): Effect.Effect<TrainingRole, never, Scope.Scope> =>
   Effect.gen(function* () {
@@ -461,3 +462,17 @@ export const makeTrainingRole = <S>(
       step: () => (claiming === undefined || claiming.stop ? -1 : claiming.step)
     }
   })
+
+/**
+ * The training role a device actor builds over its own model for the run `config`: a trainer for
+ * micro-batches of the run's size, and every weight change through the rollout role's batcher, so
+ * no engine step sees the weights half changed.
+ */
+export const trainingRoleFor =
+  (config: RunConfig): TrainingRoleFactory =>
+  (device) =>
+    Effect.gen(function* () {
+      const trainer = yield* device.model.trainer({ maxTokens: config.training.microBatchTokens })
+      const weights: ModelWeights = { version: device.version, swap: device.swapWeights }
+      return yield* makeTrainingRole(device.ctx, { model: device.model, trainer, engine: device.engine, config, weights })
+    })

@@ -14,7 +14,8 @@ const commands: Record<string, () => Promise<{ readonly command: Command }>> = {
   sim: () => import("./sim.ts"),
   demo: () => import("./demo.ts"),
   serve: () => import("./serve.ts"),
-  eval: () => import("./eval.ts")
+  eval: () => import("./eval.ts"),
+  train: () => import("./train.ts")
 }
 
 const printHelp = async () => {

@@ -13,6 +13,7 @@
 import type { Effect, Scope } from "effect"
 import type { RpcGroup } from "effect/rpc"
 import type { EngineShape, Model } from "../engine/engine.ts"
+import type { NativeError } from "../engine/native.ts"
 import type * as Actor from "../runtime/actor.ts"
 import type { DeviceProtocol } from "../protocols/device.ts"
 
@@ -39,6 +40,8 @@ export interface DeviceResources {
   readonly device: number
   /** Policy version of the weights the model holds as the rollout role last loaded them. */
   readonly version: () => number
+  /** Runs `apply` (which makes the weights version `version`) between two engine steps of the rollout role. */
+  readonly swapWeights: (apply: Effect.Effect<void, NativeError>, version: number) => Effect.Effect<void, NativeError>
 }
 
 export type TrainingRoleFactory = (device: DeviceResources) => Effect.Effect<TrainingRole, unknown, Scope.Scope>
