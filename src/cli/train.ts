@@ -163,13 +163,20 @@ export const runTraining = (f: TrainFlags) => {
       warm_start_checkpoint: initial,
       checkpoint: result.checkpoint
     }
-    if (!f.json) {
-      log(`${audit.stepsDone} steps of ${summary.policy} in ${summary.run_s} s; ${audit.switches} switches (${audit.reprefillTokens} tokens prefilled again, ${audit.kvHandoffBytes} KV bytes handed off)`)
-      log(`executions lost ${audit.executionsLost}, trained twice ${audit.trainedTwice}, stale tokens dropped ${audit.staleDropped}; journal ${result.system.layout.journalStream}; store ${summary.store}`)
-    }
     return summary
   }).pipe(Effect.provide(Layer.fresh(Nats.layer({ ...nats, storeDir: store }))))
 }
+
+export type TrainSummary = Effect.Success<ReturnType<typeof runTraining>>
+
+/** The human-readable end of a run (the JSON line follows it). */
+export const summaryLines = (s: TrainSummary): Array<string> => [
+  `held-out mean score: ${s.heldout_before.toFixed(3)} before, ${s.heldout_after.toFixed(3)} after ${s.steps} steps of ${s.policy} (${s.run_s} s of training, ${s.wall_s} s in all)`,
+  `train score by step: ${s.train_scores.map((x) => x.toFixed(2)).join(" ")}`,
+  `${s.switches} role switches: ${s.reprefill_tokens} tokens prefilled again, ${s.kv_handoff_bytes} KV bytes handed off`,
+  `executions lost ${s.executions_lost}, trained twice ${s.trained_twice}, stale tokens dropped ${s.stale_dropped}`,
+  `checkpoint ${s.checkpoint}; the run's store ${s.store}`
+]
 
 export const command: Command<typeof trainFlags> = {
   summary: "train a policy with the elastic RL loop (held-out score before and after; --json: JSON last line)",
@@ -177,6 +184,7 @@ export const command: Command<typeof trainFlags> = {
   run: async (argv) => {
     const f = parseFlags("train", trainFlags, argv)
     const summary = await Effect.runPromise(Effect.scoped(runTraining(f)))
+    if (!f.json) for (const line of summaryLines(summary)) console.log(line)
     console.log(JSON.stringify(summary))
     return 0
   }
