@@ -30,7 +30,12 @@ export interface RunAudit {
   readonly reprefillTokens: number
   readonly kvHandoffBytes: number
   readonly switchControlMs: ReadonlyArray<number>
-  readonly switchMs: ReadonlyArray<number>
+  /** Whole switches, milliseconds, by the role the cell went to. */
+  readonly switchMs: { readonly rollout: ReadonlyArray<number>; readonly training: ReadonlyArray<number> }
+  /** Finished executions in run order: the policy's duration and token count of each. */
+  readonly executions: ReadonlyArray<{ readonly execution: number; readonly duration_s: number; readonly tokens: number }>
+  /** Per published version: seconds from its `StepDone` to its `WeightsPublished` (policy clock). */
+  readonly weightSyncS: ReadonlyArray<number>
   readonly staleDropped: number
   /** Executions trained in more than one step. */
   readonly trainedTwice: number
@@ -49,7 +54,7 @@ export const auditRun = (system: ActorSystemShape, executionsPerStep: number): E
     const conflicting = new Set<number>()
     const steps: Array<StepMetrics> = []
     const malformed: Array<{ seq: number; reason: string }> = []
-    const switches: Array<{ reprefill: number; bytes: number; controlMs: number; ms: number }> = []
+    const switches: Array<{ role: string; reprefill: number; bytes: number; controlMs: number; ms: number }> = []
     yield* readJournal(system, { protocols: { [SCHEDULER_KIND]: SchedulerProtocol } }).pipe(
       Stream.runForEach((entry) =>
         Effect.sync(() => {
@@ -66,8 +71,8 @@ export const auditRun = (system: ActorSystemShape, executionsPerStep: number): E
             steps.push(m.value)
           } else if (entry.via === "tell" && entry.actor?.kind === SCHEDULER_KIND && entry.name === "SwitchCompleted") {
             if (entry.error !== undefined) return void malformed.push({ seq: entry.seq, reason: entry.error })
-            const { result } = entry.payload as { readonly result: { reprefillTokens: number; bytesMoved: number; controlMs: number; ms: number } }
-            switches.push({ reprefill: result.reprefillTokens, bytes: result.bytesMoved, controlMs: result.controlMs, ms: result.ms })
+            const { role, result } = entry.payload as { readonly role: string; readonly result: { reprefillTokens: number; bytesMoved: number; controlMs: number; ms: number } }
+            switches.push({ role, reprefill: result.reprefillTokens, bytes: result.bytesMoved, controlMs: result.controlMs, ms: result.ms })
           }
         })
       )
@@ -78,12 +83,18 @@ export const auditRun = (system: ActorSystemShape, executionsPerStep: number): E
     let dispatched = 0
     let started = 0
     let stepsDone = 0
-    const finished = new Set<number>()
+    const finished = new Map<number, { execution: number; duration_s: number; tokens: number }>()
+    const stepDoneAt = new Map<number, number>()
+    const weightSyncS: Array<number> = []
     for (const i of indices) {
       const { event, actions } = records.get(i)!.record
       if (event._tag === "ExecutionStarted") started++
-      if (event._tag === "ExecutionFinished") finished.add(event.execution)
-      if (event._tag === "StepDone") stepsDone++
+      if (event._tag === "ExecutionFinished") finished.set(event.execution, { execution: event.execution, duration_s: event.duration_s, tokens: event.tokens })
+      if (event._tag === "StepDone") {
+        stepsDone++
+        stepDoneAt.set(event.step + 1, event.at)
+      }
+      if (event._tag === "WeightsPublished" && stepDoneAt.has(event.version)) weightSyncS.push(event.at - stepDoneAt.get(event.version)!)
       for (const a of actions) if (a._tag === "Dispatch") dispatched++
     }
     let lost = 0
@@ -105,7 +116,12 @@ export const auditRun = (system: ActorSystemShape, executionsPerStep: number): E
       reprefillTokens: sum(switches.map((s) => s.reprefill)),
       kvHandoffBytes: sum(switches.map((s) => s.bytes)),
       switchControlMs: switches.map((s) => s.controlMs),
-      switchMs: switches.map((s) => s.ms),
+      switchMs: {
+        rollout: switches.filter((s) => s.role === "rollout").map((s) => s.ms),
+        training: switches.filter((s) => s.role === "training").map((s) => s.ms)
+      },
+      executions: [...finished.values()].sort((a, b) => a.execution - b.execution),
+      weightSyncS,
       staleDropped: sum(steps.map((s) => s.staleTokens)),
       trainedTwice: [...trainedIn.values()].filter((n) => n > 1).length,
       steps,
