@@ -11,9 +11,8 @@
  * 4. Held-out score of the final checkpoint, and a summary counted from the run's journal
  *    (`src/replay/audit.ts`); with `--json` the last line is one JSON object.
  *
- * `--resume RUN` continues a stopped run from its journal (the run configuration, the policy
- * records) and its last checkpoint: finished executions are not generated again and none is
- * trained twice.
+ * `--resume RUN` is refused for now: the scheduler resumes from the journal (a standby does), but
+ * the devices' weights and the core's optimizer state at the last step are not rebuilt yet.
  */
 import * as fs from "node:fs"
 import * as path from "node:path"
@@ -51,7 +50,7 @@ export const trainFlags = {
   horizon: { kind: "integer", doc: "decisions per toy execution (TOY_STEPS)", default: 24 },
   env: { kind: "string", doc: "more suite knobs, KEY=VALUE,KEY=VALUE", default: "" },
   heldout: { kind: "string", doc: "held-out tasks scored before and after", default: "heldout-0..heldout-15" },
-  lr: { kind: "number", doc: "AdamW learning rate", default: 1e-3 },
+  lr: { kind: "number", doc: "AdamW learning rate", default: 5e-4 },
   advantage: { kind: "string", doc: "advantage estimator", default: "grpo", choices: ["grpo", "dr-grpo", "rloo"] },
   mode: { kind: "string", doc: "exact tree training or bounded dedup sampling", default: "exact", choices: ["exact", "sampled"] },
   "max-paths": { kind: "integer", doc: "J_max of sampled mode", default: 5 },
@@ -77,7 +76,11 @@ const check = (f: TrainFlags) => {
     throw new UsageError(`gyre train: --executions-per-step ${f["executions-per-step"]} must be a multiple of --group-size ${f["group-size"]}`)
   }
   if (f.checkpoint !== undefined) checkCheckpoint("train", f.checkpoint)
-  if (f.resume !== undefined && f.checkpoint !== undefined) throw new UsageError("gyre train: --resume continues a run's own checkpoints; drop --checkpoint")
+  if (f.resume !== undefined) {
+    // The scheduler already resumes from the journal; the devices' weights and the core's optimizer
+    // state from the last checkpoint, and the steps trained after it, are not rebuilt yet.
+    throw new UsageError("gyre train: --resume is not built yet (the scheduler resumes from the journal, the trainer's state does not)")
+  }
   if (parseTaskList(f.heldout).length === 0) throw new UsageError("gyre train: --heldout names no task")
 }
 
