@@ -1,23 +1,31 @@
 /**
  * A node: the process that hosts actors on one machine.
  *
- * It knows a catalogue of actor types, spawns actors of them on request (each under its
- * type's supervision policy; an actor whose supervisor gives up is stopped, marked `failed`
- * in the registry and reported as an `escalated` system event, and the node carries on),
- * runs the liveness monitor, answers NATS service discovery, and drains gracefully.
- * The node is itself an actor, `node/<name>`, speaking `NodeProtocol` (Spawn, Stop, List), so
- * spawning is a tell or an ask like any other message, and its registry entry is its heartbeat.
+ * It knows a catalogue of actor types and spawns actors of them on request, each under its
+ * type's supervision policy and restart type (`supervisor.ts`), alone (one-for-one) or in a
+ * group that restarts together (one-for-all). An actor whose supervisor gives up is stopped,
+ * marked `failed` in the registry and reported as an `escalated` system event; a temporary
+ * actor that crashes is marked `failed`; one fenced by another incarnation is reported as a
+ * `fenced` event. The node carries on in every case. It runs the liveness monitor, answers
+ * NATS service discovery, serves Prometheus metrics when given a port, and drains gracefully.
+ * The node is itself an actor, `node/<name>`, speaking `NodeProtocol` (Spawn, SpawnGroup,
+ * Stop, List), so spawning is a tell or an ask like any other message, and its registry entry
+ * is its heartbeat. Settings not given as options are read from `RuntimeSettings` (config.ts)
+ * when the node starts.
  */
 import { nuid } from "@nats-io/transport-node"
-import { Deferred, Effect, Fiber, Schema, Scope } from "effect"
+import { Cause, Deferred, Effect, Exit, Result, Schema, Scope } from "effect"
+import type { ConfigError } from "effect/Config"
 import { Rpc, RpcGroup } from "effect/rpc"
 import * as Actor from "./actor.ts"
+import { RuntimeSettings } from "./config.ts"
 import { serveDiscovery, type EndpointStats } from "./discovery.ts"
 import { Escalation, type TransportError } from "./errors.ts"
-import { runIncarnation } from "./host.ts"
+import { runIncarnation, type IncarnationControl } from "./host.ts"
+import { serveMetrics, type MetricsServerError } from "./metrics.ts"
 import { address, formatAddress, InvalidAddress, type ActorAddress } from "./names.ts"
 import { monitorLiveness, writeEntry, type DeadEvent } from "./registry.ts"
-import { supervise } from "./supervisor.ts"
+import { defaultSupervision, supervise, superviseGroup, type ChildEnd, type ChildSpec, type OnRestart, type SupervisionPolicy } from "./supervisor.ts"
 import { ActorSystem, refOf } from "./system.ts"
 
 export class UnknownActorKind extends Schema.TaggedError<UnknownActorKind>()("UnknownActorKind", {
@@ -27,6 +35,13 @@ export class UnknownActorKind extends Schema.TaggedError<UnknownActorKind>()("Un
 }) {}
 
 export class NodeDraining extends Schema.TaggedError<NodeDraining>()("NodeDraining", {
+  node: Schema.String
+}) {}
+
+/** A group was asked for with a member this node already hosts. */
+export class AlreadyHosted extends Schema.TaggedError<AlreadyHosted>()("AlreadyHosted", {
+  kind: Schema.String,
+  id: Schema.String,
   node: Schema.String
 }) {}
 
@@ -41,17 +56,26 @@ export type SpawnResult = typeof SpawnResult.Type
 export const HostedActor = Schema.Struct({
   kind: Schema.String,
   id: Schema.String,
-  restarts: Schema.Number
+  restarts: Schema.Number,
+  /** The group it was spawned in, if any. */
+  group: Schema.optional(Schema.String)
 })
+export type HostedActor = typeof HostedActor.Type
 
 const ActorId = { kind: Schema.String, id: Schema.String }
 
+export const GroupSpec = Schema.Struct({
+  name: Schema.String,
+  strategy: Schema.Literals(["one-for-one", "one-for-all"]),
+  members: Schema.Array(Schema.Struct(ActorId))
+})
+export type GroupSpec = typeof GroupSpec.Type
+
+const SpawnError = Schema.Union([UnknownActorKind, NodeDraining, InvalidAddress, AlreadyHosted])
+
 export const NodeProtocol = RpcGroup.make(
-  Rpc.make("Spawn", {
-    payload: ActorId,
-    success: SpawnResult,
-    error: Schema.Union([UnknownActorKind, NodeDraining, InvalidAddress])
-  }),
+  Rpc.make("Spawn", { payload: ActorId, success: SpawnResult, error: SpawnError }),
+  Rpc.make("SpawnGroup", { payload: GroupSpec, success: Schema.Array(SpawnResult), error: SpawnError }),
   Rpc.make("Stop", { payload: ActorId, success: Schema.Struct({ stopped: Schema.Boolean }) }),
   Rpc.make("List", { success: Schema.Array(HostedActor) })
 )
@@ -62,9 +86,12 @@ export const nodeRef = (name: string) => refOf(NodeProtocol, address("node", nam
 export interface NodeOptions<R> {
   readonly name: string
   readonly types: ReadonlyArray<Actor.ActorType<any, any, R>>
+  /** Defaults from `RuntimeSettings` (GYRE_HEARTBEAT_MS, GYRE_DEAD_AFTER_MS, GYRE_ACK_WAIT_MS, GYRE_METRICS_PORT). */
   readonly heartbeatMs?: number
   readonly deadAfterMs?: number
   readonly ackWaitMs?: number
+  /** Serve Prometheus `/metrics` on 127.0.0.1 at this port (0 = any free port). */
+  readonly metricsPort?: number
   readonly version?: string
   /** Called when the liveness monitor declares an actor dead. */
   readonly onDead?: (event: DeadEvent) => Effect.Effect<void>
@@ -72,104 +99,189 @@ export interface NodeOptions<R> {
 
 interface Hosted {
   readonly address: ActorAddress
-  readonly drain: Deferred.Deferred<void>
-  readonly ready: Deferred.Deferred<void>
-  readonly fiber: Fiber.Fiber<void, never>
+  readonly control: IncarnationControl
+  /** Completed when the actor has ended for good. */
+  readonly ended: Deferred.Deferred<void>
   readonly stats: EndpointStats
+  readonly group: string | undefined
   restarts: number
 }
 
+export type SpawnError = UnknownActorKind | NodeDraining | InvalidAddress | AlreadyHosted
+
 export interface NodeHandle {
   readonly name: string
-  readonly spawn: (kind: string, id: string) => Effect.Effect<SpawnResult, UnknownActorKind | NodeDraining | InvalidAddress>
+  readonly spawn: (kind: string, id: string) => Effect.Effect<SpawnResult, SpawnError>
+  /**
+   * Spawns `members` under one supervisor: `one-for-all` restarts them all when one is to be
+   * restarted (`supervision`, default the first member type's policy, counts those restarts).
+   */
+  readonly spawnGroup: (group: GroupSpec, supervision?: SupervisionPolicy) => Effect.Effect<ReadonlyArray<SpawnResult>, SpawnError>
   /** Drains one actor and waits until it has stopped; false when it was not hosted here. */
   readonly stop: (kind: string, id: string) => Effect.Effect<boolean>
-  readonly hosted: () => ReadonlyArray<{ readonly kind: string; readonly id: string; readonly restarts: number }>
+  readonly hosted: () => ReadonlyArray<HostedActor>
   /** Stops admitting spawns, drains every actor (the node actor last) and waits for them. */
   readonly drain: Effect.Effect<void>
+  /** Where `/metrics` is served, when it is. */
+  readonly metricsUrl: string | undefined
 }
 
 /** Starts a node in the current scope; closing the scope stops its actors abruptly (no drain). */
-export const startNode = <R>(options: NodeOptions<R>): Effect.Effect<NodeHandle, TransportError, ActorSystem | Scope.Scope | R> =>
+export const startNode = <R>(
+  options: NodeOptions<R>
+): Effect.Effect<NodeHandle, TransportError | MetricsServerError | ConfigError, ActorSystem | Scope.Scope | R> =>
   Effect.gen(function* () {
     const system = yield* ActorSystem
+    const settings = yield* RuntimeSettings
     const scope = yield* Effect.scope
     const context = yield* Effect.context<R>()
     const catalogue = new Map<string, Actor.ActorType<any, any, R>>(options.types.map((t) => [t.kind, t]))
     const hosted = new Map<string, Hosted>()
     const hostOptions = {
       node: options.name,
-      heartbeatMs: options.heartbeatMs ?? 1000,
-      ackWaitMs: options.ackWaitMs ?? 10_000
+      heartbeatMs: options.heartbeatMs ?? settings.heartbeatMs,
+      ackWaitMs: options.ackWaitMs ?? settings.ackWaitMs
     }
     let draining = false
 
-    const host = (type: Actor.ActorType<any, any, any>, at: ActorAddress) =>
+    const admit = (at: ActorAddress, group: string | undefined) =>
       Effect.gen(function* () {
         const key = formatAddress(at)
-        const drain = yield* Deferred.make<void>()
-        const ready = yield* Deferred.make<void>()
         const stats: EndpointStats = { name: key, subject: system.layout.ask(at), numRequests: 0, numErrors: 0, lastError: "", processingTimeNs: 0 }
-        const entry = { address: at, drain, ready, stats, restarts: 0 } as Omit<Hosted, "fiber"> & { restarts: number }
-        const supervised = supervise(
-          key,
-          () => runIncarnation(type, at, system, { ...hostOptions, stats }, { drain, ready }),
-          type.supervision,
-          (start, cause) =>
-            Effect.gen(function* () {
-              entry.restarts = start
-              yield* Effect.logWarning(`${key} crashed; restart ${start}`, cause)
-            })
-        ).pipe(
-          Effect.catch((e: Escalation) =>
-            Effect.gen(function* () {
-              yield* Effect.logError(`${key}: supervisor gave up after ${e.restarts} restarts within ${e.withinMs} ms`)
-              yield* writeEntry(system.registry, system.layout.registryKey(at), {
-                kind: at.kind,
-                id: at.id,
-                node: options.name,
-                incarnation: "",
-                status: "failed",
-                heartbeatAt: Date.now(),
-                load: {}
-              }).pipe(Effect.ignore)
-              yield* system
-                .publishEvent("escalated", { kind: at.kind, id: at.id, node: options.name, restarts: e.restarts, withinMs: e.withinMs, lastFailure: e.lastFailure })
-                .pipe(Effect.ignore)
-            })
-          ),
-          Effect.ensuring(Effect.sync(() => hosted.delete(key))),
-          Effect.provideContext(context)
-        ) as Effect.Effect<void, never>
-        const fiber = yield* Effect.forkIn(supervised, scope)
-        hosted.set(key, Object.assign(entry, { fiber }))
-        // Serving, or given up on (a crash loop escalates instead of becoming ready).
-        yield* Effect.raceFirst(Deferred.await(ready), Fiber.await(fiber).pipe(Effect.asVoid))
+        const entry: Hosted = {
+          address: at,
+          control: { drain: yield* Deferred.make<void>(), ready: yield* Deferred.make<void>() },
+          ended: yield* Deferred.make<void>(),
+          stats,
+          group,
+          restarts: 0
+        }
+        hosted.set(key, entry)
+        return entry
       })
 
-    const spawn: NodeHandle["spawn"] = (kind, id) =>
+    const child = (type: Actor.ActorType<any, any, any>, entry: Hosted): ChildSpec<unknown, R> => ({
+      name: formatAddress(entry.address),
+      restart: type.restart,
+      run: () => runIncarnation(type, entry.address, system, { ...hostOptions, stats: entry.stats }, entry.control) as Effect.Effect<ChildEnd, unknown, R>
+    })
+
+    const onRestart: OnRestart = (name, start, exit) =>
+      Effect.gen(function* () {
+        const entry = hosted.get(name)
+        if (entry !== undefined) entry.restarts = start
+        if (Exit.isFailure(exit)) yield* Effect.logWarning(`${name} crashed; restart ${start}`, exit.cause)
+        else yield* Effect.logInfo(`${name} ended (${exit.value}); restart ${start}`)
+      })
+
+    const markFailed = (at: ActorAddress) =>
+      writeEntry(system.registry, system.layout.registryKey(at), {
+        kind: at.kind,
+        id: at.id,
+        node: options.name,
+        incarnation: "",
+        status: "failed",
+        heartbeatAt: Date.now(),
+        load: {}
+      }).pipe(Effect.ignore)
+
+    // An actor ended for good: report how, and forget it.
+    const leave = (entry: Hosted, exit: Exit.Exit<ChildEnd, unknown>) =>
+      Effect.gen(function* () {
+        const at = entry.address
+        const key = formatAddress(at)
+        if (Exit.isFailure(exit) && !Cause.hasInterruptsOnly(exit.cause)) {
+          const error = Cause.findError(exit.cause)
+          yield* markFailed(at)
+          if (Result.isSuccess(error) && error.success instanceof Escalation) {
+            const e = error.success
+            yield* Effect.logError(`${key}: supervisor ${e.child} gave up after ${e.restarts} restarts within ${e.withinMs} ms`)
+            yield* system
+              .publishEvent("escalated", { kind: at.kind, id: at.id, node: options.name, restarts: e.restarts, withinMs: e.withinMs, lastFailure: e.lastFailure })
+              .pipe(Effect.ignore)
+          } else yield* Effect.logError(`${key} crashed and is not restarted (restart: temporary)`, exit.cause)
+        } else if (Exit.isSuccess(exit) && exit.value === "fenced") {
+          yield* system.publishEvent("fenced", { kind: at.kind, id: at.id, node: options.name }).pipe(Effect.ignore)
+        }
+        hosted.delete(key)
+        yield* Deferred.succeed(entry.ended, undefined)
+      })
+
+    // Serving, or given up on (a crash loop escalates instead of becoming ready).
+    const serving = (entries: ReadonlyArray<Hosted>) =>
+      Effect.forEach(entries, (e) => Effect.raceFirst(Deferred.await(e.control.ready), Deferred.await(e.ended)), { discard: true })
+
+    const run = (effect: Effect.Effect<void, never, R>) => Effect.forkIn(effect.pipe(Effect.provideContext(context)), scope)
+
+    const hostOne = (type: Actor.ActorType<any, any, R>, at: ActorAddress, group?: string) =>
+      Effect.gen(function* () {
+        const entry = yield* admit(at, group)
+        yield* run(Effect.exit(supervise(child(type, entry), type.supervision, onRestart)).pipe(Effect.flatMap((exit) => leave(entry, exit))))
+        return entry
+      })
+
+    const hostAll = (name: string, members: ReadonlyArray<readonly [Actor.ActorType<any, any, R>, ActorAddress]>, policy: SupervisionPolicy) =>
+      Effect.gen(function* () {
+        const entries = yield* Effect.forEach(members, ([, at]) => admit(at, name))
+        const byName = new Map(entries.map((e) => [formatAddress(e.address), e]))
+        const children = members.map(([type], i) => child(type, entries[i]!))
+        const group = superviseGroup(name, children, policy, onRestart, (c, exit) => leave(byName.get(c)!, exit))
+        yield* run(
+          Effect.exit(group).pipe(
+            // What is still hosted when the group ends failed with it (an escalation).
+            Effect.flatMap((exit) => Effect.forEach(entries.filter((e) => hosted.get(formatAddress(e.address)) === e), (e) => leave(e, exit as Exit.Exit<never, unknown>), { discard: true }))
+          )
+        )
+        return entries
+      })
+
+    const resolve = (kind: string, id: string) =>
       Effect.gen(function* () {
         if (draining) return yield* Effect.fail(new NodeDraining({ node: options.name }))
         const at = yield* Effect.try({ try: () => address(kind, id), catch: (e) => e as InvalidAddress })
         const type = catalogue.get(kind)
-        if (type === undefined) {
-          return yield* Effect.fail(new UnknownActorKind({ kind, node: options.name, known: [...catalogue.keys()] }))
-        }
+        if (type === undefined) return yield* Effect.fail(new UnknownActorKind({ kind, node: options.name, known: [...catalogue.keys()] }))
+        return [type, at] as const
+      })
+
+    const spawn: NodeHandle["spawn"] = (kind, id) =>
+      Effect.gen(function* () {
+        const [type, at] = yield* resolve(kind, id)
         const alreadyRunning = hosted.has(formatAddress(at))
-        if (!alreadyRunning) yield* host(type, at)
+        if (!alreadyRunning) yield* serving([yield* hostOne(type, at)])
         return { kind, id, node: options.name, alreadyRunning }
+      })
+
+    const spawnGroup: NodeHandle["spawnGroup"] = (group, supervision) =>
+      Effect.gen(function* () {
+        const members = yield* Effect.forEach(group.members, (m) => resolve(m.kind, m.id))
+        for (const [, at] of members) {
+          if (hosted.has(formatAddress(at))) return yield* Effect.fail(new AlreadyHosted({ ...at, node: options.name }))
+        }
+        const entries =
+          group.strategy === "one-for-all"
+            ? yield* hostAll(group.name, members, supervision ?? members[0]?.[0].supervision ?? defaultSupervision)
+            : yield* Effect.forEach(members, ([type, at]) => hostOne(type, at, group.name))
+        yield* serving(entries)
+        return members.map(([, at]) => ({ kind: at.kind, id: at.id, node: options.name, alreadyRunning: false }))
       })
 
     const stop: NodeHandle["stop"] = (kind, id) =>
       Effect.gen(function* () {
         const h = hosted.get(`${kind}/${id}`)
         if (h === undefined) return false
-        yield* Deferred.succeed(h.drain, undefined)
-        yield* Fiber.await(h.fiber)
+        yield* Deferred.succeed(h.control.drain, undefined)
+        yield* Deferred.await(h.ended)
         return true
       })
 
-    const list = () => [...hosted.values()].map((h) => ({ kind: h.address.kind, id: h.address.id, restarts: h.restarts }))
+    const list = () =>
+      [...hosted.values()].map((h): HostedActor => ({
+        kind: h.address.kind,
+        id: h.address.id,
+        restarts: h.restarts,
+        ...(h.group !== undefined ? { group: h.group } : {})
+      }))
 
     const nodeType = Actor.make({
       kind: "node",
@@ -185,14 +297,15 @@ export const startNode = <R>(options: NodeOptions<R>): Effect.Effect<NodeHandle,
           Effect.tap(({ beat }) => Effect.addFinalizer(() => Effect.sync(() => clearInterval(beat)))),
           Effect.as({
             Spawn: ({ kind, id }) => spawn(kind, id),
+            SpawnGroup: (group) => spawnGroup(group),
             Stop: ({ kind, id }) => (kind === "node" ? Effect.succeed({ stopped: false }) : stop(kind, id).pipe(Effect.map((stopped) => ({ stopped })))),
             List: () => Effect.succeed(list())
           })
         )
     })
-    yield* host(nodeType, address("node", options.name))
+    yield* serving([yield* hostOne(nodeType as Actor.ActorType<any, any, R>, address("node", options.name))])
 
-    yield* monitorLiveness(system, { deadAfterMs: options.deadAfterMs ?? 5000, ...(options.onDead ? { onDead: options.onDead } : {}) })
+    yield* monitorLiveness(system, { deadAfterMs: options.deadAfterMs ?? settings.deadAfterMs, ...(options.onDead ? { onDead: options.onDead } : {}) })
     yield* serveDiscovery(system.nats.nc, {
       id: nuid.next(),
       version: options.version ?? "0.1.0",
@@ -201,6 +314,8 @@ export const startNode = <R>(options: NodeOptions<R>): Effect.Effect<NodeHandle,
       started: new Date(),
       endpoints: () => [...hosted.values()].map((h) => h.stats)
     })
+    const metricsPort = options.metricsPort ?? settings.metricsPort
+    const metricsUrl = metricsPort === undefined ? undefined : yield* serveMetrics(metricsPort)
 
     const drain = Effect.gen(function* () {
       draining = true
@@ -210,5 +325,6 @@ export const startNode = <R>(options: NodeOptions<R>): Effect.Effect<NodeHandle,
       yield* stop("node", options.name)
     })
 
-    return { name: options.name, spawn, stop, hosted: list, drain } satisfies NodeHandle
+    return { name: options.name, spawn, spawnGroup, stop, hosted: list, drain, metricsUrl } satisfies NodeHandle
   })
+

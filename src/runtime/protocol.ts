@@ -21,7 +21,9 @@ export const Headers = {
   deadSubject: "Gyre-Dead-Subject",
   deadSeq: "Gyre-Dead-Seq",
   deadActor: "Gyre-Dead-Actor",
-  askReply: "Gyre-Ask-Reply"
+  askReply: "Gyre-Ask-Reply",
+  /** W3C trace context of the sender's span: `00-<trace id>-<span id>-<flags>`. */
+  traceparent: "traceparent"
 } as const
 
 export const AskReply = Schema.Union([
@@ -33,6 +35,10 @@ export type AskReply = typeof AskReply.Type
 interface RpcCodecs {
   readonly payload: Schema.Codec<any, any>
   readonly exit: Schema.Codec<Exit.Exit<any, any>, any>
+  readonly encodePayload: (payload: unknown) => unknown
+  readonly decodePayload: (json: unknown) => Exit.Exit<unknown, Schema.SchemaError>
+  readonly encodeExit: (exit: Exit.Exit<unknown, unknown>) => unknown
+  readonly decodeExit: (json: unknown) => Exit.Exit<Exit.Exit<unknown, unknown>, Schema.SchemaError>
 }
 
 const codecCache = new WeakMap<Rpc.Any, RpcCodecs>()
@@ -42,9 +48,15 @@ export const codecsOf = (rpc: Rpc.Any): RpcCodecs => {
   let codecs = codecCache.get(rpc)
   if (codecs === undefined) {
     const r = rpc as Rpc.AnyWithProps
+    const payload = Schema.toCodecJson(r.payloadSchema) as unknown as Schema.Codec<any, any>
+    const exit = Schema.toCodecJson(RpcModule.exitSchema(r as any)) as unknown as Schema.Codec<Exit.Exit<any, any>, any>
     codecs = {
-      payload: Schema.toCodecJson(r.payloadSchema) as unknown as Schema.Codec<any, any>,
-      exit: Schema.toCodecJson(RpcModule.exitSchema(r as any)) as unknown as Schema.Codec<Exit.Exit<any, any>, any>
+      payload,
+      exit,
+      encodePayload: Schema.encodeSync(payload),
+      decodePayload: Schema.decodeUnknownExit(payload),
+      encodeExit: Schema.encodeSync(exit),
+      decodeExit: Schema.decodeUnknownExit(exit)
     }
     codecCache.set(rpc, codecs)
   }
@@ -70,12 +82,29 @@ export const parseJson = (bytes: Uint8Array): { readonly ok: true; readonly valu
 }
 
 /** Encodes a request's payload for the wire. */
-export const encodePayload = (rpc: Rpc.Any, payload: unknown): Uint8Array =>
-  encodeJson(Schema.encodeSync(codecsOf(rpc).payload)(payload))
+export const encodePayload = (rpc: Rpc.Any, payload: unknown): Uint8Array => encodeJson(codecsOf(rpc).encodePayload(payload))
 
 /** Encodes the reply of an ask from the handler's exit. */
 export const encodeExitReply = (rpc: Rpc.Any, exit: Exit.Exit<unknown, unknown>): Uint8Array =>
-  encodeJson({ _tag: "Exit", exit: Schema.encodeSync(codecsOf(rpc).exit)(exit) } satisfies AskReply)
+  encodeJson({ _tag: "Exit", exit: codecsOf(rpc).encodeExit(exit) } satisfies AskReply)
 
 export const encodeRejectedReply = (reason: string): Uint8Array =>
   encodeJson({ _tag: "Rejected", reason } satisfies AskReply)
+
+/** The parts of a W3C `traceparent` header. */
+export interface TraceParent {
+  readonly traceId: string
+  readonly spanId: string
+  readonly sampled: boolean
+}
+
+const TRACEPARENT = /^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$/
+
+export const formatTraceparent = (span: TraceParent): string => `00-${span.traceId}-${span.spanId}-${span.sampled ? "01" : "00"}`
+
+/** Parses a `traceparent` header; `undefined` when absent or malformed. */
+export const parseTraceparent = (header: string): TraceParent | undefined => {
+  if (header === "") return undefined
+  const m = TRACEPARENT.exec(header)
+  return m === null ? undefined : { traceId: m[1]!, spanId: m[2]!, sampled: (parseInt(m[3]!, 16) & 1) === 1 }
+}
