@@ -225,7 +225,9 @@ export const startNode = <R>(
         const entries = yield* Effect.forEach(members, ([, at]) => admit(at, name))
         const byName = new Map(entries.map((e) => [formatAddress(e.address), e]))
         const children = members.map(([type], i) => child(type, entries[i]!))
-        const group = superviseGroup(name, children, policy, onRestart, (c, exit) => leave(byName.get(c)!, exit))
+        const restartAll: OnRestart = (c, start, exit) =>
+          onRestart(c, start, exit).pipe(Effect.tap(() => Effect.sync(() => entries.forEach((e) => (e.restarts = start)))))
+        const group = superviseGroup(name, children, policy, restartAll, (c, exit) => leave(byName.get(c)!, exit))
         yield* run(
           Effect.exit(group).pipe(
             // What is still hosted when the group ends failed with it (an escalation).
