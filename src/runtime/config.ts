@@ -10,7 +10,7 @@
  * | `GYRE_ACK_WAIT_MS` | JetStream ack wait of actor consumers | 10000 |
  * | `GYRE_METRICS_PORT` | Prometheus `/metrics` on 127.0.0.1 (0 = any free port) | off |
  * | `GYRE_LOG_FORMAT` | `json` (one object a line) or `pretty`, on stderr | `pretty` |
- * | `GYRE_OTLP_URL` | OTLP/HTTP collector base URL for traces, metrics and logs | off |
+ * | `OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_{TRACES,METRICS,LOGS}_EXPORTER=otlp` | OTLP/HTTP export (observability.ts) | off |
  * | `NATS_URL`, `NATS_CREDS`, `GYRE_NATS_STORE` | see `nats.ts` | embedded server |
  */
 import { Config, Option, Schema } from "effect"
@@ -24,8 +24,7 @@ export const RuntimeSettings = Config.all({
   heartbeatMs: positive("GYRE_HEARTBEAT_MS", 1000),
   deadAfterMs: positive("GYRE_DEAD_AFTER_MS", 5000),
   ackWaitMs: positive("GYRE_ACK_WAIT_MS", 10_000),
-  metricsPort: optional(Config.schema(Schema.Int.pipe(Schema.check(Schema.isBetween({ minimum: 0, maximum: 65535 }))), "GYRE_METRICS_PORT")),
-  otlpUrl: optional(Config.String("GYRE_OTLP_URL"))
+  metricsPort: optional(Config.schema(Schema.Int.pipe(Schema.check(Schema.isBetween({ minimum: 0, maximum: 65535 }))), "GYRE_METRICS_PORT"))
 })
 export type RuntimeSettings = Config.Success<typeof RuntimeSettings>
 

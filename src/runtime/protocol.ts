@@ -9,6 +9,7 @@
  *   `Rpc.exitSchema(rpc)` (success, typed failure or defect), or `{"_tag":"Rejected","reason"}`
  *   when the request was dead-lettered or the handler crashed.
  */
+import { headers as natsHeaders, type MsgHdrs } from "@nats-io/transport-node"
 import { Exit, Schema } from "effect"
 import type { Rpc, RpcGroup } from "effect/rpc"
 import { Rpc as RpcModule } from "effect/rpc"
@@ -81,6 +82,16 @@ export const parseJson = (bytes: Uint8Array): { readonly ok: true; readonly valu
   }
 }
 
+/** The headers of a request: its tag, and an id, sender and trace context when given. */
+export const requestHeaders = (tag: string, msgId: string | undefined, sender: string | undefined, traceparent: string | undefined): MsgHdrs => {
+  const h = natsHeaders()
+  h.set(Headers.request, tag)
+  if (msgId !== undefined) h.set(Headers.msgId, msgId)
+  if (sender !== undefined) h.set(Headers.sender, sender)
+  if (traceparent !== undefined) h.set(Headers.traceparent, traceparent)
+  return h
+}
+
 /** Encodes a request's payload for the wire. */
 export const encodePayload = (rpc: Rpc.Any, payload: unknown): Uint8Array => encodeJson(codecsOf(rpc).encodePayload(payload))
 
@@ -90,6 +101,26 @@ export const encodeExitReply = (rpc: Rpc.Any, exit: Exit.Exit<unknown, unknown>)
 
 export const encodeRejectedReply = (reason: string): Uint8Array =>
   encodeJson({ _tag: "Rejected", reason } satisfies AskReply)
+
+/**
+ * Decodes an ask's reply to `rpc`: the handler's exit, a rejection, or why the bytes are not an
+ * `AskReply` (checked by hand: the reply is on every ask's path, and its shape is two tags).
+ */
+export const decodeAskReply = (
+  rpc: Rpc.Any,
+  bytes: Uint8Array
+):
+  | { readonly _tag: "Exit"; readonly exit: Exit.Exit<unknown, unknown> }
+  | { readonly _tag: "Rejected"; readonly reason: string }
+  | { readonly _tag: "Malformed"; readonly reason: string } => {
+  const parsed = parseJson(bytes)
+  if (!parsed.ok) return { _tag: "Malformed", reason: parsed.reason }
+  const reply = parsed.value as { readonly _tag?: unknown; readonly reason?: unknown; readonly exit?: unknown } | null
+  if (reply?._tag === "Rejected" && typeof reply.reason === "string") return { _tag: "Rejected", reason: reply.reason }
+  if (reply?._tag !== "Exit") return { _tag: "Malformed", reason: "neither Exit nor Rejected" }
+  const exit = codecsOf(rpc).decodeExit(reply.exit)
+  return Exit.isSuccess(exit) ? { _tag: "Exit", exit: exit.value } : { _tag: "Malformed", reason: String(exit.cause) }
+}
 
 /** The parts of a W3C `traceparent` header. */
 export interface TraceParent {

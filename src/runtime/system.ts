@@ -10,15 +10,15 @@
  * Building the layer creates the run's journal and dead-letter streams and its registry and
  * state KV buckets when they do not exist yet (idempotent, so every node may do it).
  */
-import { headers as natsHeaders, NoRespondersError, TimeoutError, nuid, type MsgHdrs } from "@nats-io/transport-node"
+import { NoRespondersError, TimeoutError, nuid, type MsgHdrs } from "@nats-io/transport-node"
 import { RetentionPolicy, StorageType, type JetStreamManager, type StreamConfig } from "@nats-io/jetstream"
 import type { KV } from "@nats-io/kv"
-import { Context, Effect, Exit, Layer, Schema } from "effect"
+import { Context, Effect, Layer, Tracer, type Fiber } from "effect"
 import type { Rpc, RpcGroup } from "effect/rpc"
 import { ActorUnavailable, AskTimeout, RequestRejected, TransportError, messageOf, type AskError } from "./errors.ts"
 import { Nats, type NatsShape } from "./nats.ts"
 import { formatAddress, layout, type ActorAddress, type Layout } from "./names.ts"
-import { AskReply, Headers, codecsOf, encodePayload, parseJson, requestOf } from "./protocol.ts"
+import { decodeAskReply, encodePayload, formatTraceparent, requestHeaders, requestOf } from "./protocol.ts"
 
 /** A typed reference to an actor: its address and the protocol it speaks. */
 export interface ActorRef<R extends Rpc.Any> {
@@ -109,6 +109,12 @@ const openBucket = (nats: NatsShape, name: string) =>
 
 const defaultAskTimeoutMs = 10_000
 
+/** The `traceparent` of the fiber's current span, when it has a sampled one. */
+const traceparentOf = (fiber: Fiber.Fiber<unknown, unknown>): string | undefined => {
+  const span = Context.getOrUndefined(fiber.context, Tracer.ParentSpan)
+  return span !== undefined && span.sampled ? formatTraceparent(span) : undefined
+}
+
 const make = (options: SystemOptions) =>
   Effect.gen(function* () {
     const nats = yield* Nats
@@ -130,33 +136,31 @@ const make = (options: SystemOptions) =>
     const registry = yield* openBucket(nats, names.registryBucket)
     const state = yield* openBucket(nats, names.stateBucket)
 
-    const tell: ActorSystemShape["tell"] = (ref, tag, payload, tellOptions) =>
-      Effect.suspend(() => {
+    // Effect.fn keeps one signature per span; the generic shapes of `tell` and `ask` are restored below.
+    const tell = Effect.fn("Actor.tell", { kind: "producer" })(function (ref: ActorRef<Rpc.Any>, tag: string, payload: unknown, tellOptions?: TellOptions) {
+      return Effect.withFiber((fiber) => {
         const rpc = requestOf(ref.protocol, tag)
         if (rpc === undefined) return Effect.die(new Error(`${tag} is not a request of ${formatAddress(ref.address)}'s protocol`))
-        const h = natsHeaders()
-        h.set(Headers.request, tag)
-        if (tellOptions?.sender !== undefined) h.set(Headers.sender, tellOptions.sender)
         const msgID = tellOptions?.msgId ?? nuid.next()
+        const headers = requestHeaders(tag, undefined, tellOptions?.sender, traceparentOf(fiber))
         const data = encodePayload(rpc, payload)
         return Effect.tryPromise({
-          try: () => nats.js.publish(names.tell(ref.address), data, { msgID, headers: h }),
+          try: () => nats.js.publish(names.tell(ref.address), data, { msgID, headers }),
           catch: (e) => new TransportError({ operation: `tell ${formatAddress(ref.address)} ${tag}`, message: messageOf(e) })
         }).pipe(Effect.map((ack) => ({ seq: ack.seq, duplicate: ack.duplicate })))
       })
+    }) as ActorSystemShape["tell"]
 
-    const ask: ActorSystemShape["ask"] = (ref, tag, payload, askOptions) =>
-      Effect.suspend(() => {
+    const ask = Effect.fn("Actor.ask", { kind: "client" })(function (ref: ActorRef<Rpc.Any>, tag: string, payload: unknown, askOptions?: AskOptions) {
+      return Effect.withFiber((fiber) => {
         const actor = formatAddress(ref.address)
         const rpc = requestOf(ref.protocol, tag)
         if (rpc === undefined) return Effect.die(new Error(`${tag} is not a request of ${actor}'s protocol`))
         const timeoutMs = askOptions?.timeoutMs ?? defaultAskTimeoutMs
-        const h = natsHeaders()
-        h.set(Headers.request, tag)
-        h.set(Headers.msgId, nuid.next())
+        const headers = requestHeaders(tag, nuid.next(), undefined, traceparentOf(fiber))
         const data = encodePayload(rpc, payload)
         return Effect.tryPromise({
-          try: () => nats.nc.request(names.ask(ref.address), data, { timeout: timeoutMs, headers: h }),
+          try: () => nats.nc.request(names.ask(ref.address), data, { timeout: timeoutMs, headers }),
           catch: (e): AskError =>
             e instanceof TimeoutError
               ? new AskTimeout({ actor, request: tag, timeoutMs })
@@ -165,19 +169,19 @@ const make = (options: SystemOptions) =>
                 : new TransportError({ operation: `ask ${actor} ${tag}`, message: messageOf(e) })
         }).pipe(
           Effect.flatMap((msg) => {
-            const parsed = parseJson(msg.data)
-            const reply = parsed.ok ? Schema.decodeUnknownExit(AskReply)(parsed.value) : undefined
-            if (reply === undefined || Exit.isFailure(reply)) {
-              return Effect.die(new Error(`malformed ask reply from ${actor} to ${tag}`))
+            const reply = decodeAskReply(rpc, msg.data)
+            switch (reply._tag) {
+              case "Exit":
+                return reply.exit as Effect.Effect<unknown, unknown>
+              case "Rejected":
+                return Effect.fail(new RequestRejected({ actor, request: tag, reason: reply.reason }))
+              case "Malformed":
+                return Effect.die(new Error(`malformed ask reply from ${actor} to ${tag}: ${reply.reason}`))
             }
-            if (reply.value._tag === "Rejected") {
-              return Effect.fail(new RequestRejected({ actor, request: tag, reason: reply.value.reason }))
-            }
-            const exit = Schema.decodeUnknownExit(codecsOf(rpc).exit)(reply.value.exit)
-            return Exit.isSuccess(exit) ? (exit.value as Effect.Effect<any, any>) : Effect.die(new Error(`undecodable reply from ${actor} to ${tag}: ${String(exit.cause)}`))
           })
         )
       })
+    }) as ActorSystemShape["ask"]
 
     const publishEvent = (name: string, event: unknown) =>
       Effect.tryPromise({
