@@ -47,10 +47,19 @@ interface Route {
   readonly system: ActorSystemShape
   readonly address: ActorAddress
   readonly actor: string
+  /** Where copies of answered asks go. */
+  readonly asked: string
 }
 
 /** Header values are one line: newlines become spaces, and long reasons are cut. */
 const oneLine = (text: string): string => text.replace(/[\r\n]+\s*/g, " ").slice(0, 2000)
+
+/** A message's headers as one object, read once (`MsgHdrs.get` scans every key on each call). */
+const headerValues = (hdrs: MsgHdrs | undefined): Record<string, string> => {
+  const out: Record<string, string> = {}
+  if (hdrs !== undefined) for (const [k, vs] of hdrs) out[k] = vs[0] ?? ""
+  return out
+}
 
 const deadLetter = (route: Route, d: Delivery, hdrs: MsgHdrs | undefined, reason: string) => {
   const h = natsHeaders()
@@ -70,6 +79,7 @@ class TellDelivery implements Delivery {
   readonly via = "tell"
   settled = false
   reply: Uint8Array | undefined = undefined
+  #headers: Record<string, string> | undefined
   constructor(
     readonly msg: JsMsg,
     readonly route: Route
@@ -87,7 +97,7 @@ class TellDelivery implements Delivery {
     return this.msg.info.deliveryCount
   }
   header(name: string) {
-    return this.msg.headers?.get(name) ?? ""
+    return (this.#headers ??= headerValues(this.msg.headers))[name] ?? ""
   }
   confirm() {
     if (this.settled) return
@@ -114,6 +124,7 @@ class AskDelivery implements Delivery {
   readonly deliveryCount = 1
   settled = false
   reply: Uint8Array | undefined = undefined
+  #headers: Record<string, string> | undefined
   constructor(
     readonly msg: Msg,
     readonly route: Route
@@ -125,15 +136,14 @@ class AskDelivery implements Delivery {
     return this.msg.data
   }
   header(name: string) {
-    return this.msg.headers?.get(name) ?? ""
+    return (this.#headers ??= headerValues(this.msg.headers))[name] ?? ""
   }
   confirm() {
     if (this.settled) return
     this.settled = true
     if (this.reply !== undefined) this.msg.respond(this.reply)
-    const { system, address } = this.route
     // The journal's copy, after the reply (ARCHITECTURE.md: "asks are journaled at most once").
-    system.copyToJournal(system.layout.asked(address), this.msg.data, this.msg.headers)
+    this.route.system.copyToJournal(this.route.asked, this.msg.data, this.msg.headers)
   }
   handBack() {
     this.answer(encodeRejectedReply(`${this.route.actor} is stopping; retry`))
@@ -199,7 +209,7 @@ const ensureConsumer = (o: IntakeOptions) => {
  */
 export const openIntake = (o: IntakeOptions) =>
   Effect.gen(function* () {
-    const route: Route = { system: o.system, address: o.address, actor: o.actor }
+    const route: Route = { system: o.system, address: o.address, actor: o.actor, asked: o.system.layout.asked(o.address) }
     const consumer = yield* ensureConsumer(o)
     const tells: ConsumerMessages = yield* Effect.tryPromise({
       try: () => consumer.consume({ max_messages: 128, callback: (msg) => o.onDelivery(new TellDelivery(msg, route)) }),

@@ -8,7 +8,8 @@
  * - `gyre_handler_seconds{via}`: handler latency, a histogram;
  * - `gyre_redeliveries_total`: tells delivered more than once;
  * - `gyre_dead_letters_total`;
- * - `gyre_mailbox_depth` (messages waiting) and `gyre_handlers_running`, gauges.
+ * - `gyre_mailbox_depth` (messages waiting) and `gyre_handlers_running`, gauges read from the
+ *   mailbox when the metrics are read (nothing to update per message).
  *
  * `serveMetrics` answers `GET /metrics` on 127.0.0.1 with every metric of the process's
  * registry in the Prometheus text format (plain `node:http`).
@@ -28,7 +29,8 @@ export interface ActorMetrics {
   readonly handled: (via: Via, outcome: HandledOutcome, seconds: number | undefined) => void
   readonly redelivered: () => void
   readonly deadLettered: () => void
-  readonly depth: (waiting: number, running: number) => void
+  /** Reports the mailbox's depth and running handlers when read, until the returned function is called. */
+  readonly watch: (waiting: () => number, running: () => number) => () => void
 }
 
 /**
@@ -37,39 +39,26 @@ export interface ActorMetrics {
  */
 export const actorMetrics = (actor: string, node: string, context: Context.Context<never>): ActorMetrics => {
   const attributes = { actor, node }
-  const counters = new Map<string, Metric.Counter<number>>()
-  const histograms = new Map<Via, Metric.Histogram<number>>()
-  const handledCounter = (via: Via, outcome: HandledOutcome) => {
-    const key = `${via}.${outcome}`
-    let c = counters.get(key)
-    if (c === undefined) {
-      c = Metric.counter("gyre_messages_handled_total", {
-        description: "messages through an actor's dispatch, by outcome",
-        attributes: { ...attributes, via, outcome },
-        incremental: true
-      })
-      counters.set(key, c)
-    }
-    return c
-  }
-  const latency = (via: Via) => {
-    let h = histograms.get(via)
-    if (h === undefined) {
-      h = Metric.histogram("gyre_handler_seconds", {
-        description: "handler latency",
-        attributes: { ...attributes, via },
-        boundaries: latencyBoundaries
-      })
-      histograms.set(via, h)
-    }
-    return h
-  }
+  const counters: Record<string, Metric.Counter<number>> = {}
+  const histograms: Record<string, Metric.Histogram<number>> = {}
+  const handledCounter = (via: Via, outcome: HandledOutcome) =>
+    (counters[via + outcome] ??= Metric.counter("gyre_messages_handled_total", {
+      description: "messages through an actor's dispatch, by outcome",
+      attributes: { ...attributes, via, outcome },
+      incremental: true
+    }))
+  const latency = (via: Via) =>
+    (histograms[via] ??= Metric.histogram("gyre_handler_seconds", {
+      description: "handler latency",
+      attributes: { ...attributes, via },
+      boundaries: latencyBoundaries
+    }))
   const redeliveries = Metric.counter("gyre_redeliveries_total", { description: "tells delivered more than once", attributes, incremental: true })
   const deadLetters = Metric.counter("gyre_dead_letters_total", { description: "messages sent to the dead-letter stream", attributes, incremental: true })
   const waitingGauge = Metric.gauge("gyre_mailbox_depth", { description: "messages waiting in an actor's mailbox", attributes })
   const runningGauge = Metric.gauge("gyre_handlers_running", { description: "handlers running", attributes })
-  let lastWaiting = -1
-  let lastRunning = -1
+  const gauge = (metric: Metric.Gauge<number>, read: () => number) =>
+    Metric.registerUnsafe(metric, context, { get: () => ({ value: read() }), update: () => {}, modify: () => {} })
   return {
     handled: (via, outcome, seconds) => {
       handledCounter(via, outcome).updateUnsafe(1, context)
@@ -77,9 +66,9 @@ export const actorMetrics = (actor: string, node: string, context: Context.Conte
     },
     redelivered: () => redeliveries.updateUnsafe(1, context),
     deadLettered: () => deadLetters.updateUnsafe(1, context),
-    depth: (waiting, running) => {
-      if (waiting !== lastWaiting) waitingGauge.updateUnsafe((lastWaiting = waiting), context)
-      if (running !== lastRunning) runningGauge.updateUnsafe((lastRunning = running), context)
+    watch: (waiting, running) => {
+      const registrations = [gauge(waitingGauge, waiting), gauge(runningGauge, running)]
+      return () => registrations.forEach((r) => r.remove())
     }
   }
 }
