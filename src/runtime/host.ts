@@ -9,13 +9,16 @@
  *     snapshots, with the bookkeeping of `mailbox.ts`);
  *  5. the intake (`intake.ts`: the durable consumer of tells and the ask subscription, feeding
  *     the dispatch from their callbacks);
- *  6. run until asked to stop (`control.drain`), until the actor stops itself (`ctx.stop`), or
- *     until the dispatch crashes; then stop intake, let the dispatch finish within the type's
- *     `stopTimeoutMs`, write the last snapshot and mark the entry `stopped`.
+ *  6. run until asked to stop (`control.drain`), until the actor stops itself (`ctx.stop`),
+ *     until it is fenced, or until the dispatch crashes; then stop intake, let the dispatch
+ *     finish within the type's `stopTimeoutMs`, write the last snapshot and mark the entry
+ *     `stopped`.
  *
- * A snapshot conflict means another incarnation wrote the actor's state: this one is fenced.
- * It stops intake and settles nothing more (`dispatcher.halt`: everything it holds goes back,
- * unacknowledged), leaves the registry entry to the other, and ends `fenced`. Whatever else
+ * Fencing, the one place where an incarnation is told to stop intake and acknowledgements:
+ * `control.fenced` completed (the address is claimed by another incarnation), or a snapshot
+ * conflict (another incarnation wrote the state). It stops intake and settles nothing more
+ * (`dispatcher.halt`: everything it holds goes back, unacknowledged), leaves the registry
+ * entry to the other, and ends `fenced` (never restarted). Whatever else
  * fails the incarnation crashes it: the scope closes, what it held goes back, and its
  * supervisor decides.
  */
@@ -50,6 +53,11 @@ export interface IncarnationControl {
   readonly drain: Deferred.Deferred<void>
   /** Completed by the first incarnation that serves (intake subscribed and flushed). */
   readonly ready: Deferred.Deferred<void>
+  /**
+   * Completed when the actor's address belongs to another incarnation now (a lost claim):
+   * the running incarnation stops intake and acknowledgements at once and ends `fenced`.
+   */
+  readonly fenced?: Deferred.Deferred<void>
 }
 
 /** Writes the incarnation's registry entry now and on every heartbeat, with its load figures. */
@@ -130,10 +138,12 @@ export const runIncarnation = <R extends Rpc.Any, S, Req>(
       yield* Deferred.succeed(control.ready, undefined)
 
       // 6. Run until asked to stop, stopping on its own, or crashing.
-      const why = yield* Effect.raceFirst(
+      const why = yield* Effect.raceAllFirst([
         dispatcher.crashed.pipe(Effect.catch(fencedOn)),
-        Effect.raceFirst(Deferred.await(control.drain).pipe(Effect.as("stopped" as const)), Deferred.await(stopSelf).pipe(Effect.as("exited" as const)))
-      )
+        Deferred.await(control.drain).pipe(Effect.as("stopped" as const)),
+        Deferred.await(stopSelf).pipe(Effect.as("exited" as const)),
+        ...(control.fenced !== undefined ? [Deferred.await(control.fenced).pipe(Effect.as("fenced" as const))] : [])
+      ])
       yield* intake.close
       if (why === "fenced") return yield* fenced(actor, dispatcher.halt)
       const ended = yield* dispatcher.stop(type.stopTimeoutMs).pipe(Effect.as(why), Effect.catch(fencedOn))

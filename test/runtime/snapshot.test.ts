@@ -4,7 +4,7 @@
  * and a transport failure (the server does not answer: a `TransportError`, retried on the
  * schedule, and a retry that meets its own earlier write counts as written).
  */
-import { Duration, Effect, Exit, Layer, Schedule, Schema, Stream } from "effect"
+import { Deferred, Duration, Effect, Exit, Fiber, Layer, Schedule, Schema, Stream } from "effect"
 import { describe, expect, it } from "vitest"
 import { readJournal } from "../../src/runtime/journal.ts"
 import { HandledIds } from "../../src/runtime/mailbox.ts"
@@ -13,6 +13,7 @@ import { Nats } from "../../src/runtime/nats.ts"
 import { startEmbeddedServer } from "../../src/runtime/nats-server.ts"
 import { startNode } from "../../src/runtime/node.ts"
 import { encodeJson } from "../../src/runtime/protocol.ts"
+import { runIncarnation } from "../../src/runtime/host.ts"
 import { makeSnapshotStore, Snapshot } from "../../src/runtime/snapshot.ts"
 import { ActorSystem, refOf } from "../../src/runtime/system.ts"
 import { Ledger, LedgerProtocol } from "../fixtures/actors.ts"
@@ -121,5 +122,29 @@ describe("snapshot writes", () => {
     expect(result.ackFloor).toBeLessThan(result.toldSeq)
     expect(result.events).toContainEqual(["fenced", { kind: "ledger", id: "z", node: "n1" }])
     expect(result.stored.incarnation).toBe("intruder")
+  })
+
+  it("an incarnation told it is fenced stops at once without acknowledging what it holds", async () => {
+    const result = await withSystem("fenced", Effect.gen(function* () {
+      const system = yield* ActorSystem
+      const ledger = refOf(LedgerProtocol, address("ledger", "f"))
+      const control = { drain: yield* Deferred.make<void>(), ready: yield* Deferred.make<void>(), fenced: yield* Deferred.make<void>() }
+      const stats = { name: "ledger/f", subject: "", numRequests: 0, numErrors: 0, lastError: "", processingTimeNs: 0 }
+      const fiber = yield* Effect.forkChild(runIncarnation(Ledger, address("ledger", "f"), system, { node: "n1", heartbeatMs: 1000, ackWaitMs: 30_000, stats }, control))
+      yield* Deferred.await(control.ready)
+      const told = yield* system.tell(ledger, "Append", { item: "held", holdMs: 5000 })
+      yield* Effect.sleep(Duration.millis(300))
+      const t0 = performance.now()
+      yield* Deferred.succeed(control.fenced, undefined)
+      const ended = yield* Fiber.join(fiber)
+      const endedAfterMs = performance.now() - t0
+      const consumer = yield* Effect.promise(() => system.nats.jsm.consumers.info(system.layout.journalStream, system.layout.consumer(address("ledger", "f"))))
+      const snapshot = yield* Effect.promise(() => system.state.get("ledger/f"))
+      return { ended, endedAfterMs, ackFloor: consumer.ack_floor.stream_seq, toldSeq: told.seq, snapshot }
+    }))
+    expect(result.ended).toBe("fenced")
+    expect(result.endedAfterMs).toBeLessThan(2000)
+    expect(result.ackFloor).toBeLessThan(result.toldSeq)
+    expect(result.snapshot).toBeNull()
   })
 })
