@@ -26,6 +26,7 @@
  */
 import { nuid } from "@nats-io/transport-node"
 import { Cause, Deferred, Duration, Effect, Exit, Fiber, Option, Pull, Ref, Schedule, Tracer } from "effect"
+import type { Rpc } from "effect/rpc"
 import type { AnyActorType, Handler, MessageMeta } from "./actor.ts"
 import type { EndpointStats } from "./discovery.ts"
 import type { Delivery } from "./intake.ts"
@@ -70,7 +71,7 @@ export interface Dispatcher {
 }
 
 interface Prepared {
-  readonly rpc: ReturnType<typeof requestOf> & {}
+  readonly rpc: Rpc.AnyWithProps
   readonly tag: string
   readonly payload: unknown
   readonly meta: MessageMeta
@@ -189,7 +190,8 @@ export const makeDispatcher = <S>(o: DispatchOptions<S>) =>
       if (d.via === "ask") d.answer(encodeRejectedReply(`handler crashed: ${pretty}`))
       else if (d.deliveryCount >= type.maxDeliveries) {
         metrics.deadLettered()
-        first = d.deadLetter(`the handler crashed on each of ${d.deliveryCount} deliveries; the last time: ${pretty}`).pipe(Effect.tap(() => Effect.sync(() => d.confirm())))
+        const reason = `the handler crashed on each of ${d.deliveryCount} deliveries; the last time: ${pretty}`
+        first = Effect.andThen(d.deadLetter(reason), Effect.sync(() => d.confirm()))
       } else d.handBack(o.redeliveryDelays[d.deliveryCount - 1] ?? o.redeliveryDelays.at(-1) ?? 0)
       observe(run(first), (exit) => {
         if (Exit.isFailure(exit)) d.handBack()

@@ -95,8 +95,13 @@ export const serveMetrics = (port: number): Effect.Effect<string, MetricsServerE
           res.writeHead(200, { "content-type": "text/plain; version=0.0.4; charset=utf-8" })
           res.end(PrometheusMetrics.formatUnsafe(context))
         })
-        s.once("error", (e) => resume(Effect.fail(new MetricsServerError({ port, message: e.message }))))
-        s.listen(port, "127.0.0.1", () => resume(Effect.succeed(s)))
+        const failed = (e: unknown) => resume(Effect.fail(new MetricsServerError({ port, message: e instanceof Error ? e.message : String(e) })))
+        s.once("error", failed)
+        try {
+          s.listen(port, "127.0.0.1", () => resume(Effect.succeed(s)))
+        } catch (e) {
+          failed(e)
+        }
       }),
       (s) =>
         Effect.callback<void>((resume) => {

@@ -143,6 +143,9 @@ export const startNode = <R>(
       ackWaitMs: options.ackWaitMs ?? settings.ackWaitMs
     }
     let draining = false
+    // First, so a port in use fails the node before it hosts anything.
+    const metricsPort = options.metricsPort ?? settings.metricsPort
+    const metricsUrl = metricsPort === undefined ? undefined : yield* serveMetrics(metricsPort)
 
     const admit = (at: ActorAddress, group: string | undefined) =>
       Effect.gen(function* () {
@@ -316,8 +319,6 @@ export const startNode = <R>(
       started: new Date(),
       endpoints: () => [...hosted.values()].map((h) => h.stats)
     })
-    const metricsPort = options.metricsPort ?? settings.metricsPort
-    const metricsUrl = metricsPort === undefined ? undefined : yield* serveMetrics(metricsPort)
 
     const drain = Effect.gen(function* () {
       draining = true
