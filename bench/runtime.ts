@@ -2,8 +2,10 @@
  * `npm run bench:runtime`: the actor runtime against plain NATS on the same embedded server,
  * in the same run.
  *
- * - ask vs raw request/reply: sequential round trips of a small payload, alternating one raw
- *   and one ask so both see the same load; p50/p99 latency and this process's CPU per trip.
+ * - ask vs raw request/reply: sequential round trips of a small payload, alternating a raw
+ *   one, an ask, and each half of an ask alone (the client's, answered by a plain responder;
+ *   the actor's, asked by a plain request) so all see the same load; p50/p99 latency and this
+ *   process's CPU per trip (so an ask's cost splits into its client and actor halves).
  * - tell vs raw JetStream: N messages published with W in flight, consumed and acknowledged
  *   (the actor's durable consumer and handler vs a plain pull consumer that acks), messages/s
  *   from the first publish to the last acknowledgement.
@@ -11,12 +13,14 @@
  * Prints a table and, last, one JSON line. Not a test: nothing here is asserted.
  */
 import { AckPolicy } from "@nats-io/jetstream"
-import { Deferred, Effect, Layer, Schema } from "effect"
+import { nuid } from "@nats-io/transport-node"
+import { Deferred, Effect, Exit, Layer, Schema } from "effect"
 import { Rpc, RpcGroup } from "effect/rpc"
 import * as Actor from "../src/runtime/actor.ts"
 import { Nats } from "../src/runtime/nats.ts"
 import { address } from "../src/runtime/names.ts"
 import { startNode } from "../src/runtime/node.ts"
+import { encodeExitReply, requestHeaders } from "../src/runtime/protocol.ts"
 import { ActorSystem, refOf } from "../src/runtime/system.ts"
 
 const ASKS = Number(process.env.BENCH_ASKS ?? 3000)
@@ -57,29 +61,39 @@ const program = Effect.gen(function* () {
   yield* node.spawn("bench", "b1")
   const ref = refOf(BenchProtocol, address("bench", "b1"))
 
-  // Round trips: a raw request/reply and an ask, alternated so both see the same machine load.
+  // Round trips, alternated so all see the same machine load: a raw request/reply; an ask;
+  // the ask's client half alone (system.ask answered by a plain responder with a prepared
+  // reply); the ask's actor half alone (a plain request with the ask's bytes and headers).
   const echo = nc.subscribe("bench.raw.echo", { callback: (_e, m) => void m.respond(m.data) })
+  const fakeReply = encodeExitReply(BenchProtocol.requests.get("Echo")!, Exit.succeed(8))
+  const fake = nc.subscribe(system.layout.ask(address("bench", "fake")), { callback: (_e, m) => void m.respond(fakeReply) })
   const body = JSON.stringify(payload)
-  const rawLat: Array<number> = []
-  const askLat: Array<number> = []
-  let rawCpuUs = 0
-  let askCpuUs = 0
+  const askHeaders = () => requestHeaders("Echo", nuid.next(), undefined, undefined)
+  const fakeRef = refOf(BenchProtocol, address("bench", "fake"))
+  const parts: Record<"raw" | "ask" | "client" | "actor", Effect.Effect<unknown, unknown>> = {
+    raw: Effect.promise(() => nc.request("bench.raw.echo", body, { timeout: 5000 })),
+    ask: system.ask(ref, "Echo", payload),
+    client: system.ask(fakeRef, "Echo", payload),
+    actor: Effect.promise(() => nc.request(system.layout.ask(ref.address), body, { timeout: 5000, headers: askHeaders() }))
+  }
+  const lat: Record<keyof typeof parts, Array<number>> = { raw: [], ask: [], client: [], actor: [] }
+  const cpu: Record<keyof typeof parts, number> = { raw: 0, ask: 0, client: 0, actor: 0 }
   for (let i = 0; i < ASKS + 200; i++) {
-    const c0 = process.cpuUsage()
-    const t0 = performance.now()
-    yield* Effect.promise(() => nc.request("bench.raw.echo", body, { timeout: 5000 }))
-    const t1 = performance.now()
-    const c1 = process.cpuUsage(c0)
-    yield* system.ask(ref, "Echo", payload)
-    const t2 = performance.now()
-    const c2 = process.cpuUsage(c0)
-    if (i < 200) continue
-    rawLat.push((t1 - t0) * 1000)
-    askLat.push((t2 - t1) * 1000)
-    rawCpuUs += c1.user + c1.system
-    askCpuUs += c2.user + c2.system - (c1.user + c1.system)
+    for (const name of Object.keys(parts) as Array<keyof typeof parts>) {
+      const c0 = process.cpuUsage()
+      const t0 = performance.now()
+      yield* parts[name]
+      const t1 = performance.now()
+      const c1 = process.cpuUsage(c0)
+      if (i < 200) continue
+      lat[name].push((t1 - t0) * 1000)
+      cpu[name] += c1.user + c1.system
+    }
   }
   echo.unsubscribe()
+  fake.unsubscribe()
+  const rawLat = lat.raw
+  const askLat = lat.ask
 
   // Raw JetStream: publish with IN_FLIGHT outstanding, pull-consume, ack.
   yield* Effect.promise(() => jsm.streams.add({ name: "BENCH_RAW", subjects: ["bench.raw.js"] }))
@@ -114,8 +128,10 @@ const program = Effect.gen(function* () {
     raw_request_p50_us: Math.round(percentile(rawLat, 50)),
     raw_request_p99_us: Math.round(percentile(rawLat, 99)),
     ask_over_raw_p50: +(percentile(askLat, 50) / percentile(rawLat, 50)).toFixed(3),
-    ask_cpu_us: Math.round(askCpuUs / ASKS),
-    raw_request_cpu_us: Math.round(rawCpuUs / ASKS),
+    ask_cpu_us: Math.round(cpu.ask / ASKS),
+    raw_request_cpu_us: Math.round(cpu.raw / ASKS),
+    ask_client_half_cpu_us: Math.round(cpu.client / ASKS),
+    ask_actor_half_cpu_us: Math.round(cpu.actor / ASKS),
     tell_per_s: Math.round(TELLS / tellSeconds),
     raw_js_per_s: Math.round(TELLS / rawSeconds),
     tell_over_raw: +(rawSeconds / tellSeconds).toFixed(3),
@@ -128,6 +144,8 @@ const program = Effect.gen(function* () {
     ["round trip p50 (us)", String(result.ask_p50_us), String(result.raw_request_p50_us), String(result.ask_over_raw_p50)],
     ["round trip p99 (us)", String(result.ask_p99_us), String(result.raw_request_p99_us), (result.ask_p99_us / result.raw_request_p99_us).toFixed(3)],
     ["CPU per round trip (us)", String(result.ask_cpu_us), String(result.raw_request_cpu_us), (result.ask_cpu_us / result.raw_request_cpu_us).toFixed(3)],
+    ["  client half alone", String(result.ask_client_half_cpu_us), String(result.raw_request_cpu_us), (result.ask_client_half_cpu_us / result.raw_request_cpu_us).toFixed(3)],
+    ["  actor half alone", String(result.ask_actor_half_cpu_us), String(result.raw_request_cpu_us), (result.ask_actor_half_cpu_us / result.raw_request_cpu_us).toFixed(3)],
     ["durable msgs/s", String(result.tell_per_s), String(result.raw_js_per_s), String(result.tell_over_raw)]
   ]
   console.log(`nats-server ${result.server}; ${ASKS} asks, ${TELLS} tells with ${IN_FLIGHT} in flight`)

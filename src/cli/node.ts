@@ -5,15 +5,22 @@
  * loads actor types from `--load` modules (each exports actor types: any export that is an
  * `ActorType`), spawns `--spawn` actors, and serves spawn requests until SIGTERM or SIGINT,
  * on which it drains: in-flight messages finish, buffered ones go back to JetStream.
- * Prints one JSON line `{"event":"ready",...}` on stdout once it is serving, and
- * `{"event":"drained",...}` before it exits.
+ * `--device-ids a,b` names the devices this node offers (for actors placed on a device).
+ * `--metrics-port N` serves Prometheus `/metrics` on 127.0.0.1:N (0 = any free port).
+ * Settings not given as flags come from the runtime's `Config` (GYRE_HEARTBEAT_MS, ...:
+ * src/runtime/config.ts).
+ *
+ * Stdout carries two status lines for scripts and tests, `{"event":"ready",...}` once it is
+ * serving (with the metrics URL when there is one) and `{"event":"drained",...}` before it
+ * exits; every log line goes through the one logger (GYRE_LOG_FORMAT=json|pretty) on stderr.
  */
 import * as path from "node:path"
 import { pathToFileURL } from "node:url"
 import * as os from "node:os"
 import { Effect, Layer, Deferred } from "effect"
 import type { ActorType } from "../runtime/actor.ts"
-import { Nats, natsOptionsFromEnv } from "../runtime/nats.ts"
+import { Nats } from "../runtime/nats.ts"
+import { observabilityLayer } from "../runtime/observability.ts"
 import { parseAddress } from "../runtime/names.ts"
 import { startNode } from "../runtime/node.ts"
 import { ActorSystem } from "../runtime/system.ts"
@@ -25,9 +32,10 @@ const flags = {
   load: { kind: "string", doc: "comma-separated modules whose exported actor types this node hosts" },
   spawn: { kind: "string", doc: "comma-separated kind/id actors to spawn at start" },
   "device-ids": { kind: "string", doc: "comma-separated device ids this node offers (for actors placed on a device)" },
-  "heartbeat-ms": { kind: "integer", doc: "registry heartbeat interval", default: 1000 },
-  "dead-after-ms": { kind: "integer", doc: "silence after which an actor is declared dead", default: 5000 },
-  "ack-wait-ms": { kind: "integer", doc: "JetStream ack wait of actor consumers", default: 10000 }
+  "heartbeat-ms": { kind: "integer", doc: "registry heartbeat interval (default GYRE_HEARTBEAT_MS or 1000)" },
+  "dead-after-ms": { kind: "integer", doc: "silence after which an actor is declared dead (default GYRE_DEAD_AFTER_MS or 5000)" },
+  "ack-wait-ms": { kind: "integer", doc: "JetStream ack wait of actor consumers (default GYRE_ACK_WAIT_MS or 10000)" },
+  "metrics-port": { kind: "integer", doc: "serve Prometheus /metrics on 127.0.0.1 at this port, 0 = any free one (default GYRE_METRICS_PORT or off)" }
 } as const
 
 const isActorType = (v: unknown): v is ActorType<any, any, never> =>
@@ -45,6 +53,9 @@ export const loadActorTypes = async (modules: ReadonlyArray<string>): Promise<Ar
 }
 
 const list = (s: string | undefined) => (s ?? "").split(",").map((x) => x.trim()).filter((x) => x !== "")
+
+/** One status line on stdout. */
+const status = (line: Record<string, unknown>) => Effect.sync(() => void process.stdout.write(`${JSON.stringify(line)}\n`))
 
 export const command: Command<typeof flags> = {
   summary: "host actors on this machine (embedded nats-server unless NATS_URL is set)",
@@ -64,22 +75,35 @@ export const command: Command<typeof flags> = {
       const node = yield* startNode({
         name: f.name,
         types,
-        heartbeatMs: f["heartbeat-ms"],
-        deadAfterMs: f["dead-after-ms"],
-        ackWaitMs: f["ack-wait-ms"],
-        devices: list(f["device-ids"])
+        devices: list(f["device-ids"]),
+        ...(f["heartbeat-ms"] !== undefined ? { heartbeatMs: f["heartbeat-ms"] } : {}),
+        ...(f["dead-after-ms"] !== undefined ? { deadAfterMs: f["dead-after-ms"] } : {}),
+        ...(f["ack-wait-ms"] !== undefined ? { ackWaitMs: f["ack-wait-ms"] } : {}),
+        ...(f["metrics-port"] !== undefined ? { metricsPort: f["metrics-port"] } : {})
       })
       for (const a of spawns) yield* node.spawn(a.kind, a.id)
       const stop = yield* Deferred.make<void>()
       const onSignal = () => Effect.runFork(Deferred.succeed(stop, undefined))
       process.once("SIGTERM", onSignal)
       process.once("SIGINT", onSignal)
-      console.log(JSON.stringify({ event: "ready", node: f.name, run: f.run, nats: system.nats.servers, embedded: system.nats.embedded, types: types.map((t) => t.kind) }))
+      yield* status({
+        event: "ready",
+        node: f.name,
+        run: f.run,
+        nats: system.nats.servers,
+        embedded: system.nats.embedded,
+        types: types.map((t) => t.kind),
+        ...(node.metricsUrl !== undefined ? { metrics: node.metricsUrl } : {})
+      })
+      yield* Effect.logInfo(`node ${f.name} serving run ${f.run} on ${system.nats.servers}`)
       yield* Deferred.await(stop)
       yield* node.drain
-      console.log(JSON.stringify({ event: "drained", node: f.name }))
+      yield* status({ event: "drained", node: f.name })
     })
-    const layer = ActorSystem.layer({ run: f.run }).pipe(Layer.provideMerge(Nats.layer(natsOptionsFromEnv(`gyre-node-${f.name}`))))
+    const layer = ActorSystem.layer({ run: f.run }).pipe(
+      Layer.provideMerge(Nats.layerFromConfig(`gyre-node-${f.name}`)),
+      Layer.provideMerge(observabilityLayer(`gyre-node-${f.name}`))
+    )
     await Effect.runPromise(Effect.scoped(program).pipe(Effect.provide(layer)))
     return 0
   }

@@ -7,8 +7,14 @@
  * per request of the protocol. A handler gets the decoded payload and returns an Effect of the
  * request's success or typed error; it reads and updates the actor's state through
  * `ctx.state` (a `Ref`). Handlers run one at a time unless the type declares `concurrency`.
- * When its node dies, the actor is placed again on a live node as `placement` says (default
- * `spread`, see placement.ts), unless its `restart` type is `temporary`.
+ *
+ * Lifecycle options: `restart` (OTP's restart type, supervisor.ts: is the actor started again
+ * after it crashed, after it ended on its own with `ctx.stop`, or never; when its node dies it
+ * is placed again on a live node as `placement` says, default `spread`, see placement.ts,
+ * unless it is `temporary`), `supervision` (how often and how soon), `stopTimeoutMs` (how long
+ * a stop waits for running handlers before interrupting them and handing their messages back),
+ * `maxDeliveries` and `redelivery` (a tell whose handler crashes is handed back after the next
+ * delay of `redelivery`, and dead-lettered once it has crashed `maxDeliveries` deliveries).
  *
  * ```ts
  * const Counter = Actor.make({
@@ -21,11 +27,11 @@
  * })
  * ```
  */
-import type { Effect, Ref, Schema, Scope } from "effect"
+import { Duration, Schedule, type Effect, type Ref, type Schema, type Scope } from "effect"
 import type { Rpc, RpcGroup } from "effect/rpc"
 import { checkKind, type ActorAddress } from "./names.ts"
 import { spread, type Placement } from "./placement.ts"
-import { defaultSupervision, type SupervisionPolicy } from "./supervisor.ts"
+import { defaultSupervision, type RestartType, type SupervisionPolicy } from "./supervisor.ts"
 import type { ActorSystemShape } from "./system.ts"
 
 /** Facts about the message being handled. */
@@ -52,6 +58,12 @@ export interface ActorContext<S> {
   readonly system: ActorSystemShape
   /** Load figures published with the next heartbeat in the registry. */
   readonly reportLoad: (load: Readonly<Record<string, unknown>>) => void
+  /**
+   * Ends this incarnation normally, as a requested stop does (intake stops, running handlers
+   * finish, the last snapshot is written). A `permanent` actor is then started again; a
+   * `transient` or `temporary` one stays stopped.
+   */
+  readonly stop: Effect.Effect<void>
 }
 
 export type Handler<R extends Rpc.Any> = (
@@ -81,9 +93,18 @@ export interface ActorType<R extends Rpc.Any, S, Req> {
   /** Snapshots of the state to the KV bucket; `undefined` = the state lives in memory only. */
   readonly persistence: Persistence | undefined
   readonly supervision: SupervisionPolicy
-  /** A tell delivered more often than this without being handled is dead-lettered. */
-  readonly maxDeliveries: number
+  /**
+   * When the actor is started again: after a crash, after ending on its own, or never; and
+   * whether it is placed again when its node dies (a node's death is a failure, never a normal
+   * exit: `permanent` and `transient` actors are re-placed, `temporary` ones never).
+   */
   readonly restart: RestartType
+  /** How long a stop waits for running handlers before interrupting them. */
+  readonly stopTimeoutMs: number
+  /** A tell whose handler crashed on this many deliveries is dead-lettered. */
+  readonly maxDeliveries: number
+  /** Delay before a tell whose handler crashed is delivered again (step n after the n-th crash). */
+  readonly redelivery: Schedule.Schedule<unknown>
   /** Where the actor is placed again when its node dies (placement.ts). */
   readonly placement: Placement
 }
@@ -91,11 +112,7 @@ export interface ActorType<R extends Rpc.Any, S, Req> {
 /** An actor type with its protocol and requirements erased, as a node's catalogue holds it. */
 export type AnyActorType = ActorType<any, any, any>
 
-/**
- * OTP's restart types. Re-placement (placement.ts) places `permanent` and `transient` actors of a
- * dead node again (a node's death is never a normal exit), and never `temporary` ones.
- */
-export type RestartType = "permanent" | "transient" | "temporary"
+export type { RestartType } from "./supervisor.ts"
 
 export interface ActorDefinition<R extends Rpc.Any, S, Req> {
   readonly kind: string
@@ -106,12 +123,23 @@ export interface ActorDefinition<R extends Rpc.Any, S, Req> {
   /** `true` = snapshot after every message; or batching as `Persistence` says. */
   readonly persistence?: boolean | Persistence
   readonly supervision?: SupervisionPolicy
-  readonly maxDeliveries?: number
   /** Default `permanent`. */
   readonly restart?: RestartType
+  /** Default 10 s. */
+  readonly stopTimeoutMs?: number
+  /** Default 5. */
+  readonly maxDeliveries?: number
+  /** Default: 100 ms doubling, at most 5 s. */
+  readonly redelivery?: Schedule.Schedule<unknown>
   /** Default `spread`. */
   readonly placement?: Placement
 }
+
+/** 100 ms, doubling, at most 5 s. */
+export const defaultRedelivery: Schedule.Schedule<unknown> = Schedule.min([
+  Schedule.exponential(Duration.millis(100), 2),
+  Schedule.spaced(Duration.seconds(5))
+])
 
 export const make = <R extends Rpc.Any, S, Req = never>(def: ActorDefinition<R, S, Req>): ActorType<R, S, Req> => ({
   kind: checkKind(def.kind),
@@ -127,7 +155,9 @@ export const make = <R extends Rpc.Any, S, Req = never>(def: ActorDefinition<R, 
         ? undefined
         : def.persistence,
   supervision: def.supervision ?? defaultSupervision,
-  maxDeliveries: def.maxDeliveries ?? 5,
   restart: def.restart ?? "permanent",
+  stopTimeoutMs: def.stopTimeoutMs ?? 10_000,
+  maxDeliveries: Math.max(1, def.maxDeliveries ?? 5),
+  redelivery: def.redelivery ?? defaultRedelivery,
   placement: def.placement ?? spread
 })

@@ -30,10 +30,16 @@ export class TransportError extends Schema.TaggedError<TransportError>()("Transp
   message: Schema.String
 }) {}
 
-/** A snapshot write lost a compare-and-set race: another incarnation wrote the same actor's state. */
+/**
+ * A snapshot write lost its compare-and-set: someone else (another incarnation of the same
+ * actor) wrote its state since this one read or wrote it. A fencing matter, not a transport
+ * fault: retrying cannot help, and this incarnation must stop acknowledging.
+ */
 export class SnapshotConflict extends Schema.TaggedError<SnapshotConflict>()("SnapshotConflict", {
   actor: Schema.String,
-  expectedRevision: Schema.Number
+  expectedRevision: Schema.Number,
+  /** The incarnation that wrote the revision found, when it could be read. */
+  writtenBy: Schema.optional(Schema.Number)
 }) {}
 
 /** A supervisor gave up on a child after too many restarts within its period. */

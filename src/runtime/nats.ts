@@ -10,7 +10,7 @@ import * as fs from "node:fs"
 import { connect, credsAuthenticator, type NatsConnection } from "@nats-io/transport-node"
 import { jetstream, jetstreamManager, type JetStreamClient, type JetStreamManager } from "@nats-io/jetstream"
 import { Kvm } from "@nats-io/kv"
-import { Context, Effect, Layer, Schema } from "effect"
+import { Config, Context, Effect, Layer, Option, Schema } from "effect"
 import { startEmbeddedServer } from "./nats-server.ts"
 
 export class NatsConnectError extends Schema.TaggedError<NatsConnectError>()("NatsConnectError", {
@@ -29,13 +29,18 @@ export interface NatsOptions {
   readonly name?: string | undefined
 }
 
-/** Options from the environment: NATS_URL, NATS_CREDS, GYRE_NATS_STORE. */
-export const natsOptionsFromEnv = (name?: string): NatsOptions => ({
-  url: process.env.NATS_URL || undefined,
-  credsFile: process.env.NATS_CREDS || undefined,
-  storeDir: process.env.GYRE_NATS_STORE || undefined,
-  name
-})
+/** An optional setting; empty counts as unset. */
+const setting = (name: string) =>
+  Config.String(name).pipe(
+    Config.option,
+    Config.map((o) => Option.getOrUndefined(Option.filter(o, (v) => v !== "")))
+  )
+
+/** Where to connect, as `Config`: NATS_URL, NATS_CREDS, GYRE_NATS_STORE. */
+export const NatsSettings = Config.all({ url: setting("NATS_URL"), credsFile: setting("NATS_CREDS"), storeDir: setting("GYRE_NATS_STORE") })
+
+/** `NatsSettings` read now from the environment, for callers outside an Effect. */
+export const natsOptionsFromEnv = (name?: string): NatsOptions => ({ ...Effect.runSync(NatsSettings), name })
 
 export interface NatsShape {
   readonly nc: NatsConnection
@@ -99,6 +104,6 @@ const make = (options: NatsOptions) =>
 export class Nats extends Context.Service<Nats, NatsShape>()("gyre/runtime/Nats") {
   /** Connects as `options` say (embedded default when no URL). */
   static readonly layer = (options: NatsOptions) => Layer.effect(Nats, make(options))
-  /** Connects as the environment says (NATS_URL, NATS_CREDS, GYRE_NATS_STORE). */
-  static readonly layerFromEnv = (name?: string) => Nats.layer(natsOptionsFromEnv(name))
+  /** Connects as `NatsSettings` say, read from the `ConfigProvider` when the layer is built. */
+  static readonly layerFromConfig = (name?: string) => Layer.unwrap(Effect.map(NatsSettings, (s) => Nats.layer({ ...s, name })))
 }

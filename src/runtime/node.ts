@@ -1,28 +1,37 @@
 /**
  * A node: the process that hosts actors on one machine.
  *
- * It knows a catalogue of actor types, spawns actors of them on request (each under its
- * type's supervision policy; an actor whose supervisor gives up is stopped, marked `failed`
- * in the registry and reported as an `escalated` system event, and the node carries on),
- * claims each actor's address first (claim.ts: a spawn of an address a live actor holds
- * elsewhere is refused with `AddressClaimed`), runs the liveness monitor and re-placement
- * (placement.ts) over one supervised view of the registry, answers NATS service discovery, and
+ * It knows a catalogue of actor types and spawns actors of them on request, each under its
+ * type's supervision policy and restart type (`supervisor.ts`), alone (one-for-one) or in a
+ * group that restarts together (one-for-all). Every start claims the actor's address first
+ * (claim.ts: a spawn of an address a live actor holds elsewhere is refused with
+ * `AddressClaimed`; a restart whose address was taken meanwhile ends the actor `fenced`). An
+ * actor whose supervisor gives up is stopped, marked `failed` in the registry and reported as
+ * an `escalated` system event; a temporary actor that crashes is marked `failed`; one fenced by
+ * another incarnation is reported as a `fenced` event. The node carries on in every case. It
+ * runs the liveness monitor and re-placement (placement.ts) over one supervised view of the
+ * registry, answers NATS service discovery, serves Prometheus metrics when given a port, and
  * drains gracefully.
- * The node is itself an actor, `node/<name>`, speaking `NodeProtocol` (Spawn, Stop, List), so
- * spawning is a tell or an ask like any other message, and its registry entry is its heartbeat.
+ * The node is itself an actor, `node/<name>`, speaking `NodeProtocol` (Spawn, SpawnGroup,
+ * Stop, List), so spawning is a tell or an ask like any other message, and its registry entry
+ * is its heartbeat. Settings not given as options are read from `RuntimeSettings` (config.ts)
+ * when the node starts.
  */
 import { nuid } from "@nats-io/transport-node"
-import { Deferred, Effect, Exit, Fiber, Schema, Scope } from "effect"
+import { Cause, Deferred, Effect, Exit, Result, Schema, Scope } from "effect"
+import type { ConfigError } from "effect/Config"
 import { Rpc, RpcGroup } from "effect/rpc"
 import * as Actor from "./actor.ts"
-import { serveDiscovery, type EndpointStats } from "./discovery.ts"
 import * as Claim from "./claim.ts"
+import { RuntimeSettings } from "./config.ts"
+import { serveDiscovery, type EndpointStats } from "./discovery.ts"
 import { Escalation, TransportError } from "./errors.ts"
-import { runIncarnation } from "./host.ts"
+import { runIncarnation, type IncarnationControl } from "./host.ts"
+import { serveMetrics, type MetricsServerError } from "./metrics.ts"
 import { address, formatAddress, InvalidAddress, type ActorAddress } from "./names.ts"
 import { replaceDead, type NodeLoad } from "./placement.ts"
 import { monitorLiveness, viewRegistry, type DeadEvent } from "./registry.ts"
-import { supervise } from "./supervisor.ts"
+import { defaultSupervision, supervise, superviseGroup, type ChildEnd, type ChildSpec, type OnRestart, type SupervisionPolicy } from "./supervisor.ts"
 import { ActorSystem, refOf } from "./system.ts"
 
 export class UnknownActorKind extends Schema.TaggedError<UnknownActorKind>()("UnknownActorKind", {
@@ -32,6 +41,13 @@ export class UnknownActorKind extends Schema.TaggedError<UnknownActorKind>()("Un
 }) {}
 
 export class NodeDraining extends Schema.TaggedError<NodeDraining>()("NodeDraining", {
+  node: Schema.String
+}) {}
+
+/** A group was asked for with a member this node already hosts. */
+export class AlreadyHosted extends Schema.TaggedError<AlreadyHosted>()("AlreadyHosted", {
+  kind: Schema.String,
+  id: Schema.String,
   node: Schema.String
 }) {}
 
@@ -46,17 +62,26 @@ export type SpawnResult = typeof SpawnResult.Type
 export const HostedActor = Schema.Struct({
   kind: Schema.String,
   id: Schema.String,
-  restarts: Schema.Number
+  restarts: Schema.Number,
+  /** The group it was spawned in, if any. */
+  group: Schema.optional(Schema.String)
 })
+export type HostedActor = typeof HostedActor.Type
 
 const ActorId = { kind: Schema.String, id: Schema.String }
 
+export const GroupSpec = Schema.Struct({
+  name: Schema.String,
+  strategy: Schema.Literals(["one-for-one", "one-for-all"]),
+  members: Schema.Array(Schema.Struct(ActorId))
+})
+export type GroupSpec = typeof GroupSpec.Type
+
+const SpawnError = Schema.Union([UnknownActorKind, NodeDraining, InvalidAddress, AlreadyHosted, Claim.AddressClaimed, TransportError])
+
 export const NodeProtocol = RpcGroup.make(
-  Rpc.make("Spawn", {
-    payload: ActorId,
-    success: SpawnResult,
-    error: Schema.Union([UnknownActorKind, NodeDraining, InvalidAddress, Claim.AddressClaimed, TransportError])
-  }),
+  Rpc.make("Spawn", { payload: ActorId, success: SpawnResult, error: SpawnError }),
+  Rpc.make("SpawnGroup", { payload: GroupSpec, success: Schema.Array(SpawnResult), error: SpawnError }),
   Rpc.make("Stop", { payload: ActorId, success: Schema.Struct({ stopped: Schema.Boolean }) }),
   Rpc.make("List", { success: Schema.Array(HostedActor) })
 )
@@ -67,9 +92,12 @@ export const nodeRef = (name: string) => refOf(NodeProtocol, address("node", nam
 export interface NodeOptions<R> {
   readonly name: string
   readonly types: ReadonlyArray<Actor.ActorType<any, any, R>>
+  /** Defaults from `RuntimeSettings` (GYRE_HEARTBEAT_MS, GYRE_DEAD_AFTER_MS, GYRE_ACK_WAIT_MS, GYRE_METRICS_PORT). */
   readonly heartbeatMs?: number
   readonly deadAfterMs?: number
   readonly ackWaitMs?: number
+  /** Serve Prometheus `/metrics` on 127.0.0.1 at this port (0 = any free port). */
+  readonly metricsPort?: number
   readonly version?: string
   /** Device ids this node offers (for placements pinned to a device). */
   readonly devices?: ReadonlyArray<string>
@@ -79,109 +107,192 @@ export interface NodeOptions<R> {
 
 interface Hosted {
   readonly address: ActorAddress
-  readonly drain: Deferred.Deferred<void>
-  readonly ready: Deferred.Deferred<void>
-  readonly fiber: Fiber.Fiber<void, never>
+  readonly control: IncarnationControl
+  /** Completed when the actor has ended for good. */
+  readonly ended: Deferred.Deferred<void>
   readonly stats: EndpointStats
+  readonly group: string | undefined
   restarts: number
   /** The claim of the latest incarnation. */
   claim: Claim.Claim
 }
 
+export type SpawnError = UnknownActorKind | NodeDraining | InvalidAddress | AlreadyHosted | Claim.AddressClaimed | TransportError
+
 export interface NodeHandle {
   readonly name: string
-  readonly spawn: (
-    kind: string,
-    id: string
-  ) => Effect.Effect<SpawnResult, UnknownActorKind | NodeDraining | InvalidAddress | Claim.AddressClaimed | TransportError>
+  readonly spawn: (kind: string, id: string) => Effect.Effect<SpawnResult, SpawnError>
+  /**
+   * Spawns `members` under one supervisor: `one-for-all` restarts them all when one is to be
+   * restarted (`supervision`, default the first member type's policy, counts those restarts).
+   */
+  readonly spawnGroup: (group: GroupSpec, supervision?: SupervisionPolicy) => Effect.Effect<ReadonlyArray<SpawnResult>, SpawnError>
   /** Drains one actor and waits until it has stopped; false when it was not hosted here. */
   readonly stop: (kind: string, id: string) => Effect.Effect<boolean>
-  readonly hosted: () => ReadonlyArray<{ readonly kind: string; readonly id: string; readonly restarts: number }>
+  readonly hosted: () => ReadonlyArray<HostedActor>
   /** Stops admitting spawns, drains every actor (the node actor last) and waits for them. */
   readonly drain: Effect.Effect<void>
+  /** Where `/metrics` is served, when it is. */
+  readonly metricsUrl: string | undefined
 }
 
 /** Starts a node in the current scope; closing the scope stops its actors abruptly (no drain). */
 export const startNode = <R>(
   options: NodeOptions<R>
-): Effect.Effect<NodeHandle, TransportError | Claim.AddressClaimed, ActorSystem | Scope.Scope | R> =>
+): Effect.Effect<NodeHandle, TransportError | Claim.AddressClaimed | MetricsServerError | ConfigError, ActorSystem | Scope.Scope | R> =>
   Effect.gen(function* () {
     const system = yield* ActorSystem
+    const settings = yield* RuntimeSettings
     const scope = yield* Effect.scope
     const context = yield* Effect.context<R>()
     const catalogue = new Map<string, Actor.ActorType<any, any, R>>(options.types.map((t) => [t.kind, t]))
     const hosted = new Map<string, Hosted>()
+    /** Spawns whose claim is being taken, so a concurrent spawn of the same address waits for it. */
     const spawning = new Map<string, Deferred.Deferred<void, Claim.AddressClaimed | TransportError>>()
-    const deadAfterMs = options.deadAfterMs ?? 5000
+    const deadAfterMs = options.deadAfterMs ?? settings.deadAfterMs
     const hostOptions = {
       node: options.name,
-      heartbeatMs: options.heartbeatMs ?? 1000,
-      ackWaitMs: options.ackWaitMs ?? 10_000
+      heartbeatMs: options.heartbeatMs ?? settings.heartbeatMs,
+      ackWaitMs: options.ackWaitMs ?? settings.ackWaitMs
     }
     let draining = false
+    // First, so a port in use fails the node before it hosts anything.
+    const metricsPort = options.metricsPort ?? settings.metricsPort
+    const metricsUrl = metricsPort === undefined ? undefined : yield* serveMetrics(metricsPort)
 
     const claim = (at: ActorAddress) =>
       Claim.acquire(system.registry, at, { holder: options.name, silentMs: deadAfterMs, whenHeld: "refuse" })
 
-    const host = (type: Actor.ActorType<any, any, any>, at: ActorAddress, first: Claim.Claim) =>
+    /** Claims every address, or none: on a failure the claims taken so far are released. */
+    const claimAll = (ats: ReadonlyArray<ActorAddress>) =>
+      Effect.gen(function* () {
+        const taken: Array<Claim.Claim> = []
+        for (const at of ats) {
+          taken.push(yield* claim(at).pipe(Effect.onError(() => Effect.forEach(taken, (c) => c.release("stopped"), { discard: true }))))
+        }
+        return taken
+      })
+
+    const admit = (at: ActorAddress, group: string | undefined, first: Claim.Claim) =>
       Effect.gen(function* () {
         const key = formatAddress(at)
-        const drain = yield* Deferred.make<void>()
-        const ready = yield* Deferred.make<void>()
         const stats: EndpointStats = { name: key, subject: system.layout.ask(at), numRequests: 0, numErrors: 0, lastError: "", processingTimeNs: 0 }
-        const entry = { address: at, drain, ready, stats, restarts: 0, claim: first } as Omit<Hosted, "fiber"> & { restarts: number }
-        const run = (c: Claim.Claim) => {
-          entry.claim = c
-          return runIncarnation(type, at, system, { ...hostOptions, stats, claim: c }, { drain, ready })
+        const entry: Hosted = {
+          address: at,
+          control: { drain: yield* Deferred.make<void>(), ready: yield* Deferred.make<void>(), fenced: yield* Deferred.make<void>() },
+          ended: yield* Deferred.make<void>(),
+          stats,
+          group,
+          restarts: 0,
+          claim: first
         }
-        // Every restart claims the address again (a new incarnation); one taken meanwhile by
-        // another node ends the actor here.
-        const start = (n: number) =>
-          n === 0
-            ? run(first)
-            : claim(at).pipe(
+        hosted.set(key, entry)
+        return entry
+      })
+
+    // Every start after the first claims the address again (a new incarnation); an address
+    // taken meanwhile by another node ends the actor here, fenced.
+    const child = (type: Actor.ActorType<any, any, any>, entry: Hosted): ChildSpec<unknown, R> => {
+      const name = formatAddress(entry.address)
+      const run = (c: Claim.Claim) => {
+        entry.claim = c
+        return runIncarnation(type, entry.address, system, { ...hostOptions, stats: entry.stats, claim: c }, entry.control) as Effect.Effect<ChildEnd, unknown, R>
+      }
+      return {
+        name,
+        restart: type.restart,
+        run: (start) =>
+          start === 0
+            ? run(entry.claim)
+            : claim(entry.address).pipe(
                 Effect.matchEffect({
                   onFailure: (e) =>
-                    e._tag === "AddressClaimed" ? Effect.logWarning(`${key}: not restarted: ${e.node} holds incarnation ${e.incarnation}`) : Effect.fail(e),
+                    e._tag === "AddressClaimed"
+                      ? Effect.logWarning(`${name}: not restarted: ${e.node} holds incarnation ${e.incarnation}`).pipe(Effect.as("fenced" as const))
+                      : Effect.fail(e),
                   onSuccess: run
                 })
               )
-        const supervised = supervise(
-          key,
-          start,
-          type.supervision,
-          (start, cause) =>
-            Effect.gen(function* () {
-              entry.restarts = start
-              yield* Effect.logWarning(`${key} crashed; restart ${start}`, cause)
-            })
-        ).pipe(
-          Effect.catch((e: Escalation) =>
-            Effect.gen(function* () {
-              yield* Effect.logError(`${key}: supervisor gave up after ${e.restarts} restarts within ${e.withinMs} ms`)
-              yield* entry.claim.release("failed")
-              yield* system
-                .publishEvent("escalated", { kind: at.kind, id: at.id, node: options.name, restarts: e.restarts, withinMs: e.withinMs, lastFailure: e.lastFailure })
-                .pipe(Effect.ignore)
-            })
-          ),
-          Effect.ensuring(Effect.sync(() => hosted.delete(key))),
-          Effect.provideContext(context)
-        ) as Effect.Effect<void, never>
-        const fiber = yield* Effect.forkIn(supervised, scope)
-        hosted.set(key, Object.assign(entry, { fiber }))
-        // Serving, or given up on (a crash loop escalates instead of becoming ready).
-        yield* Effect.raceFirst(Deferred.await(ready), Fiber.await(fiber).pipe(Effect.asVoid))
+      }
+    }
+
+    const onRestart: OnRestart = (name, start, exit) =>
+      Effect.gen(function* () {
+        const entry = hosted.get(name)
+        if (entry !== undefined) entry.restarts = start
+        if (Exit.isFailure(exit)) yield* Effect.logWarning(`${name} crashed; restart ${start}`, exit.cause)
+        else yield* Effect.logInfo(`${name} ended (${exit.value}); restart ${start}`)
       })
 
-    const spawn: NodeHandle["spawn"] = (kind, id) =>
+    // An actor ended for good: report how, and forget it.
+    const leave = (entry: Hosted, exit: Exit.Exit<ChildEnd, unknown>) =>
+      Effect.gen(function* () {
+        const at = entry.address
+        const key = formatAddress(at)
+        if (Exit.isFailure(exit) && !Cause.hasInterruptsOnly(exit.cause)) {
+          const error = Cause.findError(exit.cause)
+          yield* entry.claim.release("failed")
+          if (Result.isSuccess(error) && error.success instanceof Escalation) {
+            const e = error.success
+            yield* Effect.logError(`${key}: supervisor ${e.child} gave up after ${e.restarts} restarts within ${e.withinMs} ms`)
+            yield* system
+              .publishEvent("escalated", { kind: at.kind, id: at.id, node: options.name, restarts: e.restarts, withinMs: e.withinMs, lastFailure: e.lastFailure })
+              .pipe(Effect.ignore)
+          } else yield* Effect.logError(`${key} crashed and is not restarted (restart: temporary)`, exit.cause)
+        } else if (Exit.isSuccess(exit) && exit.value === "fenced") {
+          yield* system.publishEvent("fenced", { kind: at.kind, id: at.id, node: options.name }).pipe(Effect.ignore)
+        }
+        hosted.delete(key)
+        yield* Deferred.succeed(entry.ended, undefined)
+      })
+
+    // Serving, or given up on (a crash loop escalates instead of becoming ready).
+    const serving = (entries: ReadonlyArray<Hosted>) =>
+      Effect.forEach(entries, (e) => Effect.raceFirst(Deferred.await(e.control.ready), Deferred.await(e.ended)), { discard: true })
+
+    const run = (effect: Effect.Effect<void, never, R>) => Effect.forkIn(effect.pipe(Effect.provideContext(context)), scope)
+
+    const hostOne = (type: Actor.ActorType<any, any, R>, at: ActorAddress, first: Claim.Claim, group?: string) =>
+      Effect.gen(function* () {
+        const entry = yield* admit(at, group, first)
+        yield* run(Effect.exit(supervise(child(type, entry), type.supervision, onRestart)).pipe(Effect.flatMap((exit) => leave(entry, exit))))
+        return entry
+      })
+
+    const hostAll = (
+      name: string,
+      members: ReadonlyArray<readonly [Actor.ActorType<any, any, R>, ActorAddress]>,
+      claims: ReadonlyArray<Claim.Claim>,
+      policy: SupervisionPolicy
+    ) =>
+      Effect.gen(function* () {
+        const entries = yield* Effect.forEach(members, ([, at], i) => admit(at, name, claims[i]!))
+        const byName = new Map(entries.map((e) => [formatAddress(e.address), e]))
+        const children = members.map(([type], i) => child(type, entries[i]!))
+        const restartAll: OnRestart = (c, start, exit) =>
+          onRestart(c, start, exit).pipe(Effect.tap(() => Effect.sync(() => entries.forEach((e) => (e.restarts = start)))))
+        const group = superviseGroup(name, children, policy, restartAll, (c, exit) => leave(byName.get(c)!, exit))
+        yield* run(
+          Effect.exit(group).pipe(
+            // What is still hosted when the group ends failed with it (an escalation).
+            Effect.flatMap((exit) => Effect.forEach(entries.filter((e) => hosted.get(formatAddress(e.address)) === e), (e) => leave(e, exit as Exit.Exit<never, unknown>), { discard: true }))
+          )
+        )
+        return entries
+      })
+
+    const resolve = (kind: string, id: string) =>
       Effect.gen(function* () {
         if (draining) return yield* Effect.fail(new NodeDraining({ node: options.name }))
         const at = yield* Effect.try({ try: () => address(kind, id), catch: (e) => e as InvalidAddress })
         const type = catalogue.get(kind)
-        if (type === undefined) {
-          return yield* Effect.fail(new UnknownActorKind({ kind, node: options.name, known: [...catalogue.keys()] }))
-        }
+        if (type === undefined) return yield* Effect.fail(new UnknownActorKind({ kind, node: options.name, known: [...catalogue.keys()] }))
+        return [type, at] as const
+      })
+
+    const spawn: NodeHandle["spawn"] = (kind, id) =>
+      Effect.gen(function* () {
+        const [type, at] = yield* resolve(kind, id)
         const key = formatAddress(at)
         const pending = spawning.get(key)
         if (hosted.has(key) || pending !== undefined) {
@@ -190,23 +301,46 @@ export const startNode = <R>(
         }
         const done = yield* Deferred.make<void, Claim.AddressClaimed | TransportError>()
         spawning.set(key, done)
-        const exit = yield* Effect.exit(claim(at).pipe(Effect.flatMap((c) => host(type, at, c))))
+        const exit = yield* Effect.exit(claim(at).pipe(Effect.flatMap((c) => hostOne(type, at, c))))
         spawning.delete(key)
-        yield* Deferred.done(done, exit)
+        yield* Deferred.done(done, Exit.asVoid(exit))
         if (Exit.isFailure(exit)) return yield* Effect.failCause(exit.cause)
+        yield* serving([exit.value])
         return { kind, id, node: options.name, alreadyRunning: false }
+      })
+
+    const spawnGroup: NodeHandle["spawnGroup"] = (group, supervision) =>
+      Effect.gen(function* () {
+        const members = yield* Effect.forEach(group.members, (m) => resolve(m.kind, m.id))
+        for (const [, at] of members) {
+          const key = formatAddress(at)
+          if (hosted.has(key) || spawning.has(key)) return yield* Effect.fail(new AlreadyHosted({ ...at, node: options.name }))
+        }
+        const claims = yield* claimAll(members.map(([, at]) => at))
+        const entries =
+          group.strategy === "one-for-all"
+            ? yield* hostAll(group.name, members, claims, supervision ?? members[0]?.[0].supervision ?? defaultSupervision)
+            : yield* Effect.forEach(members, ([type, at], i) => hostOne(type, at, claims[i]!, group.name))
+        yield* serving(entries)
+        return members.map(([, at]) => ({ kind: at.kind, id: at.id, node: options.name, alreadyRunning: false }))
       })
 
     const stop: NodeHandle["stop"] = (kind, id) =>
       Effect.gen(function* () {
         const h = hosted.get(`${kind}/${id}`)
         if (h === undefined) return false
-        yield* Deferred.succeed(h.drain, undefined)
-        yield* Fiber.await(h.fiber)
+        yield* Deferred.succeed(h.control.drain, undefined)
+        yield* Deferred.await(h.ended)
         return true
       })
 
-    const list = () => [...hosted.values()].map((h) => ({ kind: h.address.kind, id: h.address.id, restarts: h.restarts }))
+    const list = () =>
+      [...hosted.values()].map((h): HostedActor => ({
+        kind: h.address.kind,
+        id: h.address.id,
+        restarts: h.restarts,
+        ...(h.group !== undefined ? { group: h.group } : {})
+      }))
 
     const nodeKey = `node/${options.name}`
     const nodeLoad = (): NodeLoad => ({
@@ -229,13 +363,14 @@ export const startNode = <R>(
           Effect.tap(({ beat }) => Effect.addFinalizer(() => Effect.sync(() => clearInterval(beat)))),
           Effect.as({
             Spawn: ({ kind, id }) => spawn(kind, id),
+            SpawnGroup: (group) => spawnGroup(group),
             Stop: ({ kind, id }) => (kind === "node" ? Effect.succeed({ stopped: false }) : stop(kind, id).pipe(Effect.map((stopped) => ({ stopped })))),
             List: () => Effect.succeed(list())
           })
         )
     })
     const nodeAddress = address("node", options.name)
-    yield* host(nodeType, nodeAddress, yield* claim(nodeAddress))
+    yield* serving([yield* hostOne(nodeType as Actor.ActorType<any, any, R>, nodeAddress, yield* claim(nodeAddress))])
 
     const view = yield* viewRegistry(system)
     yield* monitorLiveness(system, view, { deadAfterMs, ...(options.onDead ? { onDead: options.onDead } : {}) })
@@ -256,5 +391,6 @@ export const startNode = <R>(
       yield* stop("node", options.name)
     })
 
-    return { name: options.name, spawn, stop, hosted: list, drain } satisfies NodeHandle
+    return { name: options.name, spawn, spawnGroup, stop, hosted: list, drain, metricsUrl } satisfies NodeHandle
   })
+

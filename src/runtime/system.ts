@@ -10,15 +10,15 @@
  * Building the layer creates the run's journal and dead-letter streams and its registry and
  * state KV buckets when they do not exist yet (idempotent, so every node may do it).
  */
-import { headers as natsHeaders, NoRespondersError, TimeoutError, nuid, type MsgHdrs } from "@nats-io/transport-node"
+import { NoRespondersError, TimeoutError, nuid, type MsgHdrs } from "@nats-io/transport-node"
 import { RetentionPolicy, StorageType, type JetStreamManager, type StreamConfig } from "@nats-io/jetstream"
 import type { KV } from "@nats-io/kv"
-import { Context, Effect, Exit, Layer, Schema } from "effect"
+import { Context, Effect, Layer, Tracer, type Fiber } from "effect"
 import type { Rpc, RpcGroup } from "effect/rpc"
 import { ActorUnavailable, AskTimeout, RequestRejected, TransportError, messageOf, type AskError } from "./errors.ts"
 import { Nats, type NatsShape } from "./nats.ts"
 import { formatAddress, layout, type ActorAddress, type Layout } from "./names.ts"
-import { AskReply, Headers, codecsOf, encodePayload, parseJson, requestOf } from "./protocol.ts"
+import { decodeAskReply, encodePayload, formatTraceparent, requestHeaders, requestOf } from "./protocol.ts"
 
 /** A typed reference to an actor: its address and the protocol it speaks. */
 export interface ActorRef<R extends Rpc.Any> {
@@ -113,9 +113,30 @@ const openBucket = (nats: NatsShape, name: string) =>
 
 const defaultAskTimeoutMs = 10_000
 
-const senderHeaders = (h: MsgHdrs, options: { readonly sender?: string; readonly incarnation?: number } | undefined) => {
-  if (options?.sender !== undefined) h.set(Headers.sender, options.sender)
-  if (options?.incarnation !== undefined) h.set(Headers.incarnation, String(options.incarnation))
+const askError = (e: unknown, actor: string, request: string, timeoutMs: number): AskError =>
+  e instanceof TimeoutError
+    ? new AskTimeout({ actor, request, timeoutMs })
+    : e instanceof NoRespondersError || (e instanceof Error && e.cause instanceof NoRespondersError)
+      ? new ActorUnavailable({ actor, request })
+      : new TransportError({ operation: `ask ${actor} ${request}`, message: messageOf(e) })
+
+/** What an ask's reply says: the handler's result, a rejection, or a defect for bytes that are not a reply. */
+const replyOf = (rpc: Rpc.Any, bytes: Uint8Array, actor: string, request: string): Effect.Effect<unknown, unknown> => {
+  const reply = decodeAskReply(rpc, bytes)
+  switch (reply._tag) {
+    case "Exit":
+      return reply.exit
+    case "Rejected":
+      return Effect.fail(new RequestRejected({ actor, request, reason: reply.reason }))
+    case "Malformed":
+      return Effect.die(new Error(`malformed ask reply from ${actor} to ${request}: ${reply.reason}`))
+  }
+}
+
+/** The `traceparent` of the fiber's current span, when it has a sampled one. */
+const traceparentOf = (fiber: Fiber.Fiber<unknown, unknown>): string | undefined => {
+  const span = Context.getOrUndefined(fiber.context, Tracer.ParentSpan)
+  return span !== undefined && span.sampled ? formatTraceparent(span) : undefined
 }
 
 const make = (options: SystemOptions) =>
@@ -139,55 +160,44 @@ const make = (options: SystemOptions) =>
     const registry = yield* openBucket(nats, names.registryBucket)
     const state = yield* openBucket(nats, names.stateBucket)
 
-    const tell: ActorSystemShape["tell"] = (ref, tag, payload, tellOptions) =>
-      Effect.suspend(() => {
+    // Spans as `Effect.fn` would make them, without its call-site stack capture (see dispatch.ts).
+    const inSpan = <A, E>(effect: Effect.Effect<A, E>, name: string, kind: "producer" | "client", actor: string, tag: string) =>
+      Effect.withSpan(effect, name, { kind, captureStackTrace: false, attributes: { "gyre.actor": actor, "gyre.request": tag } })
+
+    const tell = ((ref: ActorRef<Rpc.Any>, tag: string, payload: unknown, tellOptions?: TellOptions) => {
+      const actor = formatAddress(ref.address)
+      return inSpan(Effect.withFiber((fiber) => {
         const rpc = requestOf(ref.protocol, tag)
-        if (rpc === undefined) return Effect.die(new Error(`${tag} is not a request of ${formatAddress(ref.address)}'s protocol`))
-        const h = natsHeaders()
-        h.set(Headers.request, tag)
-        senderHeaders(h, tellOptions)
+        if (rpc === undefined) return Effect.die(new Error(`${tag} is not a request of ${actor}'s protocol`))
         const msgID = tellOptions?.msgId ?? nuid.next()
+        const headers = requestHeaders(tag, undefined, tellOptions, traceparentOf(fiber))
         const data = encodePayload(rpc, payload)
         return Effect.tryPromise({
-          try: () => nats.js.publish(names.tell(ref.address), data, { msgID, headers: h }),
-          catch: (e) => new TransportError({ operation: `tell ${formatAddress(ref.address)} ${tag}`, message: messageOf(e) })
+          try: () => nats.js.publish(names.tell(ref.address), data, { msgID, headers }),
+          catch: (e) => new TransportError({ operation: `tell ${actor} ${tag}`, message: messageOf(e) })
         }).pipe(Effect.map((ack) => ({ seq: ack.seq, duplicate: ack.duplicate })))
-      })
+      }), "Actor.tell", "producer", actor, tag)
+    }) as ActorSystemShape["tell"]
 
-    const ask: ActorSystemShape["ask"] = (ref, tag, payload, askOptions) =>
-      Effect.suspend(() => {
-        const actor = formatAddress(ref.address)
+    const ask = ((ref: ActorRef<Rpc.Any>, tag: string, payload: unknown, askOptions?: AskOptions) => {
+      const actor = formatAddress(ref.address)
+      return inSpan(Effect.withFiber((fiber) => {
         const rpc = requestOf(ref.protocol, tag)
         if (rpc === undefined) return Effect.die(new Error(`${tag} is not a request of ${actor}'s protocol`))
         const timeoutMs = askOptions?.timeoutMs ?? defaultAskTimeoutMs
-        const h = natsHeaders()
-        h.set(Headers.request, tag)
-        h.set(Headers.msgId, nuid.next())
-        senderHeaders(h, askOptions)
+        const headers = requestHeaders(tag, nuid.next(), askOptions, traceparentOf(fiber))
         const data = encodePayload(rpc, payload)
-        return Effect.tryPromise({
-          try: () => nats.nc.request(names.ask(ref.address), data, { timeout: timeoutMs, headers: h }),
-          catch: (e): AskError =>
-            e instanceof TimeoutError
-              ? new AskTimeout({ actor, request: tag, timeoutMs })
-              : e instanceof NoRespondersError || (e instanceof Error && e.cause instanceof NoRespondersError)
-                ? new ActorUnavailable({ actor, request: tag })
-                : new TransportError({ operation: `ask ${actor} ${tag}`, message: messageOf(e) })
-        }).pipe(
-          Effect.flatMap((msg) => {
-            const parsed = parseJson(msg.data)
-            const reply = parsed.ok ? Schema.decodeUnknownExit(AskReply)(parsed.value) : undefined
-            if (reply === undefined || Exit.isFailure(reply)) {
-              return Effect.die(new Error(`malformed ask reply from ${actor} to ${tag}`))
-            }
-            if (reply.value._tag === "Rejected") {
-              return Effect.fail(new RequestRejected({ actor, request: tag, reason: reply.value.reason }))
-            }
-            const exit = Schema.decodeUnknownExit(codecsOf(rpc).exit)(reply.value.exit)
-            return Exit.isSuccess(exit) ? (exit.value as Effect.Effect<any, any>) : Effect.die(new Error(`undecodable reply from ${actor} to ${tag}: ${String(exit.cause)}`))
-          })
-        )
-      })
+        // One callback from the request's promise to the decoded reply: no step between.
+        return Effect.callback<unknown, unknown>((resume) => {
+          const failed = (e: unknown) => resume(Effect.fail(askError(e, actor, tag, timeoutMs)))
+          try {
+            nats.nc.request(names.ask(ref.address), data, { timeout: timeoutMs, headers }).then((msg) => resume(replyOf(rpc, msg.data, actor, tag)), failed)
+          } catch (e) {
+            failed(e)
+          }
+        })
+      }), "Actor.ask", "client", actor, tag)
+    }) as ActorSystemShape["ask"]
 
     const publishEvent = (name: string, event: unknown) =>
       Effect.tryPromise({
@@ -195,17 +205,22 @@ const make = (options: SystemOptions) =>
         catch: (e) => new TransportError({ operation: `publish event ${name}`, message: messageOf(e) })
       }).pipe(Effect.asVoid)
 
+    // One timer, re-armed with `refresh` (cheaper than a new one per batch).
     let copies: Array<[string, Uint8Array, MsgHdrs | undefined]> = []
     let copyTimer: ReturnType<typeof setTimeout> | undefined
+    let armed = false
     const writeCopies = () => {
-      copyTimer = undefined
+      armed = false
       const batch = copies
       copies = []
       for (const [subject, data, headers] of batch) nats.journalNc.publish(subject, data, headers ? { headers } : {})
     }
     const copyToJournal: ActorSystemShape["copyToJournal"] = (subject, data, headers) => {
       copies.push([subject, data, headers])
+      if (armed) return
+      armed = true
       if (copyTimer === undefined) copyTimer = setTimeout(writeCopies, 2)
+      else copyTimer.refresh()
     }
     yield* Effect.addFinalizer(() =>
       Effect.sync(() => {

@@ -1,0 +1,237 @@
+/**
+ * An incarnation's intake from NATS: the actor's durable JetStream consumer (tells, in journal
+ * order) and a core NATS subscription on its ask subject (queue group `gyre`). Each message
+ * becomes a `Delivery`, the one face of a message that the dispatch sees: its bytes and
+ * headers, and what can be done with it once (confirm, hand back, dead-letter).
+ *
+ * - A tell is confirmed by acknowledging it and handed back by a nak (with a delay, to
+ *   redeliver later).
+ * - An ask is confirmed by sending the reply set on it and then queueing its copy for the
+ *   journal; handing it back answers `Rejected` ("stopping; retry").
+ * A delivery is settled once: later confirms or hand-backs do nothing.
+ */
+import { AckPolicy, DeliverPolicy, type ConsumerMessages, type JsMsg } from "@nats-io/jetstream"
+import { headers as natsHeaders, type Msg, type MsgHdrs, type Subscription } from "@nats-io/transport-node"
+import { Effect } from "effect"
+import { TransportError, messageOf } from "./errors.ts"
+import type { ActorAddress } from "./names.ts"
+import { Headers, encodeRejectedReply } from "./protocol.ts"
+import type { ActorSystemShape } from "./system.ts"
+
+export interface Delivery {
+  readonly via: "tell" | "ask"
+  readonly subject: string
+  readonly data: Uint8Array
+  /** The header's value, "" when absent. */
+  readonly header: (name: string) => string
+  /** Journal sequence of a tell (0 for an ask). */
+  readonly seq: number
+  /** How many times JetStream has delivered this tell (1 for an ask). */
+  readonly deliveryCount: number
+  /** Settled (confirmed, handed back or answered) already. */
+  readonly settled: boolean
+  /** The reply an ask sends when confirmed. */
+  reply: Uint8Array | undefined
+  readonly confirm: () => void
+  readonly handBack: (delayMs?: number) => void
+  /** Answers an ask now (a rejection) and settles it; a tell is left as it is. */
+  readonly answer: (bytes: Uint8Array) => void
+  /** Tells JetStream the handler is still at it (a tell's ack wait starts over). */
+  readonly working: () => void
+  /** Publishes the message to the dead-letter stream with `reason` (not settling it). */
+  readonly deadLetter: (reason: string) => Effect.Effect<void, TransportError>
+}
+
+/** What deliveries of one incarnation share. */
+interface Route {
+  readonly system: ActorSystemShape
+  readonly address: ActorAddress
+  readonly actor: string
+  /** Where copies of answered asks go. */
+  readonly asked: string
+}
+
+/** Header values are one line: newlines become spaces, and long reasons are cut. */
+const oneLine = (text: string): string => text.replace(/[\r\n]+\s*/g, " ").slice(0, 2000)
+
+/** A message's headers as one object, read once (`MsgHdrs.get` scans every key on each call). */
+const headerValues = (hdrs: MsgHdrs | undefined): Record<string, string> => {
+  const out: Record<string, string> = {}
+  if (hdrs !== undefined) for (const [k, vs] of hdrs) out[k] = vs[0] ?? ""
+  return out
+}
+
+const deadLetter = (route: Route, d: Delivery, hdrs: MsgHdrs | undefined, reason: string) => {
+  const h = natsHeaders()
+  if (hdrs) for (const [k, vs] of hdrs) for (const v of vs) h.append(k, v)
+  h.set(Headers.deadReason, oneLine(reason))
+  h.set(Headers.deadSubject, d.subject)
+  h.set(Headers.deadSeq, String(d.seq))
+  h.set(Headers.deadActor, route.actor)
+  const subject = route.system.layout.dead(route.address)
+  return Effect.tryPromise({
+    try: () => route.system.nats.js.publish(subject, d.data, { headers: h }),
+    catch: (e) => new TransportError({ operation: `dead-letter to ${subject}`, message: messageOf(e) })
+  }).pipe(Effect.tap(() => Effect.logWarning(`${route.actor}: dead-lettered a message: ${reason}`)), Effect.asVoid)
+}
+
+class TellDelivery implements Delivery {
+  readonly via = "tell"
+  settled = false
+  reply: Uint8Array | undefined = undefined
+  #headers: Record<string, string> | undefined
+  constructor(
+    readonly msg: JsMsg,
+    readonly route: Route
+  ) {}
+  get subject() {
+    return this.msg.subject
+  }
+  get data() {
+    return this.msg.data
+  }
+  get seq() {
+    return this.msg.seq
+  }
+  get deliveryCount() {
+    return this.msg.info.deliveryCount
+  }
+  header(name: string) {
+    return (this.#headers ??= headerValues(this.msg.headers))[name] ?? ""
+  }
+  confirm() {
+    if (this.settled) return
+    this.settled = true
+    this.msg.ack()
+  }
+  handBack(delayMs?: number) {
+    if (this.settled) return
+    this.settled = true
+    this.msg.nak(delayMs)
+  }
+  answer() {}
+  working() {
+    if (!this.settled) this.msg.working()
+  }
+  deadLetter(reason: string) {
+    return deadLetter(this.route, this, this.msg.headers, reason)
+  }
+}
+
+class AskDelivery implements Delivery {
+  readonly via = "ask"
+  readonly seq = 0
+  readonly deliveryCount = 1
+  settled = false
+  reply: Uint8Array | undefined = undefined
+  #headers: Record<string, string> | undefined
+  constructor(
+    readonly msg: Msg,
+    readonly route: Route
+  ) {}
+  get subject() {
+    return this.msg.subject
+  }
+  get data() {
+    return this.msg.data
+  }
+  header(name: string) {
+    return (this.#headers ??= headerValues(this.msg.headers))[name] ?? ""
+  }
+  confirm() {
+    if (this.settled) return
+    this.settled = true
+    if (this.reply !== undefined) this.msg.respond(this.reply)
+    // The journal's copy, after the reply (ARCHITECTURE.md: "asks are journaled at most once").
+    this.route.system.copyToJournal(this.route.asked, this.msg.data, this.msg.headers)
+  }
+  handBack() {
+    this.answer(encodeRejectedReply(`${this.route.actor} is stopping; retry`))
+  }
+  answer(bytes: Uint8Array) {
+    if (this.settled) return
+    this.settled = true
+    this.msg.respond(bytes)
+  }
+  working() {}
+  deadLetter(reason: string) {
+    return deadLetter(this.route, this, this.msg.headers, reason)
+  }
+}
+
+export interface IntakeOptions {
+  readonly system: ActorSystemShape
+  readonly address: ActorAddress
+  readonly actor: string
+  readonly ackWaitMs: number
+  /** Upper bound of unacknowledged tells the consumer hands this actor. */
+  readonly maxAckPending: number
+  readonly onDelivery: (d: Delivery) => void
+}
+
+export interface Intake {
+  /** Stops taking messages (unsubscribes asks, closes the consumer's pull); idempotent. */
+  readonly close: Effect.Effect<void>
+}
+
+const ensureConsumer = (o: IntakeOptions) => {
+  const { jsm } = o.system.nats
+  const names = o.system.layout
+  const durable = names.consumer(o.address)
+  return Effect.tryPromise({
+    try: async () => {
+      const existing = await jsm.consumers.info(names.journalStream, durable).catch(() => null)
+      if (existing !== null) return
+      await jsm.consumers.add(names.journalStream, {
+        durable_name: durable,
+        filter_subject: names.tell(o.address),
+        ack_policy: AckPolicy.Explicit,
+        deliver_policy: DeliverPolicy.All,
+        ack_wait: o.ackWaitMs * 1_000_000,
+        max_ack_pending: o.maxAckPending,
+        max_deliver: -1
+      })
+    },
+    catch: (e) => new TransportError({ operation: `create consumer ${durable}`, message: messageOf(e) })
+  }).pipe(
+    Effect.andThen(
+      Effect.tryPromise({
+        try: () => o.system.nats.js.consumers.get(names.journalStream, durable),
+        catch: (e) => new TransportError({ operation: `bind consumer ${durable}`, message: messageOf(e) })
+      })
+    )
+  )
+}
+
+/**
+ * Opens both intakes; `onDelivery` is called from the NATS callbacks themselves (so an idle
+ * actor answers without a scheduler hop). The intake closes with the scope at the latest.
+ */
+export const openIntake = (o: IntakeOptions) =>
+  Effect.gen(function* () {
+    const route: Route = { system: o.system, address: o.address, actor: o.actor, asked: o.system.layout.asked(o.address) }
+    const consumer = yield* ensureConsumer(o)
+    const tells: ConsumerMessages = yield* Effect.tryPromise({
+      try: () => consumer.consume({ max_messages: 128, callback: (msg) => o.onDelivery(new TellDelivery(msg, route)) }),
+      catch: (e) => new TransportError({ operation: `consume ${o.system.layout.consumer(o.address)}`, message: messageOf(e) })
+    })
+    const asks: Subscription = o.system.nats.nc.subscribe(o.system.layout.ask(o.address), {
+      queue: "gyre",
+      callback: (err, msg) => {
+        if (err === null) o.onDelivery(new AskDelivery(msg, route))
+      }
+    })
+    let closed = false
+    const close = Effect.suspend(() => {
+      if (closed) return Effect.void
+      closed = true
+      asks.unsubscribe()
+      return Effect.promise(() => tells.close().then(() => undefined, () => undefined))
+    })
+    yield* Effect.addFinalizer(() => close)
+    yield* Effect.tryPromise({
+      try: () => o.system.nats.nc.flush(),
+      catch: (e) => new TransportError({ operation: "flush", message: messageOf(e) })
+    })
+    return { close } satisfies Intake
+  })

@@ -1,0 +1,128 @@
+/**
+ * Snapshots of an actor's state in the run's state bucket (key `kind/id`): the last one is
+ * restored when an incarnation starts; new ones are written with compare-and-set on the KV
+ * revision this incarnation last read or wrote.
+ *
+ * A failed write is classified, and each class is handled its own way:
+ * - `SnapshotConflict`: the revision moved, someone else wrote the actor's state. Retrying
+ *   cannot help; it is a fencing matter (the caller stops acknowledging and hands back).
+ * - `TransportError`: no answer, connection trouble: the write is retried on `retry` (a
+ *   `Schedule`). A retry after a write that the server stored but whose acknowledgement was
+ *   lost meets its own document at the newer revision; that counts as written.
+ */
+import { JetStreamApiCodes, JetStreamApiError } from "@nats-io/jetstream"
+import type { KV } from "@nats-io/kv"
+import { Duration, Effect, Schedule, Schema } from "effect"
+import { SnapshotConflict, TransportError, messageOf } from "./errors.ts"
+import { HandledIds } from "./mailbox.ts"
+import { encodeJson } from "./protocol.ts"
+
+/** The snapshot document in the state bucket. */
+export const Snapshot = Schema.Struct({
+  state: Schema.Unknown,
+  handled: Schema.Array(Schema.String),
+  incarnation: Schema.Number,
+  at: Schema.Number
+})
+
+export interface SnapshotStoreOptions<S> {
+  readonly kv: KV
+  readonly key: string
+  /** `kind/id`, for errors. */
+  readonly actor: string
+  /** The writer's incarnation number (its claim's, claim.ts). */
+  readonly incarnation: number
+  readonly schema: Schema.Codec<S, any>
+  /** Retries of a write that failed in transport (default: 100 ms doubling, 5 retries). */
+  readonly retry?: Schedule.Schedule<unknown, unknown>
+  /** How long one write waits for the server's acknowledgement. */
+  readonly timeoutMs?: number
+}
+
+export interface Restored<S> {
+  /** The stored state, or `undefined` when the actor has none yet. */
+  readonly state: S | undefined
+  readonly handled: HandledIds
+  readonly revision: number
+}
+
+export interface SnapshotStore<S> {
+  readonly restore: Effect.Effect<Restored<S>, TransportError>
+  /**
+   * Encodes `state` and `handled` at the call (so the document is what they are now) and
+   * returns the write of it.
+   */
+  readonly write: (state: S, handled: HandledIds) => Effect.Effect<void, SnapshotConflict | TransportError>
+}
+
+const defaultRetry = Schedule.exponential(Duration.millis(100)).pipe(Schedule.upTo({ times: 5 }))
+
+const isWrongRevision = (e: unknown): boolean =>
+  e instanceof JetStreamApiError &&
+  (e.code === JetStreamApiCodes.StreamWrongLastSequence || e.code === JetStreamApiCodes.StreamWrongLastSequenceUnknown)
+
+const sameBytes = (a: Uint8Array, b: Uint8Array) => a.length === b.length && a.every((x, i) => x === b[i])
+
+export const makeSnapshotStore = <S>(options: SnapshotStoreOptions<S>): SnapshotStore<S> => {
+  const { kv, key, actor, incarnation } = options
+  const codec = Schema.toCodecJson(options.schema)
+  const encodeState = Schema.encodeSync(codec)
+  let revision = 0
+
+  const read = (operation: string) =>
+    Effect.tryPromise({
+      try: () => kv.get(key),
+      catch: (e) => new TransportError({ operation: `${operation} of ${actor}`, message: messageOf(e) })
+    })
+
+  const restore = read("read snapshot").pipe(
+    Effect.map((stored): Restored<S> => {
+      if (stored === null || stored.operation !== "PUT") return { state: undefined, handled: new HandledIds(), revision: 0 }
+      revision = stored.revision
+      const doc = Schema.decodeUnknownSync(Snapshot)(stored.json())
+      return { state: Schema.decodeUnknownSync(codec)(doc.state) as S, handled: HandledIds.from(doc.handled), revision }
+    })
+  )
+
+  // One attempt; a wrong revision is ours when the stored bytes are the document we sent.
+  const attempt = (doc: Uint8Array, expected: number) =>
+    Effect.tryPromise({
+      try: () => kv.put(key, doc, { previousSeq: expected, ...(options.timeoutMs ? { timeout: options.timeoutMs } : {}) }),
+      catch: (e) => e
+    }).pipe(
+      Effect.catch((e) => {
+        if (!isWrongRevision(e)) {
+          return Effect.fail(new TransportError({ operation: `write snapshot of ${actor}`, message: messageOf(e) }))
+        }
+        return read("check snapshot").pipe(
+          Effect.flatMap((found) =>
+            found !== null && sameBytes(found.value, doc)
+              ? Effect.succeed(found.revision)
+              : Effect.fail(new SnapshotConflict({ actor, expectedRevision: expected, writtenBy: writer(found) }))
+          )
+        )
+      })
+    )
+
+  const write = (state: S, handled: HandledIds) => {
+    const doc = encodeJson({ state: encodeState(state), handled: handled.recent(), incarnation, at: Date.now() })
+    const expected = revision
+    return attempt(doc, expected).pipe(
+      Effect.retry({ schedule: options.retry ?? defaultRetry, while: (e) => e._tag === "TransportError" }),
+      Effect.map((r) => {
+        revision = r
+      })
+    )
+  }
+
+  return { restore, write }
+}
+
+const writer = (found: { json: () => unknown } | null): number | undefined => {
+  if (found === null) return undefined
+  try {
+    return Schema.decodeUnknownSync(Snapshot)(found.json()).incarnation
+  } catch {
+    return undefined
+  }
+}
