@@ -6,6 +6,9 @@
  * `ActorType`), spawns `--spawn` actors, and serves spawn requests until SIGTERM or SIGINT,
  * on which it drains: in-flight messages finish, buffered ones go back to JetStream.
  * `--device-ids a,b` names the devices this node offers (for actors placed on a device).
+ * `--devices K` joins a `gyre train` run as K more devices (`device/<name>.<backend><i>`, each with
+ * the training role): it waits for the run's configuration in the journal, loads its checkpoint
+ * and announces the devices to the run's scheduler, which uses them from then on.
  * `--metrics-port N` serves Prometheus `/metrics` on 127.0.0.1:N (0 = any free port).
  * Settings not given as flags come from the runtime's `Config` (GYRE_HEARTBEAT_MS, ...:
  * src/runtime/config.ts).
@@ -17,11 +20,18 @@
 import * as path from "node:path"
 import { pathToFileURL } from "node:url"
 import * as os from "node:os"
-import { Effect, Layer, Deferred } from "effect"
+import { Effect, Layer, Deferred, Schedule } from "effect"
+import { device } from "../actors/device.ts"
+import { schedulerAddress } from "../actors/scheduler.ts"
+import { trainingRoleFor } from "../actors/trainer.ts"
+import { loadNative } from "../engine/native.ts"
+import { DEVICE_KIND } from "../protocols/device.ts"
+import { readRunConfig } from "../scheduling/records.ts"
+import type { ActorSystemShape } from "../runtime/system.ts"
 import type { ActorType } from "../runtime/actor.ts"
 import { Nats } from "../runtime/nats.ts"
 import { observabilityLayer } from "../runtime/observability.ts"
-import { parseAddress } from "../runtime/names.ts"
+import { formatAddress, parseAddress } from "../runtime/names.ts"
 import { startNode } from "../runtime/node.ts"
 import { ActorSystem } from "../runtime/system.ts"
 import { UsageError, parseFlags, type Command } from "./args.ts"
@@ -35,6 +45,7 @@ const flags = {
   "heartbeat-ms": { kind: "integer", doc: "registry heartbeat interval (default GYRE_HEARTBEAT_MS or 1000)" },
   "dead-after-ms": { kind: "integer", doc: "silence after which an actor is declared dead (default GYRE_DEAD_AFTER_MS or 5000)" },
   "ack-wait-ms": { kind: "integer", doc: "JetStream ack wait of actor consumers (default GYRE_ACK_WAIT_MS or 10000)" },
+  devices: { kind: "integer", doc: "host this many device actors of the training run --run (its configuration read from the run's journal)", default: 0 },
   "metrics-port": { kind: "integer", doc: "serve Prometheus /metrics on 127.0.0.1 at this port, 0 = any free one (default GYRE_METRICS_PORT or off)" }
 } as const
 
@@ -54,6 +65,18 @@ export const loadActorTypes = async (modules: ReadonlyArray<string>): Promise<Ar
 
 const list = (s: string | undefined) => (s ?? "").split(",").map((x) => x.trim()).filter((x) => x !== "")
 
+/** The device type of the training run this node's system belongs to, once its configuration is journaled. */
+const trainingDevices = (system: ActorSystemShape) =>
+  Effect.gen(function* () {
+    const config = yield* readRunConfig(system).pipe(
+      Effect.flatMap((c) => (c === undefined ? Effect.fail("waiting" as const) : Effect.succeed(c))),
+      Effect.retry({ while: (e) => e === "waiting", schedule: Schedule.spaced("500 millis") })
+    )
+    const { backend } = yield* loadNative()
+    const type = device({ checkpoint: config.checkpoint, maxBatch: 64, scheduler: formatAddress(schedulerAddress), training: trainingRoleFor(config) })
+    return { type, backend }
+  })
+
 /** One status line on stdout. */
 const status = (line: Record<string, unknown>) => Effect.sync(() => void process.stdout.write(`${JSON.stringify(line)}\n`))
 
@@ -69,12 +92,14 @@ export const command: Command<typeof flags> = {
         throw new UsageError(`gyre node: --spawn ${a}: ${(e as Error).message}`)
       }
     })
+    if (f.devices < 0) throw new UsageError(`gyre node: --devices must be at least 0, got ${f.devices}`)
     const types = await loadActorTypes(list(f.load))
     const program = Effect.gen(function* () {
       const system = yield* ActorSystem
+      const devices = f.devices > 0 ? yield* trainingDevices(system) : undefined
       const node = yield* startNode({
         name: f.name,
-        types,
+        types: devices === undefined ? types : [...types, devices.type],
         devices: list(f["device-ids"]),
         ...(f["heartbeat-ms"] !== undefined ? { heartbeatMs: f["heartbeat-ms"] } : {}),
         ...(f["dead-after-ms"] !== undefined ? { deadAfterMs: f["dead-after-ms"] } : {}),
@@ -82,6 +107,7 @@ export const command: Command<typeof flags> = {
         ...(f["metrics-port"] !== undefined ? { metricsPort: f["metrics-port"] } : {})
       })
       for (const a of spawns) yield* node.spawn(a.kind, a.id)
+      if (devices !== undefined) for (let i = 0; i < f.devices; i++) yield* node.spawn(DEVICE_KIND, `${f.name}.${devices.backend}${i}`)
       const stop = yield* Deferred.make<void>()
       const onSignal = () => Effect.runFork(Deferred.succeed(stop, undefined))
       process.once("SIGTERM", onSignal)

@@ -103,10 +103,9 @@ export const recordWriter = (system: ActorSystemShape, lastSeq: number) => {
   })
 }
 
-/** The run's configuration as journaled: the one already there, else `config`, written now. */
-export const journalRunConfig = Effect.fn("Scheduler.runConfig")(function* (system: ActorSystemShape, config: RunConfig) {
-  const subject = subjects(system).config
-  const read = readLast(system.nats, system.layout.journalStream, subject).pipe(
+/** The run's configuration as journaled, or undefined while none is. */
+export const readRunConfig = (system: ActorSystemShape) =>
+  readLast(system.nats, system.layout.journalStream, subjects(system).config).pipe(
     Effect.flatMap((m) => {
       if (m === undefined) return Effect.succeed(undefined)
       const decoded = decodeConfig(m.string())
@@ -115,6 +114,11 @@ export const journalRunConfig = Effect.fn("Scheduler.runConfig")(function* (syst
         : Effect.fail(new JournalDiverged({ index: -1, reason: `the journaled run configuration does not decode: ${String(decoded.cause)}` }))
     })
   )
+
+/** The run's configuration as journaled: the one already there, else `config`, written now. */
+export const journalRunConfig = Effect.fn("Scheduler.runConfig")(function* (system: ActorSystemShape, config: RunConfig) {
+  const subject = subjects(system).config
+  const read = readRunConfig(system)
   const journaled = yield* read
   if (journaled !== undefined) return journaled
   const written = yield* publish(system, subject, Schema.encodeSync(Schema.toCodecJson(RunConfig))(config), {
