@@ -156,6 +156,7 @@ export const runTraining = (f: TrainFlags) => {
       heldout_before: round(before.meanScore),
       heldout_after: round(after.meanScore),
       train_scores: audit.steps.map((s) => round(s.meanScore)),
+      devices: audit.cells,
       switches: audit.switches,
       reprefill_tokens: audit.reprefillTokens,
       kv_handoff_bytes: audit.kvHandoffBytes,

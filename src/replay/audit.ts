@@ -20,6 +20,8 @@ export interface RunAudit {
   /** Record indices written more than once with different content (two writers). */
   readonly conflictingRecords: ReadonlyArray<number>
   readonly terms: ReadonlyArray<number>
+  /** Devices that joined as cells, in join order (cell 0 first). */
+  readonly cells: ReadonlyArray<string>
   readonly dispatchedBatches: number
   readonly executionsStarted: number
   readonly executionsFinished: number
@@ -86,8 +88,10 @@ export const auditRun = (system: ActorSystemShape, executionsPerStep: number): E
     const finished = new Map<number, { execution: number; duration_s: number; tokens: number }>()
     const stepDoneAt = new Map<number, number>()
     const weightSyncS: Array<number> = []
+    const cells: Array<string> = []
     for (const i of indices) {
-      const { event, actions } = records.get(i)!.record
+      const { event, actions, device } = records.get(i)!.record
+      if (event._tag === "CellJoined" && device !== undefined) cells.push(device)
       if (event._tag === "ExecutionStarted") started++
       if (event._tag === "ExecutionFinished") finished.set(event.execution, { execution: event.execution, duration_s: event.duration_s, tokens: event.tokens })
       if (event._tag === "StepDone") {
@@ -107,6 +111,7 @@ export const auditRun = (system: ActorSystemShape, executionsPerStep: number): E
       recordGaps: gaps,
       conflictingRecords: [...conflicting],
       terms: [...new Set(indices.map((i) => records.get(i)!.record.term))],
+      cells,
       dispatchedBatches: dispatched,
       executionsStarted: started,
       executionsFinished: finished.size,

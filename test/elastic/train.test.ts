@@ -6,11 +6,14 @@
  * says: every step done, nothing lost, nothing trained twice, nothing prefilled again, and a final
  * checkpoint that `gyre eval` scores.
  */
-import { execFileSync, spawnSync } from "node:child_process"
+import { execFile, execFileSync, spawnSync } from "node:child_process"
 import { existsSync, mkdtempSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
+import { Effect } from "effect"
 import { describe, expect, it } from "vitest"
+import { startEmbeddedServer } from "../../src/runtime/nats-server.ts"
+import { startNodeProcess } from "../runtime/harness.ts"
 
 const gyre = new URL("../../bin/gyre.js", import.meta.url).pathname
 const lastJson = (out: string) => JSON.parse(out.trim().split("\n").at(-1)!)
@@ -38,6 +41,40 @@ describe("gyre train", () => {
     expect(Object.keys(evaluation.scores)).toEqual(["heldout-0", "heldout-1"])
     expect(evaluation.mean_score).toBeGreaterThanOrEqual(0)
     expect(evaluation.mean_score).toBeLessThanOrEqual(1)
+  }, 300_000)
+
+  it("uses the devices of a second node (gyre node --devices) over one NATS", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "gyre-train2-"))
+    execFileSync("node", [gyre, "engine", "init", "--preset", "tiny", "--seed", "4", "--out", join(dir, "init")], { stdio: "ignore" })
+    await Effect.runPromise(
+      Effect.scoped(
+        Effect.gen(function* () {
+          const server = yield* startEmbeddedServer({})
+          const run = "two-nodes"
+          const other = startNodeProcess(server.url, ["--name", "other", "--run", run, "--devices", "1"])
+          yield* Effect.addFinalizer(() => Effect.sync(() => other.child.kill("SIGKILL")))
+          const args = ["train", "--run", run, "--checkpoint", join(dir, "init"), "--steps", "2", "--devices", "1", "--executions-per-step", "4", "--group-size", "2", "--slots", "2"]
+          const more = ["--horizon", "3", "--env", "TOY_TOOL_MS=30,TOY_MAX_TOKENS=16", "--heldout", "heldout-0", "--json"]
+          const out = yield* Effect.promise(
+            () =>
+              new Promise<string>((resolve, reject) =>
+                execFile("node", [gyre, ...args, ...more], { encoding: "utf8", env: { ...process.env, NATS_URL: server.url }, timeout: 240_000 }, (e, stdout) => (e ? reject(e) : resolve(stdout)))
+              )
+          )
+          const summary = lastJson(out)
+          expect(summary.steps).toBe(2)
+          expect(summary.executions_lost).toBe(0)
+          expect(summary.trained_twice).toBe(0)
+          expect(summary.store).toBe(server.url)
+          expect(summary.devices).toEqual(expect.arrayContaining(["device/other.cpu0"]))
+          expect(summary.devices).toHaveLength(2)
+          // The other node's device joined the run as a cell and the policy moved it.
+          const devices = yield* Effect.promise(() => other.waitFor("ready"))
+          expect(devices.types).toContain("device")
+          expect(other.stderr()).not.toMatch(/crashed/)
+        })
+      )
+    )
   }, 300_000)
 
   it("answers a bad flag with one line and exit code 2", () => {
