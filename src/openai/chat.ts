@@ -200,11 +200,16 @@ export const visibleText = (
     const open = text.indexOf(TOOL_CALL_OPEN)
     if (open >= 0) keep = open
   }
-  for (const s of held) {
-    for (let k = Math.min(s.length - 1, keep); k > 0; k--) {
-      if (text.slice(keep - k, keep) === s.slice(0, k)) {
-        keep -= k
-        break
+  // Hold back any tail that may still become a held string; holding one tail can expose another
+  // ("S<" holds "<" for a tool call, then "S" for "STOP"), so repeat until nothing changes.
+  for (let before = -1; before !== keep; ) {
+    before = keep
+    for (const s of held) {
+      for (let k = Math.min(s.length - 1, keep); k > 0; k--) {
+        if (text.slice(keep - k, keep) === s.slice(0, k)) {
+          keep -= k
+          break
+        }
       }
     }
   }

@@ -78,7 +78,9 @@ describe("chat rendering", () => {
           previous = partial
         }
         expect(final).not.toContain("STOP")
-      })
+      }),
+      // held "<" of a tool call exposed "S" of "STOP": streamed "S", then took it back
+      { examples: [["S", true]] }
     )
     expect(visibleText([...encode("ab"), special.end], [], { final: true, holdToolCalls: false })).toBe("ab")
   })
