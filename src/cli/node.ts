@@ -97,9 +97,10 @@ export const command: Command<typeof flags> = {
     const program = Effect.gen(function* () {
       const system = yield* ActorSystem
       const devices = f.devices > 0 ? yield* trainingDevices(system) : undefined
+      const hosted = devices === undefined ? types : [...types, devices.type]
       const node = yield* startNode({
         name: f.name,
-        types: devices === undefined ? types : [...types, devices.type],
+        types: hosted,
         devices: list(f["device-ids"]),
         ...(f["heartbeat-ms"] !== undefined ? { heartbeatMs: f["heartbeat-ms"] } : {}),
         ...(f["dead-after-ms"] !== undefined ? { deadAfterMs: f["dead-after-ms"] } : {}),
@@ -118,7 +119,7 @@ export const command: Command<typeof flags> = {
         run: f.run,
         nats: system.nats.servers,
         embedded: system.nats.embedded,
-        types: types.map((t) => t.kind),
+        types: hosted.map((t) => t.kind),
         ...(node.metricsUrl !== undefined ? { metrics: node.metricsUrl } : {})
       })
       yield* Effect.logInfo(`node ${f.name} serving run ${f.run} on ${system.nats.servers}`)
