@@ -18,7 +18,7 @@
 import { execFileSync, spawnSync } from "node:child_process"
 import { availableParallelism } from "node:os"
 import { Effect, Layer, Logger } from "effect"
-import type { PackedBatch } from "../src/engine/batch.ts"
+import type { PackedBatch } from "../src/common/packed-batch.ts"
 import type { LlamaConfig } from "../src/engine/config.ts"
 import { Engine } from "../src/engine/engine.ts"
 import type { KvCache } from "../src/engine/kvcache.ts"

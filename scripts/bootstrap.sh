@@ -3,6 +3,8 @@
 #   1. npm packages (npm ci, when node_modules is absent or older than package-lock.json)
 #   2. a nats-server >= 2.10 (scripts/nats-server.sh)
 #   3. the native engine library (make -C native; make skips it when up to date)
+#   4. torch for /usr/bin/python3, used by the engine's PyTorch agreement test
+#      (scripts/python-torch.sh: Debian packages as root, else a warning)
 # Called by `npm test`, `npm run demo` and the benches, so the README's two commands work
 # on a machine that has only Node and npm.
 set -euo pipefail
@@ -18,3 +20,5 @@ bash scripts/nats-server.sh >/dev/null
 if [ -f native/Makefile ]; then
   make -s -C native >&2
 fi
+
+bash scripts/python-torch.sh

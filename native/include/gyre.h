@@ -57,7 +57,7 @@ extern "C" {
 #endif
 
 /* Bumped on any incompatible change of a signature, struct or buffer format below. */
-#define GYRE_ABI_VERSION 1
+#define GYRE_ABI_VERSION 2 /* 2: gyre_loss_config.proximal_current */
 
 /* ------------------------------------------------------------------------------------ */
 /* Status codes and errors                                                               */
@@ -286,7 +286,8 @@ GYRE_API void gyre_trainer_free(gyre_trainer *trainer);
 
 /* Per loss term i (a token with parent >= 0), with logp_i = log pi_theta(tokens[i] | the
  * ancestors of i), mu_i = behaviour log-prob, prox_i = proximal log-prob (NaN or a NULL
- * array: prox_i = mu_i), A_i = advantage:
+ * array: prox_i = mu_i; with proximal_current: prox_i = logp_i, the weights being trained
+ * are the proximal policy, so r_i = 1), A_i = advantage:
  *   w_i = min(exp(prox_i - mu_i), is_cap)        (is_cap <= 0: no cap)
  *   r_i = exp(logp_i - prox_i)
  *   loss_i = -w_i * min(r_i * A_i, clip(r_i, 1 - clip_eps_low, 1 + clip_eps_high) * A_i)
@@ -301,6 +302,7 @@ typedef struct gyre_loss_config {
   float is_cap;
   int32_t current_version;
   int32_t max_staleness;   /* < 0: no bound */
+  int32_t proximal_current; /* nonzero: prox_i = logp_i (proximal_logprobs ignored) */
 } gyre_loss_config;
 
 /* Means are unweighted over the trained terms (weight != 0, not stale). */
@@ -318,7 +320,7 @@ typedef struct gyre_train_stats {
 } gyre_train_stats;
 
 /* Forward (and, with backward != 0, backward) over a packed micro-batch of n tokens
- * forming a forest (the PackedBatch of src/engine/batch.ts): token i attends to its
+ * forming a forest (the PackedBatch of src/common/packed-batch.ts): token i attends to its
  * ancestors (following parents[], each < i, -1 for a root) and itself; RoPE rotates it by
  * positions[i]; loss term i predicts tokens[i] from the output at parents[i].
  * weights, advantages, behaviour_logprobs, proximal_logprobs and versions may be NULL for

@@ -28,10 +28,11 @@ import { messageOf, TransportError } from "../runtime/errors.ts"
 import { formatAddress, type ActorAddress } from "../runtime/names.ts"
 import { refOf } from "../runtime/system.ts"
 import { ExecutionOutcome } from "../tree/outcome.ts"
-import { GatewayProtocol, HarnessRunnerProtocol, UnknownTask, type RunExecution } from "./harness-protocol.ts"
-import { ensureTrajectoryStream, rlLayout } from "./layout.ts"
-import { describeEnd, runInGroup, type GroupResult } from "./process-group.ts"
-import { loadSuite, type Suite, type SuiteProgram, type Task } from "./suites.ts"
+import { GatewayProtocol } from "../protocols/gateway.ts"
+import { HarnessRunnerProtocol, UnknownTask, type RunExecution } from "../protocols/harness.ts"
+import { ensureTrajectoryStream, rlLayout } from "../protocols/layout.ts"
+import { describeEnd, runInGroup, type GroupResult } from "../harness/process-group.ts"
+import { loadSuite, type Suite, type SuiteProgram, type Task } from "../harness/suites.ts"
 
 export type KeepPolicy = RunExecution["keepWorkspace"]
 

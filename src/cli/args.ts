@@ -24,6 +24,14 @@ export interface FlagDef {
 
 export type FlagSpec = Readonly<Record<string, FlagDef>>
 
+/** A `gyre` sub-command: each module under `src/cli/` exports one as `command`. */
+export interface Command<S extends FlagSpec = FlagSpec> {
+  readonly summary: string
+  readonly flags: S
+  /** Runs the command; resolves to the process exit code. */
+  readonly run: (argv: ReadonlyArray<string>) => Promise<number>
+}
+
 type ValueOf<K extends FlagKind> = K extends "string"
   ? string
   : K extends "number" | "integer"

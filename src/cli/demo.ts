@@ -1,190 +1,31 @@
 /**
- * `gyre demo`: the main job on the embedded default. Until the training loop lands, it runs
- * a batch of `toy` executions through the whole rollout path with a freshly warm-started
- * `tiny` policy:
+ * `gyre demo`: the main job on the embedded default — a short elastic `gyre train` run of the
+ * `tiny` policy on the `toy` suite that finishes in a few minutes on 2 cores.
  *
- * 1. Warm start (cached in `.gyre/cache/warm-start-<key>`, the key a digest of everything
- *    that shapes it): the toy oracle's demonstrations on train tasks, then supervised steps
- *    of the engine's SFT loss on their prefix trees (`src/train/warm-start.ts`).
- * 2. A private nats-server (or NATS_URL), one node hosting a rollout worker on the warm-started
- *    checkpoint, the gateway and a harness runner.
- * 3. `--executions` held-out toy executions at once, each an unmodified harness process
- *    talking HTTP to the gateway; their outcomes, and the trees rebuilt from the call records.
+ * It is `gyre train` with the demo's defaults (flags are the same; `gyre demo --help` lists them):
+ * the cached supervised warm start, the held-out score before, `--steps` elastic RL steps on two
+ * CPU devices that move between rollout and training (executions in flight handed over with their
+ * KV cache), the held-out score after, and the run's figures counted from its journal. The run's
+ * JetStream store stays in `.gyre/runs/<run>` for `gyre replay --store`.
  */
-import { createHash } from "node:crypto"
-import * as fs from "node:fs"
-import * as os from "node:os"
-import * as path from "node:path"
-import { Effect, Layer } from "effect"
-import { gateway } from "../actors/gateway.ts"
-import { HarnessRunnerProtocol } from "../actors/harness-protocol.ts"
-import { makeHarnessRunner } from "../actors/harness-runner.ts"
-import { rlLayout } from "../actors/layout.ts"
-import { rolloutWorker } from "../actors/rollout-worker.ts"
-import { loadSuite } from "../actors/suites.ts"
-import { readTrajectories } from "../actors/trajectories.ts"
-import { CONFIG_FILE, MODEL_FILE, saveCheckpoint } from "../engine/checkpoint.ts"
-import { Engine } from "../engine/engine.ts"
-import { presets } from "../engine/presets.ts"
-import { Nats, natsOptionsFromEnv } from "../runtime/nats.ts"
-import { address } from "../runtime/names.ts"
-import { repoRoot } from "../runtime/nats-server.ts"
-import { startNode } from "../runtime/node.ts"
-import { ActorSystem, refOf } from "../runtime/system.ts"
-import { recordDemonstrations } from "../train/demonstrations.ts"
-import { demonstrationTrees, readDemonstrations, warmStart } from "../train/warm-start.ts"
-import { executionStats } from "../tree/stats.ts"
-import { parseFlags } from "./args.ts"
-import type { Command } from "./main.ts"
+import { Effect } from "effect"
+import { parseFlags, type Command } from "./args.ts"
+import { runTraining, summaryLines, trainFlags } from "./train.ts"
 
 const flags = {
-  executions: { kind: "integer", doc: "toy executions to run at once", default: 8 },
-  horizon: { kind: "integer", doc: "decisions per execution (TOY_STEPS)", default: 48 },
-  "demo-tasks": { kind: "integer", doc: "train tasks the oracle demonstrates for the warm start", default: 60 },
-  "sft-steps": { kind: "integer", doc: "supervised warm-start steps", default: 150 },
-  "sft-lr": { kind: "number", doc: "peak learning rate of the warm start", default: 4e-3 },
-  seed: { kind: "integer", doc: "initialisation and sampling seed", default: 1 },
-  fresh: { kind: "boolean", doc: "ignore a cached warm start", default: false },
-  run: { kind: "string", doc: "run id", default: `demo-${Date.now().toString(36)}` },
-  store: { kind: "string", doc: "JetStream store of the embedded nats-server (keeps the records)", default: path.join(repoRoot, ".gyre", "demo-store") }
+  ...trainFlags,
+  steps: { ...trainFlags.steps, default: 8 },
+  run: { ...trainFlags.run, default: `demo-${Date.now().toString(36)}` }
 } as const
 
-type Flags = ReturnType<typeof parseFlags<typeof flags>>
-
-/** The knobs the demo gives the toy suite, for both the demonstrations and the executions. */
-const toyEnv = (f: Flags) => ({ TOY_STEPS: String(f.horizon), TOY_TOOL_MS: "20", TOY_TEMPERATURE: "1" })
-
-const digestOf = (parts: ReadonlyArray<string>) => {
-  const h = createHash("sha256")
-  for (const p of parts) h.update(p).update("\0")
-  return h.digest("hex").slice(0, 16)
-}
-
-/** The warm-started checkpoint: from the cache, or trained now and cached. */
-const warmStartedCheckpoint = (f: Flags) =>
-  Effect.gen(function* () {
-    const suite = yield* loadSuite(path.join(repoRoot, "suites"), "toy")
-    const shaping = ["suites/toy/world.mjs", "suites/toy/harness.mjs", "suites/toy/suite.json", "src/actors/chat.ts", "src/engine/tokenizer.ts", "src/train/warm-start.ts"]
-    const key = digestOf([
-      ...shaping.map((p) => fs.readFileSync(path.join(repoRoot, p), "utf8")),
-      JSON.stringify({ preset: presets.tiny, env: toyEnv(f), tasks: f["demo-tasks"], steps: f["sft-steps"], lr: f["sft-lr"], seed: f.seed })
-    ])
-    const dir = path.join(repoRoot, ".gyre", "cache", `warm-start-${key}`)
-    if (!f.fresh && fs.existsSync(path.join(dir, CONFIG_FILE)) && fs.existsSync(path.join(dir, MODEL_FILE))) {
-      console.log(`warm start: cached in ${path.relative(process.cwd(), dir)}`)
-      return dir
-    }
-    const started = Date.now()
-    const work = fs.mkdtempSync(path.join(os.tmpdir(), "gyre-warm-start-"))
-    const demosFile = path.join(work, "demonstrations.jsonl")
-    const tasks = suite.tasks.filter((t) => t.split === "train").slice(0, f["demo-tasks"]).map((t) => t.id)
-    // Seeded, so the demonstrations (their retries) and hence the cached checkpoint are reproducible.
-    yield* recordDemonstrations(suite, tasks, demosFile, { env: { ...toyEnv(f), TOY_TOOL_MS: "0", TOY_RANDOM_SEED: String(f.seed) } })
-    const trees = demonstrationTrees(yield* readDemonstrations([demosFile]))
-    const calls = trees.reduce((a, t) => a + t.tree.callCount, 0)
-    console.log(`warm start: ${calls} oracle calls on ${trees.length} train tasks; ${f["sft-steps"]} SFT steps of the tiny preset...`)
-    const engine = yield* Engine
-    const model = yield* engine.createModel(presets.tiny, { seed: f.seed })
-    const budget = 4096
-    const trainer = yield* model.trainer({ maxTokens: budget })
-    const loss = yield* warmStart(trainer, trees, {
-      steps: f["sft-steps"],
-      tasksPerStep: 2,
-      microBatchTokens: budget,
-      lr: f["sft-lr"],
-      seed: f.seed,
-      onStep: (step, l) => {
-        if (step % 25 === 0) console.log(`  step ${String(step).padStart(4)}  loss ${l.toFixed(4)}  ${((Date.now() - started) / 1000).toFixed(0)} s`)
-      }
-    })
-    const staging = `${dir}.tmp-${process.pid}`
-    yield* saveCheckpoint(staging, model)
-    fs.writeFileSync(
-      path.join(staging, "warm-start.json"),
-      `${JSON.stringify({ key, demonstrations: calls, tasks: trees.length, steps: f["sft-steps"], lr: f["sft-lr"], finalLoss: loss, seconds: (Date.now() - started) / 1000 }, null, 2)}\n`
-    )
-    fs.rmSync(dir, { recursive: true, force: true })
-    fs.renameSync(staging, dir)
-    fs.rmSync(work, { recursive: true, force: true })
-    console.log(`warm start: final loss ${loss.toFixed(4)} in ${((Date.now() - started) / 1000).toFixed(0)} s, cached in ${path.relative(process.cwd(), dir)}`)
-    return dir
-  })
-
-const pad = (s: string | number, n: number) => String(s).padStart(n)
-
 export const command: Command<typeof flags> = {
-  summary: "run a batch of toy executions through the rollout path with a warm-started tiny policy",
+  summary: "the main job: a short elastic RL run of the tiny policy on the toy suite (held-out score before and after)",
   flags,
   run: async (argv) => {
     const f = parseFlags("demo", flags, argv)
-    const checkpoint = await Effect.runPromise(Effect.scoped(warmStartedCheckpoint(f)).pipe(Effect.provide(Engine.layer)))
-    const program = Effect.gen(function* () {
-      const system = yield* ActorSystem
-      const workspaces = fs.mkdtempSync(path.join(os.tmpdir(), "gyre-demo-ws-"))
-      yield* Effect.addFinalizer(() => Effect.sync(() => fs.rmSync(workspaces, { recursive: true, force: true })))
-      const node = yield* startNode({
-        name: "demo",
-        types: [
-          rolloutWorker({ checkpoint, maxBatch: 64 }),
-          gateway({ port: 0 }),
-          makeHarnessRunner({
-            suitesDir: path.join(repoRoot, "suites"),
-            gateway: address("gateway", "main"),
-            capacity: f.executions,
-            evaluationRetries: 2,
-            workspaceRoot: workspaces
-          })
-        ]
-      })
-      yield* node.spawn("rollout-worker", "demo.0")
-      yield* node.spawn("gateway", "main")
-      yield* node.spawn("harness-runner", "demo")
-      const names = rlLayout(system.run)
-      console.log(`\nrun ${system.run}: nats ${system.nats.servers} (${system.nats.embedded ? "embedded" : "external"} nats-server ${system.nats.serverVersion})`)
-      console.log(`${f.executions} held-out toy executions of ${f.horizon} decisions, at once...`)
-      const runner = refOf(HarnessRunnerProtocol, address("harness-runner", "demo"))
-      const started = Date.now()
-      const heldout = (yield* loadSuite(path.join(repoRoot, "suites"), "toy")).tasks.filter((t) => t.split === "heldout")
-      const runs = yield* Effect.forEach(
-        heldout.slice(0, f.executions),
-        (task, i) =>
-          Effect.gen(function* () {
-            const execution = `${system.run}-x${i}`
-            const t0 = Date.now()
-            const outcome = yield* system.ask(
-              runner,
-              "RunExecution",
-              { task: { suite: "toy", task: task.id }, execution, timeoutMs: null, keepWorkspace: "on-failure", env: toyEnv(f) },
-              { timeoutMs: 60 * 60_000 }
-            )
-            return { execution, outcome, seconds: (Date.now() - t0) / 1000 }
-          }),
-        { concurrency: "unbounded" }
-      )
-      const wall = (Date.now() - started) / 1000
-      const trajectories = yield* readTrajectories(system, new Set(runs.map((r) => r.execution)))
-
-      console.log(`\n${"execution".padEnd(22)} ${"task".padEnd(14)} score  ended     calls  tokens  unique  dedup  depth  leaves (main/summary/sub/sub-summary)   time`)
-      let scoreSum = 0
-      for (const r of runs) {
-        const t = trajectories.executions.get(r.execution)
-        const s = t === undefined ? undefined : executionStats(t.decoder.tree)
-        const roles = s?.leavesByRole ?? {}
-        const leaves = `${roles["main"] ?? 0}/${roles["main-summary"] ?? 0}/${roles["subagent"] ?? 0}/${roles["subagent-summary"] ?? 0}`
-        scoreSum += r.outcome.score ?? 0
-        console.log(
-          `${r.execution.slice(-22).padEnd(22)} ${r.outcome.task.padEnd(14)} ${(r.outcome.score ?? NaN).toFixed(3)}  ${r.outcome.ended.padEnd(9)} ${pad(s?.calls ?? 0, 5)} ${pad(s?.totalTokens ?? 0, 7)} ${pad(s?.uniqueTokens ?? 0, 7)} ${pad((s?.dedupRatio ?? 0).toFixed(1), 6)} ${pad(s?.depth ?? 0, 6)}  ${leaves.padEnd(38)} ${pad(r.seconds.toFixed(1), 5)} s`
-        )
-      }
-      const rejected = [...trajectories.executions.values()].reduce((a, t) => a + t.rejected.length, 0)
-      console.log(`\nmean score ${(scoreSum / runs.length).toFixed(3)} (the oracle scores 1.000); ${runs.length} executions in ${wall.toFixed(1)} s`)
-      console.log(`call records: stream ${names.trajectoryStream}, subjects ${names.allCalls} (${rejected} rejected, ${trajectories.malformed.length} malformed); outcomes: ${names.allOutcomes}`)
-      console.log(`journal: stream ${system.layout.journalStream}; store: ${system.nats.embedded ? f.store : system.nats.servers}`)
-      yield* node.drain
-    })
-    const env = natsOptionsFromEnv("gyre-demo")
-    const layer = ActorSystem.layer({ run: f.run }).pipe(Layer.provideMerge(Nats.layer({ ...env, storeDir: env.storeDir ?? f.store })))
-    await Effect.runPromise(Effect.scoped(program).pipe(Effect.provide(layer)))
+    const summary = await Effect.runPromise(Effect.scoped(runTraining(f)))
+    for (const line of summaryLines(summary)) console.log(line)
+    console.log(JSON.stringify(summary))
     return 0
   }
 }

@@ -18,10 +18,10 @@ import { Effect, Layer, Logger, type Scope } from "effect"
 import { loadCheckpoint, restoreOptimizer, saveCheckpoint } from "../engine/checkpoint.ts"
 import { Engine } from "../engine/engine.ts"
 import { type PresetName, presetNames, presets } from "../engine/presets.ts"
-import { chatTemplate, decode, special } from "../engine/tokenizer.ts"
+import { decode, special } from "../engine/tokenizer.ts"
+import { renderChat } from "../openai/chat.ts"
 import { adamwDefaults } from "../engine/trainer.ts"
-import { type FlagSpec, UsageError, parseFlags } from "./args.ts"
-import type { Command } from "./main.ts"
+import { type FlagSpec, UsageError, parseFlags, type Command } from "./args.ts"
 
 const subcommands = {
   init: {
@@ -165,7 +165,7 @@ const handlers: Record<Subcommand, (argv: ReadonlyArray<string>) => Promise<void
     const text = await run(
       Effect.gen(function* () {
         const { model } = yield* loadCheckpoint(f.checkpoint)
-        const prompt = chatTemplate([{ role: "user", content: f.prompt }], { generation: true })
+        const prompt = Array.from(renderChat([{ role: "user", content: f.prompt }], [], undefined))
         const limit = Math.min(f["max-tokens"], model.config.max_position_embeddings - prompt.length)
         const cache = yield* model.cache({ blockTokens: 16, numBlocks: Math.ceil((prompt.length + limit + 1) / 16) })
         const seq = yield* cache.create()

@@ -6,21 +6,16 @@
  * native engine and `gyre engine` never connects to NATS. A `UsageError` prints one line
  * and exits with 2; any other failure prints its message and exits with 1.
  */
-import { UsageError, usage, type FlagSpec } from "./args.ts"
-
-export interface Command<S extends FlagSpec = FlagSpec> {
-  readonly summary: string
-  readonly flags: S
-  /** Runs the command; resolves to the process exit code. */
-  readonly run: (argv: ReadonlyArray<string>) => Promise<number>
-}
+import { UsageError, usage, type Command } from "./args.ts"
 
 const commands: Record<string, () => Promise<{ readonly command: Command }>> = {
   node: () => import("./node.ts"),
   engine: () => import("./engine.ts"),
   sim: () => import("./sim.ts"),
   demo: () => import("./demo.ts"),
-  serve: () => import("./serve.ts")
+  serve: () => import("./serve.ts"),
+  eval: () => import("./eval.ts"),
+  train: () => import("./train.ts")
 }
 
 const printHelp = async () => {

@@ -5,6 +5,7 @@
  * loads actor types from `--load` modules (each exports actor types: any export that is an
  * `ActorType`), spawns `--spawn` actors, and serves spawn requests until SIGTERM or SIGINT,
  * on which it drains: in-flight messages finish, buffered ones go back to JetStream.
+ * `--device-ids a,b` names the devices this node offers (for actors placed on a device).
  * `--metrics-port N` serves Prometheus `/metrics` on 127.0.0.1:N (0 = any free port).
  * Settings not given as flags come from the runtime's `Config` (GYRE_HEARTBEAT_MS, ...:
  * src/runtime/config.ts).
@@ -23,14 +24,14 @@ import { observabilityLayer } from "../runtime/observability.ts"
 import { parseAddress } from "../runtime/names.ts"
 import { startNode } from "../runtime/node.ts"
 import { ActorSystem } from "../runtime/system.ts"
-import { UsageError, parseFlags } from "./args.ts"
-import type { Command } from "./main.ts"
+import { UsageError, parseFlags, type Command } from "./args.ts"
 
 const flags = {
   name: { kind: "string", doc: "node name (unique in the run)", default: os.hostname().replace(/[^A-Za-z0-9_-]/g, "-") },
   run: { kind: "string", doc: "run id that namespaces streams, subjects and buckets", default: "default" },
   load: { kind: "string", doc: "comma-separated modules whose exported actor types this node hosts" },
   spawn: { kind: "string", doc: "comma-separated kind/id actors to spawn at start" },
+  "device-ids": { kind: "string", doc: "comma-separated device ids this node offers (for actors placed on a device)" },
   "heartbeat-ms": { kind: "integer", doc: "registry heartbeat interval (default GYRE_HEARTBEAT_MS or 1000)" },
   "dead-after-ms": { kind: "integer", doc: "silence after which an actor is declared dead (default GYRE_DEAD_AFTER_MS or 5000)" },
   "ack-wait-ms": { kind: "integer", doc: "JetStream ack wait of actor consumers (default GYRE_ACK_WAIT_MS or 10000)" },
@@ -74,6 +75,7 @@ export const command: Command<typeof flags> = {
       const node = yield* startNode({
         name: f.name,
         types,
+        devices: list(f["device-ids"]),
         ...(f["heartbeat-ms"] !== undefined ? { heartbeatMs: f["heartbeat-ms"] } : {}),
         ...(f["dead-after-ms"] !== undefined ? { deadAfterMs: f["dead-after-ms"] } : {}),
         ...(f["ack-wait-ms"] !== undefined ? { ackWaitMs: f["ack-wait-ms"] } : {}),

@@ -9,8 +9,7 @@ import { compare, NotApplicable, policyNames, type PolicyName } from "../sim/com
 import { comparisonJson, comparisonText } from "../sim/report.ts"
 import { loadScenario, ScenarioError } from "../sim/scenario.ts"
 import { timelineSvg } from "../sim/svg.ts"
-import { parseFlags } from "./args.ts"
-import type { Command } from "./main.ts"
+import { parseFlags, type Command } from "./args.ts"
 
 const flags = {
   scenario: { kind: "string", required: true, doc: "scenario file (JSON; format in ARCHITECTURE.md)" },

@@ -84,7 +84,8 @@ koffi.struct("gyre_loss_config", {
   clip_eps_high: "float",
   is_cap: "float",
   current_version: "int32_t",
-  max_staleness: "int32_t"
+  max_staleness: "int32_t",
+  proximal_current: "int32_t"
 })
 koffi.struct("gyre_train_stats", {
   loss: "double",
@@ -99,6 +100,9 @@ koffi.struct("gyre_train_stats", {
   stale_tokens: "int32_t"
 })
 koffi.struct("gyre_adamw", { lr: "float", beta1: "float", beta2: "float", eps: "float", weight_decay: "float", max_grad_norm: "float" })
+
+/** GYRE_ABI_VERSION of native/include/gyre.h that these prototypes and structs match. */
+const ABI_VERSION = 2
 
 const prototypes = {
   last_error: "size_t gyre_last_error(_Out_ uint8_t *buf, size_t cap)",
@@ -259,6 +263,8 @@ const open = (backend: Backend): NativeLibrary => {
   const fns = Object.fromEntries(
     Object.entries(prototypes).map(([name, proto]) => [name, handle.func(proto)])
   ) as Record<FunctionName, NativeFunction>
+  const abi = fns.abi_version() as number
+  if (abi !== ABI_VERSION) throw new Error(`${path} has ABI version ${abi}, this binding needs ${ABI_VERSION}: rebuild it (make -C native)`)
   const lock = Semaphore.makeUnsafe(1)
   const statusName = (rc: number): string => fns.status_name(rc) as string
   const lastError = () => readString((buf) => fns.last_error(buf, buf.length))

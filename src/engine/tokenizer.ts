@@ -1,5 +1,6 @@
 /**
- * The byte-level tokenizer and the chat template.
+ * The byte-level tokenizer and its special tokens (the chat template over them is
+ * `src/openai/chat.ts`).
  *
  * Ids 0..255 are the bytes of the UTF-8 text, so text -> ids -> text round-trips exactly
  * (for any well-formed string). Ids 256..271 are special tokens, never produced by
@@ -8,8 +9,8 @@
  *   256 <|bos|>  257 <|eos|>  258 <|pad|>  259 <|system|>  260 <|user|>  261 <|assistant|>
  *   262 <|tool|>  263 <|end|>   (264..271 reserved)
  *
- * Chat template: `<|bos|>` then, per message, `<|role|>` content bytes `<|end|>`; a prompt
- * for generation ends with `<|assistant|>`, and the model's turn ends at `<|end|>`.
+ * The chat template brackets each message with `<|role|>` ... `<|end|>`; the model's turn ends
+ * at `<|end|>`.
  */
 
 export const BYTE_TOKENS = 256
@@ -57,19 +58,4 @@ export const decode = (ids: ReadonlyArray<number>, options: { readonly skipSpeci
   }
   flush()
   return out
-}
-
-export type Role = "system" | "user" | "assistant" | "tool"
-
-export interface ChatMessage {
-  readonly role: Role
-  readonly content: string
-}
-
-/** The chat template's ids; with `generation` the prompt ends with `<|assistant|>`. */
-export const chatTemplate = (messages: ReadonlyArray<ChatMessage>, options: { readonly generation?: boolean } = {}): Array<number> => {
-  const ids: Array<number> = [special.bos]
-  for (const m of messages) ids.push(special[m.role], ...encode(m.content), special.end)
-  if (options.generation) ids.push(special.assistant)
-  return ids
 }

@@ -3,7 +3,7 @@
  * buffer (export/import for reducing across trainers), AdamW and the optimizer state.
  */
 import { Effect } from "effect"
-import type { PackedBatch } from "./batch.ts"
+import type { PackedBatch } from "../common/packed-batch.ts"
 import type { LlamaConfig } from "./config.ts"
 import { type NativeError, type NativeLibrary, readStruct, structBuffer } from "./native.ts"
 
@@ -11,7 +11,9 @@ import { type NativeError, type NativeLibrary, readStruct, structBuffer } from "
  * SFT cross-entropy, or decoupled PPO-clip: per token w = min(pi_prox / mu, isCap) (no cap
  * when isCap <= 0), r = pi_theta / pi_prox clipped to [1 - clipLow, 1 + clipHigh], loss
  * -w min(r A, clip(r) A). Tokens whose version is more than maxStaleness behind
- * currentVersion are dropped.
+ * currentVersion are dropped. pi_prox is the batch's `proximalLogprobs` (NaN: mu), or with
+ * `proximal: "current"` the weights being trained (r = 1: one update per batch, whose
+ * gradient is then w A grad log pi with w = min(pi / mu, isCap), without a scoring pass).
  */
 export type LossConfig =
   | { readonly kind: "sft" }
@@ -22,6 +24,8 @@ export type LossConfig =
       readonly isCap: number
       readonly currentVersion?: number
       readonly maxStaleness?: number
+      /** Where pi_prox comes from (default "given": the batch's proximalLogprobs). */
+      readonly proximal?: "given" | "current"
     }
 
 export interface TrainStats {
@@ -59,14 +63,15 @@ export const adamwDefaults: Omit<AdamW, "lr"> = { beta1: 0.9, beta2: 0.999, eps:
 
 const cLoss = (loss: LossConfig) =>
   loss.kind === "sft"
-    ? { kind: 0, clip_eps_low: 0, clip_eps_high: 0, is_cap: 0, current_version: 0, max_staleness: -1 }
+    ? { kind: 0, clip_eps_low: 0, clip_eps_high: 0, is_cap: 0, current_version: 0, max_staleness: -1, proximal_current: 0 }
     : {
         kind: 1,
         clip_eps_low: loss.clipLow,
         clip_eps_high: loss.clipHigh,
         is_cap: loss.isCap,
         current_version: loss.currentVersion ?? 0,
-        max_staleness: loss.maxStaleness ?? -1
+        max_staleness: loss.maxStaleness ?? -1,
+        proximal_current: loss.proximal === "current" ? 1 : 0
       }
 
 export class Trainer {

@@ -8,12 +8,13 @@
  * request's success or typed error; it reads and updates the actor's state through
  * `ctx.state` (a `Ref`). Handlers run one at a time unless the type declares `concurrency`.
  *
- * Lifecycle options: `restart` (OTP's restart type: is the actor started again after it
- * crashed, after it ended on its own with `ctx.stop`, or never), `supervision` (how often and
- * how soon), `stopTimeoutMs` (how long a stop waits for running handlers before interrupting
- * them and handing their messages back), `maxDeliveries` and `redelivery` (a tell whose handler
- * crashes is handed back after the next delay of `redelivery`, and dead-lettered once it has
- * crashed `maxDeliveries` deliveries).
+ * Lifecycle options: `restart` (OTP's restart type, supervisor.ts: is the actor started again
+ * after it crashed, after it ended on its own with `ctx.stop`, or never; when its node dies it
+ * is placed again on a live node as `placement` says, default `spread`, see placement.ts,
+ * unless it is `temporary`), `supervision` (how often and how soon), `stopTimeoutMs` (how long
+ * a stop waits for running handlers before interrupting them and handing their messages back),
+ * `maxDeliveries` and `redelivery` (a tell whose handler crashes is handed back after the next
+ * delay of `redelivery`, and dead-lettered once it has crashed `maxDeliveries` deliveries).
  *
  * ```ts
  * const Counter = Actor.make({
@@ -29,6 +30,7 @@
 import { Duration, Schedule, type Effect, type Ref, type Schema, type Scope } from "effect"
 import type { Rpc, RpcGroup } from "effect/rpc"
 import { checkKind, type ActorAddress } from "./names.ts"
+import { spread, type Placement } from "./placement.ts"
 import { defaultSupervision, type RestartType, type SupervisionPolicy } from "./supervisor.ts"
 import type { ActorSystemShape } from "./system.ts"
 
@@ -42,13 +44,15 @@ export interface MessageMeta {
   /** How many times JetStream has delivered this tell (1 on first delivery). */
   readonly deliveryCount: number
   readonly sender: string | undefined
+  /** The sender's incarnation (`Gyre-Incarnation`); `claim.isCurrent` says whether it is still the live one. */
+  readonly senderIncarnation: number | undefined
 }
 
 /** What a behaviour sees of its actor. */
 export interface ActorContext<S> {
   readonly address: ActorAddress
-  /** Unique per start of this actor; changes on every restart. */
-  readonly incarnation: string
+  /** Number of this activation of the address: the claim's, one more on every start (claim.ts). */
+  readonly incarnation: number
   readonly node: string
   readonly state: Ref.Ref<S>
   readonly system: ActorSystemShape
@@ -89,7 +93,11 @@ export interface ActorType<R extends Rpc.Any, S, Req> {
   /** Snapshots of the state to the KV bucket; `undefined` = the state lives in memory only. */
   readonly persistence: Persistence | undefined
   readonly supervision: SupervisionPolicy
-  /** When the actor is started again: after a crash, after ending on its own, or never. */
+  /**
+   * When the actor is started again: after a crash, after ending on its own, or never; and
+   * whether it is placed again when its node dies (a node's death is a failure, never a normal
+   * exit: `permanent` and `transient` actors are re-placed, `temporary` ones never).
+   */
   readonly restart: RestartType
   /** How long a stop waits for running handlers before interrupting them. */
   readonly stopTimeoutMs: number
@@ -97,10 +105,14 @@ export interface ActorType<R extends Rpc.Any, S, Req> {
   readonly maxDeliveries: number
   /** Delay before a tell whose handler crashed is delivered again (step n after the n-th crash). */
   readonly redelivery: Schedule.Schedule<unknown>
+  /** Where the actor is placed again when its node dies (placement.ts). */
+  readonly placement: Placement
 }
 
 /** An actor type with its protocol and requirements erased, as a node's catalogue holds it. */
 export type AnyActorType = ActorType<any, any, any>
+
+export type { RestartType } from "./supervisor.ts"
 
 export interface ActorDefinition<R extends Rpc.Any, S, Req> {
   readonly kind: string
@@ -119,6 +131,8 @@ export interface ActorDefinition<R extends Rpc.Any, S, Req> {
   readonly maxDeliveries?: number
   /** Default: 100 ms doubling, at most 5 s. */
   readonly redelivery?: Schedule.Schedule<unknown>
+  /** Default `spread`. */
+  readonly placement?: Placement
 }
 
 /** 100 ms, doubling, at most 5 s. */
@@ -144,5 +158,6 @@ export const make = <R extends Rpc.Any, S, Req = never>(def: ActorDefinition<R, 
   restart: def.restart ?? "permanent",
   stopTimeoutMs: def.stopTimeoutMs ?? 10_000,
   maxDeliveries: Math.max(1, def.maxDeliveries ?? 5),
-  redelivery: def.redelivery ?? defaultRedelivery
+  redelivery: def.redelivery ?? defaultRedelivery,
+  placement: def.placement ?? spread
 })

@@ -142,7 +142,8 @@ export const makeDispatcher = <S>(o: DispatchOptions<S>) =>
       const payload = codecsOf(rpc).decodePayload(parsed.value)
       if (Exit.isFailure(payload)) return `payload does not match ${tag}: ${Cause.pretty(payload.cause)}`
       const sender = d.header(Headers.sender)
-      const meta: MessageMeta = { via: d.via, msgId, seq: d.seq, deliveryCount: d.deliveryCount, sender: sender === "" ? undefined : sender }
+      const senderIncarnation = Number(d.header(Headers.incarnation)) || undefined
+      const meta: MessageMeta = { via: d.via, msgId, seq: d.seq, deliveryCount: d.deliveryCount, sender: sender === "" ? undefined : sender, senderIncarnation }
       return { rpc, tag, payload: payload.value, meta, before: Ref.getUnsafe(o.state), started: performance.now() }
     }
 

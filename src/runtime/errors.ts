@@ -39,7 +39,7 @@ export class SnapshotConflict extends Schema.TaggedError<SnapshotConflict>()("Sn
   actor: Schema.String,
   expectedRevision: Schema.Number,
   /** The incarnation that wrote the revision found, when it could be read. */
-  writtenBy: Schema.optional(Schema.String)
+  writtenBy: Schema.optional(Schema.Number)
 }) {}
 
 /** A supervisor gave up on a child after too many restarts within its period. */

@@ -3,7 +3,8 @@
  * file is the story; each step's rules live in their own module:
  *
  *  1. restore the state and the handled ids from the last snapshot (`snapshot.ts`);
- *  2. register in the registry and heartbeat;
+ *  2. heartbeat: renew the address's claim (claim.ts: the registry entry, taken by the node
+ *     before the start, with this incarnation's number) with the load figures;
  *  3. build the handlers (the behaviour runs in the incarnation's scope);
  *  4. the dispatch (`dispatch.ts`: mailbox, handlers, dead letters, acknowledgements and
  *     snapshots, with the bookkeeping of `mailbox.ts`);
@@ -11,32 +12,31 @@
  *     the dispatch from their callbacks);
  *  6. run until asked to stop (`control.drain`), until the actor stops itself (`ctx.stop`),
  *     until it is fenced, or until the dispatch crashes; then stop intake, let the dispatch
- *     finish within the type's `stopTimeoutMs`, write the last snapshot and mark the entry
- *     `stopped`.
+ *     finish within the type's `stopTimeoutMs`, write the last snapshot and release the claim
+ *     as `stopped`.
  *
  * Fencing, the one place where an incarnation is told to stop intake and acknowledgements:
- * `control.fenced` completed (the address is claimed by another incarnation), or a snapshot
- * conflict (another incarnation wrote the state). It stops intake and settles nothing more
- * (`dispatcher.halt`: everything it holds goes back, unacknowledged), leaves the registry
+ * `control.fenced` completed (the claim was lost: a renewal found the entry written by a newer
+ * incarnation or marked dead; the incarnation completes it itself), or a snapshot conflict
+ * (another incarnation wrote the state). It settles nothing more (`dispatcher.halt`: everything
+ * it holds goes back, unacknowledged), stops intake, writes no snapshot, leaves the registry
  * entry to the other, and ends `fenced` (never restarted). Whatever else
  * fails the incarnation crashes it: the scope closes, what it held goes back, and its
  * supervisor decides.
  */
-import { nuid } from "@nats-io/transport-node"
-import type { KV } from "@nats-io/kv"
 import { Deferred, Effect, Ref } from "effect"
 import type { Rpc } from "effect/rpc"
 import type { ActorContext, ActorType, Handler } from "./actor.ts"
+import type { Claim } from "./claim.ts"
 import type { EndpointStats } from "./discovery.ts"
 import { makeDispatcher, scheduleDelays } from "./dispatch.ts"
 import { SnapshotConflict } from "./errors.ts"
 import { openIntake } from "./intake.ts"
 import { actorMetrics } from "./metrics.ts"
 import { formatAddress, type ActorAddress } from "./names.ts"
-import { RegistryEntry, heartbeatLoop, writeEntry } from "./registry.ts"
 import { makeSnapshotStore } from "./snapshot.ts"
 import type { ChildEnd } from "./supervisor.ts"
-import type { ActorSystemShape } from "./system.ts"
+import { speakingAs, type ActorSystemShape } from "./system.ts"
 
 export interface HostOptions {
   readonly node: string
@@ -45,6 +45,8 @@ export interface HostOptions {
   readonly ackWaitMs: number
   /** Request counts and timings, read by service discovery. */
   readonly stats: EndpointStats
+  /** This incarnation's claim on the address: renewed as its heartbeat; its loss fences the incarnation. */
+  readonly claim: Claim
 }
 
 /** The switches of a running actor, shared by its incarnations. */
@@ -56,24 +58,10 @@ export interface IncarnationControl {
   /**
    * Completed when the actor's address belongs to another incarnation now (a lost claim):
    * the running incarnation stops intake and acknowledgements at once and ends `fenced`.
+   * Each incarnation completes it when its own claim is lost; a fenced actor is never restarted.
    */
-  readonly fenced?: Deferred.Deferred<void>
+  readonly fenced: Deferred.Deferred<void>
 }
-
-/** Writes the incarnation's registry entry now and on every heartbeat, with its load figures. */
-const register = (registry: KV, key: string, base: Omit<RegistryEntry, "status" | "heartbeatAt" | "load">, heartbeatMs: number) =>
-  Effect.gen(function* () {
-    let load: Readonly<Record<string, unknown>> = {}
-    const entry = (status: RegistryEntry["status"]): RegistryEntry => ({ ...base, status, heartbeatAt: Date.now(), load })
-    yield* writeEntry(registry, key, entry("running"))
-    yield* Effect.forkScoped(heartbeatLoop(registry, key, () => entry("running"), heartbeatMs))
-    return {
-      reportLoad: (l: Readonly<Record<string, unknown>>) => {
-        load = l
-      },
-      write: (status: RegistryEntry["status"]) => writeEntry(registry, key, entry(status))
-    }
-  })
 
 const fencedOn = (e: unknown) => (e instanceof SnapshotConflict ? Effect.succeed("fenced" as const) : Effect.fail(e))
 
@@ -89,15 +77,17 @@ export const runIncarnation = <R extends Rpc.Any, S, Req>(
     Effect.gen(function* () {
       const actor = formatAddress(address)
       const key = system.layout.registryKey(address)
-      const incarnation = nuid.next()
+      const incarnation = options.claim.incarnation
 
       // 1. Restore.
       const snapshots = makeSnapshotStore({ kv: system.state, key, actor, incarnation, schema: type.stateSchema })
       const restored = yield* snapshots.restore
       const state = yield* Ref.make(restored.state !== undefined ? restored.state : type.initialState(address.id))
 
-      // 2. Register and heartbeat.
-      const registration = yield* register(system.registry, key, { kind: address.kind, id: address.id, node: options.node, incarnation }, options.heartbeatMs)
+      // 2. Heartbeat: renewals of the claim with the load figures; a lost claim fences.
+      let load: Readonly<Record<string, unknown>> = {}
+      yield* Effect.forkScoped(options.claim.renew(() => load, options.heartbeatMs))
+      yield* Effect.forkScoped(options.claim.lost.pipe(Effect.andThen(Deferred.succeed(control.fenced, undefined))))
 
       // 3. Handlers (resources they acquire live in this scope).
       const stopSelf = yield* Deferred.make<void>()
@@ -106,8 +96,10 @@ export const runIncarnation = <R extends Rpc.Any, S, Req>(
         incarnation,
         node: options.node,
         state,
-        system,
-        reportLoad: registration.reportLoad,
+        system: speakingAs(system, address, incarnation),
+        reportLoad: (l) => {
+          load = l
+        },
         stop: Deferred.succeed(stopSelf, undefined).pipe(Effect.asVoid)
       }
       const handlers = (yield* type.behaviour(ctx)) as Record<string, Handler<any>>
@@ -142,19 +134,21 @@ export const runIncarnation = <R extends Rpc.Any, S, Req>(
         dispatcher.crashed.pipe(Effect.catch(fencedOn)),
         Deferred.await(control.drain).pipe(Effect.as("stopped" as const)),
         Deferred.await(stopSelf).pipe(Effect.as("exited" as const)),
-        ...(control.fenced !== undefined ? [Deferred.await(control.fenced).pipe(Effect.as("fenced" as const))] : [])
+        Deferred.await(control.fenced).pipe(Effect.as("fenced" as const))
       ])
+      if (why === "fenced") return yield* fenced(actor, dispatcher.halt, intake.close)
       yield* intake.close
-      if (why === "fenced") return yield* fenced(actor, dispatcher.halt)
       const ended = yield* dispatcher.stop(type.stopTimeoutMs).pipe(Effect.as(why), Effect.catch(fencedOn))
-      if (ended === "fenced") return yield* fenced(actor, dispatcher.halt)
-      yield* registration.write("stopped")
+      if (ended === "fenced" || !options.claim.held()) return yield* fenced(actor, dispatcher.halt, Effect.void)
+      yield* options.claim.release("stopped")
       return ended
     })
   )
 
-const fenced = (actor: string, halt: () => void) =>
+/** Settles nothing more (at once, before intake closes), then closes intake: the incarnation ends fenced. */
+const fenced = (actor: string, halt: () => void, closeIntake: Effect.Effect<void>) =>
   Effect.sync(halt).pipe(
-    Effect.andThen(Effect.logWarning(`${actor}: another incarnation wrote its state: fenced (intake and acknowledgements stopped)`)),
+    Effect.andThen(closeIntake),
+    Effect.andThen(Effect.logWarning(`${actor}: its address or state belongs to another incarnation: fenced (intake and acknowledgements stopped)`)),
     Effect.as("fenced" as const)
   )

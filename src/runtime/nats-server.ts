@@ -61,6 +61,8 @@ export interface EmbeddedServerOptions {
   readonly storeDir?: string
   /** How long to wait for the server to accept connections. */
   readonly readyTimeoutMs?: number
+  /** Port to listen on; a free one the server picks when absent (a restart on the same store and port is a server restart). */
+  readonly port?: number
 }
 
 export interface EmbeddedServer {
@@ -133,7 +135,7 @@ export const startEmbeddedServer = (
       yield* Effect.logWarning(`${version.text} is older than 2.10: running without sync_interval: always`)
     }
     const config = [
-      "listen: 127.0.0.1:-1",
+      `listen: 127.0.0.1:${options.port ?? -1}`,
       `ports_file_dir: ${JSON.stringify(tempDir)}`,
       `jetstream { store_dir: ${JSON.stringify(storeDir)}${syncAlways ? ", sync_interval: always" : ""} }`
     ].join("\n")

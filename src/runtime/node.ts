@@ -3,11 +3,15 @@
  *
  * It knows a catalogue of actor types and spawns actors of them on request, each under its
  * type's supervision policy and restart type (`supervisor.ts`), alone (one-for-one) or in a
- * group that restarts together (one-for-all). An actor whose supervisor gives up is stopped,
- * marked `failed` in the registry and reported as an `escalated` system event; a temporary
- * actor that crashes is marked `failed`; one fenced by another incarnation is reported as a
- * `fenced` event. The node carries on in every case. It runs the liveness monitor, answers
- * NATS service discovery, serves Prometheus metrics when given a port, and drains gracefully.
+ * group that restarts together (one-for-all). Every start claims the actor's address first
+ * (claim.ts: a spawn of an address a live actor holds elsewhere is refused with
+ * `AddressClaimed`; a restart whose address was taken meanwhile ends the actor `fenced`). An
+ * actor whose supervisor gives up is stopped, marked `failed` in the registry and reported as
+ * an `escalated` system event; a temporary actor that crashes is marked `failed`; one fenced by
+ * another incarnation is reported as a `fenced` event. The node carries on in every case. It
+ * runs the liveness monitor and re-placement (placement.ts) over one supervised view of the
+ * registry, answers NATS service discovery, serves Prometheus metrics when given a port, and
+ * drains gracefully.
  * The node is itself an actor, `node/<name>`, speaking `NodeProtocol` (Spawn, SpawnGroup,
  * Stop, List), so spawning is a tell or an ask like any other message, and its registry entry
  * is its heartbeat. Settings not given as options are read from `RuntimeSettings` (config.ts)
@@ -18,13 +22,15 @@ import { Cause, Deferred, Effect, Exit, Result, Schema, Scope } from "effect"
 import type { ConfigError } from "effect/Config"
 import { Rpc, RpcGroup } from "effect/rpc"
 import * as Actor from "./actor.ts"
+import * as Claim from "./claim.ts"
 import { RuntimeSettings } from "./config.ts"
 import { serveDiscovery, type EndpointStats } from "./discovery.ts"
-import { Escalation, type TransportError } from "./errors.ts"
+import { Escalation, TransportError } from "./errors.ts"
 import { runIncarnation, type IncarnationControl } from "./host.ts"
 import { serveMetrics, type MetricsServerError } from "./metrics.ts"
 import { address, formatAddress, InvalidAddress, type ActorAddress } from "./names.ts"
-import { monitorLiveness, writeEntry, type DeadEvent } from "./registry.ts"
+import { replaceDead, type NodeLoad } from "./placement.ts"
+import { monitorLiveness, viewRegistry, type DeadEvent } from "./registry.ts"
 import { defaultSupervision, supervise, superviseGroup, type ChildEnd, type ChildSpec, type OnRestart, type SupervisionPolicy } from "./supervisor.ts"
 import { ActorSystem, refOf } from "./system.ts"
 
@@ -71,7 +77,7 @@ export const GroupSpec = Schema.Struct({
 })
 export type GroupSpec = typeof GroupSpec.Type
 
-const SpawnError = Schema.Union([UnknownActorKind, NodeDraining, InvalidAddress, AlreadyHosted])
+const SpawnError = Schema.Union([UnknownActorKind, NodeDraining, InvalidAddress, AlreadyHosted, Claim.AddressClaimed, TransportError])
 
 export const NodeProtocol = RpcGroup.make(
   Rpc.make("Spawn", { payload: ActorId, success: SpawnResult, error: SpawnError }),
@@ -93,6 +99,8 @@ export interface NodeOptions<R> {
   /** Serve Prometheus `/metrics` on 127.0.0.1 at this port (0 = any free port). */
   readonly metricsPort?: number
   readonly version?: string
+  /** Device ids this node offers (for placements pinned to a device). */
+  readonly devices?: ReadonlyArray<string>
   /** Called when the liveness monitor declares an actor dead. */
   readonly onDead?: (event: DeadEvent) => Effect.Effect<void>
 }
@@ -105,9 +113,11 @@ interface Hosted {
   readonly stats: EndpointStats
   readonly group: string | undefined
   restarts: number
+  /** The claim of the latest incarnation. */
+  claim: Claim.Claim
 }
 
-export type SpawnError = UnknownActorKind | NodeDraining | InvalidAddress | AlreadyHosted
+export type SpawnError = UnknownActorKind | NodeDraining | InvalidAddress | AlreadyHosted | Claim.AddressClaimed | TransportError
 
 export interface NodeHandle {
   readonly name: string
@@ -129,7 +139,7 @@ export interface NodeHandle {
 /** Starts a node in the current scope; closing the scope stops its actors abruptly (no drain). */
 export const startNode = <R>(
   options: NodeOptions<R>
-): Effect.Effect<NodeHandle, TransportError | MetricsServerError | ConfigError, ActorSystem | Scope.Scope | R> =>
+): Effect.Effect<NodeHandle, TransportError | Claim.AddressClaimed | MetricsServerError | ConfigError, ActorSystem | Scope.Scope | R> =>
   Effect.gen(function* () {
     const system = yield* ActorSystem
     const settings = yield* RuntimeSettings
@@ -137,6 +147,9 @@ export const startNode = <R>(
     const context = yield* Effect.context<R>()
     const catalogue = new Map<string, Actor.ActorType<any, any, R>>(options.types.map((t) => [t.kind, t]))
     const hosted = new Map<string, Hosted>()
+    /** Spawns whose claim is being taken, so a concurrent spawn of the same address waits for it. */
+    const spawning = new Map<string, Deferred.Deferred<void, Claim.AddressClaimed | TransportError>>()
+    const deadAfterMs = options.deadAfterMs ?? settings.deadAfterMs
     const hostOptions = {
       node: options.name,
       heartbeatMs: options.heartbeatMs ?? settings.heartbeatMs,
@@ -147,27 +160,61 @@ export const startNode = <R>(
     const metricsPort = options.metricsPort ?? settings.metricsPort
     const metricsUrl = metricsPort === undefined ? undefined : yield* serveMetrics(metricsPort)
 
-    const admit = (at: ActorAddress, group: string | undefined) =>
+    const claim = (at: ActorAddress) =>
+      Claim.acquire(system.registry, at, { holder: options.name, silentMs: deadAfterMs, whenHeld: "refuse" })
+
+    /** Claims every address, or none: on a failure the claims taken so far are released. */
+    const claimAll = (ats: ReadonlyArray<ActorAddress>) =>
+      Effect.gen(function* () {
+        const taken: Array<Claim.Claim> = []
+        for (const at of ats) {
+          taken.push(yield* claim(at).pipe(Effect.onError(() => Effect.forEach(taken, (c) => c.release("stopped"), { discard: true }))))
+        }
+        return taken
+      })
+
+    const admit = (at: ActorAddress, group: string | undefined, first: Claim.Claim) =>
       Effect.gen(function* () {
         const key = formatAddress(at)
         const stats: EndpointStats = { name: key, subject: system.layout.ask(at), numRequests: 0, numErrors: 0, lastError: "", processingTimeNs: 0 }
         const entry: Hosted = {
           address: at,
-          control: { drain: yield* Deferred.make<void>(), ready: yield* Deferred.make<void>() },
+          control: { drain: yield* Deferred.make<void>(), ready: yield* Deferred.make<void>(), fenced: yield* Deferred.make<void>() },
           ended: yield* Deferred.make<void>(),
           stats,
           group,
-          restarts: 0
+          restarts: 0,
+          claim: first
         }
         hosted.set(key, entry)
         return entry
       })
 
-    const child = (type: Actor.ActorType<any, any, any>, entry: Hosted): ChildSpec<unknown, R> => ({
-      name: formatAddress(entry.address),
-      restart: type.restart,
-      run: () => runIncarnation(type, entry.address, system, { ...hostOptions, stats: entry.stats }, entry.control) as Effect.Effect<ChildEnd, unknown, R>
-    })
+    // Every start after the first claims the address again (a new incarnation); an address
+    // taken meanwhile by another node ends the actor here, fenced.
+    const child = (type: Actor.ActorType<any, any, any>, entry: Hosted): ChildSpec<unknown, R> => {
+      const name = formatAddress(entry.address)
+      const run = (c: Claim.Claim) => {
+        entry.claim = c
+        return runIncarnation(type, entry.address, system, { ...hostOptions, stats: entry.stats, claim: c }, entry.control) as Effect.Effect<ChildEnd, unknown, R>
+      }
+      return {
+        name,
+        restart: type.restart,
+        run: (start) =>
+          start === 0
+            ? run(entry.claim)
+            : claim(entry.address).pipe(
+                Effect.matchEffect({
+                  onFailure: (e) =>
+                    e._tag === "AddressClaimed"
+                      ? Effect.logWarning(`${name}: not restarted: ${e.node} holds incarnation ${e.incarnation}`).pipe(Effect.as("fenced" as const))
+                      : Effect.fail(e),
+                  onSuccess: run
+                })
+              )
+      }
+    }
 
     const onRestart: OnRestart = (name, start, exit) =>
       Effect.gen(function* () {
@@ -177,17 +224,6 @@ export const startNode = <R>(
         else yield* Effect.logInfo(`${name} ended (${exit.value}); restart ${start}`)
       })
 
-    const markFailed = (at: ActorAddress) =>
-      writeEntry(system.registry, system.layout.registryKey(at), {
-        kind: at.kind,
-        id: at.id,
-        node: options.name,
-        incarnation: "",
-        status: "failed",
-        heartbeatAt: Date.now(),
-        load: {}
-      }).pipe(Effect.ignore)
-
     // An actor ended for good: report how, and forget it.
     const leave = (entry: Hosted, exit: Exit.Exit<ChildEnd, unknown>) =>
       Effect.gen(function* () {
@@ -195,7 +231,7 @@ export const startNode = <R>(
         const key = formatAddress(at)
         if (Exit.isFailure(exit) && !Cause.hasInterruptsOnly(exit.cause)) {
           const error = Cause.findError(exit.cause)
-          yield* markFailed(at)
+          yield* entry.claim.release("failed")
           if (Result.isSuccess(error) && error.success instanceof Escalation) {
             const e = error.success
             yield* Effect.logError(`${key}: supervisor ${e.child} gave up after ${e.restarts} restarts within ${e.withinMs} ms`)
@@ -216,16 +252,21 @@ export const startNode = <R>(
 
     const run = (effect: Effect.Effect<void, never, R>) => Effect.forkIn(effect.pipe(Effect.provideContext(context)), scope)
 
-    const hostOne = (type: Actor.ActorType<any, any, R>, at: ActorAddress, group?: string) =>
+    const hostOne = (type: Actor.ActorType<any, any, R>, at: ActorAddress, first: Claim.Claim, group?: string) =>
       Effect.gen(function* () {
-        const entry = yield* admit(at, group)
+        const entry = yield* admit(at, group, first)
         yield* run(Effect.exit(supervise(child(type, entry), type.supervision, onRestart)).pipe(Effect.flatMap((exit) => leave(entry, exit))))
         return entry
       })
 
-    const hostAll = (name: string, members: ReadonlyArray<readonly [Actor.ActorType<any, any, R>, ActorAddress]>, policy: SupervisionPolicy) =>
+    const hostAll = (
+      name: string,
+      members: ReadonlyArray<readonly [Actor.ActorType<any, any, R>, ActorAddress]>,
+      claims: ReadonlyArray<Claim.Claim>,
+      policy: SupervisionPolicy
+    ) =>
       Effect.gen(function* () {
-        const entries = yield* Effect.forEach(members, ([, at]) => admit(at, name))
+        const entries = yield* Effect.forEach(members, ([, at], i) => admit(at, name, claims[i]!))
         const byName = new Map(entries.map((e) => [formatAddress(e.address), e]))
         const children = members.map(([type], i) => child(type, entries[i]!))
         const restartAll: OnRestart = (c, start, exit) =>
@@ -252,21 +293,34 @@ export const startNode = <R>(
     const spawn: NodeHandle["spawn"] = (kind, id) =>
       Effect.gen(function* () {
         const [type, at] = yield* resolve(kind, id)
-        const alreadyRunning = hosted.has(formatAddress(at))
-        if (!alreadyRunning) yield* serving([yield* hostOne(type, at)])
-        return { kind, id, node: options.name, alreadyRunning }
+        const key = formatAddress(at)
+        const pending = spawning.get(key)
+        if (hosted.has(key) || pending !== undefined) {
+          if (pending !== undefined) yield* Deferred.await(pending)
+          return { kind, id, node: options.name, alreadyRunning: true }
+        }
+        const done = yield* Deferred.make<void, Claim.AddressClaimed | TransportError>()
+        spawning.set(key, done)
+        const exit = yield* Effect.exit(claim(at).pipe(Effect.flatMap((c) => hostOne(type, at, c))))
+        spawning.delete(key)
+        yield* Deferred.done(done, Exit.asVoid(exit))
+        if (Exit.isFailure(exit)) return yield* Effect.failCause(exit.cause)
+        yield* serving([exit.value])
+        return { kind, id, node: options.name, alreadyRunning: false }
       })
 
     const spawnGroup: NodeHandle["spawnGroup"] = (group, supervision) =>
       Effect.gen(function* () {
         const members = yield* Effect.forEach(group.members, (m) => resolve(m.kind, m.id))
         for (const [, at] of members) {
-          if (hosted.has(formatAddress(at))) return yield* Effect.fail(new AlreadyHosted({ ...at, node: options.name }))
+          const key = formatAddress(at)
+          if (hosted.has(key) || spawning.has(key)) return yield* Effect.fail(new AlreadyHosted({ ...at, node: options.name }))
         }
+        const claims = yield* claimAll(members.map(([, at]) => at))
         const entries =
           group.strategy === "one-for-all"
-            ? yield* hostAll(group.name, members, supervision ?? members[0]?.[0].supervision ?? defaultSupervision)
-            : yield* Effect.forEach(members, ([type, at]) => hostOne(type, at, group.name))
+            ? yield* hostAll(group.name, members, claims, supervision ?? members[0]?.[0].supervision ?? defaultSupervision)
+            : yield* Effect.forEach(members, ([type, at], i) => hostOne(type, at, claims[i]!, group.name))
         yield* serving(entries)
         return members.map(([, at]) => ({ kind: at.kind, id: at.id, node: options.name, alreadyRunning: false }))
       })
@@ -288,6 +342,13 @@ export const startNode = <R>(
         ...(h.group !== undefined ? { group: h.group } : {})
       }))
 
+    const nodeKey = `node/${options.name}`
+    const nodeLoad = (): NodeLoad => ({
+      actors: [...hosted.keys()].filter((k) => k !== nodeKey).length,
+      types: [...catalogue.keys()],
+      devices: options.devices ?? [],
+      draining
+    })
     const nodeType = Actor.make({
       kind: "node",
       protocol: NodeProtocol,
@@ -295,8 +356,8 @@ export const startNode = <R>(
       concurrency: 4,
       behaviour: (ctx) =>
         Effect.sync(() => {
-          const beat = setInterval(() => ctx.reportLoad({ actors: hosted.size - 1, types: [...catalogue.keys()] }), hostOptions.heartbeatMs)
-          ctx.reportLoad({ actors: hosted.size, types: [...catalogue.keys()] })
+          const beat = setInterval(() => ctx.reportLoad(nodeLoad()), hostOptions.heartbeatMs)
+          ctx.reportLoad(nodeLoad())
           return { beat }
         }).pipe(
           Effect.tap(({ beat }) => Effect.addFinalizer(() => Effect.sync(() => clearInterval(beat)))),
@@ -308,9 +369,12 @@ export const startNode = <R>(
           })
         )
     })
-    yield* serving([yield* hostOne(nodeType as Actor.ActorType<any, any, R>, address("node", options.name))])
+    const nodeAddress = address("node", options.name)
+    yield* serving([yield* hostOne(nodeType as Actor.ActorType<any, any, R>, nodeAddress, yield* claim(nodeAddress))])
 
-    yield* monitorLiveness(system, { deadAfterMs: options.deadAfterMs ?? settings.deadAfterMs, ...(options.onDead ? { onDead: options.onDead } : {}) })
+    const view = yield* viewRegistry(system)
+    yield* monitorLiveness(system, view, { deadAfterMs, ...(options.onDead ? { onDead: options.onDead } : {}) })
+    yield* replaceDead(system, view, { node: options.name, types: catalogue, deadAfterMs, spawn, accepting: () => !draining })
     yield* serveDiscovery(system.nats.nc, {
       id: nuid.next(),
       version: options.version ?? "0.1.0",
@@ -322,7 +386,6 @@ export const startNode = <R>(
 
     const drain = Effect.gen(function* () {
       draining = true
-      const nodeKey = `node/${options.name}`
       const others = [...hosted.values()].filter((h) => formatAddress(h.address) !== nodeKey)
       yield* Effect.forEach(others, (h) => stop(h.address.kind, h.address.id), { concurrency: "unbounded", discard: true })
       yield* stop("node", options.name)

@@ -5,6 +5,7 @@
  * error schemas). On the wire:
  * - a request's payload is the JSON of `Schema.toCodecJson(rpc.payloadSchema)`; the header
  *   `Gyre-Request` names the request's tag and `Nats-Msg-Id` identifies the message (dedup);
+ *   an actor's sends carry `Gyre-Sender` and `Gyre-Incarnation` (`isCurrent` in claim.ts);
  * - an ask's reply is an `AskReply`: `{"_tag":"Exit","exit":...}` with the JSON of
  *   `Rpc.exitSchema(rpc)` (success, typed failure or defect), or `{"_tag":"Rejected","reason"}`
  *   when the request was dead-lettered or the handler crashed.
@@ -18,6 +19,7 @@ export const Headers = {
   request: "Gyre-Request",
   msgId: "Nats-Msg-Id",
   sender: "Gyre-Sender",
+  incarnation: "Gyre-Incarnation",
   deadReason: "Gyre-Dead-Reason",
   deadSubject: "Gyre-Dead-Subject",
   deadSeq: "Gyre-Dead-Seq",
@@ -102,12 +104,19 @@ export const parseJson = (bytes: Uint8Array): { readonly ok: true; readonly valu
   }
 }
 
-/** The headers of a request: its tag, and an id, sender and trace context when given. */
-export const requestHeaders = (tag: string, msgId: string | undefined, sender: string | undefined, traceparent: string | undefined): MsgHdrs => {
+/** Who sends a request: an actor's address and incarnation (`Gyre-Sender`, `Gyre-Incarnation`). */
+export interface RequestSender {
+  readonly sender?: string | undefined
+  readonly incarnation?: number | undefined
+}
+
+/** The headers of a request: its tag, and an id, sender (with incarnation) and trace context when given. */
+export const requestHeaders = (tag: string, msgId: string | undefined, from: RequestSender | undefined, traceparent: string | undefined): MsgHdrs => {
   const h = natsHeaders()
   h.set(Headers.request, tag)
   if (msgId !== undefined) h.set(Headers.msgId, msgId)
-  if (sender !== undefined) h.set(Headers.sender, sender)
+  if (from?.sender !== undefined) h.set(Headers.sender, from.sender)
+  if (from?.incarnation !== undefined) h.set(Headers.incarnation, String(from.incarnation))
   if (traceparent !== undefined) h.set(Headers.traceparent, traceparent)
   return h
 }

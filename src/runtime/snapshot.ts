@@ -21,7 +21,7 @@ import { encodeJson } from "./protocol.ts"
 export const Snapshot = Schema.Struct({
   state: Schema.Unknown,
   handled: Schema.Array(Schema.String),
-  incarnation: Schema.String,
+  incarnation: Schema.Number,
   at: Schema.Number
 })
 
@@ -30,7 +30,8 @@ export interface SnapshotStoreOptions<S> {
   readonly key: string
   /** `kind/id`, for errors. */
   readonly actor: string
-  readonly incarnation: string
+  /** The writer's incarnation number (its claim's, claim.ts). */
+  readonly incarnation: number
   readonly schema: Schema.Codec<S, any>
   /** Retries of a write that failed in transport (default: 100 ms doubling, 5 retries). */
   readonly retry?: Schedule.Schedule<unknown, unknown>
@@ -117,7 +118,7 @@ export const makeSnapshotStore = <S>(options: SnapshotStoreOptions<S>): Snapshot
   return { restore, write }
 }
 
-const writer = (found: { json: () => unknown } | null): string | undefined => {
+const writer = (found: { json: () => unknown } | null): number | undefined => {
   if (found === null) return undefined
   try {
     return Schema.decodeUnknownSync(Snapshot)(found.json()).incarnation

@@ -1,33 +1,44 @@
 /**
  * Reads what a JetStream stream holds now, in order, from a sequence or a time, and ends:
  * an ordered consumer from the start point up to the stream's last sequence at the time of
- * the call. The journal reader and the trajectory reader are both this plus a decoder.
+ * the call (with `subject`, only that subject's messages, up to its last one). The journal
+ * reader and the trajectory readers are all this plus a decoder.
  */
-import { DeliverPolicy, type JsMsg } from "@nats-io/jetstream"
+import { DeliverPolicy, type JsMsg, type StoredMsg } from "@nats-io/jetstream"
 import { Effect, Stream } from "effect"
 import { TransportError, messageOf } from "./errors.ts"
 import type { NatsShape } from "./nats.ts"
 
 export type StartAt = { readonly seq: number } | { readonly time: Date }
 
-/** The messages of `stream` from `from` (default: the first) to its current last one. */
-export const readStored = (nats: NatsShape, stream: string, from: StartAt = { seq: 1 }): Stream.Stream<JsMsg, TransportError> =>
+/** The messages of `stream` (on `subject`, when given) from `from` (default: the first) to its current last one. */
+export const readStored = (
+  nats: NatsShape,
+  stream: string,
+  from: StartAt = { seq: 1 },
+  subject?: string
+): Stream.Stream<JsMsg, TransportError> =>
   Stream.unwrap(
     Effect.gen(function* () {
-      const info = yield* Effect.tryPromise({
-        try: () => nats.jsm.streams.info(stream),
+      const { last, lastTime } = yield* Effect.tryPromise({
+        try: async () => {
+          const info = await nats.jsm.streams.info(stream)
+          if (subject === undefined) return { last: info.state.last_seq, lastTime: Date.parse(info.state.last_ts) }
+          const m = await nats.jsm.streams.getMessage(stream, { last_by_subj: subject })
+          return m === null ? { last: 0, lastTime: 0 } : { last: m.seq, lastTime: m.time.getTime() }
+        },
         catch: (e) => new TransportError({ operation: `stream info ${stream}`, message: messageOf(e) })
       })
-      const last = info.state.last_seq
-      const empty = last === 0 || ("seq" in from ? from.seq > last : from.time.getTime() > Date.parse(info.state.last_ts))
+      const empty = last === 0 || ("seq" in from ? from.seq > last : from.time.getTime() > lastTime)
       if (empty) return Stream.empty
+      const filter = subject === undefined ? {} : { filter_subjects: [subject] }
       const consumer = yield* Effect.tryPromise({
         try: () =>
           nats.js.consumers.get(
             stream,
             "seq" in from
-              ? { deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: Math.max(1, from.seq) }
-              : { deliver_policy: DeliverPolicy.StartTime, opt_start_time: from.time.toISOString() }
+              ? { deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: Math.max(1, from.seq), ...filter }
+              : { deliver_policy: DeliverPolicy.StartTime, opt_start_time: from.time.toISOString(), ...filter }
           ),
         catch: (e) => new TransportError({ operation: `read ${stream}`, message: messageOf(e) })
       })
@@ -52,3 +63,10 @@ export const readStored = (nats: NatsShape, stream: string, from: StartAt = { se
       )
     })
   )
+
+/** The last message stored on `subject` (an exact subject, no wildcards), if any. */
+export const readLast = (nats: NatsShape, stream: string, subject: string): Effect.Effect<StoredMsg | undefined, TransportError> =>
+  Effect.tryPromise({
+    try: () => nats.jsm.streams.getMessage(stream, { last_by_subj: subject }).then((m) => m ?? undefined),
+    catch: (e) => new TransportError({ operation: `read the last ${subject} of ${stream}`, message: messageOf(e) })
+  })

@@ -6,6 +6,8 @@
  *   period).
  * - A child has a `RestartType`: `permanent` (started again whenever it ends, unless it was
  *   asked to stop), `transient` (started again only after a failure), `temporary` (never).
+ *   The same type says whether an actor of a dead node is placed again (placement.ts): a
+ *   node's death is a failure, so `permanent` and `transient` actors are, `temporary` never.
  * - A child's run ends in a `ChildEnd` or fails: `exited` = it ended on its own, normally;
  *   `stopped` = it was asked to stop; `fenced` = it lost its address to another incarnation.
  *   Only `exited` can lead to a restart (of a permanent child); failure leads to one unless

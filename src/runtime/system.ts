@@ -38,10 +38,14 @@ export interface TellOptions {
   readonly msgId?: string
   /** Sender address, recorded in the `Gyre-Sender` header. */
   readonly sender?: string
+  /** The sender's incarnation, recorded in the `Gyre-Incarnation` header. */
+  readonly incarnation?: number
 }
 
 export interface AskOptions {
   readonly timeoutMs?: number
+  readonly sender?: string
+  readonly incarnation?: number
 }
 
 export interface SystemOptions {
@@ -171,7 +175,7 @@ const make = (options: SystemOptions) =>
         const rpc = requestOf(ref.protocol, tag)
         if (rpc === undefined) return Effect.die(new Error(`${tag} is not a request of ${actor}'s protocol`))
         const msgID = tellOptions?.msgId ?? nuid.next()
-        const headers = requestHeaders(tag, undefined, tellOptions?.sender, traceparentOf(fiber))
+        const headers = requestHeaders(tag, undefined, tellOptions, traceparentOf(fiber))
         const data = encodePayload(rpc, payload)
         return Effect.tryPromise({
           try: () => nats.js.publish(names.tell(ref.address), data, { msgID, headers }),
@@ -186,7 +190,7 @@ const make = (options: SystemOptions) =>
         const rpc = requestOf(ref.protocol, tag)
         if (rpc === undefined) return Effect.die(new Error(`${tag} is not a request of ${actor}'s protocol`))
         const timeoutMs = askOptions?.timeoutMs ?? defaultAskTimeoutMs
-        const headers = requestHeaders(tag, nuid.next(), undefined, traceparentOf(fiber))
+        const headers = requestHeaders(tag, nuid.next(), askOptions, traceparentOf(fiber))
         const data = encodePayload(rpc, payload)
         // One callback from the request's promise to the decoded reply: no step between.
         return Effect.callback<unknown, unknown>((resume) => {
@@ -233,6 +237,20 @@ const make = (options: SystemOptions) =>
 
     return { run: options.run, layout: names, nats, registry, state, tell, ask, publishEvent, copyToJournal } satisfies ActorSystemShape
   })
+
+/**
+ * The system as one incarnation of an actor uses it: its tells and asks carry its address and
+ * incarnation (`Gyre-Sender`, `Gyre-Incarnation`), so a receiver can tell a fenced one's messages
+ * from the live one's (`claim.isCurrent`).
+ */
+export const speakingAs = (system: ActorSystemShape, sender: ActorAddress, incarnation: number): ActorSystemShape => {
+  const from = { sender: formatAddress(sender), incarnation }
+  return {
+    ...system,
+    tell: (ref, tag, payload, options) => system.tell(ref, tag, payload, { ...from, ...options }),
+    ask: (ref, tag, payload, options) => system.ask(ref, tag, payload, { ...from, ...options })
+  }
+}
 
 export class ActorSystem extends Context.Service<ActorSystem, ActorSystemShape>()("gyre/runtime/ActorSystem") {
   /** The system of one run over the `Nats` connection in context. */

@@ -17,7 +17,7 @@
  * ratio is packed tokens / (micro-batches * budget).
  */
 import { Result, Schema } from "effect"
-import type { PackedBatch } from "../engine/batch.ts"
+import type { PackedBatch } from "../common/packed-batch.ts"
 import type { TrainingUnit } from "./units.ts"
 
 export interface PackReport {
@@ -37,6 +37,8 @@ export interface PackReport {
 
 export interface Packed {
   readonly batches: ReadonlyArray<PackedBatch>
+  /** Per micro-batch, the executions with tokens in it (in packing order, each once). */
+  readonly executions: ReadonlyArray<ReadonlyArray<string>>
   readonly report: PackReport
 }
 
@@ -175,6 +177,7 @@ export const packMicroBatches = (units: ReadonlyArray<TrainingUnit>, budget: num
     }
   }
   const batches = bins.map((bin) => assemble(bin.pieces))
+  const executions = bins.map((bin) => [...new Set(bin.pieces.map((p) => p.unit.execution))])
   let tokens = 0
   let trainedTokens = 0
   for (const batch of batches) {
@@ -184,6 +187,7 @@ export const packMicroBatches = (units: ReadonlyArray<TrainingUnit>, budget: num
   const carriedTokens = pieces.reduce((a, p) => a + p.chain.length, 0)
   return Result.succeed({
     batches,
+    executions,
     report: {
       budget,
       microBatches: batches.length,

@@ -12,7 +12,9 @@
  *
  * A unit is a forest in preorder: `parents[i] < i`, positions are depths in the tree, so
  * attention restricted to ancestors sees exactly each token's own prefix. Executions with
- * no trainable token produce no unit and do not count in E.
+ * no trainable token produce no unit and do not count in E, unless the caller fixes E
+ * (`scaleExecutions`: a streaming trainer makes the units of a step group by group and
+ * scales them all by the step's planned executions).
  */
 import { Schema } from "effect"
 import { samplePaths, seedFor, type PathSample } from "./sample.ts"
@@ -72,7 +74,7 @@ export const pathCounts = (tree: TrajectoryTree, order: Int32Array = tree.preord
   return counts
 }
 
-export const stepUnits = (executions: ReadonlyArray<StepExecution>, mode: TrainingMode): StepUnits => {
+export const stepUnits = (executions: ReadonlyArray<StepExecution>, mode: TrainingMode, scaleExecutions?: number): StepUnits => {
   const samples = new Map<string, PathSample>()
   const plans = executions.map((step) => {
     const order = step.tree.preorder()
@@ -89,9 +91,8 @@ export const stepUnits = (executions: ReadonlyArray<StepExecution>, mode: Traini
     return { step, order: order.filter((node) => sample.inUnion[node] === 1), nodeWeights, total: sample.trainedTokens }
   })
   const training = plans.filter((plan) => plan.total > 0)
-  const units = training.map(({ step, order, nodeWeights, total }) =>
-    serialize(step, order, nodeWeights, 1 / (training.length * total))
-  )
+  const E = scaleExecutions ?? training.length
+  const units = training.map(({ step, order, nodeWeights, total }) => serialize(step, order, nodeWeights, 1 / (E * total)))
   return { units, executions: training.length, samples }
 }
 

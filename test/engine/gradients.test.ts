@@ -6,7 +6,7 @@
  */
 import { Effect } from "effect"
 import { describe, expect, it } from "vitest"
-import type { PackedBatch } from "../../src/engine/batch.ts"
+import type { PackedBatch } from "../../src/common/packed-batch.ts"
 import type { LlamaConfig } from "../../src/engine/config.ts"
 import { Engine } from "../../src/engine/engine.ts"
 import type { LossConfig } from "../../src/engine/trainer.ts"

@@ -3,7 +3,7 @@
  * finite differences, and builders of packed batches.
  */
 import { Effect, Layer, Logger, type Scope } from "effect"
-import type { PackedBatch } from "../../src/engine/batch.ts"
+import type { PackedBatch } from "../../src/common/packed-batch.ts"
 import type { LlamaConfig } from "../../src/engine/config.ts"
 import { Engine } from "../../src/engine/engine.ts"
 

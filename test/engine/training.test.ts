@@ -126,6 +126,43 @@ describe("training over packed forests", () => {
   })
 })
 
+describe("the trained weights as proximal policy", () => {
+  it("proximal 'current' equals a scoring pass's log-probs given as proximal, bit for bit", async () => {
+    const r = await runEngine(
+      Effect.gen(function* () {
+        const engine = yield* Engine
+        const model = yield* engine.createModel(config, { seed: 5, initStd: 0.1 })
+        const trainer = yield* model.trainer({ maxTokens: 128 })
+        const { forest } = forestAndPaths()
+        const loss = { kind: "ppo", clipLow: 0.2, clipHigh: 0.2, isCap: 1.5 } as const
+        const scored = yield* trainer.train(forest, loss, { backward: false })
+        yield* trainer.zeroGrads()
+        const given = yield* trainer.train({ ...forest, proximalLogprobs: scored.tokenLogprobs }, loss)
+        const givenGrads = yield* trainer.getGrads()
+        yield* trainer.zeroGrads()
+        const current = yield* trainer.train(forest, { ...loss, proximal: "current" })
+        const currentGrads = yield* trainer.getGrads()
+        return { scored, given, givenGrads, current, currentGrads }
+      })
+    )
+    expect(r.current.stats).toEqual(r.given.stats)
+    expect(r.current.stats.meanRatio).toBe(1)
+    expect(r.current.stats.clipFraction).toBe(0)
+    // w = min(pi / mu, 1.5) per trained token, pi the policy's own log-probs
+    const { forest } = forestAndPaths()
+    const ws: Array<number> = []
+    for (let i = 0; i < forest.length; i++) {
+      if (forest.weights[i] !== 0) ws.push(Math.min(Math.exp(r.scored.tokenLogprobs[i]! - forest.behaviourLogprobs[i]!), 1.5))
+    }
+    expect(r.current.stats.meanIsWeight).toBeCloseTo(ws.reduce((a, b) => a + b, 0) / ws.length, 5)
+    expect(r.current.stats.truncatedFraction).toBeCloseTo(ws.filter((w) => w === 1.5).length / ws.length, 6)
+    expect(r.current.stats.truncatedFraction).toBeGreaterThan(0)
+    expect(r.current.stats.truncatedFraction).toBeLessThan(1)
+    expect(Buffer.from(r.currentGrads.buffer).equals(Buffer.from(r.givenGrads.buffer))).toBe(true)
+    expect(r.currentGrads.some((g) => g !== 0)).toBe(true)
+  })
+})
+
 describe("gradients and AdamW", () => {
   const batchOf = (n: number, seed: number) => {
     const next = rng(seed)

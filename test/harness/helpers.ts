@@ -12,7 +12,8 @@ import * as Actor from "../../src/runtime/actor.ts"
 import { address } from "../../src/runtime/names.ts"
 import { startNode } from "../../src/runtime/node.ts"
 import { ActorSystem, refOf } from "../../src/runtime/system.ts"
-import { GatewayProtocol, HarnessRunnerProtocol, UnknownExecution, type RunExecution } from "../../src/actors/harness-protocol.ts"
+import { GatewayProtocol, UnknownExecution } from "../../src/protocols/gateway.ts"
+import { HarnessRunnerProtocol, type RunExecution } from "../../src/protocols/harness.ts"
 import { makeHarnessRunner, type HarnessRunnerConfig } from "../../src/actors/harness-runner.ts"
 import { repoRoot } from "../../src/runtime/nats-server.ts"
 import type { ToyMessage } from "../../suites/toy/world.mjs"
@@ -92,6 +93,7 @@ export const fakeGateway = (baseUrl: string, log: GatewayLog) =>
             log.closed.push(execution)
             return { calls: 0 }
           }),
+        ContextsMoved: () => Effect.succeed({ routed: 0 }),
         Status: () =>
           Effect.succeed({
             baseUrl,

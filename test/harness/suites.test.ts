@@ -3,7 +3,7 @@ import * as fs from "node:fs"
 import * as path from "node:path"
 import { Effect, Exit } from "effect"
 import { describe, expect, it } from "vitest"
-import { listSuites, loadSuite, parseSuite, type Suite } from "../../src/actors/suites.ts"
+import { listSuites, loadSuite, parseSuite, type Suite } from "../../src/harness/suites.ts"
 import { fixtureSuites, suitesDir, tempDir } from "./helpers.ts"
 
 const valid = {

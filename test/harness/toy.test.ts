@@ -7,7 +7,9 @@
 import { execFile } from "node:child_process"
 import * as fs from "node:fs"
 import * as path from "node:path"
+import { Effect } from "effect"
 import { describe, expect, it } from "vitest"
+import { readDemonstrations } from "../../src/training/warm-start.ts"
 import { compactRequest, configFrom, creditOf, expectedReplies, generator, latencySampler, oracleReply, scriptOf, systemPrompt, wellFormed, type ToyMessage } from "../../suites/toy/world.mjs"
 import { startChatServer, suitesDir, tempDir, type ChatRequest } from "./helpers.ts"
 
@@ -44,6 +46,9 @@ describe("toy suite", () => {
     expect(report.details.notes).toBeGreaterThanOrEqual(2)
     const lines = fs.readFileSync(demos, "utf8").trim().split("\n").map((l) => JSON.parse(l))
     expect(lines).toHaveLength(stats.calls)
+    // The warm start reads them with the chat-message schema the gateway decodes requests with.
+    const read = await Effect.runPromise(readDemonstrations([demos]))
+    expect(read.map((d) => d.messages)).toEqual(lines.map((d) => d.messages))
     expect(stats.calls).toBe(148 + report.details.notes + stats.retries)
     expect(report.details.credit).toBe(148 + report.details.notes)
     for (const d of lines) {

@@ -3,7 +3,8 @@
  * continuous batching gives the same tokens as one-at-a-time generation in fewer steps,
  * an execution's next call prefills only its new suffix, a retry from an earlier point
  * forks the right cached context, context limits, cancellation, a pool too small for the
- * cached contexts, and the KV hand-off hooks (export -> import -> identical continuation).
+ * cached contexts, the KV hand-off hooks (export -> import -> identical continuation), and
+ * the pause of a role switch (every generation leaves its context; resume admits again).
  */
 import { Effect, Fiber, Layer, Logger, type Scope } from "effect"
 import { describe, expect, it } from "vitest"
@@ -11,8 +12,8 @@ import { Engine } from "../../src/engine/engine.ts"
 import type { KvCache } from "../../src/engine/kvcache.ts"
 import { presets } from "../../src/engine/presets.ts"
 import { special } from "../../src/engine/tokenizer.ts"
-import { makeBatcher, type Batcher, type BatcherOptions } from "../../src/actors/batcher.ts"
-import type { SamplingParams } from "../../src/actors/rollout-protocol.ts"
+import { makeBatcher, type Batcher, type BatcherOptions } from "../../src/serving/batcher.ts"
+import type { SamplingParams } from "../../src/protocols/rollout.ts"
 import { digestOf } from "../../src/tree/hash.ts"
 
 const run = <A, E>(effect: Effect.Effect<A, E, Engine | Scope.Scope>): Promise<A> =>
@@ -171,5 +172,38 @@ describe("continuous batching (batcher.ts)", () => {
     expect(out.there.cachedTokens).toBe(out.exported.kvLength)
     expect(Array.from(out.there.output)).toEqual(Array.from(out.here.output))
     expect(out.there.worker).toBe("rollout-worker/dest")
+  })
+
+  it("pauses every generation at a step boundary for a switch: each leaves its context, named by its request; admits again after resume", async () => {
+    const out = await withBatcher(512, {}, (b) =>
+      Effect.gen(function* () {
+        const first = yield* b.generate({ execution: "p", request: "p1", base: null, prompt: text("first call"), sampling: sampling(6) })
+        const fibers = yield* Effect.forEach(["p2", "p3"], (request) =>
+          Effect.forkChild(b.generate({ execution: "p", request, base: null, prompt: text(`parallel ${request}`), sampling: sampling(3000) }))
+        )
+        yield* Effect.sleep("200 millis")
+        const paused = yield* b.pause
+        const answers = yield* Effect.forEach(fibers, Fiber.join)
+        const refused = yield* Effect.flip(b.generate({ execution: "q", request: "q1", base: null, prompt: text("new"), sampling: sampling(4) }))
+        const named = (yield* b.exportContext("p", "p2"))!
+        const older = (yield* b.exportContext("p", "p1"))!
+        const executions = b.executions()
+        b.resume()
+        const admitted = yield* b.generate({ execution: "q", request: "q2", base: null, prompt: text("new"), sampling: sampling(4) })
+        return { first, paused, answers, refused, named, older, executions, admitted, load: b.load() }
+      })
+    )
+    expect(out.paused.map((g) => g.request).sort()).toEqual(["p2", "p3"])
+    expect(out.answers.map((a) => a.finishReason)).toEqual(["cancelled", "cancelled"])
+    expect(out.refused._tag).toBe("WorkerUnavailable")
+    expect(out.named.request).toBe("p2")
+    expect(out.named.tokens.length).toBe(text("parallel p2").length + out.answers[0]!.output.length)
+    expect(out.named.kvLength).toBe(out.named.tokens.length - 1)
+    expect(out.older.request).toBe("p1")
+    expect(out.older.tokens.length).toBe(text("first call").length + out.first.output.length)
+    expect(out.executions).toEqual(["p"])
+    expect(out.admitted.output.length).toBe(4)
+    expect(out.load.draining).toBe(false)
+    expect(out.load.processedTokens).toBeGreaterThan(0)
   })
 })

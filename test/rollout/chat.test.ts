@@ -5,8 +5,9 @@
  */
 import { describe, expect, it } from "vitest"
 import fc from "fast-check"
-import { AssistantTurns, parseToolCalls, renderChat, toolsPrompt, visibleText, type ChatMessage, type ToolDefinition } from "../../src/actors/chat.ts"
-import { chatTemplate, encode, special } from "../../src/engine/tokenizer.ts"
+import { AssistantTurns, parseToolCalls, renderChat, toolsPrompt, visibleText } from "../../src/openai/chat.ts"
+import type { ChatMessage, ToolDefinition } from "../../src/openai/messages.ts"
+import { decode, encode, special } from "../../src/engine/tokenizer.ts"
 
 const tools: Array<ToolDefinition> = [{ type: "function", function: { name: "read_file", parameters: { type: "object", properties: { path: { type: "string" } } } } }]
 const startsWith = (a: Int32Array, prefix: ArrayLike<number>) => Array.from(a.subarray(0, prefix.length)).every((t, i) => t === prefix[i])
@@ -19,17 +20,9 @@ describe("chat rendering", () => {
       { role: "assistant", content: "Hello." },
       { role: "tool", content: "42", tool_call_id: "call_1" }
     ]
-    expect(Array.from(renderChat(messages, [], undefined))).toEqual(
-      chatTemplate(
-        [
-          { role: "system", content: "Be brief." },
-          { role: "user", content: "Hi there" },
-          { role: "assistant", content: "Hello." },
-          { role: "tool", content: "42" }
-        ],
-        { generation: true }
-      )
-    )
+    const ids = renderChat(messages, [], undefined)
+    expect(decode(Array.from(ids))).toBe("<|bos|><|system|>Be brief.<|end|><|user|>Hi there<|end|><|assistant|>Hello.<|end|><|tool|>42<|end|><|assistant|>")
+    expect(Array.from(ids).slice(0, 3 + "Be brief.".length)).toEqual([special.bos, special.system, ...encode("Be brief."), special.end])
     const withTools = renderChat([{ role: "user", content: "go" }], tools, undefined)
     expect(Array.from(withTools)).toEqual([special.bos, special.system, ...encode(toolsPrompt(tools)), special.end, special.user, ...encode("go"), special.end, special.assistant])
   })

@@ -7,7 +7,7 @@
 import { Effect } from "effect"
 import OpenAI from "openai"
 import { afterEach, describe, expect, it } from "vitest"
-import { RolloutWorkerProtocol } from "../../src/actors/rollout-protocol.ts"
+import { RolloutWorkerProtocol } from "../../src/protocols/rollout.ts"
 import { address } from "../../src/runtime/names.ts"
 import { ActorSystem, refOf } from "../../src/runtime/system.ts"
 import { startNodeProcess, withSystem, type NodeProcess } from "../runtime/harness.ts"

@@ -11,9 +11,10 @@ import { saveCheckpoint } from "../../src/engine/checkpoint.ts"
 import { Engine } from "../../src/engine/engine.ts"
 import { presets } from "../../src/engine/presets.ts"
 import { gateway, type GatewayConfig } from "../../src/actors/gateway.ts"
-import { GatewayProtocol } from "../../src/actors/harness-protocol.ts"
-import { rlLayout } from "../../src/actors/layout.ts"
-import { rolloutWorker, type RolloutWorkerConfig } from "../../src/actors/rollout-worker.ts"
+import { GatewayProtocol } from "../../src/protocols/gateway.ts"
+import { rlLayout } from "../../src/protocols/layout.ts"
+import { rolloutWorker } from "../../src/actors/rollout-worker.ts"
+import type { RolloutConfig } from "../../src/serving/rollout-role.ts"
 import { address } from "../../src/runtime/names.ts"
 import { startNode, type NodeHandle } from "../../src/runtime/node.ts"
 import { ActorSystem, refOf } from "../../src/runtime/system.ts"
@@ -55,7 +56,7 @@ export const serve = (options: {
   readonly node?: string
   readonly checkpoint: string
   readonly workers: number
-  readonly worker?: Omit<RolloutWorkerConfig, "checkpoint">
+  readonly worker?: Omit<RolloutConfig, "checkpoint">
   readonly gateway?: GatewayConfig
   readonly execution?: string
   readonly heartbeatMs?: number

@@ -9,7 +9,7 @@
 import { Effect } from "effect"
 import OpenAI from "openai"
 import { describe, expect, it } from "vitest"
-import { RolloutWorkerProtocol } from "../../src/actors/rollout-protocol.ts"
+import { RolloutWorkerProtocol } from "../../src/protocols/rollout.ts"
 import { special } from "../../src/engine/tokenizer.ts"
 import { address } from "../../src/runtime/names.ts"
 import { ActorSystem, refOf } from "../../src/runtime/system.ts"

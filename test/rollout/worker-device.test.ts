@@ -3,7 +3,7 @@
  * count (so `gyre serve --devices N` puts worker i on device i mod count), or GYRE_DEVICE.
  */
 import { afterEach, describe, expect, it } from "vitest"
-import { workerConfigFromEnv, workerDevice } from "../../src/actors/rollout-worker.ts"
+import { rolloutConfigFromEnv, workerDevice } from "../../src/serving/rollout-role.ts"
 
 const saved = process.env.GYRE_DEVICE
 afterEach(() => {
@@ -21,10 +21,10 @@ describe("rollout worker device", () => {
 
   it("comes from GYRE_DEVICE when set", () => {
     process.env.GYRE_DEVICE = "3"
-    expect(workerConfigFromEnv().device).toBe(3)
+    expect(rolloutConfigFromEnv().device).toBe(3)
     delete process.env.GYRE_DEVICE
-    expect(workerConfigFromEnv().device).toBeUndefined()
+    expect(rolloutConfigFromEnv().device).toBeUndefined()
     process.env.GYRE_DEVICE = "gpu1"
-    expect(() => workerConfigFromEnv()).toThrow(/GYRE_DEVICE must be a non-negative integer/)
+    expect(() => rolloutConfigFromEnv()).toThrow(/GYRE_DEVICE must be a non-negative integer/)
   })
 })

@@ -18,11 +18,11 @@ const ProbeProtocol = RpcGroup.make(
   Rpc.make("Work", { payload: { item: Schema.String, crashTimes: Schema.optional(Schema.Number), holdMs: Schema.optional(Schema.Number) } }),
   Rpc.make("Crash"),
   Rpc.make("Exit"),
-  Rpc.make("Whoami", { success: Schema.String })
+  Rpc.make("Whoami", { success: Schema.Number })
 )
 
 interface Log {
-  readonly starts: Array<string>
+  readonly starts: Array<number>
   readonly deliveries: Array<{ readonly item: string; readonly count: number; readonly at: number }>
 }
 const logs = new Map<string, Log>()

@@ -61,7 +61,7 @@ describe("actor runtime (node processes)", () => {
   it("resumes an actor whose node was killed with SIGKILL mid-message from its snapshot, and handles that message after the restart", async () => {
     const result = await withSystem("kill", Effect.gen(function* () {
       const system = yield* ActorSystem
-      const args = ["--run", "kill", "--load", FIXTURES, "--spawn", "ledger/k1", "--ack-wait-ms", "1500"]
+      const args = ["--run", "kill", "--load", FIXTURES, "--spawn", "ledger/k1", "--ack-wait-ms", "1500", "--dead-after-ms", "2000"]
       const first = node(system.nats.servers, ["--name", "first", ...args])
       yield* ready(first)
       yield* system.tell(ledger("k1"), "Append", { item: "before" })

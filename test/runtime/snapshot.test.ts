@@ -13,6 +13,7 @@ import { Nats } from "../../src/runtime/nats.ts"
 import { startEmbeddedServer } from "../../src/runtime/nats-server.ts"
 import { startNode } from "../../src/runtime/node.ts"
 import { encodeJson } from "../../src/runtime/protocol.ts"
+import { acquire } from "../../src/runtime/claim.ts"
 import { runIncarnation } from "../../src/runtime/host.ts"
 import { makeSnapshotStore, Snapshot } from "../../src/runtime/snapshot.ts"
 import { ActorSystem, refOf } from "../../src/runtime/system.ts"
@@ -23,7 +24,7 @@ const Counter = Schema.Struct({ n: Schema.Number })
 
 const store = (
   system: typeof ActorSystem.Service,
-  incarnation: string,
+  incarnation: number,
   options: { key?: string; retry?: Schedule.Schedule<unknown, unknown>; timeoutMs?: number } = {}
 ) => makeSnapshotStore({ kv: system.state, key: options.key ?? "counter/c1", actor: "counter/c1", incarnation, schema: Counter, ...options })
 
@@ -34,9 +35,9 @@ describe("snapshot writes", () => {
   it("a stale revision is a SnapshotConflict naming the writer, and is not retried", async () => {
     const result = await withSystem("snapconflict", Effect.gen(function* () {
       const system = yield* ActorSystem
-      const a = store(system, "inc-a")
+      const a = store(system, 1)
       // Were a conflict retried, this schedule would hold the write for seconds.
-      const b = store(system, "inc-b", { retry: Schedule.spaced(Duration.seconds(2)).pipe(Schedule.upTo({ times: 5 })) })
+      const b = store(system, 2, { retry: Schedule.spaced(Duration.seconds(2)).pipe(Schedule.upTo({ times: 5 })) })
       yield* a.restore
       yield* b.restore
       yield* a.write({ n: 1 }, new HandledIds())
@@ -48,9 +49,9 @@ describe("snapshot writes", () => {
       return { lost, lostAfterMs, stored }
     }))
     expect(failureTag(result.lost)).toBe("SnapshotConflict")
-    if (Exit.isFailure(result.lost)) expect((result.lost.cause.reasons[0] as any).error.writtenBy).toBe("inc-a")
+    if (Exit.isFailure(result.lost)) expect((result.lost.cause.reasons[0] as any).error.writtenBy).toBe(1)
     expect(result.lostAfterMs).toBeLessThan(1500)
-    expect(result.stored).toMatchObject({ state: { n: 3 }, handled: ["m1"], incarnation: "inc-a" })
+    expect(result.stored).toMatchObject({ state: { n: 3 }, handled: ["m1"], incarnation: 1 })
   })
 
   it("a server that does not answer is a TransportError; retried, the write lands once the server is back", async () => {
@@ -62,7 +63,7 @@ describe("snapshot writes", () => {
           return yield* Effect.gen(function* () {
             const system = yield* ActorSystem
             // Without retries, a write to a server that does not answer (SIGSTOP) is a TransportError.
-            const once = store(system, "inc-1", { key: "counter/once", retry: Schedule.recurs(0), timeoutMs: 300 })
+            const once = store(system, 1, { key: "counter/once", retry: Schedule.recurs(0), timeoutMs: 300 })
             yield* once.restore
             process.kill(server.pid, "SIGSTOP")
             const failed = yield* Effect.exit(once.write({ n: 1 }, new HandledIds()))
@@ -70,7 +71,7 @@ describe("snapshot writes", () => {
             // With retries, the write lands once the server answers again, although its first
             // attempt (queued while the server was stopped) was stored before the retry came.
             let attempts = 0
-            const patient = store(system, "inc-2", {
+            const patient = store(system, 2, {
               timeoutMs: 300,
               retry: Schedule.spaced(Duration.millis(300)).pipe(
                 Schedule.upTo({ times: 20 }),
@@ -95,7 +96,7 @@ describe("snapshot writes", () => {
     expect(Exit.isSuccess(result.written)).toBe(true)
     // Each failed attempt steps the schedule once: the write was retried while the server slept.
     expect(result.attempts).toBeGreaterThanOrEqual(2)
-    expect(result.stored).toMatchObject({ state: { n: 7 }, incarnation: "inc-2" })
+    expect(result.stored).toMatchObject({ state: { n: 7 }, incarnation: 2 })
     expect(Exit.isSuccess(result.next)).toBe(true)
   })
 
@@ -108,7 +109,7 @@ describe("snapshot writes", () => {
       yield* system.tell(ledger, "Append", { item: "a" })
       yield* system.ask(ledger, "Items", undefined)
       // Someone else writes the actor's state.
-      yield* Effect.promise(() => system.state.put("ledger/z", encodeJson({ state: { items: ["theirs"] }, handled: [], incarnation: "intruder", at: 0 })))
+      yield* Effect.promise(() => system.state.put("ledger/z", encodeJson({ state: { items: ["theirs"] }, handled: [], incarnation: 99, at: 0 })))
       const told = yield* system.tell(ledger, "Append", { item: "b" })
       const deadline = Date.now() + 10_000
       while (node.hosted().some((h) => h.kind === "ledger") && Date.now() < deadline) yield* Effect.sleep(Duration.millis(50))
@@ -121,7 +122,7 @@ describe("snapshot writes", () => {
     expect(result.hosted).toEqual(["node"])
     expect(result.ackFloor).toBeLessThan(result.toldSeq)
     expect(result.events).toContainEqual(["fenced", { kind: "ledger", id: "z", node: "n1" }])
-    expect(result.stored.incarnation).toBe("intruder")
+    expect(result.stored.incarnation).toBe(99)
   })
 
   it("an incarnation told it is fenced stops at once without acknowledging what it holds", async () => {
@@ -130,7 +131,8 @@ describe("snapshot writes", () => {
       const ledger = refOf(LedgerProtocol, address("ledger", "f"))
       const control = { drain: yield* Deferred.make<void>(), ready: yield* Deferred.make<void>(), fenced: yield* Deferred.make<void>() }
       const stats = { name: "ledger/f", subject: "", numRequests: 0, numErrors: 0, lastError: "", processingTimeNs: 0 }
-      const fiber = yield* Effect.forkChild(runIncarnation(Ledger, address("ledger", "f"), system, { node: "n1", heartbeatMs: 1000, ackWaitMs: 30_000, stats }, control))
+      const claim = yield* acquire(system.registry, address("ledger", "f"), { holder: "n1", silentMs: 3000, whenHeld: "refuse" })
+      const fiber = yield* Effect.forkChild(runIncarnation(Ledger, address("ledger", "f"), system, { node: "n1", heartbeatMs: 1000, ackWaitMs: 30_000, stats, claim }, control))
       yield* Deferred.await(control.ready)
       const told = yield* system.tell(ledger, "Append", { item: "held", holdMs: 5000 })
       yield* Effect.sleep(Duration.millis(300))

@@ -7,7 +7,7 @@
 import fc from "fast-check"
 import { Effect, Result } from "effect"
 import { describe, expect, it } from "vitest"
-import type { PackedBatch } from "../../src/engine/batch.ts"
+import type { PackedBatch } from "../../src/common/packed-batch.ts"
 import { Engine } from "../../src/engine/engine.ts"
 import type { LossConfig } from "../../src/engine/trainer.ts"
 import { packMicroBatches } from "../../src/tree/pack.ts"

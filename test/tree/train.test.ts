@@ -1,7 +1,7 @@
 import fc from "fast-check"
 import { Result } from "effect"
 import { describe, expect, it } from "vitest"
-import type { PackedBatch } from "../../src/engine/batch.ts"
+import type { PackedBatch } from "../../src/common/packed-batch.ts"
 import { packMicroBatches } from "../../src/tree/pack.ts"
 import { plainCall, type ModelCall } from "../../src/tree/record.ts"
 import { roleRank } from "../../src/tree/role.ts"

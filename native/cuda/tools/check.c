@@ -397,7 +397,7 @@ static void training_checks(const api *cpu, const api *gpu, gyre_model *mc, gyre
   gyre_train_stats sc, sg;
 
   /* SFT */
-  gyre_loss_config sft = {GYRE_LOSS_SFT, 0.2f, 0.2f, 0.0f, 3, -1};
+  gyre_loss_config sft = {GYRE_LOSS_SFT, 0.2f, 0.2f, 0.0f, 3, -1, 0};
   TRY(cpu, train_batch(tc, p.n, p.tokens, p.parents, p.positions, p.weights, NULL, NULL, NULL, NULL, &sft, 1, lpc, &sc));
   TRY(gpu, train_batch(tg, p.n, p.tokens, p.parents, p.positions, p.weights, NULL, NULL, NULL, NULL, &sft, 1, lpg, &sg));
   check(s->name, "sft token log-probs", rel_diff(lpg, lpc, p.n), 1e-4);
@@ -412,7 +412,7 @@ static void training_checks(const api *cpu, const api *gpu, gyre_model *mc, gyre
     p.behaviour[i] = isnan(lpc[i]) ? 0.0f : lpc[i] + 0.3f * (lcg_unit() - 0.5f);
     p.proximal[i] = i % 3 == 0 ? NAN : p.behaviour[i] + 0.1f * (lcg_unit() - 0.5f);
   }
-  gyre_loss_config ppo = {GYRE_LOSS_PPO, 0.2f, 0.28f, 1.5f, 3, 2};
+  gyre_loss_config ppo = {GYRE_LOSS_PPO, 0.2f, 0.28f, 1.5f, 3, 2, 0};
   if (train(cpu, tc, &p, &ppo, lpc, &sc) != GYRE_OK || train(gpu, tg, &p, &ppo, lpg, &sg) != GYRE_OK)
     die("%s: PPO train_batch failed", s->name);
   check(s->name, "ppo token log-probs", rel_diff(lpg, lpc, p.n), 1e-4);
@@ -423,6 +423,14 @@ static void training_checks(const api *cpu, const api *gpu, gyre_model *mc, gyre
         fabs(sg.truncated_fraction - sc.truncated_fraction) + abs(sg.stale_tokens - sc.stale_tokens) +
             abs(sg.trained_tokens - sc.trained_tokens),
         0);
+  /* ... and with the trained weights as the proximal policy (r = 1, w = pi / mu) */
+  gyre_loss_config current = ppo;
+  current.proximal_current = 1;
+  if (train(cpu, tc, &p, &current, lpc, &sc) != GYRE_OK || train(gpu, tg, &p, &current, lpg, &sg) != GYRE_OK)
+    die("%s: PPO (current proximal) train_batch failed", s->name);
+  check(s->name, "ppo current-proximal loss", fabs(sg.loss - sc.loss) / fmax(fabs(sc.loss), 1e-12), 1e-4);
+  check(s->name, "ppo current-proximal ratio", fabs(sg.mean_ratio - 1.0) + fabs(sc.mean_ratio - 1.0), 0);
+  check(s->name, "ppo current-proximal is weight", fabs(sg.mean_is_weight - sc.mean_is_weight), 1e-4);
   TRY(cpu, trainer_get_grads(tc, gc, n_params));
   TRY(gpu, trainer_get_grads(tg, gg, n_params));
   check(s->name, "sft+ppo accumulated gradients", rel_diff(gg, gc, n_params), 1e-4);
@@ -674,7 +682,7 @@ static int run_bench(const char *cuda_path, const char *dir, const char *probe, 
   }
   gyre_trainer *t;
   TRY(&gpu, trainer_create(m, n, &t));
-  gyre_loss_config sft = {GYRE_LOSS_SFT, 0.2f, 0.2f, 0.0f, 0, -1};
+  gyre_loss_config sft = {GYRE_LOSS_SFT, 0.2f, 0.2f, 0.0f, 0, -1, 0};
   gyre_adamw opt = {1e-4f, 0.9f, 0.999f, 1e-8f, 0.0f, 1.0f};
   float norm;
   const int steps = quick ? 1 : 5;

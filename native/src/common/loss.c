@@ -39,7 +39,7 @@ loss_term loss_term_at(const gyre_loss_config *cfg, int32_t i, float logp, const
     return t;
   }
   float mu = behaviour[i];
-  float prox = proximal != NULL && !isnan(proximal[i]) ? proximal[i] : mu;
+  float prox = cfg->proximal_current ? logp : proximal != NULL && !isnan(proximal[i]) ? proximal[i] : mu;
   float w = expf(prox - mu);
   if (cfg->is_cap > 0.0f && w > cfg->is_cap) {
     w = cfg->is_cap;

@@ -1,0 +1,136 @@
+/**
+ * `npm run bench:elastic`: the same suite, seed, checkpoint and steps under each scheduling policy
+ * on this machine (each a `gyre train --json` child process, one after another), then each run's
+ * journal read back from its store. A table, then one JSON line:
+ *
+ * - `elastic_s`, `async_s`, `colocate_s`: the runs' makespans (node start to `run-done`), and the
+ *   ratios `elastic_over_async` / `elastic_over_colocate` (> 1: elastic is faster);
+ * - `utilization` per policy: useful cell-time over cells x makespan, as the simulator defines it
+ *   (execution durations / slots per cell + trained execution tokens / the measured training rate);
+ * - `switch_control_p50_ms` / `_p99_ms`: stopping admission and pausing generations, per switch;
+ *   `kv_transfer_p50_ms`: whole switches to training (the KV hand-off); `reprefill_tokens`;
+ * - `sim_over_live` per policy: the simulator fed this run's measured execution durations and tokens,
+ *   training rate, switch costs and weight-sync times, its makespan over the live one.
+ *
+ * Flags: --steps N (8), --devices K (2), --checkpoint DIR (default: the cached warm start),
+ * --policies a,b,c, --horizon, --executions-per-step, --group-size, --slots.
+ */
+import { execFileSync } from "node:child_process"
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+import { Effect, Layer } from "effect"
+import { warmStartedCheckpoint } from "../src/cli/warm-start.ts"
+import { Engine } from "../src/engine/engine.ts"
+import { asyncSplit, fixedPolicies } from "../src/policy/index.ts"
+import { auditRun, type RunAudit } from "../src/replay/audit.ts"
+import { Nats } from "../src/runtime/nats.ts"
+import { repoRoot } from "../src/runtime/nats-server.ts"
+import { ActorSystem } from "../src/runtime/system.ts"
+import { executionsOf, parseScenario } from "../src/sim/scenario.ts"
+import { simulate } from "../src/sim/simulate.ts"
+
+const arg = (name: string, fallback: string) => {
+  const i = process.argv.indexOf(`--${name}`)
+  return i >= 0 && process.argv[i + 1] !== undefined ? process.argv[i + 1]! : fallback
+}
+const steps = Number(arg("steps", "8"))
+const devices = Number(arg("devices", "2"))
+const policies = arg("policies", "elastic,async,colocate").split(",")
+const knobs = {
+  horizon: arg("horizon", "24"),
+  "executions-per-step": arg("executions-per-step", "8"),
+  "group-size": arg("group-size", "4"),
+  slots: arg("slots", "8")
+}
+
+const quantile = (xs: ReadonlyArray<number>, q: number) => {
+  if (xs.length === 0) return 0
+  const s = [...xs].sort((a, b) => a - b)
+  return s[Math.min(s.length - 1, Math.floor(q * s.length))]!
+}
+const mean = (xs: ReadonlyArray<number>) => (xs.length === 0 ? 0 : xs.reduce((a, b) => a + b, 0) / xs.length)
+
+const readAudit = (store: string, run: string, executionsPerStep: number) =>
+  Effect.runPromise(
+    Effect.scoped(
+      Effect.gen(function* () {
+        const system = yield* ActorSystem
+        return yield* auditRun(system, executionsPerStep)
+      }).pipe(Effect.provide(ActorSystem.layer({ run }).pipe(Layer.provideMerge(Nats.layer({ storeDir: store })))))
+    )
+  )
+
+/** The simulator's view of a live run: its measured executions and costs. */
+const liveScenario = (audit: RunAudit, slots: number, executionsPerStep: number) => {
+  const trainedTokens = audit.executions.reduce((a, e) => a + e.tokens, 0)
+  const cellSeconds = audit.steps.reduce((a, s) => a + (s.computeMs / 1000) * Math.max(1, s.devices.length), 0)
+  return parseScenario({
+    cells: devices,
+    slots_per_cell: slots,
+    train_tokens_per_s_per_cell: Math.max(1, trainedTokens / Math.max(1e-3, cellSeconds)),
+    switch_to_train_s: mean(audit.switchMs.training) / 1000,
+    switch_to_rollout_s: mean(audit.switchMs.rollout) / 1000,
+    weight_sync_s: mean(audit.weightSyncS),
+    steps,
+    executions_per_step: executionsPerStep,
+    max_staleness: 1,
+    executions: audit.executions.map((e) => ({ duration_s: Math.max(1e-3, e.duration_s), tokens: e.tokens }))
+  }, "live run")
+}
+
+const main = async () => {
+  const checkpoint =
+    arg("checkpoint", "") ||
+    (await Effect.runPromise(
+      warmStartedCheckpoint({ suite: "toy", env: { TOY_STEPS: knobs.horizon, TOY_TOOL_MS: "20", TOY_TEMPERATURE: "1" }, tasks: 60, steps: 60, lr: 4e-3, seed: 1, fresh: false }).pipe(Effect.provide(Engine.layer))
+    ))
+  const B = Number(knobs["executions-per-step"])
+  const slots = Number(knobs.slots)
+  const rows: Array<{ policy: string; runS: number; audit: RunAudit; simS: number; utilization: number }> = []
+  for (const policy of policies) {
+    const store = fs.mkdtempSync(path.join(os.tmpdir(), `gyre-bench-${policy}-`))
+    const run = `bench-${policy}-${Date.now().toString(36)}`
+    const flags = Object.entries(knobs).flatMap(([k, v]) => [`--${k}`, v])
+    const out = execFileSync(
+      "node",
+      [path.join(repoRoot, "bin", "gyre.js"), "train", "--policy", policy, "--checkpoint", checkpoint, "--steps", String(steps), "--devices", String(devices), "--run", run, "--store", store, "--heldout", "heldout-0..heldout-3", "--json", ...flags],
+      { encoding: "utf8", stdio: ["ignore", "pipe", "inherit"], maxBuffer: 1 << 26 }
+    )
+    const summary = JSON.parse(out.trim().split("\n").at(-1)!)
+    const audit = await readAudit(store, run, B)
+    const scenario = liveScenario(audit, slots, B)
+    const simPolicy = policy === "async" ? asyncSplit(1) : fixedPolicies[policy]!
+    const sim = simulate(scenario, executionsOf(scenario), simPolicy)
+    const useful = audit.executions.reduce((a, e) => a + e.duration_s / slots + e.tokens / scenario.train_tokens_per_s_per_cell, 0)
+    rows.push({ policy, runS: summary.run_s, audit, simS: sim.makespan_s, utilization: useful / (devices * summary.run_s) })
+    fs.rmSync(store, { recursive: true, force: true })
+  }
+  const by = (p: string) => rows.find((r) => r.policy === p)
+  console.log(`policy             makespan_s  sim_s   sim/live  utilization  switches  reprefill  kv_bytes`)
+  for (const r of rows) {
+    console.log(`${r.policy.padEnd(18)} ${r.runS.toFixed(1).padStart(10)}  ${r.simS.toFixed(1).padStart(6)}  ${(r.simS / r.runS).toFixed(3).padStart(8)}  ${r.utilization.toFixed(3).padStart(11)}  ${String(r.audit.switches).padStart(8)}  ${String(r.audit.reprefillTokens).padStart(9)}  ${r.audit.kvHandoffBytes}`)
+  }
+  const elastic = by("elastic")
+  const ratio = (other: string) => (elastic !== undefined && by(other) !== undefined ? Number((by(other)!.runS / elastic.runS).toFixed(3)) : null)
+  const all = rows.flatMap((r) => r.audit.switchControlMs)
+  console.log(
+    JSON.stringify({
+      steps,
+      devices,
+      elastic_s: elastic?.runS ?? null,
+      async_s: by("async")?.runS ?? null,
+      colocate_s: by("colocate")?.runS ?? null,
+      elastic_over_async: ratio("async"),
+      elastic_over_colocate: ratio("colocate"),
+      utilization: Object.fromEntries(rows.map((r) => [r.policy, Number(r.utilization.toFixed(3))])),
+      switch_control_p50_ms: Number(quantile(all, 0.5).toFixed(2)),
+      switch_control_p99_ms: Number(quantile(all, 0.99).toFixed(2)),
+      kv_transfer_p50_ms: Number(quantile(rows.flatMap((r) => r.audit.switchMs.training), 0.5).toFixed(1)),
+      reprefill_tokens: rows.reduce((a, r) => a + r.audit.reprefillTokens, 0),
+      sim_over_live: Object.fromEntries(rows.map((r) => [r.policy, Number((r.simS / r.runS).toFixed(3))]))
+    })
+  )
+}
+
+await main()

@@ -1,0 +1,119 @@
+/**
+ * The device actor (`device/<node>.<i>`, `DeviceProtocol`): one per device, owning one loaded
+ * model, its paged KV cache and its batcher for the whole incarnation, serving in one role at
+ * a time.
+ *
+ * - `rollout` (the initial role): the rollout role of `../serving/rollout-role.ts`, exactly a
+ *   rollout worker's requests; the gateway routes to devices whose load says `role: "rollout"`
+ *   and not `draining`.
+ * - `training`: `StartStep`, `TrainExecution`, `JoinStep` and `GradientReady` go to the
+ *   training role (`../serving/training-role.ts`, built over the same model by
+ *   `config.training`); without one, StartStep / JoinStep answer `DeviceRefused`.
+ * - `SwitchRole` changes the role of the same loaded model (`../serving/role-switch.ts`):
+ *   leaving rollout pauses the in-flight generations and hands their contexts, and the cached
+ *   contexts of executions between calls, to `destinations` over the run's KV object store
+ *   (`../serving/handoff.ts`), tells the gateway where they went and frees them here; joining
+ *   rollout leaves the training role, loads `version`'s weights, and admits again.
+ *   `ImportContexts` is the destination side of a hand-off.
+ *
+ * Its registry load is a `DeviceLoad` (the rollout figures, `role`, `switching`, `step`),
+ * reported after every engine step and at every change of role. `Generate` handlers wait on
+ * the batcher, so the actor declares a high `concurrency`.
+ *
+ * With `scheduler`, the device tells it `DeviceJoined` once it serves (the scheduler numbers cells
+ * in join order).
+ *
+ * `gyre node --load src/actors/device.ts --spawn device/<node>.0` hosts one configured from the
+ * environment (`deviceConfigFromEnv`: the rollout role's variables, `GYRE_GATEWAY`, `GYRE_SCHEDULER`).
+ */
+import { Effect, Schema } from "effect"
+import type { RpcGroup } from "effect/rpc"
+import { Engine } from "../engine/engine.ts"
+import * as Actor from "../runtime/actor.ts"
+import { formatAddress, parseAddress } from "../runtime/names.ts"
+import { refOf } from "../runtime/system.ts"
+import { DEVICE_KIND, DeviceProtocol, DeviceRefused } from "../protocols/device.ts"
+import { GatewayProtocol } from "../protocols/gateway.ts"
+import { SchedulerProtocol } from "../protocols/scheduler.ts"
+import { WeightsUnavailable, type WorkerLoad } from "../protocols/rollout.ts"
+import { openKvStore } from "../serving/handoff.ts"
+import { deviceLoad, makeRoleSwitch, type RoleState } from "../serving/role-switch.ts"
+import { rolloutConfigFromEnv, startRollout, type RolloutConfig } from "../serving/rollout-role.ts"
+import type { TrainingRole, TrainingRoleFactory } from "../serving/training-role.ts"
+
+export interface DeviceConfig extends RolloutConfig {
+  /** The gateway told where moved contexts went (default `gateway/main`). */
+  readonly gateway?: string
+  /** Builds the training role over the device's model; without it the device only serves rollouts. */
+  readonly training?: TrainingRoleFactory
+  /** The run's scheduler (`scheduler/main`): told `DeviceJoined` once the device serves; none: not announced. */
+  readonly scheduler?: string
+}
+
+/** The configuration from the environment: the rollout role's variables, and `GYRE_GATEWAY`. */
+export const deviceConfigFromEnv = (): DeviceConfig => ({
+  ...rolloutConfigFromEnv(),
+  ...(process.env.GYRE_GATEWAY ? { gateway: process.env.GYRE_GATEWAY } : {}),
+  ...(process.env.GYRE_SCHEDULER ? { scheduler: process.env.GYRE_SCHEDULER } : {})
+})
+
+/** The device actor type for a configuration. */
+export const device = (config: DeviceConfig) =>
+  Actor.make({
+    kind: DEVICE_KIND,
+    protocol: DeviceProtocol,
+    state: { schema: Schema.Struct({}), initial: () => ({}) },
+    concurrency: 1024,
+    behaviour: (ctx) =>
+      Effect.gen(function* () {
+        const self = formatAddress(ctx.address)
+        const state: RoleState = { role: "rollout", switching: false }
+        let training: TrainingRole | undefined
+        const report = (load: WorkerLoad) => ctx.reportLoad(deviceLoad(load, state, training?.step() ?? -1))
+        const rollout = yield* startRollout(ctx, config, report)
+        training = config.training === undefined ? undefined : yield* config.training({ ...rollout, ctx, version: () => rollout.batcher.load().version, swapWeights: rollout.batcher.swapWeights })
+        const roles = yield* makeRoleSwitch({
+          system: ctx.system,
+          self,
+          gateway: refOf(GatewayProtocol, parseAddress(config.gateway ?? "gateway/main")),
+          rollout,
+          training,
+          state,
+          blockTokens: config.blockTokens ?? 16,
+          store: yield* openKvStore(ctx.system),
+          report: () => report(rollout.batcher.load())
+        })
+        if (config.scheduler !== undefined) {
+          // Durable and deduplicated per incarnation: a restarted device joins again, a redelivered tell once.
+          const scheduler = refOf(SchedulerProtocol, parseAddress(config.scheduler))
+          yield* ctx.system.tell(scheduler, "DeviceJoined", { device: self }, { msgId: `joined-${self}-${ctx.incarnation}`, sender: self })
+        }
+        const refused = (reason: string) => new DeviceRefused({ device: self, reason })
+        /** A step request, for the training role while the device is in it. */
+        const inTraining = <A>(run: (role: TrainingRole) => Effect.Effect<A, DeviceRefused>) =>
+          Effect.suspend(() =>
+            training === undefined
+              ? Effect.fail(refused("this device has no training role"))
+              : state.role !== "training"
+                ? Effect.fail(refused(`in the ${state.role} role`))
+                : run(training)
+          )
+        return {
+          ...rollout.handlers,
+          Generate: roles.generate,
+          LoadWeights: (request, meta) =>
+            state.role === "rollout" && !state.switching
+              ? rollout.handlers.LoadWeights(request, meta)
+              : Effect.fail(new WeightsUnavailable({ version: request.version, reason: `${self} is not serving rollouts (the training role owns its weights)` })),
+          SwitchRole: roles.switchRole,
+          ImportContexts: roles.importContexts,
+          StartStep: (plan, meta) => inTraining((t) => t.handlers.StartStep(plan, meta)),
+          JoinStep: (join, meta) => inTraining((t) => t.handlers.JoinStep(join, meta)),
+          TrainExecution: (ref, meta) => (training === undefined ? Effect.succeed({ queued: false }) : training.handlers.TrainExecution(ref, meta)),
+          GradientReady: (ready, meta) => (training === undefined ? Effect.succeed({ accepted: false }) : training.handlers.GradientReady(ready, meta))
+        } satisfies Actor.Handlers<RpcGroup.Rpcs<typeof DeviceProtocol>>
+      }).pipe(Effect.provide(Engine.layer))
+  })
+
+/** A device configured from the environment (for `gyre node --load`). */
+export const Device = device(deviceConfigFromEnv())

@@ -1,0 +1,478 @@
+/**
+ * The training role of a device actor: claiming micro-batches on every training device, and on
+ * the core the step itself (planning, the in-order reduce, AdamW, publishing the new weights).
+ *
+ * Contract with the device actor (`src/actors/device.ts`):
+ * - `makeTrainingRole(ctx, options)` runs once per incarnation, in the incarnation's scope (the
+ *   claim loop and the step's finishing fiber live there and are interrupted with it). `options`:
+ *   the device's loaded `model` and a `trainer` on it for micro-batches of the run's
+ *   `microBatchTokens`, the `engine`, the run's `config`, and `weights`: the model's current
+ *   policy version and a `swap` that changes the weights where no engine step of the rollout role
+ *   sees them half changed (the batcher's `swapWeights`; `ownWeights(v)` for a model nothing
+ *   else uses). Every weight change of the role (a satellite loading `v<k>`, the core's AdamW)
+ *   goes through `swap`.
+ * - `handlers` serve `StartStep`, `TrainExecution`, `JoinStep` and `GradientReady` of
+ *   `DeviceProtocol`; the device routes them while it is in the training role (a core that left
+ *   its step to roll out still takes `TrainExecution` and `GradientReady`, and finishes the step).
+ * - `leave` stops claiming after the micro-batch in hand and returns once the claim loop ended
+ *   (`SwitchRole {role: "rollout"}`); the core keeps the step's plan and gradients.
+ * - `step()` is the step this device claims micro-batches of, -1 when none (`DeviceLoad.step`).
+ *
+ * Flow (ARCHITECTURE.md, "Training"): the core (`StartStep`) reads each told execution's call
+ * records back (`readExecution`), plans micro-batches as groups complete (`StepPlanner`) and
+ * publishes them to the step's work queue. Every training device claims them one at a time,
+ * brings its model to the micro-batch's version, computes that micro-batch's gradient alone
+ * (zeroGrads, train, getGrads) with the run's loss (decoupled PPO whose proximal policy is the
+ * step's weights), and either stores it (`s<k>.m<i>`) and tells the core `GradientReady`
+ * (satellite) or hands it over in memory (core), then acknowledges. The core sums gradients in
+ * index order, and once every planned execution is told and every gradient is in: AdamW,
+ * `v<k+1>` published, a checkpoint when due, the metrics journaled and `StepDone` told to the
+ * scheduler (`StepProgress` after every gradient).
+ */
+import { Cause, Duration, Effect, Fiber, Schedule, Semaphore, type Scope } from "effect"
+import type { RpcGroup } from "effect/rpc"
+import type { EngineShape, Model } from "../engine/engine.ts"
+import type { NativeError } from "../engine/native.ts"
+import { adamwDefaults, type LossConfig, type Trainer } from "../engine/trainer.ts"
+import { DeviceRefused, TrainingProtocol, type MicroBatchJson, type StepExecutionRef, type StepPlan } from "../protocols/device.ts"
+import type { RunConfig } from "../protocols/run.ts"
+import { SCHEDULER_KIND, SchedulerProtocol } from "../protocols/scheduler.ts"
+import { readExecution } from "../protocols/trajectories.ts"
+import { fetchWeights, publishWeights } from "../protocols/weights.ts"
+import type * as Actor from "../runtime/actor.ts"
+import { address, formatAddress, parseAddress } from "../runtime/names.ts"
+import { refOf } from "../runtime/system.ts"
+import { checkpointDue, saveTrainingCheckpoint } from "../training/checkpoints.ts"
+import { InOrderSum, openGradientStore, type GradientSource } from "../training/gradients.ts"
+import { claimLoop, closeStepQueue, ensureMicroBatchStream, openStepQueue, publishMicroBatch, type Claim } from "../training/microbatch-queue.ts"
+import { MetricsSum, PhaseClock, microBatchStats, summarize, type BatchSummary, type MicroBatchStats } from "../training/step-metrics.ts"
+import { StepPlanner, type PlannedMicroBatch } from "../training/step-planner.ts"
+import type { TrainingRoleFactory } from "../serving/training-role.ts"
+
+/** The model's policy version and the one way the role changes its weights. */
+export interface ModelWeights {
+  readonly version: () => number
+  /** Runs `apply`, which makes the weights version `version`, out of the way of any engine step. */
+  readonly swap: (apply: Effect.Effect<void, NativeError>, version: number) => Effect.Effect<void, NativeError>
+}
+
+/** Weights of a model only the training role uses, at version `initial`. */
+export const ownWeights = (initial: number): ModelWeights => {
+  let version = initial
+  return {
+    version: () => version,
+    swap: (apply, next) =>
+      apply.pipe(
+        Effect.tap(() =>
+          Effect.sync(() => {
+            version = next
+          })
+        )
+      )
+  }
+}
+
+export interface TrainingRoleOptions {
+  readonly model: Model
+  readonly trainer: Trainer
+  readonly engine: EngineShape
+  readonly config: RunConfig
+  readonly weights: ModelWeights
+  /** Ack wait of the step queues this device opens as core (default 60 s). */
+  readonly ackWaitMs?: number
+  /** Called when this device has claimed a micro-batch (holding it), before computing it. */
+  readonly onClaim?: (claim: { readonly step: number; readonly index: number; readonly deliveryCount: number }) => Effect.Effect<void>
+}
+
+export type TrainingHandlers = Actor.Handlers<RpcGroup.Rpcs<typeof TrainingProtocol>>
+
+export interface TrainingRole {
+  readonly handlers: TrainingHandlers
+  readonly leave: Effect.Effect<void>
+  readonly step: () => number
+}
+
+/** The core's running step. */
+interface CoreStep {
+  readonly plan: StepPlan
+  readonly planner: StepPlanner
+  readonly sum: InOrderSum
+  readonly metrics: MetricsSum
+  readonly clock: PhaseClock
+  /** Every micro-batch planned so far, and what the metrics need of it. */
+  readonly planned: Map<number, { readonly microBatch: MicroBatchJson; readonly summary: BatchSummary }>
+  readonly received: Set<number>
+  readonly devices: Array<string>
+  trainedTokens: number
+  progressTold: number
+  finishing: boolean
+}
+
+interface Claiming {
+  readonly step: number
+  readonly core: string
+  stop: boolean
+  fiber: Fiber.Fiber<void, unknown> | undefined
+}
+
+/** Transport hiccups are retried; what still fails after that is a defect of the incarnation. */
+const transient = { times: 8, schedule: Schedule.exponential(Duration.millis(100)) }
+
+/** The run's loss for micro-batches of step `step` (see ARCHITECTURE.md, "Training": ppo and is coincide while r = 1). */
+const lossOf = (config: RunConfig, step: number): LossConfig => {
+  const t = config.training
+  const ppo = t.loss === "ppo"
+  return {
+    kind: "ppo",
+    clipLow: ppo ? t.clipLow : 0,
+    clipHigh: ppo ? t.clipHigh : 0,
+    isCap: t.isCap,
+    currentVersion: step,
+    maxStaleness: config.policyConfig.max_staleness,
+    proximal: "current"
+  }
+}
+
+const toJson = (step: number, mb: PlannedMicroBatch): MicroBatchJson => ({
+  step,
+  index: mb.index,
+  version: step,
+  executions: mb.executions,
+  completesTokens: mb.completesTokens,
+  batch: mb.batch
+})
+
+export const makeTrainingRole = (
+  ctx: Pick<Actor.ActorContext<unknown>, "address" | "system">,
+  options: TrainingRoleOptions
+): Effect.Effect<TrainingRole, never, Scope.Scope> =>
+  Effect.gen(function* () {
+    const { model, trainer, engine, config, weights } = options
+    const system = ctx.system
+    const me = formatAddress(ctx.address)
+    const ackWaitMs = options.ackWaitMs ?? 60_000
+    const maxStaleness = config.policyConfig.max_staleness
+    const scope = yield* Effect.scope
+    const stepLock = yield* Semaphore.make(1)
+    const trainerLock = yield* Semaphore.make(1)
+    const claimLock = yield* Semaphore.make(1)
+    const scheduler = refOf(SchedulerProtocol, address(SCHEDULER_KIND, "main"))
+    const gradients = yield* openGradientStore(system, model.paramCount).pipe(Effect.retry(transient), Effect.orDie)
+    yield* ensureMicroBatchStream(system).pipe(Effect.retry(transient), Effect.orDie)
+
+    let stepsDone = weights.version()
+    let core: CoreStep | undefined
+    let claiming: Claiming | undefined
+    const early = new Map<number, Array<StepExecutionRef>>()
+
+    const refuse = (reason: string) => new DeviceRefused({ device: me, reason })
+
+    /** Brings the model to `version` (from the object store) unless it is there. */
+    const ensureVersion = (version: number) =>
+      weights.version() === version
+        ? Effect.void
+        : Effect.gen(function* () {
+            const blob = yield* fetchWeights(system, version)
+            const flat = yield* Effect.scoped(engine.loadModel(model.config, blob, { device: model.device }).pipe(Effect.flatMap((m) => m.getWeights())))
+            yield* weights.swap(model.setWeights(flat), version)
+          })
+
+    /** The gradient of one micro-batch alone, on the model as it is. */
+    const compute = (mb: MicroBatchJson) =>
+      trainerLock.withPermit(
+        Effect.gen(function* () {
+          yield* trainer.zeroGrads()
+          const result = yield* trainer.train(mb.batch, lossOf(config, mb.step))
+          const grads = yield* trainer.getGrads()
+          return { grads, stats: microBatchStats(result, mb.batch, mb.step, maxStaleness, config.training.isCap) }
+        })
+      )
+
+    // ---- core: progress, gradients, finishing ------------------------------------------------
+
+    const outstanding = (s: CoreStep) => s.planner.microBatches - s.received.size
+
+    const tellProgress = (s: CoreStep) =>
+      system
+        .tell(scheduler, "StepProgress", { step: s.plan.step, trainedTokens: s.trainedTokens }, { msgId: `progress-${s.plan.step}-${++s.progressTold}`, sender: me })
+        .pipe(Effect.retry(transient), Effect.orDie)
+
+    /** Records micro-batch `index`'s gradient (once), adds what is in order, tells progress. */
+    const gradientIn = (step: number, index: number, device: string, stats: MicroBatchStats, source: GradientSource) =>
+      stepLock.withPermit(
+        Effect.gen(function* () {
+          const s = core
+          const planned = s?.planned.get(index)
+          if (s === undefined || s.plan.step !== step || s.finishing || planned === undefined) return false
+          if (!s.sum.offer(index, source)) return false
+          s.received.add(index)
+          if (!s.devices.includes(device)) s.devices.push(device)
+          s.metrics.add(stats, planned.summary, planned.microBatch.executions)
+          s.trainedTokens += s.planner.gradientIn(index)
+          s.clock.set(outstanding(s) > 0, Date.now())
+          yield* s.sum.drain((i) => storedGradient(s, i))
+          yield* tellProgress(s)
+          yield* finishWhenComplete(s)
+          return true
+        })
+      )
+
+    /**
+     * A satellite's gradient from the store; one that cannot be read (its micro-batch already
+     * acknowledged) is recomputed here, from the batch the core planned, on the same weights.
+     */
+    const storedGradient = (s: CoreStep, index: number) =>
+      gradients.get(s.plan.step, index).pipe(
+        Effect.retry({ ...transient, while: (e) => e._tag === "TransportError" }),
+        Effect.catchTag("GradientUnreadable", (e) =>
+          Effect.logWarning(`${me}: ${e.object} unreadable (${e.reason}); recomputing it`).pipe(
+            Effect.andThen(compute(s.planned.get(index)!.microBatch)),
+            Effect.map((r) => r.grads)
+          )
+        ),
+        Effect.orDie
+      )
+
+    /** Micro-batches of a completed group: kept, then published in index order. */
+    const enqueue = (s: CoreStep, microBatches: ReadonlyArray<PlannedMicroBatch>) =>
+      Effect.gen(function* () {
+        for (const mb of microBatches) {
+          const microBatch = toJson(s.plan.step, mb)
+          s.planned.set(mb.index, { microBatch, summary: summarize(mb.batch, s.plan.step, maxStaleness) })
+          yield* publishMicroBatch(system, microBatch).pipe(Effect.retry(transient), Effect.orDie)
+        }
+        s.clock.set(outstanding(s) > 0, Date.now())
+      })
+
+    /** Plans one finished execution of the running step (under the step lock). */
+    const planExecution = (s: CoreStep, ref: StepExecutionRef) =>
+      Effect.gen(function* () {
+        const { trajectory, malformed } = yield* readExecution(system, ref.execution).pipe(Effect.retry(transient), Effect.orDie)
+        for (const r of trajectory.rejected) yield* Effect.logWarning(`${me}: ${ref.execution}: record ${r.callId} rejected (${r.reason}): ${r.detail}`)
+        for (const m of malformed) yield* Effect.logWarning(`${me}: ${ref.execution}: malformed record ${m.seq}: ${m.reason}`)
+        const told = s.planner.tell(ref, trajectory.decoder.tree)
+        if (told._tag === "Refused") {
+          yield* Effect.logWarning(`${me}: TrainExecution ${ref.execution} refused: ${told.reason}`)
+          return false
+        }
+        if (told._tag === "Duplicate") return true
+        for (const e of told.tooLong) yield* Effect.logWarning(`${me}: ${e} dropped: a path is longer than ${config.training.microBatchTokens} tokens`)
+        yield* enqueue(s, told.microBatches)
+        if (told.consumedTokens > 0) {
+          s.trainedTokens += told.consumedTokens
+          yield* tellProgress(s)
+        }
+        yield* finishWhenComplete(s)
+        return true
+      })
+
+    const finishWhenComplete = (s: CoreStep) =>
+      s.finishing || !s.planner.complete || outstanding(s) > 0 || s.sum.summed < s.planner.microBatches
+        ? Effect.void
+        : Effect.sync(() => {
+            s.finishing = true
+            s.clock.stop(Date.now())
+          }).pipe(
+            Effect.andThen(
+              Effect.forkIn(
+                finish(s).pipe(Effect.tapCause((cause) => Effect.logError(`${me}: finishing step ${s.plan.step} failed`, cause))),
+                scope
+              )
+            ),
+            Effect.asVoid
+          )
+
+    /** AdamW on the summed gradients (none when nothing was trained), under `swap`; the gradient norm. */
+    const update = (s: CoreStep) =>
+      Effect.gen(function* () {
+        let norm = 0
+        const next = s.plan.step + 1
+        const apply =
+          s.planner.microBatches === 0
+            ? Effect.void
+            : trainer.setGrads(s.sum.sum).pipe(
+                Effect.andThen(trainer.step({ ...adamwDefaults, lr: config.training.lr })),
+                Effect.map((n) => {
+                  norm = n
+                })
+              )
+        yield* trainerLock.withPermit(weights.swap(apply, next))
+        return norm
+      })
+
+    /** The update, once; then each publication retried on its own (never the update). */
+    const finish = (s: CoreStep) =>
+      stepLock.withPermit(
+        Effect.gen(function* () {
+          const step = s.plan.step
+          const version = step + 1
+          const reduceStart = Date.now()
+          const gradNorm = yield* update(s).pipe(Effect.orDie)
+          const publishStart = Date.now()
+          const safetensors = yield* model.save().pipe(Effect.orDie)
+          yield* publishWeights(system, version, safetensors).pipe(Effect.retry(transient), Effect.orDie)
+          if (checkpointDue(config, version)) {
+            yield* saveTrainingCheckpoint(config.checkpointDir, model, trainer, { run: system.run, version }).pipe(Effect.orDie)
+          }
+          const metrics = s.metrics.metrics({
+            step,
+            figures: s.planner.figures,
+            microBatches: s.planner.microBatches,
+            devices: s.devices,
+            gradNorm,
+            clock: s.clock,
+            reduceMs: publishStart - reduceStart,
+            publishMs: Date.now() - publishStart
+          })
+          yield* system.publishEvent("step", metrics).pipe(Effect.retry(transient), Effect.orDie)
+          yield* system
+            .tell(scheduler, "StepDone", { step, version, metrics }, { msgId: `step-${step}-done`, sender: me })
+            .pipe(Effect.retry(transient), Effect.orDie)
+          stepsDone = version
+          core = undefined
+          yield* Effect.all([closeStepQueue(system, step), gradients.removeStep(step, s.planner.microBatches)]).pipe(
+            Effect.catch((e) => Effect.logWarning(`${me}: cleaning up step ${step}: ${e.message}`))
+          )
+        })
+      )
+
+    // ---- every training device: the claim loop ------------------------------------------------
+
+    const deliver = (claim: Claim, coreDevice: string) =>
+      Effect.gen(function* () {
+        const mb = claim.microBatch
+        yield* claim.hold(
+          Effect.gen(function* () {
+            yield* options.onClaim?.({ step: mb.step, index: mb.index, deliveryCount: claim.deliveryCount }) ?? Effect.void
+            yield* ensureVersion(mb.version)
+            const { grads, stats } = yield* compute(mb)
+            if (coreDevice === me) return yield* gradientIn(mb.step, mb.index, me, stats, grads)
+            yield* gradients.put(mb.step, mb.index, grads)
+            const coreRef = refOf(TrainingProtocol, parseAddress(coreDevice))
+            yield* system.tell(coreRef, "GradientReady", { step: mb.step, index: mb.index, device: me, stats }, { msgId: `grad-${mb.step}-${mb.index}`, sender: me })
+            return true
+          })
+        )
+        yield* claim.ack
+      })
+
+    const runClaims = (c: Claiming) =>
+      claimLoop(system, { step: c.step, ackWaitMs, stop: () => c.stop }, (claim) => deliver(claim, c.core)).pipe(
+        Effect.tapError((e) => Effect.logWarning(`${me}: claiming step ${c.step} failed, retrying: ${String(e)}`)),
+        Effect.retry({ while: () => !c.stop, schedule: Schedule.spaced(Duration.millis(500)) }),
+        Effect.tapCause((cause) =>
+          Cause.hasInterruptsOnly(cause) ? Effect.void : Effect.logError(`${me}: claim loop of step ${c.step} stopped`, cause)
+        ),
+        Effect.ensuring(
+          Effect.sync(() => {
+            c.stop = true
+          })
+        )
+      )
+
+    const stop = Effect.suspend(() => {
+      const c = claiming
+      if (c === undefined) return Effect.void
+      c.stop = true
+      return c.fiber === undefined ? Effect.void : Fiber.await(c.fiber).pipe(Effect.asVoid)
+    })
+    const stopClaiming = claimLock.withPermit(stop)
+
+    /** Claims micro-batches of `step` (one loop per device: a loop of another step is stopped first). */
+    const startClaiming = (step: number, coreDevice: string) =>
+      claimLock.withPermit(
+        Effect.gen(function* () {
+          if (claiming !== undefined && claiming.step === step && !claiming.stop) return
+          yield* stop
+          const c: Claiming = { step, core: coreDevice, stop: false, fiber: undefined }
+          claiming = c
+          c.fiber = yield* Effect.forkIn(runClaims(c), scope)
+        })
+      )
+
+    // ---- handlers -------------------------------------------------------------------------------
+
+    const begin = (plan: StepPlan) =>
+      Effect.gen(function* () {
+        const planned = plan.groupSizes.reduce((a, b) => a + b, 0)
+        if (plan.version !== plan.step) return yield* refuse(`step ${plan.step} must train version ${plan.step}, not ${plan.version}`)
+        if (planned !== plan.executions) return yield* refuse(`groups of ${planned} executions in a plan of ${plan.executions}`)
+        yield* ensureVersion(plan.version).pipe(Effect.mapError((e) => refuse(`weights v${plan.version}: ${e.message}`)))
+        yield* openStepQueue(system, plan.step, ackWaitMs).pipe(Effect.retry(transient), Effect.orDie)
+        const s: CoreStep = {
+          plan,
+          planner: new StepPlanner(plan, config.training, config.seed),
+          sum: new InOrderSum(model.paramCount),
+          metrics: new MetricsSum(),
+          clock: new PhaseClock(Date.now()),
+          planned: new Map(),
+          received: new Set(),
+          devices: [me],
+          trainedTokens: 0,
+          progressTold: 0,
+          finishing: false
+        }
+        core = s
+        for (const ref of early.get(plan.step) ?? []) yield* planExecution(s, ref)
+        early.delete(plan.step)
+      })
+
+    const handlers: TrainingHandlers = {
+      StartStep: (plan) =>
+        stepLock
+          .withPermit(
+            Effect.gen(function* () {
+              if (plan.step < stepsDone) return false
+              if (core !== undefined && core.plan.step !== plan.step) return yield* refuse(`step ${core.plan.step} is running`)
+              if (core === undefined && plan.step !== stepsDone) return yield* refuse(`the next step is ${stepsDone}, not ${plan.step}`)
+              if (core === undefined) yield* begin(plan)
+              return true
+            })
+          )
+          .pipe(
+            Effect.tap((started) => (started ? startClaiming(plan.step, me) : Effect.void)),
+            Effect.map((started) => ({ started }))
+          ),
+      TrainExecution: (ref) =>
+        stepLock.withPermit(
+          Effect.gen(function* () {
+            if (ref.step < stepsDone) return { queued: false }
+            if (core === undefined || ref.step > core.plan.step) {
+              const waiting = early.get(ref.step) ?? []
+              if (!waiting.some((r) => r.execution === ref.execution)) waiting.push(ref)
+              early.set(ref.step, waiting)
+              return { queued: true }
+            }
+            return { queued: yield* planExecution(core, ref) }
+          })
+        ),
+      JoinStep: ({ step, core: coreDevice }) =>
+        Effect.gen(function* () {
+          if (coreDevice === me && core?.plan.step !== step) return yield* refuse(`step ${step} is not running here`)
+          yield* startClaiming(step, coreDevice)
+          return { joined: true }
+        }),
+      GradientReady: ({ step, index, device, stats }) =>
+        gradientIn(step, index, device, stats, "stored").pipe(Effect.map((accepted) => ({ accepted })))
+    }
+
+    return {
+      handlers,
+      leave: stopClaiming,
+      step: () => (claiming === undefined || claiming.stop ? -1 : claiming.step)
+    }
+  })
+
+/**
+ * The training role a device actor builds over its own model for the run `config`: a trainer for
+ * micro-batches of the run's size, and every weight change through the rollout role's batcher, so
+ * no engine step sees the weights half changed.
+ */
+export const trainingRoleFor =
+  (config: RunConfig): TrainingRoleFactory =>
+  (device) =>
+    Effect.gen(function* () {
+      const trainer = yield* device.model.trainer({ maxTokens: config.training.microBatchTokens })
+      const weights: ModelWeights = { version: device.version, swap: device.swapWeights }
+      return yield* makeTrainingRole(device.ctx, { model: device.model, trainer, engine: device.engine, config, weights })
+    })

@@ -1,0 +1,103 @@
+/**
+ * Hosting one training run on this node: `gyre train`'s and `gyre demo`'s shared middle.
+ *
+ * Starts a node (`main`) with `devices` device actors (each with the training role, announcing
+ * itself to `scheduler/main`), the gateway on a free port, one harness runner with room for every
+ * rollout slot, and a scheduler candidate that stands by for the run's lease (the scheduler lives
+ * on whichever candidate holds it). Devices of other nodes (`gyre node --devices K` with the same
+ * `NATS_URL` and `--run`) join the same scheduler. Reports each step's metrics as they are
+ * journaled and returns when the scheduler journals `run-done`, with the final checkpoint.
+ */
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+import { Deferred, Effect, Schema } from "effect"
+import { device } from "../actors/device.ts"
+import { gateway } from "../actors/gateway.ts"
+import { makeHarnessRunner } from "../actors/harness-runner.ts"
+import { makeScheduler, schedulerAddress } from "../actors/scheduler.ts"
+import { trainingRoleFor } from "../actors/trainer.ts"
+import { loadNative } from "../engine/native.ts"
+import { type RunConfig } from "../protocols/run.ts"
+import { StepMetrics } from "../protocols/scheduler.ts"
+import { address, formatAddress } from "../runtime/names.ts"
+import { startNode } from "../runtime/node.ts"
+import { ActorSystem, type ActorSystemShape } from "../runtime/system.ts"
+import { latestCheckpoint } from "../training/checkpoints.ts"
+
+export interface RunProgress {
+  readonly metrics: StepMetrics
+  /** Seconds since the run's start. */
+  readonly elapsedS: number
+}
+
+export interface HostRunOptions {
+  readonly config: RunConfig
+  /** The suite's train split, in suite order. */
+  readonly trainTasks: ReadonlyArray<string>
+  readonly devices: number
+  readonly suitesDir: string
+  readonly onProgress: (p: RunProgress) => void
+}
+
+export interface HostedRun {
+  readonly system: ActorSystemShape
+  /** The configuration the run used (a resumed run's journal wins over the flags). */
+  readonly config: RunConfig
+  /** Directory of the final checkpoint. */
+  readonly checkpoint: string
+  /** Seconds from the node's start to `run-done`. */
+  readonly runS: number
+}
+
+const decodeMetrics = Schema.decodeUnknownOption(Schema.fromJsonString(StepMetrics))
+
+/** Hosts the run until the scheduler journals `run-done`. */
+export const hostRun = (o: HostRunOptions) =>
+  Effect.scoped(
+    Effect.gen(function* () {
+      const system = yield* ActorSystem
+      const started = Date.now()
+      const { backend } = yield* loadNative()
+      const workspaces = fs.mkdtempSync(path.join(os.tmpdir(), "gyre-train-ws-"))
+      yield* Effect.addFinalizer(() => Effect.sync(() => fs.rmSync(workspaces, { recursive: true, force: true })))
+      const slots = o.config.policyConfig.slots_per_cell * o.devices
+      const scheduler = makeScheduler({ config: o.config, trainTasks: o.trainTasks, runners: ["harness-runner/main"] })
+      const node = yield* startNode({
+        name: "main",
+        types: [
+          device({ checkpoint: o.config.checkpoint, maxBatch: 64, scheduler: formatAddress(schedulerAddress), training: trainingRoleFor(o.config) }),
+          gateway({ port: 0 }),
+          makeHarnessRunner({
+            suitesDir: o.suitesDir,
+            gateway: address("gateway", "main"),
+            capacity: slots,
+            maxQueued: 4 * o.config.policyConfig.executions_per_step,
+            evaluationRetries: 2,
+            workspaceRoot: workspaces
+          }),
+          scheduler.type
+        ]
+      })
+      const done = yield* Deferred.make<void>()
+      const subscription = system.nats.nc.subscribe(`gyre.${system.run}.sys.>`, {
+        callback: (err, msg) => {
+          if (err !== null) return
+          if (msg.subject.endsWith(".sys.run-done")) Effect.runFork(Deferred.succeed(done, undefined))
+          if (!msg.subject.endsWith(".sys.step")) return
+          const metrics = decodeMetrics(msg.string())
+          if (metrics._tag === "Some") o.onProgress({ metrics: metrics.value, elapsedS: (Date.now() - started) / 1000 })
+        }
+      })
+      yield* Effect.addFinalizer(() => Effect.sync(() => subscription.unsubscribe()))
+      yield* node.spawn("gateway", "main")
+      yield* node.spawn("harness-runner", "main")
+      for (let i = 0; i < o.devices; i++) yield* node.spawn("device", `main.${backend}${i}`)
+      yield* Effect.forkScoped(scheduler.standBy(node, system))
+      yield* Deferred.await(done)
+      const runS = (Date.now() - started) / 1000
+      const checkpoint = yield* latestCheckpoint(o.config.checkpointDir)
+      yield* node.drain
+      return { system, config: o.config, checkpoint: checkpoint?.dir ?? o.config.checkpoint, runS }
+    })
+  )

@@ -1,0 +1,195 @@
+/**
+ * `gyre train`: the elastic RL loop on the embedded default (a private nats-server, one node), or
+ * across machines with `NATS_URL` and `gyre node --devices K` on each (the scheduler uses every
+ * device that joins).
+ *
+ * 1. The initial weights: `--checkpoint`, else the suite's cached supervised warm start.
+ * 2. Held-out score of the initial weights (`evaluate.ts`, a run of its own).
+ * 3. The run: `--devices` device actors on this node, the gateway, a harness runner and a
+ *    scheduler candidate (`scheduler/main` while it holds the run's lease) run `--steps` RL steps
+ *    under `--policy`; a progress line per step from the trainer's `StepMetrics`.
+ * 4. Held-out score of the final checkpoint, and a summary counted from the run's journal
+ *    (`src/replay/audit.ts`); with `--json` the last line is one JSON object.
+ *
+ * `--resume RUN` is refused for now: the scheduler resumes from the journal (a standby does), but
+ * the devices' weights and the core's optimizer state at the last step are not rebuilt yet.
+ */
+import * as fs from "node:fs"
+import * as path from "node:path"
+import { Effect, Layer } from "effect"
+import { loadSuite } from "../harness/suites.ts"
+import { Engine } from "../engine/engine.ts"
+import { fixedPolicies } from "../policy/index.ts"
+import { TrainingSettings, type RunConfig } from "../protocols/run.ts"
+import { auditRun } from "../replay/audit.ts"
+import { Nats, natsOptionsFromEnv } from "../runtime/nats.ts"
+import { repoRoot } from "../runtime/nats-server.ts"
+import { ActorSystem } from "../runtime/system.ts"
+import { UsageError, parseFlags, type Command, type Flags } from "./args.ts"
+import { checkCheckpoint, parseEnv } from "./eval.ts"
+import { evaluate, parseTaskList } from "./evaluate.ts"
+import { hostRun, type RunProgress } from "./run-host.ts"
+import { warmStartedCheckpoint } from "./warm-start.ts"
+
+export const trainFlags = {
+  suite: { kind: "string", doc: "suite name (a folder of --suites)", default: "toy" },
+  suites: { kind: "string", doc: "directory holding the suites", default: path.join(repoRoot, "suites") },
+  policy: { kind: "string", doc: "scheduling policy", default: "elastic", choices: ["async", ...Object.keys(fixedPolicies)] },
+  steps: { kind: "integer", doc: "RL steps", default: 8 },
+  devices: { kind: "integer", doc: "device actors on this node (CPU devices share the cores)", default: 2 },
+  run: { kind: "string", doc: "run id", default: `train-${Date.now().toString(36)}` },
+  store: { kind: "string", doc: "JetStream store of the embedded nats-server (default .gyre/runs/<run>)" },
+  checkpoint: { kind: "string", doc: "initial weights (default: the suite's cached warm start)" },
+  resume: { kind: "string", doc: "continue the stopped run RUN from its journal and last checkpoint" },
+  json: { kind: "boolean", doc: "the last line is one JSON object", default: false },
+  "executions-per-step": { kind: "integer", doc: "executions in a batch (B)", default: 8 },
+  "group-size": { kind: "integer", doc: "executions of one task in a batch (a GRPO group)", default: 4 },
+  slots: { kind: "integer", doc: "concurrent executions one cell serves in rollout", default: 8 },
+  "max-staleness": { kind: "integer", doc: "batch k may start once version k - max_staleness is published", default: 1 },
+  "rollout-cells": { kind: "integer", doc: "async only: cells that stay in rollout", default: 1 },
+  horizon: { kind: "integer", doc: "decisions per toy execution (TOY_STEPS)", default: 24 },
+  env: { kind: "string", doc: "more suite knobs, KEY=VALUE,KEY=VALUE", default: "" },
+  heldout: { kind: "string", doc: "held-out tasks scored before and after", default: "heldout-0..heldout-15" },
+  lr: { kind: "number", doc: "AdamW learning rate", default: 5e-4 },
+  advantage: { kind: "string", doc: "advantage estimator", default: "grpo", choices: ["grpo", "dr-grpo", "rloo"] },
+  mode: { kind: "string", doc: "exact tree training or bounded dedup sampling", default: "exact", choices: ["exact", "sampled"] },
+  "max-paths": { kind: "integer", doc: "J_max of sampled mode", default: 5 },
+  loss: { kind: "string", doc: "decoupled PPO-clip or truncated IS", default: "ppo", choices: ["ppo", "is"] },
+  "micro-batch-tokens": { kind: "integer", doc: "tokens per micro-batch", default: 4096 },
+  "checkpoint-every": { kind: "integer", doc: "checkpoint every N steps (and after the last)", default: 4 },
+  seed: { kind: "integer", doc: "seed of the plan, sampling and the warm start", default: 1 },
+  "demo-tasks": { kind: "integer", doc: "warm start: train tasks the oracle demonstrates", default: 60 },
+  "sft-steps": { kind: "integer", doc: "warm start: supervised steps", default: 60 },
+  "sft-lr": { kind: "number", doc: "warm start: peak learning rate", default: 4e-3 },
+  quiet: { kind: "boolean", doc: "no progress lines", default: false }
+} as const
+
+export type TrainFlags = Flags<typeof trainFlags>
+
+/** The suite knobs every harness of the run gets (and the warm start's demonstrations). */
+const suiteEnv = (f: TrainFlags) => ({ TOY_STEPS: String(f.horizon), TOY_TOOL_MS: "20", TOY_TEMPERATURE: "1", ...parseEnv("train", f.env) })
+
+const check = (f: TrainFlags) => {
+  const positive = ["steps", "devices", "executions-per-step", "group-size", "slots", "micro-batch-tokens", "checkpoint-every", "max-paths"] as const
+  for (const name of positive) if (f[name] < 1) throw new UsageError(`gyre train: --${name} must be at least 1, got ${f[name]}`)
+  if (f["executions-per-step"] % f["group-size"] !== 0) {
+    throw new UsageError(`gyre train: --executions-per-step ${f["executions-per-step"]} must be a multiple of --group-size ${f["group-size"]}`)
+  }
+  if (f.checkpoint !== undefined) checkCheckpoint("train", f.checkpoint)
+  if (f.resume !== undefined) {
+    // The scheduler already resumes from the journal; the devices' weights and the core's optimizer
+    // state from the last checkpoint, and the steps trained after it, are not rebuilt yet.
+    throw new UsageError("gyre train: --resume is not built yet (the scheduler resumes from the journal, the trainer's state does not)")
+  }
+  if (parseTaskList(f.heldout).length === 0) throw new UsageError("gyre train: --heldout names no task")
+}
+
+/** The run configuration `gyre train` asks for (a resumed run's journal has the one that counts). */
+export const runConfigOf = (f: TrainFlags, run: string, checkpoint: string, checkpointDir: string): RunConfig => ({
+  run,
+  policy: f.policy,
+  ...(f.policy === "async" ? { rolloutCells: f["rollout-cells"] } : {}),
+  policyConfig: { slots_per_cell: f.slots, executions_per_step: f["executions-per-step"], steps: f.steps, max_staleness: f["max-staleness"] },
+  suite: f.suite,
+  groupSize: f["group-size"],
+  env: suiteEnv(f),
+  seed: f.seed,
+  training: TrainingSettings.make({
+    advantage: f.advantage as RunConfig["training"]["advantage"],
+    mode: f.mode as RunConfig["training"]["mode"],
+    maxPaths: f["max-paths"],
+    loss: f.loss as RunConfig["training"]["loss"],
+    clipLow: 0.2,
+    clipHigh: 0.28,
+    isCap: 2,
+    lr: f.lr,
+    microBatchTokens: f["micro-batch-tokens"],
+    checkpointEvery: f["checkpoint-every"]
+  }),
+  checkpoint,
+  checkpointDir,
+  startedAt: Date.now()
+})
+
+const progressLine = (p: RunProgress) => {
+  const m = p.metrics
+  return `step ${String(m.step).padStart(3)}  score ${m.meanScore.toFixed(3)}  loss ${m.loss.toFixed(4)}  entropy ${m.entropy.toFixed(3)}  kl ${m.behaviourKl.toFixed(4)}  tokens ${String(m.tokensTrained).padStart(6)}  devices ${m.devices.length}  ${p.elapsedS.toFixed(0)} s`
+}
+
+const round = (x: number, digits = 4) => Number(x.toFixed(digits))
+
+export const runTraining = (f: TrainFlags) => {
+  check(f)
+  const run = f.resume ?? f.run
+  const nats = natsOptionsFromEnv("gyre-train")
+  const store = nats.storeDir ?? f.store ?? path.join(repoRoot, ".gyre", "runs", run)
+  return Effect.gen(function* () {
+    if (f.resume !== undefined && !fs.existsSync(store) && nats.url === undefined) {
+      throw new UsageError(`gyre train: --resume ${run}: no store ${store} (give --store, or NATS_URL of the server that holds the run)`)
+    }
+    const log = f.quiet || f.json ? () => undefined : (line: string) => console.log(line)
+    const started = Date.now()
+    const env = suiteEnv(f)
+    const warm = { suite: f.suite, env, tasks: f["demo-tasks"], steps: f["sft-steps"], lr: f["sft-lr"], seed: f.seed, fresh: false, log }
+    const initial = f.checkpoint ?? (yield* warmStartedCheckpoint(warm).pipe(Effect.provide(Engine.layer)))
+    const checkpointDir = path.join(store, "checkpoints")
+    const suite = yield* loadSuite(f.suites, f.suite)
+    const trainTasks = suite.tasks.filter((t) => t.split === "train").map((t) => t.id)
+    const heldout = parseTaskList(f.heldout)
+    const score = (checkpoint: string, name: string) =>
+      evaluate({ checkpoint, suitesDir: f.suites, suite: f.suite, tasks: heldout, env, run: `${run}-${name}`, concurrency: heldout.length })
+    const before = yield* score(initial, "heldout-before")
+    log(`held-out before: ${before.meanScore.toFixed(3)} on ${heldout.length} tasks (${before.seconds.toFixed(0)} s)`)
+    const config = runConfigOf(f, run, initial, checkpointDir)
+    const result = yield* hostRun({ config, trainTasks, devices: f.devices, suitesDir: f.suites, onProgress: (p) => log(progressLine(p)) }).pipe(
+      Effect.provide(ActorSystem.layer({ run }))
+    )
+    const after = yield* score(result.checkpoint, "heldout-after")
+    log(`held-out after:  ${after.meanScore.toFixed(3)} (before ${before.meanScore.toFixed(3)})`)
+    const audit = yield* auditRun(result.system, config.policyConfig.executions_per_step)
+    const summary = {
+      run,
+      policy: result.config.policy,
+      steps: audit.stepsDone,
+      wall_s: round((Date.now() - started) / 1000, 1),
+      run_s: round(result.runS, 1),
+      heldout_before: round(before.meanScore),
+      heldout_after: round(after.meanScore),
+      train_scores: audit.steps.map((s) => round(s.meanScore)),
+      switches: audit.switches,
+      reprefill_tokens: audit.reprefillTokens,
+      kv_handoff_bytes: audit.kvHandoffBytes,
+      stale_dropped: audit.staleDropped,
+      executions_lost: audit.executionsLost,
+      trained_twice: audit.trainedTwice,
+      store: nats.url === undefined ? store : nats.url,
+      warm_start_checkpoint: initial,
+      checkpoint: result.checkpoint
+    }
+    return summary
+  }).pipe(Effect.provide(Layer.fresh(Nats.layer({ ...nats, storeDir: store }))))
+}
+
+export type TrainSummary = Effect.Success<ReturnType<typeof runTraining>>
+
+/** The human-readable end of a run (the JSON line follows it). */
+export const summaryLines = (s: TrainSummary): Array<string> => [
+  `held-out mean score: ${s.heldout_before.toFixed(3)} before, ${s.heldout_after.toFixed(3)} after ${s.steps} steps of ${s.policy} (${s.run_s} s of training, ${s.wall_s} s in all)`,
+  `train score by step: ${s.train_scores.map((x) => x.toFixed(2)).join(" ")}`,
+  `${s.switches} role switches: ${s.reprefill_tokens} tokens prefilled again, ${s.kv_handoff_bytes} KV bytes handed off`,
+  `executions lost ${s.executions_lost}, trained twice ${s.trained_twice}, stale tokens dropped ${s.stale_dropped}`,
+  `checkpoint ${s.checkpoint}; the run's store ${s.store}`
+]
+
+export const command: Command<typeof trainFlags> = {
+  summary: "train a policy with the elastic RL loop (held-out score before and after; --json: JSON last line)",
+  flags: trainFlags,
+  run: async (argv) => {
+    const f = parseFlags("train", trainFlags, argv)
+    const summary = await Effect.runPromise(Effect.scoped(runTraining(f)))
+    if (!f.json) for (const line of summaryLines(summary)) console.log(line)
+    console.log(JSON.stringify(summary))
+    return 0
+  }
+}
+

@@ -1,0 +1,311 @@
+/**
+ * The gateway's path from one model call to a rollout worker and back.
+ *
+ * - Sticky routing: an execution stays on the worker that served its last call (its cached
+ *   context is there) while that worker is usable; otherwise it moves to the least loaded
+ *   usable one (`worker-directory.ts`; the local load is this gateway's requests in flight
+ *   plus the executions it keeps on the worker).
+ * - Deltas: the route remembers the sequences (prompt ++ output) of the execution's last few
+ *   calls on its worker; a call sends `base` = the longest common prefix with one of them
+ *   (length, digest, that call's request id) and only the tokens after it. A `CacheMiss`
+ *   answer (the worker no longer holds that context) is followed at once by the full prompt.
+ * - Transparent retries: if the worker is unavailable or draining, rejects the request, or
+ *   dies while generating (its registry entry stops beating), the call continues on another
+ *   worker: the new prompt is the original prompt plus the tokens already generated (streamed,
+ *   or returned by a cancelled generation), and their log-probs and versions are kept, so the
+ *   client sees one response. A generation cancelled because the client went away ends there.
+ * - Moved contexts: a device leaving rollout (a role switch) pauses its generations and hands
+ *   their contexts to another device; an answer with `movedTo` continues there with `base` =
+ *   the paused request's whole sequence, the same seed and the remaining tokens, so nothing is
+ *   prefilled again and the tokens equal an unmoved run's. `ContextsMoved` (`contextsMoved`)
+ *   moves the routes of executions between calls the same way. A device that is leaving
+ *   rollout keeps its routes until then (`WorkerDirectory.keeps`).
+ */
+import { nuid, type Msg } from "@nats-io/transport-node"
+import { Deferred, Effect, Fiber, Schema } from "effect"
+import { parseAddress } from "../runtime/names.ts"
+import { refOf, type ActorSystemShape } from "../runtime/system.ts"
+import { digestOf } from "../tree/hash.ts"
+import { rlLayout } from "../protocols/layout.ts"
+import { apiError, type ApiError } from "../openai/openai.ts"
+import { RolloutWorkerProtocol, TokenChunk, type FinishReason, type GenerateResult, type SamplingParams, type StepTokens } from "../protocols/rollout.ts"
+import type { WorkerDirectory } from "./worker-directory.ts"
+
+/** Where an execution's calls go. */
+export interface Route {
+  worker: string | undefined
+  /** request id and sequence of the execution's last calls on `worker`. */
+  recent: Array<{ readonly request: string; readonly tokens: Int32Array }>
+  readonly servedBy: Set<string>
+}
+
+export const newRoute = (): Route => ({ worker: undefined, recent: [], servedBy: new Set() })
+
+export interface CallRequest {
+  readonly execution: string
+  readonly route: Route
+  readonly prompt: Int32Array
+  readonly sampling: SamplingParams
+  /** Receives each step's tokens as they are generated (asks the worker to stream). */
+  readonly onTokens?: ((step: StepTokens) => void) | undefined
+  /** Completed when the client went away: the generation is cancelled. */
+  readonly clientGone: Deferred.Deferred<void>
+}
+
+export interface CallResult {
+  readonly output: Int32Array
+  readonly logprobs: Float32Array
+  readonly versions: Int32Array
+  readonly finishReason: FinishReason
+  readonly promptTokens: number
+  /** Prompt tokens the first worker to answer found in its cache. */
+  readonly cachedTokens: number
+  readonly computeMs: number
+  /** Time spent inside workers (from each taking the request to its answer). */
+  readonly workerMs: number
+  /** Workers that took part, in order (more than one after a retry). */
+  readonly workers: ReadonlyArray<string>
+}
+
+export interface RouterOptions {
+  readonly generateTimeoutMs: number
+  readonly maxAttempts: number
+  /** How long a call waits for a usable worker to appear before answering 503. */
+  readonly workerWaitMs: number
+  /** Sequences remembered per execution for deltas. */
+  readonly recentPerExecution: number
+}
+
+class WorkerGone extends Schema.TaggedError<WorkerGone>()("WorkerGone", { worker: Schema.String }) {}
+
+type Attempt =
+  | { readonly _tag: "done"; readonly result: GenerateResult }
+  | { readonly _tag: "failed"; readonly reason: string; readonly partial: StepTokens }
+  | { readonly _tag: "tooLong"; readonly tokens: number; readonly limit: number }
+
+const decodeChunk = Schema.decodeUnknownOption(TokenChunk)
+
+const concat = (a: Int32Array, b: ArrayLike<number>): Int32Array => {
+  const out = new Int32Array(a.length + b.length)
+  out.set(a)
+  out.set(Array.from(b), a.length)
+  return out
+}
+
+const commonPrefix = (a: Int32Array, b: Int32Array): number => {
+  const n = Math.min(a.length, b.length)
+  let i = 0
+  while (i < n && a[i] === b[i]) i++
+  return i
+}
+
+/** A worker by registry key: `rollout-worker/<id>`, or `device/<id>` (a device serves the same requests). */
+const workerRef = (key: string) => refOf(RolloutWorkerProtocol, parseAddress(key))
+
+export const makeCallRouter = (system: ActorSystemShape, directory: WorkerDirectory, options: RouterOptions) => {
+  const layout = rlLayout(system.run)
+  const inFlight = new Map<string, number>()
+  const routed = new Map<string, number>()
+  const bump = (m: Map<string, number>, key: string | undefined, by: number) => {
+    if (key !== undefined) m.set(key, (m.get(key) ?? 0) + by)
+  }
+  const localLoad = (key: string) => (inFlight.get(key) ?? 0) + (routed.get(key) ?? 0)
+
+  const moveRoute = (route: Route, worker: string | undefined) => {
+    if (route.worker === worker) return
+    bump(routed, route.worker, -1)
+    bump(routed, worker, 1)
+    route.worker = worker
+    route.recent = []
+  }
+
+  /** The route's worker if usable, else the least loaded usable one (preferring those not tried). */
+  const chooseWorker = (route: Route, tried: ReadonlySet<string>) =>
+    Effect.gen(function* () {
+      const deadline = performance.now() + options.workerWaitMs
+      while (true) {
+        if (route.worker !== undefined && !tried.has(route.worker) && directory.keeps(route.worker)) return route.worker
+        const picked = directory.pick(tried, localLoad) ?? directory.pick(new Set(), localLoad)
+        if (picked !== undefined) {
+          moveRoute(route, picked.key)
+          return picked.key
+        }
+        if (performance.now() > deadline) {
+          return yield* Effect.fail(apiError(503, "No rollout worker is available to serve the model; try again later.", { code: "no_worker_available" }))
+        }
+        yield* Effect.sleep("100 millis")
+      }
+    })
+
+  /** `base` and the tokens after it, relative to the route's remembered sequences on `worker`. */
+  const delta = (route: Route, worker: string, full: Int32Array) => {
+    let best: { request: string; length: number } | undefined
+    if (route.worker === worker) {
+      for (const r of route.recent) {
+        const n = commonPrefix(r.tokens, full)
+        if (n > 0 && (best === undefined || n > best.length)) best = { request: r.request, length: n }
+      }
+    }
+    if (best === undefined) return { base: null, prompt: full }
+    return {
+      base: { length: best.length, digest: digestOf(full.subarray(0, best.length)), request: best.request },
+      prompt: full.subarray(best.length)
+    }
+  }
+
+  const attempt = (worker: string, req: CallRequest, full: Int32Array, sampling: SamplingParams) =>
+    Effect.gen(function* () {
+      const ref = workerRef(worker)
+      const request = nuid.next()
+      const streamed = { tokens: [] as Array<number>, logprobs: [] as Array<number>, versions: [] as Array<number> }
+      const onChunk = (err: Error | null, msg: Msg) => {
+        if (err !== null) return
+        let json: unknown
+        try {
+          json = msg.json()
+        } catch {
+          return
+        }
+        const chunk = decodeChunk(json)
+        if (chunk._tag === "None" || chunk.value.done) return
+        const { tokens, logprobs } = chunk.value
+        const versions = chunk.value.versions ?? new Int32Array(tokens.length)
+        streamed.tokens.push(...tokens)
+        streamed.logprobs.push(...logprobs)
+        streamed.versions.push(...versions)
+        req.onTokens?.({ tokens, logprobs, versions })
+      }
+      const subscription = req.onTokens !== undefined ? system.nats.nc.subscribe(layout.tokens(request), { callback: onChunk }) : undefined
+      bump(inFlight, worker, 1)
+      const canceller = yield* Effect.forkChild(
+        Deferred.await(req.clientGone).pipe(
+          Effect.andThen(system.ask(ref, "Cancel", { request }, { timeoutMs: 5000 })),
+          Effect.ignore
+        )
+      )
+      const ask = (d: ReturnType<typeof delta>) =>
+        system.ask(
+          ref,
+          "Generate",
+          { execution: req.execution, request, base: d.base, prompt: d.prompt, sampling, stream: req.onTokens !== undefined },
+          { timeoutMs: options.generateTimeoutMs }
+        )
+      const outcome: Attempt = yield* ask(delta(req.route, worker, full)).pipe(
+        Effect.catchTag("CacheMiss", () => ask({ base: null, prompt: full })),
+        Effect.raceFirst(directory.awaitDeath(worker).pipe(Effect.andThen(Effect.fail(new WorkerGone({ worker }))))),
+        Effect.map((result): Attempt => ({ _tag: "done", result })),
+        Effect.catch((e): Effect.Effect<Attempt> => {
+          if (e._tag === "ContextTooLong") return Effect.succeed({ _tag: "tooLong", tokens: e.tokens, limit: e.limit })
+          const partial = { tokens: Int32Array.from(streamed.tokens), logprobs: Float32Array.from(streamed.logprobs), versions: Int32Array.from(streamed.versions) }
+          const failed = Effect.succeed<Attempt>({ _tag: "failed", reason: e._tag, partial })
+          // A worker that is still there may still be generating: stop it (best effort).
+          return e._tag === "AskTimeout" || e._tag === "TransportError"
+            ? Effect.forkDetach(system.ask(ref, "Cancel", { request }, { timeoutMs: 5000 }).pipe(Effect.ignore)).pipe(Effect.andThen(failed))
+            : failed
+        }),
+        Effect.ensuring(
+          Effect.sync(() => {
+            subscription?.unsubscribe()
+            bump(inFlight, worker, -1)
+          })
+        )
+      )
+      yield* Fiber.interrupt(canceller)
+      return { outcome, request }
+    })
+
+  const call = (req: CallRequest): Effect.Effect<CallResult, ApiError> =>
+    Effect.gen(function* () {
+      const out = { tokens: [] as Array<number>, logprobs: [] as Array<number>, versions: [] as Array<number> }
+      const append = (s: { readonly tokens: ArrayLike<number>; readonly logprobs: ArrayLike<number>; readonly versions: ArrayLike<number> }) => {
+        out.tokens.push(...Array.from(s.tokens))
+        out.logprobs.push(...Array.from(s.logprobs))
+        out.versions.push(...Array.from(s.versions))
+      }
+      const tried = new Set<string>()
+      const workers: Array<string> = []
+      let cachedTokens: number | undefined
+      let computeMs = 0
+      let workerMs = 0
+      const finished = (finishReason: FinishReason): CallResult => ({
+        output: Int32Array.from(out.tokens),
+        logprobs: Float32Array.from(out.logprobs),
+        versions: Int32Array.from(out.versions),
+        finishReason,
+        promptTokens: req.prompt.length,
+        cachedTokens: Math.min(cachedTokens ?? 0, req.prompt.length),
+        computeMs,
+        workerMs,
+        workers
+      })
+      for (let n = 1; n <= options.maxAttempts; n++) {
+        const worker = yield* chooseWorker(req.route, tried)
+        tried.add(worker)
+        workers.push(worker)
+        const full = concat(req.prompt, out.tokens)
+        const sampling = { ...req.sampling, maxTokens: req.sampling.maxTokens - out.tokens.length }
+        const { outcome, request } = yield* attempt(worker, req, full, sampling)
+        if (outcome._tag === "tooLong") {
+          if (out.tokens.length > 0) return finished("length")
+          return yield* Effect.fail(
+            apiError(400, `This model's maximum context length is ${outcome.limit} tokens. However, your request has ${outcome.tokens} prompt tokens.`, {
+              param: "messages",
+              code: "context_length_exceeded"
+            })
+          )
+        }
+        if (outcome._tag === "failed") {
+          append(outcome.partial)
+          if (req.route.worker === worker) moveRoute(req.route, undefined)
+          continue
+        }
+        const result = outcome.result
+        append({ tokens: result.output, logprobs: result.logprobs, versions: result.versions })
+        computeMs += result.computeMs
+        workerMs += result.workerMs
+        cachedTokens ??= result.cachedTokens
+        req.route.servedBy.add(worker)
+        req.route.recent.push({ request, tokens: concat(full, result.output) })
+        if (req.route.recent.length > options.recentPerExecution) req.route.recent.shift()
+        const clientGone = yield* Deferred.isDone(req.clientGone)
+        if (result.finishReason !== "cancelled" || clientGone) return finished(result.finishReason)
+        // Cancelled by the worker: continue where a role switch moved its context (its
+        // sequence is remembered above, so the next attempt's base is all of it), else elsewhere.
+        if (result.movedTo !== undefined) contextsMoved(req.route, worker, result.movedTo, new Set([request]))
+        else if (req.route.worker === worker) moveRoute(req.route, undefined)
+        if (out.tokens.length >= req.sampling.maxTokens) return finished("length")
+      }
+      return yield* Effect.fail(
+        apiError(503, `The call failed on ${options.maxAttempts} rollout workers in a row; try again later.`, { code: "worker_unavailable" })
+      )
+    })
+
+  /**
+   * A device leaving rollout handed the contexts of `requests` to `to`: a route still on `from`
+   * moves there, keeping the sequences of those requests (the next call's base). False when
+   * the route had already left `from`.
+   */
+  const contextsMoved = (route: Route, from: string, to: string, requests: ReadonlySet<string>): boolean => {
+    if (route.worker !== from) return false
+    const kept = route.recent.filter((r) => requests.has(r.request))
+    moveRoute(route, to)
+    route.recent = kept
+    route.servedBy.add(to)
+    return true
+  }
+
+  /** Frees the execution's cached contexts on every worker that served it. */
+  const release = (execution: string, route: Route) =>
+    Effect.gen(function* () {
+      moveRoute(route, undefined)
+      yield* Effect.forEach(
+        [...route.servedBy],
+        (worker) => system.ask(workerRef(worker), "Release", { execution }, { timeoutMs: 5000 }).pipe(Effect.ignore),
+        { concurrency: "unbounded", discard: true }
+      )
+    })
+
+  return { call, release, contextsMoved }
+}
+
+export type CallRouter = ReturnType<typeof makeCallRouter>

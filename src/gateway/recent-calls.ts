@@ -1,0 +1,47 @@
+/**
+ * The gateway's window of its most recent calls: round trip, engine compute and tokens per
+ * call, summarised as medians and sums for `Status` (and `bench:rollout`).
+ */
+import type { RecentCalls } from "../protocols/gateway.ts"
+
+interface Row {
+  readonly roundTripMs: number
+  readonly computeMs: number
+  readonly workerMs: number
+  readonly promptTokens: number
+  readonly cachedTokens: number
+  readonly generatedTokens: number
+}
+
+const median = (xs: Array<number>): number => {
+  if (xs.length === 0) return 0
+  const s = xs.sort((a, b) => a - b)
+  const mid = s.length >> 1
+  return s.length % 2 === 1 ? s[mid]! : (s[mid - 1]! + s[mid]!) / 2
+}
+
+export const recentCalls = (capacity = 4096) => {
+  const rows: Array<Row> = []
+  let next = 0
+  return {
+    add: (
+      roundTripMs: number,
+      result: { readonly computeMs: number; readonly workerMs: number; readonly promptTokens: number; readonly cachedTokens: number; readonly output: { readonly length: number } }
+    ) => {
+      const row = { roundTripMs, computeMs: result.computeMs, workerMs: result.workerMs, promptTokens: result.promptTokens, cachedTokens: result.cachedTokens, generatedTokens: result.output.length }
+      if (rows.length < capacity) rows.push(row)
+      else rows[next] = row
+      next = (next + 1) % capacity
+    },
+    figures: (): RecentCalls => ({
+      calls: rows.length,
+      roundTripP50Ms: median(rows.map((r) => r.roundTripMs)),
+      computeP50Ms: median(rows.map((r) => r.computeMs)),
+      workerP50Ms: median(rows.map((r) => r.workerMs)),
+      overheadP50Ms: median(rows.map((r) => r.roundTripMs - r.workerMs)),
+      promptTokens: rows.reduce((a, r) => a + r.promptTokens, 0),
+      cachedTokens: rows.reduce((a, r) => a + r.cachedTokens, 0),
+      generatedTokens: rows.reduce((a, r) => a + r.generatedTokens, 0)
+    })
+  }
+}

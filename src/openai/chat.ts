@@ -1,0 +1,215 @@
+/**
+ * Chat rendering and tool calls: OpenAI-style messages (`messages.ts`) -> prompt token ids,
+ * and generated text -> content + tool calls.
+ *
+ * The chat template, Gyre's only one (over the byte-level tokenizer's special tokens,
+ * `src/engine/tokenizer.ts`): `<|bos|>`, then per message `<|role|>` content bytes `<|end|>`;
+ * the prompt ends with `<|assistant|>`, and the model's turn ends at `<|end|>`. `developer`
+ * messages render as `system`. When the request offers tools, a first `<|system|>` turn
+ * lists them (one JSON object per line inside `<tools>...</tools>`) and says how to call one.
+ *
+ * Tool-call format: the model writes each call as text,
+ *
+ *   <tool_call>{"name": "read_file", "arguments": {"path": "a.txt"}}</tool_call>
+ *
+ * anywhere in its turn. A block whose JSON has a string `name` and an object (or string)
+ * `arguments` becomes an OpenAI tool call (`arguments` as JSON text); other text, and blocks
+ * that do not parse, stay content.
+ *
+ * Exact prompts (`AssistantTurns`): a harness sends its history back as text, maybe
+ * re-formatted (arguments JSON re-serialised, content trimmed, invalid UTF-8 replaced), so
+ * rendering that text would give other tokens than the ones the model generated and the
+ * execution's prefix tree would branch at every turn. The gateway therefore remembers the
+ * raw output tokens of each assistant turn it produced, keyed by its tool-call ids (a turn
+ * with tool calls) or by the exact content string it returned (a turn without), and renders
+ * a history message that matches a remembered turn with those tokens.
+ */
+import { decode, encode, special } from "../engine/tokenizer.ts"
+import type { ChatMessage, MessageContent, ToolCall, ToolDefinition } from "./messages.ts"
+
+export const TOOL_CALL_OPEN = "<tool_call>"
+export const TOOL_CALL_CLOSE = "</tool_call>"
+
+export const textOf = (content: MessageContent | null | undefined): string =>
+  content === null || content === undefined ? "" : typeof content === "string" ? content : content.map((p) => p.text).join("")
+
+/** The system turn that offers the tools. */
+export const toolsPrompt = (tools: ReadonlyArray<ToolDefinition>): string =>
+  [
+    "# Tools",
+    "",
+    "You may call one or more of these functions. Their signatures (JSON):",
+    "<tools>",
+    ...tools.map((t) => JSON.stringify(t)),
+    "</tools>",
+    "",
+    `To call a function, write ${TOOL_CALL_OPEN}{"name": <function name>, "arguments": <arguments as a JSON object>}${TOOL_CALL_CLOSE}.`
+  ].join("\n")
+
+/** The canonical text of a tool call the gateway did not generate itself. */
+const canonicalToolCall = (call: ToolCall): string => {
+  let args: unknown = call.function.arguments
+  try {
+    args = JSON.parse(call.function.arguments)
+  } catch {
+    // not JSON: keep the string
+  }
+  return `${TOOL_CALL_OPEN}${JSON.stringify({ name: call.function.name, arguments: args })}${TOOL_CALL_CLOSE}`
+}
+
+/**
+ * Raw output tokens of the assistant turns the gateway produced for one execution (see the
+ * module comment). Bounded: the oldest turns are forgotten first.
+ */
+export class AssistantTurns {
+  private readonly byToolCall = new Map<string, { readonly ids: ReadonlyArray<string>; readonly tokens: Int32Array }>()
+  private readonly byContent = new Map<string, Int32Array>()
+
+  constructor(private readonly capacity = 4096) {}
+
+  /** Remembers a turn: its tool calls' ids (in order), or else the content string returned. */
+  remember(tokens: Int32Array, toolCallIds: ReadonlyArray<string>, content: string): void {
+    if (toolCallIds.length > 0) {
+      const entry = { ids: toolCallIds, tokens }
+      for (const id of toolCallIds) bounded(this.byToolCall, id, entry, this.capacity)
+    } else {
+      bounded(this.byContent, content, tokens, this.capacity)
+    }
+  }
+
+  /** The raw tokens of a history message, when it is a turn this gateway produced. */
+  lookup(message: Extract<ChatMessage, { role: "assistant" }>): Int32Array | undefined {
+    const calls = message.tool_calls ?? []
+    if (calls.length > 0) {
+      const entry = this.byToolCall.get(calls[0]!.id)
+      return entry !== undefined && entry.ids.length === calls.length && entry.ids.every((id, i) => calls[i]!.id === id) ? entry.tokens : undefined
+    }
+    return this.byContent.get(textOf(message.content))
+  }
+}
+
+const bounded = <K, V>(map: Map<K, V>, key: K, value: V, capacity: number) => {
+  map.delete(key)
+  map.set(key, value)
+  if (map.size > capacity) map.delete(map.keys().next().value as K)
+}
+
+/** Prompt token ids of a chat request, ending with `<|assistant|>`. */
+export const renderChat = (
+  messages: ReadonlyArray<ChatMessage>,
+  tools: ReadonlyArray<ToolDefinition>,
+  turns: AssistantTurns | undefined
+): Int32Array => {
+  const ids: Array<number> = [special.bos]
+  const push = (tokens: ArrayLike<number>) => {
+    for (let i = 0; i < tokens.length; i++) ids.push(tokens[i]!)
+  }
+  if (tools.length > 0) push([special.system, ...encode(toolsPrompt(tools)), special.end])
+  for (const m of messages) {
+    if (m.role === "assistant") {
+      ids.push(special.assistant)
+      const raw = turns?.lookup(m)
+      if (raw !== undefined) push(raw)
+      else {
+        const parts = [textOf(m.content), ...(m.tool_calls ?? []).map(canonicalToolCall)].filter((p) => p !== "")
+        push(encode(parts.join("\n")))
+      }
+      if (ids[ids.length - 1] !== special.end) ids.push(special.end)
+    } else {
+      ids.push(m.role === "developer" ? special.system : special[m.role])
+      push(encode(textOf(m.content)))
+      ids.push(special.end)
+    }
+  }
+  ids.push(special.assistant)
+  return Int32Array.from(ids)
+}
+
+export interface ParsedToolCall {
+  readonly name: string
+  readonly arguments: string
+  /** The block as the model wrote it, `<tool_call>` to `</tool_call>`. */
+  readonly raw: string
+}
+
+export interface ParsedTurn {
+  /** Text outside the tool-call blocks. */
+  readonly content: string
+  readonly toolCalls: ReadonlyArray<ParsedToolCall>
+}
+
+const BLOCK = /<tool_call>([\s\S]*?)<\/tool_call>/g
+
+/** Splits generated text into content and tool calls (format in the module comment). */
+export const parseToolCalls = (text: string): ParsedTurn => {
+  const toolCalls: Array<ParsedToolCall> = []
+  let content = ""
+  let at = 0
+  for (const match of text.matchAll(BLOCK)) {
+    const call = parseCall(match[1]!)
+    if (call === undefined) continue
+    content += text.slice(at, match.index)
+    at = match.index + match[0].length
+    toolCalls.push({ ...call, raw: match[0] })
+  }
+  return { content: content + text.slice(at), toolCalls }
+}
+
+const parseCall = (json: string): { name: string; arguments: string } | undefined => {
+  let value: unknown
+  try {
+    value = JSON.parse(json)
+  } catch {
+    return undefined
+  }
+  if (typeof value !== "object" || value === null || Array.isArray(value)) return undefined
+  const { name, arguments: args } = value as { name?: unknown; arguments?: unknown }
+  if (typeof name !== "string" || name === "") return undefined
+  if (typeof args === "string") return { name, arguments: args }
+  if (args === undefined) return { name, arguments: "{}" }
+  if (typeof args === "object" && args !== null && !Array.isArray(args)) return { name, arguments: JSON.stringify(args) }
+  return undefined
+}
+
+/**
+ * The text a client sees of generated tokens: special tokens dropped, and cut before the
+ * first of the request's stop strings (as OpenAI returns it). With `final` false the text is
+ * what may be streamed so far: a trailing partial UTF-8 character, a trailing prefix of a
+ * stop string, and (with `holdToolCalls`) everything from a possible `<tool_call>` on are
+ * held back, so streamed pieces always concatenate to a prefix of the final text.
+ */
+export const visibleText = (
+  output: ArrayLike<number>,
+  stops: ReadonlyArray<string>,
+  options: { readonly final: boolean; readonly holdToolCalls: boolean }
+): string => {
+  const bytes: Array<number> = []
+  for (let i = 0; i < output.length; i++) if (output[i]! < 256) bytes.push(output[i]!)
+  let text = new TextDecoder().decode(Uint8Array.from(bytes), { stream: !options.final })
+  let cut = text.length
+  for (const stop of stops) {
+    const at = text.indexOf(stop)
+    if (at >= 0) cut = Math.min(cut, at)
+  }
+  const stopped = cut < text.length
+  text = text.slice(0, cut)
+  if (options.final) return text
+  const held = [...(stopped ? [] : stops), ...(options.holdToolCalls ? [TOOL_CALL_OPEN] : [])]
+  let keep = text.length
+  if (options.holdToolCalls) {
+    const open = text.indexOf(TOOL_CALL_OPEN)
+    if (open >= 0) keep = open
+  }
+  for (const s of held) {
+    for (let k = Math.min(s.length - 1, keep); k > 0; k--) {
+      if (text.slice(keep - k, keep) === s.slice(0, k)) {
+        keep -= k
+        break
+      }
+    }
+  }
+  return text.slice(0, keep)
+}
+
+/** The text of one token for log-prob listings (a byte that is not UTF-8 on its own becomes U+FFFD). */
+export const tokenText = (id: number): string => decode([id])

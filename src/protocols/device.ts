@@ -1,0 +1,171 @@
+/**
+ * The device actor's protocol (`device/<node>.<i>`), shared by the gateway, the scheduler, other
+ * devices and the device itself.
+ *
+ * A device owns one loaded model and its KV pool for the whole run and serves in one role at a
+ * time. In the `rollout` role it answers the rollout worker's requests (`RolloutWorkerProtocol`,
+ * so the gateway's router talks to a device exactly as to a rollout worker). `SwitchRole` moves
+ * it between roles without reloading weights (the harness-preserving switch: its in-flight
+ * generations and cached contexts are handed to `destinations` first). In the `training` role
+ * it claims micro-batches of the running step; the core device (`StartStep`) also plans the
+ * step, reduces the gradients in micro-batch order, applies AdamW and publishes the new weights.
+ *
+ * Wire forms of the training path (micro-batch messages, gradient objects) are here too, since
+ * the core writes what satellites read.
+ */
+import { Schema } from "effect"
+import { Rpc, RpcGroup } from "effect/rpc"
+import { Float32ArrayFromBase64, Int32ArrayFromBase64 } from "../tree/wire.ts"
+import { ExecutionOutcome } from "../tree/outcome.ts"
+import { ExecutionId } from "./layout.ts"
+import { RolloutWorkerProtocol, WorkerLoad } from "./rollout.ts"
+import { Role } from "../policy/vocabulary.ts"
+
+const Count = Schema.Int.check(Schema.isGreaterThanOrEqualTo(0))
+
+export const DEVICE_KIND = "device"
+
+/** A device's registry load: the rollout figures plus its role. */
+export const DeviceLoad = Schema.Struct({
+  ...WorkerLoad.fields,
+  role: Role,
+  /** A switch is under way (`role` is where it is going). */
+  switching: Schema.Boolean,
+  /** Step it trains in (training role), else -1. */
+  step: Schema.Int
+})
+export type DeviceLoad = typeof DeviceLoad.Type
+
+/** One context handed from a device leaving rollout to a destination. */
+export const ContextHandoff = Schema.Struct({
+  execution: ExecutionId,
+  /** The request id the context is known by (the gateway's `base.request`). */
+  request: ExecutionId,
+  /** Object `GYRE_<run>_kv/<object>`: the engine's GYKV buffer of `tokens[0, kvLength)`. */
+  object: Schema.String,
+  tokens: Int32ArrayFromBase64,
+  kvLength: Count,
+  /** A paused generation (true) or a context cached between calls (false). */
+  inFlight: Schema.Boolean
+})
+export type ContextHandoff = typeof ContextHandoff.Type
+
+export const SwitchResult = Schema.Struct({
+  role: Role,
+  generationsMoved: Count,
+  contextsMoved: Count,
+  bytesMoved: Count,
+  /** Tokens the destinations will have to prefill again (0 when every context moved). */
+  reprefillTokens: Count,
+  /** From the request to the answer. */
+  ms: Schema.Number,
+  /** Time to stop admitting and pause generations (the control plane). */
+  controlMs: Schema.Number
+})
+export type SwitchResult = typeof SwitchResult.Type
+
+/** The weights of a version could not be loaded, or a step request does not fit the device's state. */
+export class DeviceRefused extends Schema.TaggedError<DeviceRefused>()("DeviceRefused", {
+  device: Schema.String,
+  reason: Schema.String
+}) {}
+
+/** An execution of the running step, told to the core as it finishes. */
+export const StepExecutionRef = Schema.Struct({
+  step: Count,
+  execution: ExecutionId,
+  task: Schema.String,
+  /** Group within the batch (executions of one task). */
+  group: Count,
+  /** The policy's token count of the execution (unique tokens of its tree). */
+  tokens: Count,
+  outcome: ExecutionOutcome
+})
+export type StepExecutionRef = typeof StepExecutionRef.Type
+
+export const StepPlan = Schema.Struct({
+  step: Count,
+  /** Weights the step's gradients are computed on (= step). */
+  version: Count,
+  /** Executions the batch holds and the size of each group (for streaming advantages). */
+  executions: Count,
+  groupSizes: Schema.Array(Count),
+  /** Devices that train in the step with the core (more may join later). */
+  cells: Schema.Array(Schema.String)
+})
+export type StepPlan = typeof StepPlan.Type
+
+export const TrainStatsJson = Schema.Struct({
+  loss: Schema.Number,
+  weightSum: Schema.Number,
+  entropy: Schema.Number,
+  meanLogprob: Schema.Number,
+  meanRatio: Schema.Number,
+  clipFraction: Schema.Number,
+  meanIsWeight: Schema.Number,
+  /** Largest importance weight min(pi / mu, isCap) of a trained token (1 when none). */
+  maxIsWeight: Schema.Number,
+  truncatedFraction: Schema.Number,
+  trainedTokens: Count,
+  staleTokens: Count
+})
+
+/** The requests of the training role (`src/actors/trainer.ts`), part of `DeviceProtocol`. */
+export const TrainingProtocol = RpcGroup.make(
+  /** Core only: plan and run step `step` (idempotent per step). */
+  Rpc.make("StartStep", { payload: StepPlan, success: Schema.Struct({ started: Schema.Boolean }), error: DeviceRefused }),
+  /** Core only: a finished execution of the running step (durable tell, deduplicated by execution). */
+  Rpc.make("TrainExecution", { payload: StepExecutionRef, success: Schema.Struct({ queued: Schema.Boolean }) }),
+  /** Any training device: claim micro-batches of `step` computed on `version` (idempotent). */
+  Rpc.make("JoinStep", { payload: { step: Count, version: Count, core: Schema.String }, success: Schema.Struct({ joined: Schema.Boolean }), error: DeviceRefused }),
+  /** Core only: a satellite stored the gradient of micro-batch `index`. */
+  Rpc.make("GradientReady", {
+    payload: { step: Count, index: Count, device: Schema.String, stats: TrainStatsJson },
+    success: Schema.Struct({ accepted: Schema.Boolean })
+  })
+)
+
+export const DeviceProtocol = RolloutWorkerProtocol.add(
+  Rpc.make("SwitchRole", {
+    payload: {
+      role: Role,
+      /** Leaving rollout: device keys (`device/<id>`) to hand contexts to, preferred first. */
+      destinations: Schema.Array(Schema.String),
+      /** Joining rollout: the newest published version to load first. */
+      version: Schema.optional(Count)
+    },
+    success: SwitchResult,
+    error: DeviceRefused
+  }),
+  /** Destination side of the hand-off: import the contexts, then the source frees its copies. */
+  Rpc.make("ImportContexts", {
+    payload: { from: Schema.String, contexts: Schema.Array(ContextHandoff) },
+    success: Schema.Struct({ imported: Count, failed: Schema.Array(Schema.String) })
+  })
+).merge(TrainingProtocol)
+
+/** One micro-batch on the step's work queue (`gyre.<run>.mb.<step>`, message id `mb-<step>-<index>`). */
+export const MicroBatchJson = Schema.Struct({
+  step: Count,
+  index: Count,
+  version: Count,
+  /** Executions with tokens in it. */
+  executions: Schema.Array(ExecutionId),
+  /** Sum of the scheduler's `tokens` of executions whose last micro-batch this is. */
+  completesTokens: Count,
+  batch: Schema.Struct({
+    length: Count,
+    tokens: Int32ArrayFromBase64,
+    parents: Int32ArrayFromBase64,
+    positions: Int32ArrayFromBase64,
+    weights: Float32ArrayFromBase64,
+    advantages: Float32ArrayFromBase64,
+    behaviourLogprobs: Float32ArrayFromBase64,
+    proximalLogprobs: Float32ArrayFromBase64,
+    versions: Int32ArrayFromBase64
+  })
+})
+export type MicroBatchJson = typeof MicroBatchJson.Type
+
+/** Object name of micro-batch `index`'s gradient in `GYRE_<run>_grads`. */
+export const gradientObject = (step: number, index: number) => `s${step}.m${index}`

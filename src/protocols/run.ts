@@ -1,0 +1,110 @@
+/**
+ * A training run's configuration and its execution plan, shared by `gyre train`, the scheduler,
+ * the core trainer and `gyre replay`: what was asked for, written once to the journal
+ * (`gyre.<run>.sys.run-config`) so a run can be resumed, verified and audited from its log.
+ *
+ * Execution plan: batch `b` (trained by step `b`) holds executions `b * B .. b * B + B - 1`
+ * (B = `executions_per_step`), the policy's own numbering. Execution `n` of batch `b` is named
+ * `b<b>-x<n>`; the batch draws `B / group_size` tasks from the suite's `train` split, each run
+ * `group_size` times (a GRPO group), tasks taken in order from a seeded permutation so that
+ * consecutive batches see different tasks.
+ */
+import { Schema } from "effect"
+import { mulberry32 } from "../tree/sample.ts"
+import { AdvantageEstimator } from "../tree/advantage.ts"
+import { PolicyConfig } from "../policy/vocabulary.ts"
+
+const Positive = Schema.Int.check(Schema.isGreaterThanOrEqualTo(1))
+const NonNegative = Schema.Number.check(Schema.isGreaterThanOrEqualTo(0))
+
+export const LossKind = Schema.Literals(["ppo", "is"])
+export type LossKind = typeof LossKind.Type
+
+export const TrainingSettings = Schema.Struct({
+  advantage: AdvantageEstimator,
+  /** exact: whole trees; sampled: bounded dedup sampling of `maxPaths` paths per execution. */
+  mode: Schema.Literals(["exact", "sampled"]),
+  maxPaths: Positive,
+  loss: LossKind,
+  /** PPO clip range [1 - clipLow, 1 + clipHigh]. */
+  clipLow: NonNegative,
+  clipHigh: NonNegative,
+  /** Cap of the importance weight pi_prox / mu (truncated IS); <= 0: no cap. */
+  isCap: Schema.Number,
+  lr: Schema.Number.check(Schema.isGreaterThan(0)),
+  /** Tokens per micro-batch. */
+  microBatchTokens: Positive,
+  /** Checkpoint every this many steps (and after the last). */
+  checkpointEvery: Positive
+})
+export type TrainingSettings = typeof TrainingSettings.Type
+
+export const RunConfig = Schema.Struct({
+  run: Schema.String,
+  /** `src/policy` name: elastic, elastic-published, async, colocate. */
+  policy: Schema.String,
+  /** For `async`: rollout cells (the others train). */
+  rolloutCells: Schema.optional(Positive),
+  policyConfig: PolicyConfig,
+  suite: Schema.String,
+  /** Executions of one task in a batch (a group for group-relative advantages). */
+  groupSize: Positive,
+  /** Extra environment for every harness (the suite's knobs). */
+  env: Schema.Record(Schema.String, Schema.String),
+  seed: Schema.Int,
+  training: TrainingSettings,
+  /** Directory of the initial weights (config.json + model.safetensors), policy version 0. */
+  checkpoint: Schema.String,
+  /** Where checkpoints are written (`<dir>/step-<k>`). */
+  checkpointDir: Schema.String,
+  /** Wall clock (ms since the epoch) of the run's start: the policy's `at` counts from it. */
+  startedAt: Schema.Number
+})
+export type RunConfig = typeof RunConfig.Type
+
+/** The execution id of execution `n` (batch `batch`). */
+export const executionName = (batch: number, n: number): string => `b${batch}-x${n}`
+
+/** Parses an id made by `executionName`; undefined for any other id. */
+export const parseExecutionName = (id: string): { readonly batch: number; readonly n: number } | undefined => {
+  const m = /^b(\d+)-x(\d+)$/.exec(id)
+  return m === null ? undefined : { batch: Number(m[1]), n: Number(m[2]) }
+}
+
+export interface PlannedExecution {
+  readonly execution: string
+  readonly n: number
+  readonly batch: number
+  readonly task: string
+  /** Index of its group within the batch (executions of one task). */
+  readonly group: number
+}
+
+/** A seeded permutation of `0 .. count - 1` (Fisher-Yates over mulberry32). */
+const permutation = (count: number, seed: number): Int32Array => {
+  const out = Int32Array.from({ length: count }, (_, i) => i)
+  const random = mulberry32(seed)
+  for (let i = count - 1; i > 0; i--) {
+    const j = Math.floor(random() * (i + 1))
+    const t = out[i]!
+    out[i] = out[j]!
+    out[j] = t
+  }
+  return out
+}
+
+/**
+ * The executions of batch `batch`: `executions_per_step / groupSize` tasks of `trainTasks`
+ * (the suite's train split, in suite order), each `groupSize` times.
+ */
+export const batchPlan = (config: RunConfig, trainTasks: ReadonlyArray<string>, batch: number): Array<PlannedExecution> => {
+  const B = config.policyConfig.executions_per_step
+  const groups = Math.max(1, Math.floor(B / config.groupSize))
+  const order = permutation(trainTasks.length, config.seed)
+  return Array.from({ length: B }, (_, i) => {
+    const group = Math.min(groups - 1, Math.floor(i / config.groupSize))
+    const task = trainTasks[order[(batch * groups + group) % trainTasks.length]!]!
+    const n = batch * B + i
+    return { execution: executionName(batch, n), n, batch, task, group }
+  })
+}

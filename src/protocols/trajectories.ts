@@ -1,0 +1,115 @@
+/**
+ * Reading a run's trajectories back: the `CallRecord`s and `ExecutionOutcome`s the stream
+ * `GYRE_<run>_TRAJECTORIES` holds now, rebuilt into one prefix tree per execution with the
+ * same `DeltaDecoder` the trainer and replay use. `readTrajectories` reads the whole stream
+ * (or some executions of it); `readExecution` reads one execution's call records through a
+ * filtered consumer on `gyre.<run>.calls.<execution>` (the core trainer, as each execution
+ * of its step finishes). Both decode a message the same way (`applyMessage`).
+ */
+import type { JsMsg } from "@nats-io/jetstream"
+import { Effect, Schema, Stream } from "effect"
+import type { TransportError } from "../runtime/errors.ts"
+import { readStored } from "../runtime/stream-reader.ts"
+import type { ActorSystemShape } from "../runtime/system.ts"
+import { DeltaDecoder } from "../tree/decoder.ts"
+import { ExecutionOutcome } from "../tree/outcome.ts"
+import { CallRecordJson, type CallRecordRejected } from "../tree/record.ts"
+import { rlLayout } from "./layout.ts"
+
+export interface ExecutionTrajectory {
+  readonly execution: string
+  task: string
+  readonly decoder: DeltaDecoder
+  readonly rejected: Array<CallRecordRejected>
+  outcome: ExecutionOutcome | undefined
+}
+
+/** A message that was not a valid record or outcome (with its stream sequence). */
+export interface MalformedMessage {
+  readonly seq: number
+  readonly subject: string
+  readonly reason: string
+}
+
+export interface Trajectories {
+  readonly executions: ReadonlyMap<string, ExecutionTrajectory>
+  readonly malformed: ReadonlyArray<MalformedMessage>
+}
+
+const decodeRecord = Schema.decodeUnknownExit(CallRecordJson)
+const decodeOutcome = Schema.decodeUnknownExit(Schema.fromJsonString(ExecutionOutcome))
+
+const emptyTrajectory = (execution: string): ExecutionTrajectory => ({
+  execution,
+  task: "",
+  decoder: new DeltaDecoder(execution),
+  rejected: [],
+  outcome: undefined
+})
+
+/** Applies one trajectory-stream message (a call record or an outcome) to its execution's trajectory. */
+const applyMessage = (
+  names: ReturnType<typeof rlLayout>,
+  m: JsMsg,
+  of: (execution: string) => ExecutionTrajectory | undefined,
+  malformed: Array<MalformedMessage>
+): void => {
+  const callsPrefix = names.calls("")
+  const isCall = m.subject.startsWith(callsPrefix)
+  const execution = m.subject.slice((isCall ? callsPrefix : names.outcomes("")).length)
+  const t = of(execution)
+  if (t === undefined) return
+  if (isCall) {
+    const record = decodeRecord(m.string())
+    if (record._tag === "Failure") return void malformed.push({ seq: m.seq, subject: m.subject, reason: String(record.cause) })
+    t.task = record.value.task
+    t.rejected.push(...t.decoder.add(record.value).rejected)
+  } else {
+    const outcome = decodeOutcome(m.string())
+    if (outcome._tag === "Failure") return void malformed.push({ seq: m.seq, subject: m.subject, reason: String(outcome.cause) })
+    t.task = outcome.value.task
+    t.outcome = outcome.value
+  }
+}
+
+/** Rebuilds the run's executions (or those in `only`) from what the trajectory stream holds now. */
+export const readTrajectories = (
+  system: ActorSystemShape,
+  only?: ReadonlySet<string>
+): Effect.Effect<Trajectories, TransportError> =>
+  Effect.gen(function* () {
+    const names = rlLayout(system.run)
+    const executions = new Map<string, ExecutionTrajectory>()
+    const malformed: Array<MalformedMessage> = []
+    const of = (execution: string) => {
+      if (only !== undefined && !only.has(execution)) return undefined
+      let t = executions.get(execution)
+      if (t === undefined) {
+        t = emptyTrajectory(execution)
+        executions.set(execution, t)
+      }
+      return t
+    }
+    yield* readStored(system.nats, names.trajectoryStream).pipe(
+      Stream.runForEach((m) => Effect.sync(() => applyMessage(names, m, of, malformed)))
+    )
+    return { executions, malformed }
+  })
+
+/**
+ * Rebuilds one execution from its call records on the stream now (its outcome is not read:
+ * the caller has it). An execution with no records yet has an empty tree.
+ */
+export const readExecution = (
+  system: ActorSystemShape,
+  execution: string
+): Effect.Effect<{ readonly trajectory: ExecutionTrajectory; readonly malformed: ReadonlyArray<MalformedMessage> }, TransportError> =>
+  Effect.gen(function* () {
+    const names = rlLayout(system.run)
+    const trajectory = emptyTrajectory(execution)
+    const malformed: Array<MalformedMessage> = []
+    yield* readStored(system.nats, names.trajectoryStream, { seq: 1 }, names.calls(execution)).pipe(
+      Stream.runForEach((m) => Effect.sync(() => applyMessage(names, m, () => trajectory, malformed)))
+    )
+    return { trajectory, malformed }
+  })

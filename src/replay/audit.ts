@@ -1,0 +1,130 @@
+/**
+ * What a run's journal says happened, counted: the figures `gyre train` prints at the end and a
+ * run's integrity checks read from the log alone, so they hold for any run a NATS server keeps
+ * (live, finished, or resumed after a crash) and never trust an actor's memory.
+ *
+ * Sources: the scheduler's `PolicyRecord`s (`gyre.<run>.sys.policy`: events and actions), its
+ * `SwitchCompleted` inputs (the devices' `SwitchResult` figures), and the trainer's `StepMetrics`
+ * (`gyre.<run>.sys.step`).
+ */
+import { Effect, Schema, Stream } from "effect"
+import type { TransportError } from "../runtime/errors.ts"
+import { readJournal } from "../runtime/journal.ts"
+import type { ActorSystemShape } from "../runtime/system.ts"
+import { PolicyRecord, SchedulerProtocol, StepMetrics, SCHEDULER_KIND } from "../protocols/scheduler.ts"
+
+export interface RunAudit {
+  readonly records: number
+  /** Record indices missing between the first and the last (lost policy records). */
+  readonly recordGaps: ReadonlyArray<number>
+  /** Record indices written more than once with different content (two writers). */
+  readonly conflictingRecords: ReadonlyArray<number>
+  readonly terms: ReadonlyArray<number>
+  readonly dispatchedBatches: number
+  readonly executionsStarted: number
+  readonly executionsFinished: number
+  /** Executions of trained batches that never finished. */
+  readonly executionsLost: number
+  readonly stepsDone: number
+  readonly switches: number
+  readonly reprefillTokens: number
+  readonly kvHandoffBytes: number
+  readonly switchControlMs: ReadonlyArray<number>
+  /** Whole switches, milliseconds, by the role the cell went to. */
+  readonly switchMs: { readonly rollout: ReadonlyArray<number>; readonly training: ReadonlyArray<number> }
+  /** Finished executions in run order: the policy's duration and token count of each. */
+  readonly executions: ReadonlyArray<{ readonly execution: number; readonly duration_s: number; readonly tokens: number }>
+  /** Per published version: seconds from its `StepDone` to its `WeightsPublished` (policy clock). */
+  readonly weightSyncS: ReadonlyArray<number>
+  readonly staleDropped: number
+  /** Executions trained in more than one step. */
+  readonly trainedTwice: number
+  readonly steps: ReadonlyArray<StepMetrics>
+  /** Journal messages that did not decode as what their subject promises. */
+  readonly malformed: ReadonlyArray<{ readonly seq: number; readonly reason: string }>
+}
+
+const decodeRecord = Schema.decodeUnknownExit(PolicyRecord)
+const decodeMetrics = Schema.decodeUnknownExit(StepMetrics)
+
+/** Reads the run's journal as it is now and counts. */
+export const auditRun = (system: ActorSystemShape, executionsPerStep: number): Effect.Effect<RunAudit, TransportError> =>
+  Effect.gen(function* () {
+    const records = new Map<number, { readonly json: string; readonly record: PolicyRecord }>()
+    const conflicting = new Set<number>()
+    const steps: Array<StepMetrics> = []
+    const malformed: Array<{ seq: number; reason: string }> = []
+    const switches: Array<{ role: string; reprefill: number; bytes: number; controlMs: number; ms: number }> = []
+    yield* readJournal(system, { protocols: { [SCHEDULER_KIND]: SchedulerProtocol } }).pipe(
+      Stream.runForEach((entry) =>
+        Effect.sync(() => {
+          if (entry.via === "event" && entry.name === "policy") {
+            const r = decodeRecord(entry.payload)
+            if (r._tag === "Failure") return void malformed.push({ seq: entry.seq, reason: `policy record: ${String(r.cause)}` })
+            const json = JSON.stringify(entry.payload)
+            const seen = records.get(r.value.index)
+            if (seen !== undefined && seen.json !== json) conflicting.add(r.value.index)
+            if (seen === undefined) records.set(r.value.index, { json, record: r.value })
+          } else if (entry.via === "event" && entry.name === "step") {
+            const m = decodeMetrics(entry.payload)
+            if (m._tag === "Failure") return void malformed.push({ seq: entry.seq, reason: `step metrics: ${String(m.cause)}` })
+            steps.push(m.value)
+          } else if (entry.via === "tell" && entry.actor?.kind === SCHEDULER_KIND && entry.name === "SwitchCompleted") {
+            if (entry.error !== undefined) return void malformed.push({ seq: entry.seq, reason: entry.error })
+            const { role, result } = entry.payload as { readonly role: string; readonly result: { reprefillTokens: number; bytesMoved: number; controlMs: number; ms: number } }
+            switches.push({ role, reprefill: result.reprefillTokens, bytes: result.bytesMoved, controlMs: result.controlMs, ms: result.ms })
+          }
+        })
+      )
+    )
+    const indices = [...records.keys()].sort((a, b) => a - b)
+    const gaps: Array<number> = []
+    for (let i = 0; i < indices.length - 1; i++) for (let k = indices[i]! + 1; k < indices[i + 1]!; k++) gaps.push(k)
+    let dispatched = 0
+    let started = 0
+    let stepsDone = 0
+    const finished = new Map<number, { execution: number; duration_s: number; tokens: number }>()
+    const stepDoneAt = new Map<number, number>()
+    const weightSyncS: Array<number> = []
+    for (const i of indices) {
+      const { event, actions } = records.get(i)!.record
+      if (event._tag === "ExecutionStarted") started++
+      if (event._tag === "ExecutionFinished") finished.set(event.execution, { execution: event.execution, duration_s: event.duration_s, tokens: event.tokens })
+      if (event._tag === "StepDone") {
+        stepsDone++
+        stepDoneAt.set(event.step + 1, event.at)
+      }
+      if (event._tag === "WeightsPublished" && stepDoneAt.has(event.version)) weightSyncS.push(event.at - stepDoneAt.get(event.version)!)
+      for (const a of actions) if (a._tag === "Dispatch") dispatched++
+    }
+    let lost = 0
+    for (let n = 0; n < stepsDone * executionsPerStep; n++) if (!finished.has(n)) lost++
+    const trainedIn = new Map<string, number>()
+    for (const s of steps) for (const e of s.trainedExecutions) trainedIn.set(e, (trainedIn.get(e) ?? 0) + 1)
+    const sum = (xs: ReadonlyArray<number>) => xs.reduce((a, b) => a + b, 0)
+    return {
+      records: records.size,
+      recordGaps: gaps,
+      conflictingRecords: [...conflicting],
+      terms: [...new Set(indices.map((i) => records.get(i)!.record.term))],
+      dispatchedBatches: dispatched,
+      executionsStarted: started,
+      executionsFinished: finished.size,
+      executionsLost: lost,
+      stepsDone,
+      switches: switches.length,
+      reprefillTokens: sum(switches.map((s) => s.reprefill)),
+      kvHandoffBytes: sum(switches.map((s) => s.bytes)),
+      switchControlMs: switches.map((s) => s.controlMs),
+      switchMs: {
+        rollout: switches.filter((s) => s.role === "rollout").map((s) => s.ms),
+        training: switches.filter((s) => s.role === "training").map((s) => s.ms)
+      },
+      executions: [...finished.values()].sort((a, b) => a.execution - b.execution),
+      weightSyncS,
+      staleDropped: sum(steps.map((s) => s.staleTokens)),
+      trainedTwice: [...trainedIn.values()].filter((n) => n > 1).length,
+      steps,
+      malformed
+    }
+  })

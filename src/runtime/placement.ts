@@ -1,0 +1,147 @@
+/**
+ * Re-placement: an actor whose entry liveness declared `dead` is placed again on a live node, as
+ * the placement policy of its type says, and resumes there from its snapshot and its durable
+ * consumer (both are keyed by address, not by node).
+ *
+ * A policy is a value: `spread` (the live node hosting the fewest actors), `onNode(name)`, or
+ * `onDevice(id)` (the live node that lists that device). Every node sweeps its view of the
+ * registry: for each `dead` entry of a kind in its own catalogue whose restart type is not
+ * `temporary`, it chooses among the live nodes (a `running` `node/<name>` entry that changed
+ * within `deadAfterMs`, not draining, listing the kind) and writes a `placing` entry naming the
+ * chosen node, with a compare-and-set on the dead entry's revision, so exactly one node
+ * re-places it; it publishes a `placed` system event. A node that sees a `placing` entry naming
+ * itself spawns the actor, and its claim turns the entry into `running` there. A placement nobody
+ * takes up is declared dead again by liveness after `deadAfterMs` and placed anew. Stopped and
+ * failed actors are never re-placed; a dead one that no live node can take stays dead until one
+ * can.
+ */
+import { Duration, Effect, Schedule, Schema, type Scope } from "effect"
+import type { AnyActorType } from "./actor.ts"
+import { encodeJson } from "./protocol.ts"
+import type { RegistryEntry, RegistryView } from "./registry.ts"
+import type { ActorSystemShape } from "./system.ts"
+
+/** Where an actor goes when it is placed again. */
+export const Placement = Schema.Union([
+  Schema.TaggedStruct("Spread", {}),
+  Schema.TaggedStruct("Node", { node: Schema.String }),
+  Schema.TaggedStruct("Device", { device: Schema.String })
+])
+export type Placement = typeof Placement.Type
+
+export const spread: Placement = { _tag: "Spread" }
+export const onNode = (node: string): Placement => ({ _tag: "Node", node })
+export const onDevice = (device: string): Placement => ({ _tag: "Device", device })
+
+/** What a node reports as the load of its `node/<name>` entry. */
+export const NodeLoad = Schema.Struct({
+  actors: Schema.Number,
+  types: Schema.Array(Schema.String),
+  devices: Schema.optional(Schema.Array(Schema.String)),
+  draining: Schema.optional(Schema.Boolean)
+})
+export type NodeLoad = typeof NodeLoad.Type
+
+/** A live node that could host an actor. */
+export interface Candidate {
+  readonly node: string
+  readonly actors: number
+  readonly types: ReadonlyArray<string>
+  readonly devices: ReadonlyArray<string>
+}
+
+/** The node `policy` picks for an actor of `kind` among `candidates`, or undefined when none fits. */
+export const choose = (policy: Placement, kind: string, candidates: ReadonlyArray<Candidate>): string | undefined => {
+  const able = candidates.filter((c) => c.types.includes(kind))
+  switch (policy._tag) {
+    case "Node":
+      return able.some((c) => c.node === policy.node) ? policy.node : undefined
+    case "Device":
+      return able.find((c) => c.devices.includes(policy.device))?.node
+    case "Spread":
+      return [...able].sort((a, b) => a.actors - b.actors || (a.node < b.node ? -1 : a.node > b.node ? 1 : 0))[0]?.node
+  }
+}
+
+/** The `placed` system event. */
+export const PlacedEvent = Schema.Struct({
+  kind: Schema.String,
+  id: Schema.String,
+  from: Schema.String,
+  to: Schema.String,
+  incarnation: Schema.Number,
+  by: Schema.String
+})
+export type PlacedEvent = typeof PlacedEvent.Type
+
+const decodeNodeLoad = Schema.decodeUnknownOption(NodeLoad)
+
+/** The live nodes of the view, as candidates. */
+export const liveNodes = (view: RegistryView, deadAfterMs: number): Array<Candidate> => {
+  const now = performance.now()
+  const out: Array<Candidate> = []
+  for (const [key, s] of view.entries()) {
+    if (!key.startsWith("node/") || s.entry.status !== "running" || now - s.at >= deadAfterMs) continue
+    const load = decodeNodeLoad(s.entry.load)
+    if (load._tag === "None" || load.value.draining === true) continue
+    out.push({ node: s.entry.node, actors: load.value.actors, types: load.value.types, devices: load.value.devices ?? [] })
+  }
+  return out
+}
+
+export interface PlacementOptions {
+  /** This node. */
+  readonly node: string
+  readonly types: ReadonlyMap<string, AnyActorType>
+  readonly deadAfterMs: number
+  readonly checkEveryMs?: number
+  /** Spawns an actor on this node (idempotent). */
+  readonly spawn: (kind: string, id: string) => Effect.Effect<unknown, unknown>
+  /** False while this node is draining: it neither places nor takes placements. */
+  readonly accepting: () => boolean
+}
+
+/** Places dead actors of this node's types again and takes up placements naming this node, for the lifetime of the scope. */
+export const replaceDead = (system: ActorSystemShape, view: RegistryView, options: PlacementOptions): Effect.Effect<void, never, Scope.Scope> =>
+  Effect.gen(function* () {
+    const tried = new Map<string, number>()
+    const warned = new Map<string, number>()
+    const place = (key: string, dead: RegistryEntry, revision: number, type: AnyActorType, candidates: Array<Candidate>) =>
+      Effect.gen(function* () {
+        const to = choose(type.placement, dead.kind, candidates)
+        if (to === undefined) {
+          if (warned.get(key) !== revision) yield* Effect.logWarning(`${key} is dead and no live node can take it (${type.placement._tag})`)
+          warned.set(key, revision)
+          return
+        }
+        tried.set(key, revision)
+        const placing: RegistryEntry = { ...dead, node: to, status: "placing", heartbeatAt: Date.now(), load: { from: dead.node, by: options.node } }
+        const won = yield* Effect.promise(() => system.registry.update(key, encodeJson(placing), revision).then(() => true, () => false))
+        if (!won) return
+        const chosen = candidates.find((c) => c.node === to)!
+        candidates[candidates.indexOf(chosen)] = { ...chosen, actors: chosen.actors + 1 }
+        const event: PlacedEvent = { kind: dead.kind, id: dead.id, from: dead.node, to, incarnation: dead.incarnation, by: options.node }
+        yield* Effect.logInfo(`${key}: placed again on ${to} (was on ${dead.node})`)
+        yield* system.publishEvent("placed", event).pipe(Effect.catchCause((c) => Effect.logWarning("placed event not published", c)))
+      })
+
+    const sweep = Effect.gen(function* () {
+      if (!options.accepting()) return
+      const candidates = liveNodes(view, options.deadAfterMs)
+      for (const [key, s] of [...view.entries()]) {
+        const type = options.types.get(s.entry.kind)
+        if (type === undefined || tried.get(key) === s.revision) continue
+        if (s.entry.status === "placing" && s.entry.node === options.node) {
+          tried.set(key, s.revision)
+          yield* Effect.forkScoped(
+            options.spawn(s.entry.kind, s.entry.id).pipe(Effect.catchCause((c) => Effect.logWarning(`${key}: placement not taken up`, c)))
+          )
+        } else if (s.entry.status === "dead" && type.restart !== "temporary") {
+          yield* place(key, s.entry, s.revision, type, candidates)
+        }
+      }
+    })
+    yield* Effect.forkScoped(
+      sweep.pipe(Effect.repeat(Schedule.spaced(Duration.millis(options.checkEveryMs ?? Math.max(50, Math.min(250, options.deadAfterMs / 4))))))
+    )
+  })

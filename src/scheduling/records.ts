@@ -1,0 +1,135 @@
+/**
+ * The scheduler's part of the run's journal (system events on `GYRE_<run>_JOURNAL`):
+ *
+ * | subject | written | contents |
+ * | --- | --- | --- |
+ * | `gyre.<run>.sys.run-config` | once, by the first leader | `RunConfig` (src/protocols/run.ts) |
+ * | `gyre.<run>.sys.policy` | one per policy step, before its actions run | `PolicyRecord` (src/protocols/scheduler.ts) |
+ * | `gyre.<run>.sys.run-done` | after the last `StepDone` | `RunSummary` |
+ *
+ * (`gyre.<run>.sys.step`, each step's `StepMetrics`, is the core trainer's.)
+ *
+ * Records are fenced: each is published with the sequence of the record before it as the
+ * subject's expected last sequence, so of two schedulers that believe they lead, only one
+ * extends the records; the other's write fails with `JournalFenced` (message ids
+ * `policy-<term>-<index>` make a retried write of one record idempotent).
+ */
+import { Effect, Schema, Stream } from "effect"
+import { TransportError, messageOf } from "../runtime/errors.ts"
+import { readLast, readStored } from "../runtime/stream-reader.ts"
+import type { ActorSystemShape } from "../runtime/system.ts"
+import { PolicyRecord } from "../protocols/scheduler.ts"
+import { RunConfig } from "../protocols/run.ts"
+import type { RunAudit } from "../replay/audit.ts"
+
+/** Another scheduler wrote a record after the last one this one knows: it no longer leads. */
+export class JournalFenced extends Schema.TaggedError<JournalFenced>()("JournalFenced", {
+  index: Schema.Number,
+  term: Schema.Number,
+  expectedSeq: Schema.Number,
+  foundSeq: Schema.Number
+}) {}
+
+/** A journaled record cannot be read or does not replay to what it says. */
+export class JournalDiverged extends Schema.TaggedError<JournalDiverged>()("JournalDiverged", {
+  index: Schema.Number,
+  reason: Schema.String
+}) {}
+
+/** The run's end (`gyre.<run>.sys.run-done`): the journal's audit (src/replay/audit.ts) with the run's name, policy and wall time. */
+export interface RunSummary extends RunAudit {
+  readonly run: string
+  readonly policy: string
+  /** From the run's start to its last step's end (the policy clock). */
+  readonly wallS: number
+}
+
+const RecordJson = Schema.toCodecJson(PolicyRecord)
+const encodeRecord = Schema.encodeSync(RecordJson)
+const decodeRecord = Schema.decodeUnknownExit(RecordJson)
+const decodeConfig = Schema.decodeUnknownExit(Schema.fromJsonString(Schema.toCodecJson(RunConfig)))
+
+const subjects = (system: ActorSystemShape) => ({
+  config: system.layout.sys("run-config"),
+  policy: system.layout.sys("policy"),
+  done: system.layout.sys("run-done")
+})
+
+export interface StoredRecord {
+  readonly seq: number
+  readonly record: PolicyRecord
+}
+
+/** Every policy record the journal holds now, in order. */
+export const readRecords = (system: ActorSystemShape): Effect.Effect<Array<StoredRecord>, TransportError | JournalDiverged> =>
+  readStored(system.nats, system.layout.journalStream, undefined, subjects(system).policy).pipe(
+    Stream.mapEffect((m) => {
+      const decoded = decodeRecord(m.json())
+      return decoded._tag === "Success"
+        ? Effect.succeed({ seq: m.seq, record: decoded.value })
+        : Effect.fail(new JournalDiverged({ index: -1, reason: `record at journal sequence ${m.seq} does not decode: ${String(decoded.cause)}` }))
+    }),
+    Stream.runCollect,
+    Effect.map((chunk) => [...chunk])
+  )
+
+const publish = (system: ActorSystemShape, subject: string, value: unknown, options: { msgID: string; expect?: { lastSubjectSequence: number } }) =>
+  Effect.tryPromise({
+    try: () => system.nats.js.publish(subject, JSON.stringify(value), options),
+    catch: (e) => new TransportError({ operation: `publish ${subject}`, message: messageOf(e) })
+  })
+
+/** Writes records after the one at journal sequence `lastSeq` (0: none yet), fenced as the module says. */
+export const recordWriter = (system: ActorSystemShape, lastSeq: number) => {
+  const subject = subjects(system).policy
+  let last = lastSeq
+  return Effect.fn("Scheduler.journal")(function* (record: PolicyRecord) {
+    const expected = last
+    const ack = yield* publish(system, subject, encodeRecord(record), {
+      msgID: `policy-${record.term}-${record.index}`,
+      expect: { lastSubjectSequence: expected }
+    }).pipe(
+      Effect.catchTag("TransportError", (e) =>
+        readLast(system.nats, system.layout.journalStream, subject).pipe(
+          Effect.flatMap((m): Effect.Effect<never, TransportError | JournalFenced> =>
+            m !== undefined && m.seq !== expected
+              ? Effect.fail(new JournalFenced({ index: record.index, term: record.term, expectedSeq: expected, foundSeq: m.seq }))
+              : Effect.fail(e)
+          )
+        )
+      )
+    )
+    last = ack.seq
+  })
+}
+
+/** The run's configuration as journaled: the one already there, else `config`, written now. */
+export const journalRunConfig = Effect.fn("Scheduler.runConfig")(function* (system: ActorSystemShape, config: RunConfig) {
+  const subject = subjects(system).config
+  const read = readLast(system.nats, system.layout.journalStream, subject).pipe(
+    Effect.flatMap((m) => {
+      if (m === undefined) return Effect.succeed(undefined)
+      const decoded = decodeConfig(m.string())
+      return decoded._tag === "Success"
+        ? Effect.succeed(decoded.value)
+        : Effect.fail(new JournalDiverged({ index: -1, reason: `the journaled run configuration does not decode: ${String(decoded.cause)}` }))
+    })
+  )
+  const journaled = yield* read
+  if (journaled !== undefined) return journaled
+  const written = yield* publish(system, subject, Schema.encodeSync(Schema.toCodecJson(RunConfig))(config), {
+    msgID: "run-config",
+    expect: { lastSubjectSequence: 0 }
+  }).pipe(Effect.as(config), Effect.result)
+  if (written._tag === "Success") return written.success
+  // Another leader wrote it between our read and our write: theirs is the run's.
+  const theirs = yield* read
+  return theirs === undefined ? yield* Effect.fail(written.failure) : theirs
+})
+
+/** Whether the run's end is journaled. */
+export const runDoneJournaled = (system: ActorSystemShape) =>
+  readLast(system.nats, system.layout.journalStream, subjects(system).done).pipe(Effect.map((m) => m !== undefined))
+
+export const journalRunDone = (system: ActorSystemShape, summary: RunSummary) =>
+  publish(system, subjects(system).done, summary, { msgID: "run-done" }).pipe(Effect.asVoid)

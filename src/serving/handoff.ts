@@ -1,0 +1,192 @@
+/**
+ * The KV hand-off over NATS: contexts moving from a device that leaves rollout to the devices
+ * that stay, through the run's object store `GYRE_<run>_kv` (memory storage, 10-minute TTL
+ * for objects a crashed source never deleted).
+ *
+ * Source side: `exportContexts` pins and exports (GYKV buffers) every execution's latest
+ * context and the context of every generation paused in flight; `spread` assigns whole
+ * executions to destinations by free blocks; `sendContexts` puts each buffer as object
+ * `h.<nuid>` and asks the destination to `ImportContexts` (in asks of at most 100k tokens), then
+ * deletes the objects. Destination side: `receiveContexts` reads each object and imports it
+ * into its batcher under the same request id, so the gateway's `base.request` finds it there.
+ * The source frees its copies only after the destination answered (`role-switch.ts`).
+ */
+import { StorageType } from "@nats-io/jetstream"
+import { Objm, type ObjectStore } from "@nats-io/obj"
+import { nuid } from "@nats-io/transport-node"
+import { Effect } from "effect"
+import { TransportError, messageOf } from "../runtime/errors.ts"
+import { parseAddress } from "../runtime/names.ts"
+import { refOf, type ActorSystemShape } from "../runtime/system.ts"
+import { DeviceProtocol, type ContextHandoff } from "../protocols/device.ts"
+import { rlLayout } from "../protocols/layout.ts"
+import type { Batcher } from "./batcher.ts"
+import type { ExportedContext } from "./kv-handoff.ts"
+
+/** A context leaving this device: pinned and exported, not yet freed. */
+export interface OutgoingContext {
+  readonly execution: string
+  /** A generation paused in flight (true) or a context cached between calls. */
+  readonly inFlight: boolean
+  readonly exported: ExportedContext
+}
+
+export interface Destination {
+  /** `device/<id>` */
+  readonly key: string
+  readonly freeBlocks: number
+}
+
+/** What became of the contexts sent to one destination. */
+export interface SentContexts {
+  readonly to: string
+  readonly imported: ReadonlyArray<OutgoingContext>
+  readonly failed: ReadonlyArray<OutgoingContext>
+  readonly bytes: number
+}
+
+const REQUEST = /^[A-Za-z0-9_-]+$/
+const ASK_TOKENS = 100_000
+const IMPORT_TIMEOUT_MS = 60_000
+
+/** Opens the run's KV hand-off object store, creating it when missing. */
+export const openKvStore = Effect.fn("openKvStore")(function* (system: ActorSystemShape) {
+  const name = rlLayout(system.run).kvBucket
+  const objm = new Objm(system.nats.nc)
+  return yield* Effect.tryPromise({
+    try: () => objm.create(name, { storage: StorageType.Memory, ttl: 600_000 * 1_000_000 }).catch(() => objm.open(name)),
+    catch: (e) => new TransportError({ operation: `open object store ${name}`, message: messageOf(e) })
+  })
+})
+
+/**
+ * Pins and exports each execution's latest context, and the context of every request in
+ * `inFlight` (request -> execution) that left one. Every context returned holds one pin; one
+ * the engine could not export is left behind (and freed with the rest).
+ */
+export const exportContexts = Effect.fn("exportContexts")(function* (batcher: Batcher, inFlight: ReadonlyMap<string, string>) {
+  const out: Array<OutgoingContext> = []
+  const exportOf = (execution: string, request?: string) => batcher.exportContext(execution, request).pipe(Effect.catch(() => Effect.succeed(undefined)))
+  for (const execution of batcher.executions()) {
+    const latest = yield* exportOf(execution)
+    if (latest !== undefined) out.push({ execution, inFlight: inFlight.has(latest.request), exported: latest })
+    for (const [request, of] of inFlight) {
+      if (of !== execution || request === latest?.request) continue
+      const exported = yield* exportOf(execution, request)
+      if (exported !== undefined) out.push({ execution, inFlight: true, exported })
+    }
+  }
+  return out
+})
+
+/** Whether a context can go over the wire: it has K/V and a request id the gateway can name. */
+export const movable = (c: OutgoingContext): boolean => c.exported.kvLength > 0 && REQUEST.test(c.exported.request)
+
+/**
+ * Assigns whole executions (largest first) to the destination with the most free blocks left
+ * after the earlier assignments; ties go to the destination preferred first.
+ */
+export const spread = (
+  contexts: ReadonlyArray<OutgoingContext>,
+  destinations: ReadonlyArray<Destination>,
+  blockTokens: number
+): Map<string, Array<OutgoingContext>> => {
+  const byExecution = new Map<string, Array<OutgoingContext>>()
+  for (const c of contexts) byExecution.set(c.execution, [...(byExecution.get(c.execution) ?? []), c])
+  const blocksOf = (list: ReadonlyArray<OutgoingContext>) => list.reduce((n, c) => n + Math.ceil(c.exported.kvLength / blockTokens), 0)
+  const free = destinations.map((d) => d.freeBlocks)
+  const out = new Map<string, Array<OutgoingContext>>()
+  const groups = [...byExecution.values()].sort((a, b) => blocksOf(b) - blocksOf(a))
+  for (const group of groups) {
+    if (destinations.length === 0) break
+    const at = free.reduce((best, f, i) => (f > free[best]! ? i : best), 0)
+    free[at]! -= blocksOf(group)
+    const key = destinations[at]!.key
+    out.set(key, [...(out.get(key) ?? []), ...group])
+  }
+  return out
+}
+
+/** Splits contexts into asks of at most `ASK_TOKENS` tokens (NATS messages are bounded). */
+const chunks = <A extends { readonly tokens: Int32Array }>(list: ReadonlyArray<A>): Array<Array<A>> => {
+  const out: Array<Array<A>> = []
+  let tokens = Infinity
+  for (const c of list) {
+    if (tokens + c.tokens.length > ASK_TOKENS) {
+      out.push([])
+      tokens = 0
+    }
+    out.at(-1)!.push(c)
+    tokens += c.tokens.length
+  }
+  return out
+}
+
+/** Puts the contexts' buffers in the store, asks `to` to import them, deletes the objects. */
+export const sendContexts = Effect.fn("sendContexts")(function* (
+  system: ActorSystemShape,
+  store: ObjectStore,
+  from: string,
+  to: string,
+  contexts: ReadonlyArray<OutgoingContext>
+) {
+  const put = (c: OutgoingContext) =>
+    Effect.tryPromise(() => store.putBlob({ name: `h.${nuid.next()}` }, c.exported.buffer)).pipe(
+      Effect.map((info): ContextHandoff | undefined => ({
+        execution: c.execution,
+        request: c.exported.request,
+        object: info.name,
+        tokens: c.exported.tokens,
+        kvLength: c.exported.kvLength,
+        inFlight: c.inFlight
+      })),
+      Effect.catch(() => Effect.succeed(undefined))
+    )
+  const handoffs = yield* Effect.forEach(contexts, put, { concurrency: 8 })
+  const stored = handoffs.filter((h): h is ContextHandoff => h !== undefined)
+  const ref = refOf(DeviceProtocol, parseAddress(to))
+  const failed = new Set(contexts.filter((_, i) => handoffs[i] === undefined).map((c) => c.exported.request))
+  yield* Effect.forEach(
+    chunks(stored),
+    (chunk) =>
+      system.ask(ref, "ImportContexts", { from, contexts: chunk }, { timeoutMs: IMPORT_TIMEOUT_MS }).pipe(
+        Effect.map((answer) => answer.failed),
+        Effect.catch(() => Effect.succeed(chunk.map((h) => h.request))),
+        Effect.map((requests) => requests.forEach((r) => failed.add(r)))
+      ),
+    { concurrency: 2, discard: true }
+  )
+  yield* Effect.forEach(stored, (h) => Effect.promise(() => store.delete(h.object).catch(() => undefined)), { concurrency: 8, discard: true })
+  return {
+    to,
+    imported: contexts.filter((c) => !failed.has(c.exported.request)),
+    failed: contexts.filter((c) => failed.has(c.exported.request)),
+    bytes: contexts.reduce((n, c) => n + (failed.has(c.exported.request) ? 0 : c.exported.buffer.length), 0)
+  } satisfies SentContexts
+})
+
+/** Destination side: reads each hand-off object and imports it under its request id. */
+export const receiveContexts = Effect.fn("receiveContexts")(function* (
+  store: ObjectStore,
+  batcher: Batcher,
+  contexts: ReadonlyArray<ContextHandoff>
+) {
+  const buffers = yield* Effect.forEach(
+    contexts,
+    (h) => Effect.tryPromise(() => store.getBlob(h.object)).pipe(Effect.catch(() => Effect.succeed(null))),
+    { concurrency: 8 }
+  )
+  const failed: Array<string> = []
+  for (const [i, h] of contexts.entries()) {
+    const buffer = buffers[i]
+    const ok =
+      buffer !== null &&
+      buffer !== undefined &&
+      (yield* batcher.importContext(h.execution, h.request, { request: h.request, tokens: h.tokens, kvLength: h.kvLength, buffer }).pipe(
+        Effect.as(true),
+        Effect.catch(() => Effect.succeed(false))
+      ))
+    if (!ok) failed.push(h.request)
+  }
+  return { imported: contexts.length - failed.length, failed }
+})

@@ -1,0 +1,152 @@
+/**
+ * The rollout worker's bookkeeping of cached execution contexts: which KV-cache sequences it
+ * keeps for each execution, with their tokens, and which one a new prompt can start from.
+ *
+ * A context is the sequence one `Generate` left behind: `tokens` = its prompt ++ output, of
+ * which the first `kvLength` have K/V in the cache (the last sampled token never went through
+ * the model). The engine cannot truncate a sequence, so a new call always *forks* the
+ * context whose K/V is the longest prefix of its prompt (blocks are shared, copy-on-write)
+ * and appends only the rest; the context it forked stays, so a later retry from that point,
+ * or a subagent forking the same parent, finds it again. Each execution keeps at most
+ * `perExecution` contexts (the least recently used go first), and under memory pressure the
+ * least recently used context of any execution is dropped.
+ *
+ * Pure bookkeeping: the caller frees the KV sequences of the contexts this returns.
+ */
+import { digestOf } from "../tree/hash.ts"
+
+export interface CachedContext {
+  readonly execution: string
+  /** The Generate request that left it. */
+  readonly request: string
+  /** Its KV-cache sequence. */
+  readonly seq: number
+  /** Prompt ++ output of that request. */
+  readonly tokens: Int32Array
+  /** `tokens[0, kvLength)` have K/V in the cache. */
+  readonly kvLength: number
+  lastUsed: number
+  /** Pins held for a KV hand-off; a pinned context is never evicted. */
+  pins: number
+}
+
+/** Where a Generate's prompt starts: `length` tokens of an earlier context, with their digest. */
+export interface BaseRef {
+  readonly length: number
+  readonly digest: string
+  /** The request whose context it is; absent: the execution's most recent context. */
+  readonly request?: string | undefined
+}
+
+export type Resolved = { readonly prompt: Int32Array } | { readonly miss: string }
+
+export class ExecutionContexts {
+  private readonly byExecution = new Map<string, Array<CachedContext>>()
+  private clock = 0
+
+  constructor(readonly perExecution: number) {}
+
+  get executions(): number {
+    return this.byExecution.size
+  }
+
+  /** Every context, for teardown. */
+  all(): Array<CachedContext> {
+    return [...this.byExecution.values()].flat()
+  }
+
+  /** Executions with cached contexts. */
+  ids(): Array<string> {
+    return [...this.byExecution.keys()]
+  }
+
+  /** The context request `request` of the execution left. */
+  find(execution: string, request: string): CachedContext | undefined {
+    return this.byExecution.get(execution)?.find((c) => c.request === request)
+  }
+
+  /** The execution's most recently added context. */
+  latest(execution: string): CachedContext | undefined {
+    return this.byExecution.get(execution)?.at(-1)
+  }
+
+  /** The full prompt of a request: `base` tokens of a held context, then `delta`; or why not. */
+  resolvePrompt(execution: string, base: BaseRef | null, delta: Int32Array): Resolved {
+    if (base === null) return { prompt: delta }
+    const context = base.request === undefined ? this.latest(execution) : this.find(execution, base.request)
+    if (context === undefined) {
+      return { miss: base.request === undefined ? "no cached context for the execution" : `no cached context of request ${base.request}` }
+    }
+    if (base.length > context.tokens.length) return { miss: `base of ${base.length} tokens but the context holds ${context.tokens.length}` }
+    const head = context.tokens.subarray(0, base.length)
+    if (digestOf(head) !== base.digest) return { miss: "digest of the base differs from the cached context" }
+    this.touch(context)
+    const prompt = new Int32Array(base.length + delta.length)
+    prompt.set(head)
+    prompt.set(delta, base.length)
+    return { prompt }
+  }
+
+  /** The context whose K/V is the longest prefix of `prompt` that is shorter than it. */
+  bestPrefix(execution: string, prompt: Int32Array): CachedContext | undefined {
+    let best: CachedContext | undefined
+    for (const c of this.byExecution.get(execution) ?? []) {
+      if (c.kvLength === 0 || c.kvLength >= prompt.length || (best !== undefined && c.kvLength <= best.kvLength)) continue
+      if (isPrefix(c.tokens, c.kvLength, prompt)) best = c
+    }
+    if (best !== undefined) this.touch(best)
+    return best
+  }
+
+  /** Adds a context; returns the contexts it pushed out of the execution's budget. */
+  add(context: Omit<CachedContext, "lastUsed" | "pins">): Array<CachedContext> {
+    const entry: CachedContext = { ...context, lastUsed: ++this.clock, pins: 0 }
+    const list = this.byExecution.get(entry.execution) ?? []
+    list.push(entry)
+    this.byExecution.set(entry.execution, list)
+    const evicted: Array<CachedContext> = []
+    while (list.length > this.perExecution) {
+      const victim = oldestUnpinned(list)
+      if (victim === undefined) break
+      this.remove(victim)
+      evicted.push(victim)
+    }
+    return evicted
+  }
+
+  /** Drops all of an execution's contexts (pinned ones too: their blocks wait for the unpin). */
+  release(execution: string): Array<CachedContext> {
+    const list = this.byExecution.get(execution) ?? []
+    this.byExecution.delete(execution)
+    return list
+  }
+
+  /** Removes and returns the least recently used unpinned context of any execution. */
+  evictOldest(): CachedContext | undefined {
+    const victim = oldestUnpinned(this.all())
+    if (victim !== undefined) this.remove(victim)
+    return victim
+  }
+
+  private remove(context: CachedContext): void {
+    const list = this.byExecution.get(context.execution)
+    if (list === undefined) return
+    const at = list.indexOf(context)
+    if (at >= 0) list.splice(at, 1)
+    if (list.length === 0) this.byExecution.delete(context.execution)
+  }
+
+  private touch(context: CachedContext): void {
+    context.lastUsed = ++this.clock
+  }
+}
+
+const oldestUnpinned = (list: ReadonlyArray<CachedContext>): CachedContext | undefined =>
+  list.reduce<CachedContext | undefined>((a, c) => (c.pins > 0 || (a !== undefined && a.lastUsed <= c.lastUsed) ? a : c), undefined)
+
+/** `a[0, n)` equals `b[0, n)`. */
+const isPrefix = (a: Int32Array, n: number, b: Int32Array): boolean => {
+  if (n > b.length) return false
+  for (let i = 0; i < n; i++) if (a[i] !== b[i]) return false
+  return true
+}

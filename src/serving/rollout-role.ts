@@ -1,0 +1,181 @@
+/**
+ * The rollout role: what a rollout worker and a device in the `rollout` role both run.
+ *
+ * `startRollout` loads the checkpoint (config.json + model.safetensors) into the engine on the
+ * chosen device (`device`, else the number ending the actor's id modulo the engine's device
+ * count, so `<node>.cuda0`, `<node>.cuda1`, ... spread over the GPUs; the CPU has one), creates
+ * a paged KV cache and starts the continuous-batching loop (`batcher.ts`) in the caller's
+ * scope, and returns the `RolloutWorkerProtocol` handlers over them. `Generate` handlers only
+ * queue work for the loop and wait, so the hosting actor declares a high `concurrency`.
+ *
+ * - Streaming: with `stream`, each step's new tokens go out as a `TokenChunk` on the core NATS
+ *   subject `gyre.<run>.tokens.<request>` (then one chunk with `done`), before the reply, on the
+ *   same connection, so a subscriber has every chunk when the answer arrives.
+ * - `LoadWeights {version}` reads object `v<version>` (a model.safetensors) from the run's
+ *   object store `GYRE_<run>_weights`, decodes it through the engine, and swaps the flat weights
+ *   in between two engine steps; tokens sampled afterwards carry `version`. Cached K/V computed
+ *   under older weights is kept (every token records the version that sampled it).
+ * - Drain: `Drain {finish: false}` cancels running generations (they answer with their partial
+ *   output, finishReason "cancelled"); `finish: true` lets them end.
+ *
+ * The configuration comes from the caller or from the environment (`rolloutConfigFromEnv`).
+ */
+import { Objm } from "@nats-io/obj"
+import { Effect, Schema } from "effect"
+import type { RpcGroup } from "effect/rpc"
+import { loadCheckpoint } from "../engine/checkpoint.ts"
+import { Engine } from "../engine/engine.ts"
+import type * as Actor from "../runtime/actor.ts"
+import { formatAddress } from "../runtime/names.ts"
+import { rlLayout } from "../protocols/layout.ts"
+import { RolloutWorkerProtocol, TokenChunk, WeightsUnavailable, type WorkerLoad } from "../protocols/rollout.ts"
+import { makeBatcher } from "./batcher.ts"
+
+export interface RolloutConfig {
+  /** Checkpoint directory: config.json and model.safetensors (the initial weights). */
+  readonly checkpoint: string
+  /** Policy version of the checkpoint's weights (default 0). */
+  readonly version?: number
+  /** KV-cache block size in tokens (default 16). */
+  readonly blockTokens?: number
+  /** KV-cache blocks (default 4096: 65,536 tokens). */
+  readonly numBlocks?: number
+  /** Longest sequence (prompt + output) served; default the model's max_position_embeddings. */
+  readonly maxContext?: number
+  /** Generations batched at once (default 32). */
+  readonly maxBatch?: number
+  /** Prompt tokens prefilled per engine step (default 256). */
+  readonly prefillChunk?: number
+  /** Cached contexts kept per execution (default 16; each call leaves two). */
+  readonly contextsPerExecution?: number
+  /** Engine device of the model and its KV cache; default `workerDevice(id, device count)`. */
+  readonly device?: number
+}
+
+/**
+ * The device of worker `id` among `deviceCount`: the number ending the id (`serve.cuda3` -> 3)
+ * modulo the count, so worker i of a node runs on device i mod count; 0 without a number.
+ */
+export const workerDevice = (id: string, deviceCount: number): number => {
+  const index = /(\d+)$/.exec(id)
+  return index === null || deviceCount < 1 ? 0 : Number(index[1]) % deviceCount
+}
+
+const intFromEnv = (name: string): number | undefined => {
+  const raw = process.env[name]
+  if (raw === undefined || raw === "") return undefined
+  const n = Number(raw)
+  if (!Number.isSafeInteger(n) || n < 0) throw new Error(`${name} must be a non-negative integer, got '${raw}'`)
+  return n
+}
+
+/**
+ * The configuration from the environment: `GYRE_CHECKPOINT` (required when an actor is
+ * spawned), `GYRE_POLICY_VERSION`, `GYRE_KV_BLOCK_TOKENS`, `GYRE_KV_BLOCKS`, `GYRE_MAX_CONTEXT`,
+ * `GYRE_MAX_BATCH`, `GYRE_PREFILL_CHUNK`, `GYRE_CONTEXTS_PER_EXECUTION`, `GYRE_DEVICE`.
+ */
+export const rolloutConfigFromEnv = (): RolloutConfig => {
+  const optional = (key: keyof RolloutConfig, env: string) => {
+    const v = intFromEnv(env)
+    return v === undefined ? {} : { [key]: v }
+  }
+  return {
+    checkpoint: process.env.GYRE_CHECKPOINT ?? "",
+    ...optional("version", "GYRE_POLICY_VERSION"),
+    ...optional("blockTokens", "GYRE_KV_BLOCK_TOKENS"),
+    ...optional("numBlocks", "GYRE_KV_BLOCKS"),
+    ...optional("maxContext", "GYRE_MAX_CONTEXT"),
+    ...optional("maxBatch", "GYRE_MAX_BATCH"),
+    ...optional("prefillChunk", "GYRE_PREFILL_CHUNK"),
+    ...optional("contextsPerExecution", "GYRE_CONTEXTS_PER_EXECUTION"),
+    ...optional("device", "GYRE_DEVICE")
+  }
+}
+
+export type RolloutHandlers = Actor.Handlers<RpcGroup.Rpcs<typeof RolloutWorkerProtocol>>
+
+const encodeChunk = Schema.encodeSync(TokenChunk)
+
+/** Loads the model, its KV cache and the batcher in the current scope; the rollout handlers over them. */
+export const startRollout = Effect.fn("startRollout")(function* (
+  ctx: Pick<Actor.ActorContext<unknown>, "address" | "system">,
+  config: RolloutConfig,
+  onLoad: (load: WorkerLoad) => void
+) {
+  if (config.checkpoint === "") return yield* Effect.die(new Error(`${ctx.address.kind}: no checkpoint configured (GYRE_CHECKPOINT)`))
+  const engine = yield* Engine
+  const device = config.device ?? workerDevice(ctx.address.id, engine.devices.length)
+  const { model } = yield* loadCheckpoint(config.checkpoint, { device })
+  const modelConfig = model.config
+  const cache = yield* model.cache({ blockTokens: config.blockTokens ?? 16, numBlocks: config.numBlocks ?? 4096 })
+  const batcher = yield* makeBatcher(cache, {
+    worker: formatAddress(ctx.address),
+    maxContext: config.maxContext ?? modelConfig.max_position_embeddings,
+    maxBatch: config.maxBatch ?? 32,
+    prefillChunk: config.prefillChunk ?? 256,
+    contextsPerExecution: config.contextsPerExecution ?? 16,
+    version: config.version ?? 0,
+    onLoad
+  })
+  const layout = rlLayout(ctx.system.run)
+  const nc = ctx.system.nats.nc
+  const objm = new Objm(nc)
+
+  const publish = (request: string, chunk: TokenChunk) => {
+    try {
+      nc.publish(layout.tokens(request), JSON.stringify(encodeChunk(chunk)))
+    } catch {
+      // connection closing: the answer still carries every token
+    }
+  }
+
+  const fetchWeights = (version: number) =>
+    Effect.gen(function* () {
+      const unavailable = (reason: string) => new WeightsUnavailable({ version, reason })
+      const store = yield* Effect.tryPromise({ try: () => objm.open(layout.weightsBucket), catch: (e) => unavailable(String(e)) })
+      const name = layout.weightsObject(version)
+      const blob = yield* Effect.tryPromise({ try: () => store.getBlob(name), catch: (e) => unavailable(String(e)) })
+      if (blob === null) return yield* unavailable(`no object ${name} in ${layout.weightsBucket}`)
+      return yield* Effect.scoped(
+        engine.loadModel(modelConfig, blob, { device }).pipe(
+          Effect.flatMap((m) => m.getWeights()),
+          Effect.mapError((e) => unavailable(e.message))
+        )
+      )
+    })
+
+  /** Reads version `version`'s weights and swaps them in between two engine steps. */
+  const loadWeights = (version: number) =>
+    fetchWeights(version).pipe(
+      Effect.flatMap((weights) => batcher.swapWeights(model.setWeights(weights), version).pipe(Effect.orDie)),
+      Effect.as({ version })
+    )
+
+  const handlers: RolloutHandlers = {
+    Generate: (request) =>
+      batcher
+        .generate({
+          execution: request.execution,
+          request: request.request,
+          base: request.base,
+          prompt: request.prompt,
+          sampling: request.sampling,
+          ...(request.stream ? { onTokens: (step) => publish(request.request, { ...step, done: false }) } : {})
+        })
+        .pipe(
+          Effect.tap(() =>
+            Effect.sync(() => {
+              if (request.stream) publish(request.request, { tokens: new Int32Array(0), logprobs: new Float32Array(0), versions: new Int32Array(0), done: true })
+            })
+          )
+        ),
+    Cancel: ({ request }) => Effect.sync(() => ({ found: batcher.cancel(request) })),
+    Release: ({ execution }) => batcher.release(execution).pipe(Effect.orDie, Effect.map((freedBlocks) => ({ freedBlocks }))),
+    LoadWeights: ({ version }) => loadWeights(version),
+    Drain: ({ finish }) => batcher.drain(finish).pipe(Effect.map((cancelled) => ({ cancelled }))),
+    Status: () => Effect.sync(() => batcher.load())
+  }
+  return { engine, model, device, batcher, handlers, loadWeights }
+})
+
+export type RolloutRole = Effect.Success<ReturnType<typeof startRollout>>

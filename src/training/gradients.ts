@@ -1,0 +1,107 @@
+/**
+ * Gradients of a step's micro-batches and their reduce.
+ *
+ * A satellite stores the gradient of each micro-batch it computed as object `s<step>.m<index>`
+ * of `GYRE_<run>_grads`: the flat F32 gradient (gyre.h layout, little-endian) of that
+ * micro-batch alone. The core sums the gradients in micro-batch index order (`InOrderSum`):
+ * float addition is not associative, so a fixed order is what makes the update bit-identical
+ * whoever computed which micro-batch and whenever a satellite joined. The sum streams: each
+ * gradient is added as soon as every lower index has been, so only out-of-order arrivals wait
+ * (the core's own in memory, a satellite's in the store until its turn).
+ */
+import { Objm, type ObjectStore } from "@nats-io/obj"
+import { Effect, Schema } from "effect"
+import { gradientObject } from "../protocols/device.ts"
+import { rlLayout } from "../protocols/layout.ts"
+import { TransportError, messageOf } from "../runtime/errors.ts"
+import type { ActorSystemShape } from "../runtime/system.ts"
+
+/** A gradient object is missing or does not hold `paramCount` floats. */
+export class GradientUnreadable extends Schema.TaggedError<GradientUnreadable>()("GradientUnreadable", {
+  object: Schema.String,
+  reason: Schema.String
+}) {}
+
+export interface GradientStore {
+  readonly put: (step: number, index: number, grads: Float32Array) => Effect.Effect<void, TransportError>
+  readonly get: (step: number, index: number) => Effect.Effect<Float32Array, TransportError | GradientUnreadable>
+  /** Deletes objects `s<step>.m0 .. s<step>.m<count - 1>` (missing ones are fine). */
+  readonly removeStep: (step: number, count: number) => Effect.Effect<void, TransportError>
+}
+
+/** Opens (creating when missing) the run's gradient store for gradients of `paramCount` floats. */
+export const openGradientStore = (system: ActorSystemShape, paramCount: number): Effect.Effect<GradientStore, TransportError> =>
+  Effect.gen(function* () {
+    const bucket = rlLayout(system.run).gradsBucket
+    const attempt = <A>(operation: string, f: (store: ObjectStore) => Promise<A>) =>
+      Effect.tryPromise({ try: () => f(store), catch: (e) => new TransportError({ operation, message: messageOf(e) }) })
+    const store: ObjectStore = yield* Effect.tryPromise({
+      try: () => new Objm(system.nats.nc).create(bucket),
+      catch: (e) => new TransportError({ operation: `open object store ${bucket}`, message: messageOf(e) })
+    })
+    return {
+      put: (step, index, grads) =>
+        attempt(`store ${gradientObject(step, index)}`, (s) =>
+          s.putBlob({ name: gradientObject(step, index) }, new Uint8Array(grads.buffer, grads.byteOffset, grads.byteLength))
+        ).pipe(Effect.asVoid),
+      get: (step, index) =>
+        Effect.gen(function* () {
+          const object = gradientObject(step, index)
+          const bytes = yield* attempt(`read ${object}`, (s) => s.getBlob(object))
+          if (bytes === null) return yield* new GradientUnreadable({ object, reason: `not in ${bucket}` })
+          if (bytes.length !== paramCount * 4) {
+            return yield* new GradientUnreadable({ object, reason: `${bytes.length} bytes, expected ${paramCount * 4}` })
+          }
+          const out = new Float32Array(paramCount)
+          new Uint8Array(out.buffer).set(bytes)
+          return out
+        }),
+      removeStep: (step, count) =>
+        attempt(`delete gradients of step ${step}`, async (s) => {
+          for (let index = 0; index < count; index++) await s.delete(gradientObject(step, index)).catch(() => undefined)
+        })
+    }
+  })
+
+/** Where a gradient waiting for its turn is: in memory (the core's own) or in the store. */
+export type GradientSource = Float32Array | "stored"
+
+/** The running sum of a step's gradients in index order (see the module comment). */
+export class InOrderSum {
+  readonly sum: Float32Array
+  private next = 0
+  private readonly waiting = new Map<number, GradientSource>()
+
+  constructor(paramCount: number) {
+    this.sum = new Float32Array(paramCount)
+  }
+
+  /** Gradients added so far (indices 0 .. summed - 1). */
+  get summed(): number {
+    return this.next
+  }
+
+  /** Offers micro-batch `index`'s gradient; false when it was offered before. */
+  offer(index: number, source: GradientSource): boolean {
+    if (index < this.next || this.waiting.has(index)) return false
+    this.waiting.set(index, source)
+    return true
+  }
+
+  /** Adds every gradient whose turn has come, fetching stored ones with `load`. */
+  drain<E>(load: (index: number) => Effect.Effect<Float32Array, E>): Effect.Effect<void, E> {
+    return Effect.whileLoop({
+      while: () => this.waiting.has(this.next),
+      body: () => {
+        const source = this.waiting.get(this.next)!
+        return source === "stored" ? load(this.next) : Effect.succeed(source)
+      },
+      step: (g) => {
+        const sum = this.sum
+        for (let i = 0; i < sum.length; i++) sum[i] = sum[i]! + g[i]!
+        this.waiting.delete(this.next)
+        this.next++
+      }
+    })
+  }
+}

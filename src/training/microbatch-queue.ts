@@ -1,0 +1,155 @@
+/**
+ * The micro-batch work queue of a run: stream `GYRE_<run>_MICROBATCHES` (work-queue
+ * retention: a message is gone once acknowledged), subject `gyre.<run>.mb.<step>`, one
+ * `MicroBatchJson` per message with `Nats-Msg-Id: mb-<step>-<index>` (a re-publish of a
+ * micro-batch within the duplicate window is stored once).
+ *
+ * Every training device of step k pulls from the one shared durable consumer `mb-<k>`
+ * (explicit ack), one message at a time. A claim is held while it is computed: `working()`
+ * every third of the ack wait extends it, a failed or interrupted computation hands it back
+ * at once (`nak`), and a device that dies holding one lets its ack wait lapse, after which JetStream
+ * delivers it to another device. The core deletes the consumer when the step is done, which
+ * ends every device's claim loop for that step.
+ */
+import { AckPolicy, DeliverPolicy, RetentionPolicy, StorageType, type Consumer, type JsMsg } from "@nats-io/jetstream"
+import { Effect, Exit, Schema } from "effect"
+import { MicroBatchJson } from "../protocols/device.ts"
+import { rlLayout } from "../protocols/layout.ts"
+import { TransportError, messageOf } from "../runtime/errors.ts"
+import type { ActorSystemShape } from "../runtime/system.ts"
+
+const MicroBatchText = Schema.fromJsonString(MicroBatchJson)
+const encodeMicroBatch = Schema.encodeSync(MicroBatchText)
+const decodeMicroBatch = Schema.decodeUnknownExit(MicroBatchText)
+
+const attempt = <A>(operation: string, f: () => Promise<A>) =>
+  Effect.tryPromise({ try: f, catch: (e) => new TransportError({ operation, message: messageOf(e) }) })
+
+/** The consumer (or its stream) is gone: the step is over. */
+const notFound = (e: unknown) => /not found|deleted/i.test(messageOf(e))
+
+/** Creates the run's micro-batch stream when it is missing (idempotent). */
+export const ensureMicroBatchStream = (system: ActorSystemShape) => {
+  const names = rlLayout(system.run)
+  return attempt(`create stream ${names.microBatchStream}`, async () => {
+    const jsm = system.nats.jsm
+    const exists = () => jsm.streams.info(names.microBatchStream).then(() => true, () => false)
+    if (await exists()) return
+    await jsm.streams
+      .add({
+        name: names.microBatchStream,
+        subjects: [names.allMicroBatches],
+        retention: RetentionPolicy.Workqueue,
+        storage: StorageType.File,
+        duplicate_window: 120_000 * 1_000_000
+      })
+      .catch(async (e) => {
+        if (!(await exists())) throw e
+      })
+  })
+}
+
+/** Creates step `step`'s shared consumer when it is missing (idempotent). */
+export const openStepQueue = (system: ActorSystemShape, step: number, ackWaitMs: number) => {
+  const names = rlLayout(system.run)
+  const durable = names.microBatchConsumer(step)
+  return attempt(`create consumer ${durable}`, async () => {
+    const jsm = system.nats.jsm
+    if ((await jsm.consumers.info(names.microBatchStream, durable).catch(() => null)) !== null) return
+    await jsm.consumers.add(names.microBatchStream, {
+      durable_name: durable,
+      filter_subject: names.microBatches(step),
+      ack_policy: AckPolicy.Explicit,
+      deliver_policy: DeliverPolicy.All,
+      ack_wait: ackWaitMs * 1_000_000,
+      max_deliver: -1
+    })
+  })
+}
+
+/** Deletes step `step`'s consumer and whatever its subject still holds. */
+export const closeStepQueue = (system: ActorSystemShape, step: number) => {
+  const names = rlLayout(system.run)
+  return attempt(`close ${names.microBatchConsumer(step)}`, async () => {
+    await system.nats.jsm.consumers.delete(names.microBatchStream, names.microBatchConsumer(step)).catch((e) => {
+      if (!notFound(e)) throw e
+    })
+    await system.nats.jsm.streams.purge(names.microBatchStream, { filter: names.microBatches(step) })
+  })
+}
+
+export const publishMicroBatch = (system: ActorSystemShape, mb: MicroBatchJson) => {
+  const names = rlLayout(system.run)
+  return attempt(`publish micro-batch ${mb.step}.${mb.index}`, () =>
+    system.nats.js.publish(names.microBatches(mb.step), encodeMicroBatch(mb), { msgID: `mb-${mb.step}-${mb.index}` })
+  ).pipe(Effect.asVoid)
+}
+
+/** A claimed micro-batch. */
+export interface Claim {
+  readonly microBatch: MicroBatchJson
+  readonly deliveryCount: number
+  /** Runs `work` keeping the claim alive; a failure or interruption hands the micro-batch back. */
+  readonly hold: <A, E>(work: Effect.Effect<A, E>) => Effect.Effect<A, E>
+  /** Acknowledges (removes) the micro-batch, confirmed by the server. */
+  readonly ack: Effect.Effect<void, TransportError>
+}
+
+const claimOf = (msg: JsMsg, microBatch: MicroBatchJson, ackWaitMs: number): Claim => ({
+  microBatch,
+  deliveryCount: msg.info.deliveryCount,
+  hold: (work) =>
+    Effect.acquireUseRelease(
+      Effect.sync(() => setInterval(() => msg.working(), Math.max(200, ackWaitMs / 3))),
+      () => work.pipe(Effect.onExit((exit) => (Exit.isFailure(exit) ? Effect.sync(() => msg.nak()) : Effect.void))),
+      (timer) => Effect.sync(() => clearInterval(timer))
+    ),
+  ack: attempt(`ack micro-batch ${microBatch.step}.${microBatch.index}`, () => msg.ackAck()).pipe(Effect.asVoid)
+})
+
+export interface ClaimLoopOptions {
+  readonly step: number
+  readonly ackWaitMs: number
+  /** Checked before each claim: stop claiming when true. */
+  readonly stop: () => boolean
+}
+
+/**
+ * Claims step `step`'s micro-batches one at a time and hands each to `handle` (which holds,
+ * computes and acknowledges it), until `stop()` or the step's consumer is gone. A message that
+ * is not a micro-batch of the step is terminated (never redelivered) and logged.
+ */
+export const claimLoop = <E>(system: ActorSystemShape, options: ClaimLoopOptions, handle: (claim: Claim) => Effect.Effect<void, E>) =>
+  Effect.gen(function* () {
+    const names = rlLayout(system.run)
+    const durable = names.microBatchConsumer(options.step)
+    const consumer: Consumer | undefined = yield* attempt(`bind ${durable}`, () =>
+      system.nats.js.consumers.get(names.microBatchStream, durable).catch((e) => {
+        if (notFound(e)) return undefined
+        throw e
+      })
+    )
+    if (consumer === undefined) return
+    while (!options.stop()) {
+      const next = yield* attempt(`claim from ${durable}`, () => consumer.next({ expires: 1000 })).pipe(
+        Effect.map((msg) => ({ msg })),
+        Effect.catch((e) => (notFound(e.message) ? Effect.succeed({ msg: "closed" as const }) : Effect.fail(e)))
+      )
+      if (next.msg === "closed") return
+      if (next.msg === null) {
+        const open = yield* attempt(`consumer info ${durable}`, () =>
+          system.nats.jsm.consumers.info(names.microBatchStream, durable).then(() => true, (e) => (notFound(e) ? false : Promise.reject(e)))
+        )
+        if (!open) return
+        continue
+      }
+      const msg = next.msg
+      const decoded = decodeMicroBatch(msg.string())
+      if (decoded._tag === "Failure" || decoded.value.step !== options.step) {
+        msg.term()
+        yield* Effect.logWarning(`${durable}: dropped message ${msg.seq}, not a micro-batch of step ${options.step}`)
+        continue
+      }
+      yield* handle(claimOf(msg, decoded.value, options.ackWaitMs))
+    }
+  })

@@ -1,0 +1,192 @@
+/**
+ * Step planning on the core trainer (pure: no NATS, no clock): the finished executions of a
+ * step's batch, told one by one with their rebuilt trees, become numbered micro-batches,
+ * group by group as each group completes.
+ *
+ * A group (the executions of one task in the batch, `group` of `StepExecutionRef`) is
+ * complete when all `groupSizes[group]` of its executions are told; an execution whose
+ * evaluation failed is told too and dropped. On completion the group's advantages are
+ * computed (`groupAdvantages` over the rewards of its scored executions), its executions
+ * become units (exact tree or sampled paths), scaled by E = the step's planned executions so
+ * that no group needs renormalising when a later one arrives, and are packed into micro-batches
+ * with consecutive indices. An execution with advantage 0 (e.g. a GRPO group of equal
+ * rewards) is not packed: every one of its loss terms is exactly 0. An execution whose
+ * deepest token does not fit the budget is dropped (`BudgetTooSmall`) rather than blocking
+ * the step.
+ *
+ * Progress: an execution is trained when the gradients of all its micro-batches are in (or
+ * at once, when it has none); `gradientIn` returns the scheduler's tokens of the executions
+ * it completes.
+ */
+import { Result } from "effect"
+import type { PackedBatch } from "../common/packed-batch.ts"
+import type { StepExecutionRef, StepPlan } from "../protocols/device.ts"
+import { parseExecutionName, type TrainingSettings } from "../protocols/run.ts"
+import { groupAdvantages } from "../tree/advantage.ts"
+import { rewardOf } from "../tree/outcome.ts"
+import { packMicroBatches } from "../tree/pack.ts"
+import type { TrajectoryTree } from "../tree/tree.ts"
+import { stepUnits, type StepExecution, type TrainingMode } from "../tree/units.ts"
+
+/** Added to GRPO's standard deviation (a group of equal rewards gets advantage 0). */
+const ADVANTAGE_EPSILON = 1e-6
+
+export interface PlannedMicroBatch {
+  readonly index: number
+  readonly batch: PackedBatch
+  readonly executions: ReadonlyArray<string>
+  /** Scheduler tokens of the executions whose last micro-batch (by index) this is. */
+  readonly completesTokens: number
+}
+
+/** What telling one execution did. */
+export type Told =
+  | { readonly _tag: "Refused"; readonly reason: string }
+  | { readonly _tag: "Duplicate" }
+  | {
+      readonly _tag: "Queued"
+      /** Micro-batches of the group this execution completed (none while the group waits). */
+      readonly microBatches: ReadonlyArray<PlannedMicroBatch>
+      /** Scheduler tokens of the executions that completed without a micro-batch. */
+      readonly consumedTokens: number
+      /** Executions dropped because a path is longer than the micro-batch budget. */
+      readonly tooLong: ReadonlyArray<string>
+    }
+
+interface Member {
+  readonly ref: StepExecutionRef
+  readonly tree: TrajectoryTree
+}
+
+/** Figures of the told executions, for the step's metrics. */
+export interface PlanFigures {
+  told: number
+  /** Evaluation failed, or a path too long for the budget. */
+  dropped: number
+  scored: number
+  scoreSum: number
+  /** Sum over executions of prompt + output tokens of every call, and of tree tokens. */
+  callTokens: number
+  uniqueTokens: number
+}
+
+export class StepPlanner {
+  private readonly groups: Array<Array<Member>>
+  private readonly told = new Set<string>()
+  private readonly remaining = new Map<string, { count: number; readonly tokens: number }>()
+  private readonly byIndex: Array<ReadonlyArray<string>> = []
+  private readonly mode: TrainingMode
+  readonly figures: PlanFigures = { told: 0, dropped: 0, scored: 0, scoreSum: 0, callTokens: 0, uniqueTokens: 0 }
+
+  constructor(
+    readonly plan: StepPlan,
+    readonly settings: TrainingSettings,
+    seed: number
+  ) {
+    this.groups = plan.groupSizes.map(() => [])
+    this.mode = settings.mode === "exact" ? { _tag: "exact" } : { _tag: "sampled", maxPaths: settings.maxPaths, seed: seed + plan.step }
+  }
+
+  /** Every planned execution has been told. */
+  get complete(): boolean {
+    return this.figures.told === this.plan.executions
+  }
+
+  /** Micro-batches planned so far. */
+  get microBatches(): number {
+    return this.byIndex.length
+  }
+
+  tell(ref: StepExecutionRef, tree: TrajectoryTree): Told {
+    if (this.told.has(ref.execution)) return { _tag: "Duplicate" }
+    const refused = this.check(ref)
+    if (refused !== undefined) return { _tag: "Refused", reason: refused }
+    this.told.add(ref.execution)
+    const f = this.figures
+    f.told++
+    f.callTokens += tree.totalCallTokens
+    f.uniqueTokens += tree.uniqueTokens
+    const reward = rewardOf(ref.outcome)
+    if (reward === undefined) f.dropped++
+    else {
+      f.scored++
+      f.scoreSum += reward
+    }
+    const group = this.groups[ref.group]!
+    group.push({ ref, tree })
+    if (group.length < this.plan.groupSizes[ref.group]!) return { _tag: "Queued", microBatches: [], consumedTokens: 0, tooLong: [] }
+    return this.planGroup(group)
+  }
+
+  /** Marks micro-batch `index`'s gradient in; returns the tokens of the executions it completes. */
+  gradientIn(index: number): number {
+    let tokens = 0
+    for (const execution of this.byIndex[index] ?? []) {
+      const r = this.remaining.get(execution)!
+      if (--r.count === 0) tokens += r.tokens
+    }
+    return tokens
+  }
+
+  private check(ref: StepExecutionRef): string | undefined {
+    if (ref.step !== this.plan.step) return `execution of step ${ref.step}, not ${this.plan.step}`
+    if (parseExecutionName(ref.execution)?.batch !== this.plan.step) return `${ref.execution} is not an execution of batch ${this.plan.step}`
+    const size = this.plan.groupSizes[ref.group]
+    if (size === undefined) return `group ${ref.group} is not in the plan (${this.plan.groupSizes.length} groups)`
+    if (this.groups[ref.group]!.length >= size) return `group ${ref.group} already has its ${size} executions`
+    if (this.figures.told >= this.plan.executions) return `the step already has its ${this.plan.executions} executions`
+    return undefined
+  }
+
+  private planGroup(group: ReadonlyArray<Member>): Told {
+    const scored = group.filter((m) => rewardOf(m.ref.outcome) !== undefined)
+    const advantages = groupAdvantages(
+      scored.map((m) => rewardOf(m.ref.outcome)!),
+      { estimator: this.settings.advantage, epsilon: ADVANTAGE_EPSILON }
+    )
+    let training: Array<StepExecution> = []
+    scored.forEach((m, i) => {
+      if (advantages[i] !== 0) training.push({ execution: m.ref.execution, tree: m.tree, advantage: advantages[i]! })
+    })
+    const tooLong: Array<string> = []
+    for (;;) {
+      const units = stepUnits(training, this.mode, this.plan.executions).units
+      const packed = packMicroBatches(units, this.settings.microBatchTokens)
+      if (Result.isSuccess(packed)) return this.number(group, packed.success.batches, packed.success.executions, tooLong)
+      tooLong.push(packed.failure.execution)
+      this.figures.dropped++
+      training = training.filter((s) => s.execution !== packed.failure.execution)
+    }
+  }
+
+  private number(
+    group: ReadonlyArray<Member>,
+    batches: ReadonlyArray<PackedBatch>,
+    executions: ReadonlyArray<ReadonlyArray<string>>,
+    tooLong: ReadonlyArray<string>
+  ): Told {
+    const first = this.byIndex.length
+    const tokensOf = new Map(group.map((m) => [m.ref.execution, m.ref.tokens]))
+    const last = new Map<string, number>()
+    const counts = new Map<string, number>()
+    executions.forEach((list, k) => {
+      this.byIndex.push(list)
+      for (const e of list) {
+        last.set(e, first + k)
+        counts.set(e, (counts.get(e) ?? 0) + 1)
+      }
+    })
+    let consumedTokens = 0
+    for (const m of group) {
+      const count = counts.get(m.ref.execution) ?? 0
+      this.remaining.set(m.ref.execution, { count, tokens: m.ref.tokens })
+      if (count === 0) consumedTokens += m.ref.tokens
+    }
+    const microBatches = batches.map((batch, k) => {
+      let completesTokens = 0
+      for (const e of executions[k]!) if (last.get(e) === first + k) completesTokens += tokensOf.get(e)!
+      return { index: first + k, batch, executions: executions[k]!, completesTokens }
+    })
+    return { _tag: "Queued", microBatches, consumedTokens, tooLong }
+  }
+}

@@ -1,0 +1,50 @@
+/**
+ * `gyre train` and `gyre eval` end to end as a user runs them: a real nats-server (embedded), real
+ * harness processes of the toy suite, two CPU devices moving between roles under the elastic
+ * policy, the live scheduler and the streaming trainer. A random tiny checkpoint keeps it short
+ * (learning is measured by `bench:elastic`, not here); what is checked is what the run's journal
+ * says: every step done, nothing lost, nothing trained twice, nothing prefilled again, and a final
+ * checkpoint that `gyre eval` scores.
+ */
+import { execFileSync, spawnSync } from "node:child_process"
+import { existsSync, mkdtempSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { describe, expect, it } from "vitest"
+
+const gyre = new URL("../../bin/gyre.js", import.meta.url).pathname
+const lastJson = (out: string) => JSON.parse(out.trim().split("\n").at(-1)!)
+
+describe("gyre train", () => {
+  it("runs elastic steps to the end and reports them from the journal; gyre eval scores the result", () => {
+    const dir = mkdtempSync(join(tmpdir(), "gyre-train-"))
+    execFileSync("node", [gyre, "engine", "init", "--preset", "tiny", "--seed", "3", "--out", join(dir, "init")], { stdio: "ignore" })
+    const args = ["train", "--checkpoint", join(dir, "init"), "--steps", "2", "--devices", "2", "--executions-per-step", "4", "--group-size", "2"]
+    const more = ["--slots", "2", "--horizon", "3", "--env", "TOY_TOOL_MS=30,TOY_MAX_TOKENS=16", "--heldout", "heldout-0..heldout-1", "--store", join(dir, "store"), "--json"]
+    const out = execFileSync("node", [gyre, ...args, ...more], { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"], timeout: 240_000 })
+    const summary = lastJson(out)
+    for (const key of ["run", "policy", "steps", "wall_s", "heldout_before", "heldout_after", "switches", "reprefill_tokens", "kv_handoff_bytes", "stale_dropped", "executions_lost", "trained_twice", "store", "warm_start_checkpoint", "checkpoint"]) {
+      expect(summary, key).toHaveProperty(key)
+    }
+    expect(summary.policy).toBe("elastic")
+    expect(summary.steps).toBe(2)
+    expect(summary.executions_lost).toBe(0)
+    expect(summary.trained_twice).toBe(0)
+    expect(summary.reprefill_tokens).toBe(0)
+    expect(summary.switches).toBeGreaterThan(0)
+    expect(summary.store).toBe(join(dir, "store"))
+    expect(existsSync(join(summary.checkpoint, "model.safetensors"))).toBe(true)
+    const evaluation = lastJson(execFileSync("node", [gyre, "eval", "--checkpoint", summary.checkpoint, "--tasks", "heldout-0,heldout-1", "--env", "TOY_STEPS=3", "--json"], { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] }))
+    expect(Object.keys(evaluation.scores)).toEqual(["heldout-0", "heldout-1"])
+    expect(evaluation.mean_score).toBeGreaterThanOrEqual(0)
+    expect(evaluation.mean_score).toBeLessThanOrEqual(1)
+  }, 300_000)
+
+  it("answers a bad flag with one line and exit code 2", () => {
+    for (const args of [["train", "--policy", "fastest"], ["train", "--executions-per-step", "5", "--group-size", "2"], ["eval", "--checkpoint", "/nonexistent"], ["eval", "--checkpoint", "x", "--tasks", "heldout-3..train-1"]]) {
+      const r = spawnSync("node", [gyre, ...args], { encoding: "utf8" })
+      expect(r.status, args.join(" ")).toBe(2)
+      expect(r.stderr.trim().split("\n")).toHaveLength(1)
+    }
+  })
+})

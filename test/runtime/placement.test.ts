@@ -1,0 +1,150 @@
+/**
+ * Re-placement: the policy as a pure choice; actors of a node that stopped beating placed again
+ * as their policies say (spread, on a device, on a node; temporary ones not at all), once each,
+ * resuming from their snapshots; and a `gyre node` process killed with SIGKILL whose actor then
+ * answers from the other node.
+ */
+import { Duration, Effect, Exit, Schema, Scope } from "effect"
+import { afterEach, describe, expect, it } from "vitest"
+import { address } from "../../src/runtime/names.ts"
+import { startNode } from "../../src/runtime/node.ts"
+import { choose, onDevice, onNode, spread, PlacedEvent, type Candidate } from "../../src/runtime/placement.ts"
+import { RegistryEntry } from "../../src/runtime/registry.ts"
+import { ActorSystem, refOf } from "../../src/runtime/system.ts"
+import { LedgerProtocol, RelayProtocol } from "../fixtures/actors.ts"
+import { ProbeProtocol, probeType } from "../fixtures/probe.ts"
+import { startNodeProcess, withSystem, type NodeProcess } from "./harness.ts"
+
+const until = <A>(check: Effect.Effect<A | undefined, any, any>, timeoutMs = 10_000) =>
+  Effect.gen(function* () {
+    const deadline = Date.now() + timeoutMs
+    while (true) {
+      const v = yield* check.pipe(Effect.catchCause(() => Effect.succeed(undefined)))
+      if (v !== undefined) return v
+      if (Date.now() > deadline) return yield* Effect.die(new Error("condition not met in time"))
+      yield* Effect.sleep(Duration.millis(50))
+    }
+  })
+
+const entryOf = (key: string) =>
+  Effect.gen(function* () {
+    const system = yield* ActorSystem
+    const e = yield* Effect.promise(() => system.registry.get(key))
+    return e === null ? undefined : Schema.decodeUnknownSync(RegistryEntry)(e.json())
+  })
+
+const placedEvents = (system: typeof ActorSystem.Service) => {
+  const events: Array<PlacedEvent> = []
+  const sub = system.nats.nc.subscribe(system.layout.sys("placed"), {
+    callback: (_e, m) => void events.push(Schema.decodeUnknownSync(PlacedEvent)(m.json()))
+  })
+  return { events, stop: () => sub.unsubscribe() }
+}
+
+describe("placement policy", () => {
+  const c = (node: string, actors: number, types: Array<string>, devices: Array<string> = []): Candidate => ({ node, actors, types, devices })
+  const nodes = [c("b", 3, ["w"]), c("a", 1, ["w", "x"], ["gpu0"]), c("c", 1, ["w"], ["gpu1"])]
+
+  it("spreads to the node with the fewest actors that has the type (ties by name), pins to a node or a device, or finds none", () => {
+    expect(choose(spread, "w", nodes)).toBe("a")
+    expect(choose(spread, "x", nodes)).toBe("a")
+    expect(choose(spread, "y", nodes)).toBeUndefined()
+    expect(choose(onNode("b"), "w", nodes)).toBe("b")
+    expect(choose(onNode("b"), "x", nodes)).toBeUndefined()
+    expect(choose(onNode("z"), "w", nodes)).toBeUndefined()
+    expect(choose(onDevice("gpu1"), "w", nodes)).toBe("c")
+    expect(choose(onDevice("gpu1"), "x", nodes)).toBeUndefined()
+    expect(choose(onDevice("gpu9"), "w", nodes)).toBeUndefined()
+  })
+})
+
+describe("re-placement", () => {
+  it("places the actors of a silent node again as their policies say, once each, from their snapshots; temporary ones stay dead", async () => {
+    const types = [
+      probeType("spread"),
+      probeType("on-device", { placement: onDevice("gpu7") }),
+      probeType("on-node", { placement: onNode("c") }),
+      probeType("temporary", { restart: "temporary" })
+    ]
+    const timing = { heartbeatMs: 150, deadAfterMs: 1000 }
+    const result = await withSystem("place", Effect.gen(function* () {
+      const system = yield* ActorSystem
+      const placed = placedEvents(system)
+      const scopeA = yield* Scope.make()
+      const a = yield* startNode({ name: "a", types, ...timing }).pipe(Scope.provide(scopeA))
+      yield* startNode({ name: "b", types, devices: ["gpu7"], ...timing })
+      yield* startNode({ name: "c", types, ...timing })
+      const ids = ["spread/s1", "on-device/d1", "on-node/n1", "temporary/t1"]
+      for (const key of ids) {
+        const [kind, id] = key.split("/") as [string, string]
+        yield* a.spawn(kind, id)
+        yield* system.ask(refOf(ProbeProtocol, address(kind, id)), "Record", { item: `before-${id}` })
+      }
+      yield* Effect.sleep(Duration.millis(400)) // b and c have reported their types
+      // Node a stops beating without a word (its scope closes; nothing is released).
+      yield* Scope.close(scopeA, Exit.void)
+      const moved = yield* until(
+        Effect.gen(function* () {
+          const es = yield* Effect.forEach(ids.slice(0, 3), entryOf)
+          return es.every((e) => e?.status === "running" && e.node !== "a") ? es : undefined
+        })
+      )
+      const items = yield* Effect.forEach(ids.slice(0, 3), (key) => {
+        const [kind, id] = key.split("/") as [string, string]
+        return system.ask(refOf(ProbeProtocol, address(kind, id)), "Items", undefined)
+      })
+      yield* Effect.sleep(Duration.millis(1500)) // time enough to place the temporary one, were it placed
+      const temporary = yield* entryOf("temporary/t1")
+      placed.stop()
+      return { moved, items, temporary, events: placed.events }
+    }))
+    const [s1, d1, n1] = result.moved
+    expect(d1).toMatchObject({ node: "b", incarnation: 2 })
+    expect(n1).toMatchObject({ node: "c", incarnation: 2 })
+    expect(["b", "c"]).toContain(s1!.node)
+    expect(result.items).toEqual([["before-s1"], ["before-d1"], ["before-n1"]])
+    expect(result.temporary).toMatchObject({ node: "a", status: "dead" })
+    expect(result.events.map((e) => `${e.kind}/${e.id}`).sort()).toEqual(["on-device/d1", "on-node/n1", "spread/s1"])
+    expect(result.events.every((e) => e.from === "a" && e.incarnation === 1 && ["b", "c"].includes(e.by))).toBe(true)
+  })
+})
+
+describe("re-placement across node processes", () => {
+  const started: Array<NodeProcess> = []
+  afterEach(() => {
+    for (const p of started.splice(0)) if (p.child.exitCode === null) p.child.kill("SIGKILL")
+  })
+
+  it("an actor of a node killed with SIGKILL is placed on the other node and answers an ask from it", async () => {
+    const result = await withSystem("replace", Effect.gen(function* () {
+      const system = yield* ActorSystem
+      const args = (name: string, spawn: string) =>
+        ["--name", name, "--run", "replace", "--load", "test/fixtures/actors.ts", "--spawn", spawn, "--heartbeat-ms", "200", "--dead-after-ms", "1000"]
+      const a = startNodeProcess(system.nats.servers, args("a", "ledger/p1"))
+      const b = startNodeProcess(system.nats.servers, args("b", "relay/r1"))
+      started.push(a, b)
+      yield* Effect.promise(() => Promise.all([a.waitFor("ready"), b.waitFor("ready")]))
+      const ledger = refOf(LedgerProtocol, address("ledger", "p1"))
+      yield* system.tell(ledger, "Append", { item: "before" })
+      yield* until(system.ask(ledger, "Items", undefined).pipe(Effect.map((xs) => (xs.length === 1 ? xs : undefined))))
+      const before = yield* entryOf("ledger/p1")
+      const placed = placedEvents(system)
+      const killedAt = performance.now()
+      a.child.kill("SIGKILL")
+      const after = yield* until(entryOf("ledger/p1").pipe(Effect.map((e) => (e?.status === "running" && e.node === "b" ? e : undefined))))
+      const movedAfterMs = performance.now() - killedAt
+      // The claim is written before the new incarnation subscribes: wait until it answers.
+      yield* until(system.ask(ledger, "Items", undefined))
+      const viaRelay = yield* system.ask(refOf(RelayProtocol, address("relay", "r1")), "Forward", { target: "ledger/p1", item: "after" })
+      const items = yield* system.ask(ledger, "Items", undefined)
+      placed.stop()
+      return { before, after, movedAfterMs, viaRelay, items, events: placed.events }
+    }))
+    expect(result.before).toMatchObject({ node: "a", incarnation: 1, status: "running" })
+    expect(result.after).toMatchObject({ node: "b", incarnation: 2, status: "running" })
+    expect(result.movedAfterMs).toBeLessThan(6000)
+    expect(result.viaRelay).toBe(2)
+    expect(result.items).toEqual(["before", "after"])
+    expect(result.events).toEqual([{ kind: "ledger", id: "p1", from: "a", to: "b", incarnation: 1, by: "b" }])
+  })
+})

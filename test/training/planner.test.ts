@@ -1,0 +1,107 @@
+/**
+ * The step planner alone (pure): groups become micro-batches as they complete, scaled by the
+ * step's planned executions; dropped, equal-reward and too-long executions; progress; refusals.
+ */
+import { describe, expect, it } from "vitest"
+import type { StepExecutionRef, StepPlan } from "../../src/protocols/device.ts"
+import { executionName, type TrainingSettings } from "../../src/protocols/run.ts"
+import { StepPlanner, type PlannedMicroBatch, type Told } from "../../src/training/step-planner.ts"
+import type { TrajectoryTree } from "../../src/tree/tree.ts"
+import { build, wireRecords } from "../tree/simulate.ts"
+import { agentCalls, scored } from "./fixtures.ts"
+
+const settings = (over: Partial<TrainingSettings> = {}): TrainingSettings => ({
+  advantage: "grpo",
+  mode: "exact",
+  maxPaths: 2,
+  loss: "ppo",
+  clipLow: 0.2,
+  clipHigh: 0.2,
+  isCap: 2,
+  lr: 1e-3,
+  microBatchTokens: 64,
+  checkpointEvery: 1,
+  ...over
+})
+
+const plan: StepPlan = { step: 2, version: 2, executions: 4, groupSizes: [2, 2], cells: [] }
+
+const execution = (n: number, score: number | null): { ref: StepExecutionRef; tree: TrajectoryTree } => {
+  const tree = build(wireRecords(agentCalls(n))).tree
+  const id = executionName(2, 8 + n)
+  return { ref: { step: 2, execution: id, task: `t${n >> 1}`, group: n >> 1, tokens: tree.uniqueTokens, outcome: scored("r", `t${n >> 1}`, id, score) }, tree }
+}
+
+const queued = (t: Told) => {
+  if (t._tag !== "Queued") throw new Error(`expected Queued, got ${JSON.stringify(t)}`)
+  return t
+}
+
+const weightSum = (mbs: ReadonlyArray<PlannedMicroBatch>) => mbs.reduce((a, mb) => a + mb.batch.weights.reduce((b, w) => b + w, 0), 0)
+
+describe("step planner", () => {
+  it("plans each group when it completes, numbers micro-batches consecutively, and scales by the planned executions", () => {
+    for (const mode of ["exact", "sampled"] as const) {
+      const planner = new StepPlanner(plan, settings({ mode }), 5)
+      const xs = [0, 1, 2, 3].map((n) => execution(n, n % 2 === 0 ? 0.1 : 0.7))
+      expect(queued(planner.tell(xs[0]!.ref, xs[0]!.tree)).microBatches).toEqual([])
+      const first = queued(planner.tell(xs[1]!.ref, xs[1]!.tree)).microBatches
+      expect(first.length).toBeGreaterThan(1)
+      expect(planner.complete).toBe(false)
+      const second = queued(planner.tell(xs[3]!.ref, xs[3]!.tree)).microBatches
+      expect(second).toEqual([])
+      const third = queued(planner.tell(xs[2]!.ref, xs[2]!.tree)).microBatches
+      const all = [...first, ...third]
+      expect(all.map((mb) => mb.index)).toEqual(all.map((_, i) => i))
+      for (const mb of all) expect(mb.batch.length).toBeLessThanOrEqual(64)
+      // each execution's weights sum to 1 / E: 4 executions of E = 4
+      expect(weightSum(first)).toBeCloseTo(0.5, 5)
+      expect(weightSum(all)).toBeCloseTo(1, 5)
+      expect(planner.complete).toBe(true)
+      // progress: an execution is trained once all its micro-batches are in, whatever the order
+      let tokens = 0
+      for (const mb of [...all].reverse()) tokens += planner.gradientIn(mb.index)
+      expect(tokens).toBe(xs.reduce((a, x) => a + x.ref.tokens, 0))
+      expect(all.reduce((a, mb) => a + mb.completesTokens, 0)).toBe(tokens)
+      expect(planner.figures).toMatchObject({ told: 4, dropped: 0, scored: 4 })
+    }
+  })
+
+  it("drops failed evaluations, skips zero advantages, drops paths longer than the budget", () => {
+    const planner = new StepPlanner(plan, settings(), 5)
+    const [a, b, c, d] = [execution(0, null), execution(1, 0.5), execution(2, 0.4), execution(3, 0.4)]
+    queued(planner.tell(a!.ref, a!.tree))
+    // a group of one scored execution: GRPO advantage 0, nothing to train; its tokens are consumed
+    const alone = queued(planner.tell(b!.ref, b!.tree))
+    expect(alone.microBatches).toEqual([])
+    expect(alone.consumedTokens).toBe(a!.ref.tokens + b!.ref.tokens)
+    queued(planner.tell(c!.ref, c!.tree))
+    const equal = queued(planner.tell(d!.ref, d!.tree))
+    expect(equal.microBatches).toEqual([])
+    expect(planner.complete).toBe(true)
+    expect(planner.microBatches).toBe(0)
+    expect(planner.figures).toMatchObject({ told: 4, dropped: 1, scored: 3 })
+
+    const tight = new StepPlanner(plan, settings({ microBatchTokens: 16 }), 5)
+    const [e, f] = [execution(0, 0.1), execution(1, 0.9)]
+    queued(tight.tell(e!.ref, e!.tree))
+    const long = queued(tight.tell(f!.ref, f!.tree))
+    expect(long.tooLong).toEqual([e!.ref.execution, f!.ref.execution])
+    expect(long.consumedTokens).toBe(e!.ref.tokens + f!.ref.tokens)
+    expect(tight.figures.dropped).toBe(2)
+  })
+
+  it("refuses executions outside the plan and ignores duplicates", () => {
+    const planner = new StepPlanner(plan, settings(), 5)
+    const x = execution(0, 0.3)
+    expect(planner.tell({ ...x.ref, step: 3 }, x.tree)._tag).toBe("Refused")
+    expect(planner.tell({ ...x.ref, execution: executionName(1, 8) }, x.tree)._tag).toBe("Refused")
+    expect(planner.tell({ ...x.ref, group: 2 }, x.tree)._tag).toBe("Refused")
+    expect(planner.tell(x.ref, x.tree)._tag).toBe("Queued")
+    expect(planner.tell(x.ref, x.tree)._tag).toBe("Duplicate")
+    const y = execution(1, 0.3)
+    expect(planner.tell(y.ref, y.tree)._tag).toBe("Queued")
+    const z = execution(2, 0.3)
+    expect(planner.tell({ ...z.ref, group: 0 }, z.tree)).toMatchObject({ _tag: "Refused", reason: expect.stringContaining("already has") })
+  })
+})
