@@ -133,8 +133,13 @@ const replyOf = (rpc: Rpc.Any, bytes: Uint8Array, actor: string, request: string
   }
 }
 
-/** The `traceparent` of the fiber's current span, when it has a sampled one. */
+/**
+ * The `traceparent` of the fiber's current span, when it is sampled and a tracing backend is
+ * installed (with effect's in-memory `nativeTracer` nobody could follow the trace, so the
+ * header, and the random trace and span ids it would need, are skipped).
+ */
 const traceparentOf = (fiber: Fiber.Fiber<unknown, unknown>): string | undefined => {
+  if (fiber.getRef(Tracer.Tracer) === Tracer.nativeTracer) return undefined
   const span = Context.getOrUndefined(fiber.context, Tracer.ParentSpan)
   return span !== undefined && span.sampled ? formatTraceparent(span) : undefined
 }
@@ -205,26 +210,27 @@ const make = (options: SystemOptions) =>
         catch: (e) => new TransportError({ operation: `publish event ${name}`, message: messageOf(e) })
       }).pipe(Effect.asVoid)
 
-    // One timer, re-armed with `refresh` (cheaper than a new one per batch).
+    // One interval while copies come (stopped by the first tick that finds none): an ask adds
+    // its copy to an array and arms nothing.
     let copies: Array<[string, Uint8Array, MsgHdrs | undefined]> = []
-    let copyTimer: ReturnType<typeof setTimeout> | undefined
-    let armed = false
+    let ticker: ReturnType<typeof setInterval> | undefined
     const writeCopies = () => {
-      armed = false
       const batch = copies
       copies = []
       for (const [subject, data, headers] of batch) nats.journalNc.publish(subject, data, headers ? { headers } : {})
     }
+    const tick = () => {
+      if (copies.length > 0) return writeCopies()
+      clearInterval(ticker)
+      ticker = undefined
+    }
     const copyToJournal: ActorSystemShape["copyToJournal"] = (subject, data, headers) => {
       copies.push([subject, data, headers])
-      if (armed) return
-      armed = true
-      if (copyTimer === undefined) copyTimer = setTimeout(writeCopies, 2)
-      else copyTimer.refresh()
+      ticker ??= setInterval(tick, 2)
     }
     yield* Effect.addFinalizer(() =>
       Effect.sync(() => {
-        if (copyTimer !== undefined) clearTimeout(copyTimer)
+        if (ticker !== undefined) clearInterval(ticker)
         writeCopies()
       })
     )
