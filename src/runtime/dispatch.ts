@@ -25,7 +25,7 @@
  * costs no fiber switch.
  */
 import { nuid } from "@nats-io/transport-node"
-import { Cause, Context, Deferred, Duration, Effect, Exit, Fiber, Option, Pull, Ref, Schedule, Tracer } from "effect"
+import { Cause, Deferred, Duration, Effect, Exit, Fiber, Option, Pull, Ref, Schedule, Tracer } from "effect"
 import type { Rpc } from "effect/rpc"
 import type { AnyActorType, Handler, MessageMeta } from "./actor.ts"
 import type { EndpointStats } from "./discovery.ts"
@@ -101,10 +101,7 @@ export const scheduleDelays = (schedule: Schedule.Schedule<unknown>, count: numb
 
 export const makeDispatcher = <S>(o: DispatchOptions<S>) =>
   Effect.gen(function* () {
-    const context = yield* Effect.context<never>()
-    const run = Effect.runForkWith(context)
-    // Trace context is read only when a tracing backend is installed (see system.ts).
-    const traced = Context.get(context, Tracer.Tracer) !== Tracer.nativeTracer
+    const run = Effect.runForkWith(yield* Effect.context<never>())
     const { type, metrics, stats } = o
     const mailbox = new Mailbox<Delivery>(type.concurrency)
     const book = new AckBook<Delivery>(type.persistence?.everyMessages)
@@ -120,7 +117,7 @@ export const makeDispatcher = <S>(o: DispatchOptions<S>) =>
 
     // The handler in its `Actor.handler` span. Not `Effect.fn`: that captures a call-site stack
     // on every call (measured ~5-15 us, the largest single cost of an ask); this span is the same.
-    const inSpan = (p: Prepared, parent: Tracer.AnySpan | undefined) =>
+    const traced = (p: Prepared, parent: Tracer.AnySpan | undefined) =>
       Effect.withSpan(o.handlers[p.tag]!(p.payload, p.meta), "Actor.handler", {
         kind: p.meta.via === "ask" ? "server" : "consumer",
         captureStackTrace: false,
@@ -203,30 +200,20 @@ export const makeDispatcher = <S>(o: DispatchOptions<S>) =>
       })
     }
 
-    // Counts a handled message (after its reply is on its way).
-    const count = (d: Delivery, elapsedMs: number, exit: Exit.Exit<unknown, unknown>, typedFailure: boolean) => {
+    const finish = (d: Delivery, p: Prepared, exit: Exit.Exit<unknown, unknown>) => {
+      book.finished(d)
+      const elapsed = performance.now() - p.started
       stats.numRequests++
-      stats.processingTimeNs += Math.round(elapsedMs * 1e6)
-      if (Exit.isFailure(exit)) {
+      stats.processingTimeNs += Math.round(elapsed * 1e6)
+      const failed = Exit.isFailure(exit)
+      if (failed) {
         stats.numErrors++
         stats.lastError = Cause.pretty(exit.cause).slice(0, 500)
       }
-      metrics.handled(d.via, Exit.isSuccess(exit) ? "ok" : typedFailure ? "error" : "crash", elapsedMs / 1000)
-    }
-
-    const finish = (d: Delivery, p: Prepared, exit: Exit.Exit<unknown, unknown>) => {
-      book.finished(d)
-      const elapsedMs = performance.now() - p.started
-      const failed = Exit.isFailure(exit)
       const typedFailure = failed && Cause.hasFails(exit.cause)
-      if (d.settled) {
-        count(d, elapsedMs, exit, typedFailure)
-        return release() // handed back by a stop that could not wait
-      }
-      if (failed && !typedFailure) {
-        count(d, elapsedMs, exit, typedFailure)
-        return crash(d, exit.cause)
-      }
+      metrics.handled(d.via, !failed ? "ok" : typedFailure ? "error" : "crash", elapsed / 1000)
+      if (d.settled) return release() // handed back by a stop that could not wait
+      if (failed && !typedFailure) return crash(d, exit.cause)
       const changed = Ref.getUnsafe(o.state) !== p.before
       if (d.via === "ask") {
         d.reply = encodeExitReply(p.rpc, exit)
@@ -237,7 +224,6 @@ export const makeDispatcher = <S>(o: DispatchOptions<S>) =>
         if (failed) run(Effect.logWarning(`${o.actor}: ${p.tag} (seq ${d.seq}) failed: ${Cause.pretty(exit.cause)}`))
         settleTell(d, changed)
       }
-      count(d, elapsedMs, exit, typedFailure)
       release()
     }
 
@@ -252,8 +238,8 @@ export const makeDispatcher = <S>(o: DispatchOptions<S>) =>
       }
       if (typeof p === "string") return reject(d, msgId, p)
       if (d.via === "tell") book.started(d)
-      const parent = traced ? parseTraceparent(d.header(Headers.traceparent)) : undefined
-      const fiber = run(inSpan(p, parent === undefined ? undefined : Tracer.externalSpan(parent)))
+      const parent = parseTraceparent(d.header(Headers.traceparent))
+      const fiber = run(traced(p, parent === undefined ? undefined : Tracer.externalSpan(parent)))
       if (fiber.pollUnsafe() === undefined) running.set(fiber, d)
       observe(fiber, (exit) => {
         running.delete(fiber)
