@@ -16,21 +16,11 @@ import { RegistryEntry } from "../../src/runtime/registry.ts"
 import { ActorSystem, refOf } from "../../src/runtime/system.ts"
 import { Crasher, CrasherProtocol, Ledger, LedgerProtocol } from "../fixtures/actors.ts"
 import { Evaluator, EvaluatorProtocol } from "../../examples/evaluator.ts"
-import { withSystem } from "./harness.ts"
+import { withSystem, eventually } from "./harness.ts"
 
 const ledger = (id: string) => refOf(LedgerProtocol, address("ledger", id))
 
 /** Polls `check` until it returns a value or `timeoutMs` passes. */
-const eventually = <A>(check: Effect.Effect<A | undefined, any, any>, timeoutMs = 10_000) =>
-  Effect.gen(function* () {
-    const until = Date.now() + timeoutMs
-    while (true) {
-      const v = yield* check
-      if (v !== undefined) return v
-      if (Date.now() > until) return yield* Effect.die(new Error("condition not met in time"))
-      yield* Effect.sleep(Duration.millis(50))
-    }
-  })
 
 const readStream = (name: string) =>
   Effect.gen(function* () {

@@ -5,38 +5,21 @@
  * messages go to the new one, a fenced incarnation's messages are recognisably stale, and a
  * lease passes to a standby on release, on silence, and is lost when taken or not renewed.
  */
-import { Duration, Effect, Exit, Fiber, Schema, Scope } from "effect"
+import { Duration, Effect, Exit, Fiber, Scope } from "effect"
 import { describe, expect, it } from "vitest"
 import { isCurrent } from "../../src/runtime/claim.ts"
 import * as Lease from "../../src/runtime/lease.ts"
 import { address } from "../../src/runtime/names.ts"
 import { nodeRef, startNode } from "../../src/runtime/node.ts"
 import { encodeJson } from "../../src/runtime/protocol.ts"
-import { RegistryEntry } from "../../src/runtime/registry.ts"
 import { ActorSystem, refOf } from "../../src/runtime/system.ts"
 import { Probe, ProbeProtocol, contexts, log } from "../fixtures/probe.ts"
-import { withSystem } from "./harness.ts"
+import { withSystem, eventually, registryEntry } from "./harness.ts"
 
 const probe = (id: string) => refOf(ProbeProtocol, address("probe", id))
 const fast = { heartbeatMs: 150, deadAfterMs: 1500 }
 
-const eventually = <A>(check: Effect.Effect<A | undefined, any, any>, timeoutMs = 10_000) =>
-  Effect.gen(function* () {
-    const until = Date.now() + timeoutMs
-    while (true) {
-      const v = yield* check.pipe(Effect.catchCause(() => Effect.succeed(undefined)))
-      if (v !== undefined) return v
-      if (Date.now() > until) return yield* Effect.die(new Error("condition not met in time"))
-      yield* Effect.sleep(Duration.millis(50))
-    }
-  })
 
-const entryOf = (key: string) =>
-  Effect.gen(function* () {
-    const system = yield* ActorSystem
-    const e = yield* Effect.promise(() => system.registry.get(key))
-    return e === null ? undefined : Schema.decodeUnknownSync(RegistryEntry)(e.json())
-  })
 
 describe("claims", () => {
   it("refuses a second spawn of a held address naming the holder; of two concurrent spawns one wins; a stopped address passes on", async () => {
@@ -50,10 +33,10 @@ describe("claims", () => {
       const refusedAfterMs = performance.now() - t0
       const viaProtocol = yield* Effect.flip(system.ask(nodeRef("b"), "Spawn", { kind: "probe", id: "c1" }))
       const both = yield* Effect.all([Effect.exit(a.spawn("probe", "c2")), Effect.exit(b.spawn("probe", "c2"))], { concurrency: 2 })
-      const c2 = yield* entryOf("probe/c2")
+      const c2 = yield* registryEntry("probe/c2")
       yield* a.stop("probe", "c1")
       const moved = yield* b.spawn("probe", "c1")
-      const c1 = yield* entryOf("probe/c1")
+      const c1 = yield* registryEntry("probe/c1")
       const answer = yield* system.ask(probe("c1"), "Record", { item: "x" })
       return { refused, refusedAfterMs, viaProtocol, both, c2, moved, c1, answer, hostedB: b.hosted().map((h) => `${h.kind}/${h.id}`) }
     }))
@@ -83,7 +66,7 @@ describe("claims", () => {
       yield* system.tell(probe("z1"), "Record", { item: "slow", holdMs: 2000 })
       yield* eventually(Effect.sync(() => (log.some((h) => h.item === "slow" && h.node === "a") ? true : undefined)))
       // A partition healed: another node's newer incarnation is in the registry.
-      const old = (yield* entryOf("probe/z1"))!
+      const old = (yield* registryEntry("probe/z1"))!
       yield* Effect.promise(() => system.registry.put("probe/z1", encodeJson({ ...old, node: "b", incarnation: old.incarnation + 1 })))
       const zombie = contexts.find((c) => c.address.id === "z1" && c.incarnation === old.incarnation)!
       yield* eventually(Effect.sync(() => (a.hosted().some((h) => h.id === "z1") ? undefined : true)), 3000)
@@ -92,7 +75,7 @@ describe("claims", () => {
       yield* b.spawn("probe", "z1")
       yield* b.spawn("probe", "sink")
       const items = yield* eventually(system.ask(probe("z1"), "Items", undefined).pipe(Effect.map((xs) => (xs.length === 3 ? xs : undefined))))
-      const current = (yield* entryOf("probe/z1"))!
+      const current = (yield* registryEntry("probe/z1"))!
       const live = contexts.find((c) => c.address.id === "z1" && c.incarnation === current.incarnation)!
       yield* zombie.system.tell(probe("sink"), "Record", { item: "from-zombie" })
       yield* live.system.tell(probe("sink"), "Record", { item: "from-live" })
@@ -156,7 +139,7 @@ describe("leases", () => {
     const result = await withSystem("lost", Effect.gen(function* () {
       const system = yield* ActorSystem
       const lease = yield* Lease.acquire(system, "taken", "x", { ttlMs: 900 })
-      const entry = (yield* entryOf("lease/taken"))!
+      const entry = (yield* registryEntry("lease/taken"))!
       yield* Effect.promise(() => system.registry.put("lease/taken", encodeJson({ ...entry, node: "w", incarnation: entry.incarnation + 1 })))
       const t0 = performance.now()
       yield* lease.lost

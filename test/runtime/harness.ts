@@ -5,7 +5,8 @@
 import { spawn, type ChildProcess } from "node:child_process"
 import * as path from "node:path"
 import * as readline from "node:readline"
-import { Effect, Layer, Scope } from "effect"
+import { Duration, Effect, Layer, Schema, Scope } from "effect"
+import { RegistryEntry } from "../../src/runtime/registry.ts"
 import { Nats } from "../../src/runtime/nats.ts"
 import { ActorSystem } from "../../src/runtime/system.ts"
 import { repoRoot } from "../../src/runtime/nats-server.ts"
@@ -61,3 +62,23 @@ export const startNodeProcess = (natsUrl: string, args: ReadonlyArray<string>, e
     })
   return { child, events, stderr: () => err, waitFor, exited }
 }
+
+/** Polls `check` every `pollMs` until it gives a value (a failure counts as not yet); dies after `timeoutMs`. */
+export const eventually = <A>(check: Effect.Effect<A | undefined, any, any>, timeoutMs = 10_000, pollMs = 50) =>
+  Effect.gen(function* () {
+    const deadline = Date.now() + timeoutMs
+    while (true) {
+      const v = yield* check.pipe(Effect.catchCause(() => Effect.succeed(undefined)))
+      if (v !== undefined) return v
+      if (Date.now() > deadline) return yield* Effect.die(new Error("condition not met in time"))
+      yield* Effect.sleep(Duration.millis(pollMs))
+    }
+  })
+
+/** The run's registry entry of `key` (`kind/id`), or undefined. */
+export const registryEntry = (key: string) =>
+  Effect.gen(function* () {
+    const system = yield* ActorSystem
+    const e = yield* Effect.promise(() => system.registry.get(key))
+    return e === null ? undefined : Schema.decodeUnknownSync(RegistryEntry)(e.json())
+  })

@@ -10,9 +10,11 @@ import * as Actor from "../../src/runtime/actor.ts"
 import { address } from "../../src/runtime/names.ts"
 import { startNode } from "../../src/runtime/node.ts"
 import { Headers } from "../../src/runtime/protocol.ts"
-import { RegistryEntry } from "../../src/runtime/registry.ts"
 import { ActorSystem, refOf } from "../../src/runtime/system.ts"
-import { withSystem } from "./harness.ts"
+import { withSystem, eventually as poll, registryEntry } from "./harness.ts"
+
+const eventually = <A>(check: Effect.Effect<A | undefined, any, any>, timeoutMs = 15_000) => poll(check, timeoutMs, 25)
+const statusOf = (key: string) => registryEntry(key).pipe(Effect.map((e) => e?.status))
 
 const ProbeProtocol = RpcGroup.make(
   Rpc.make("Work", { payload: { item: Schema.String, crashTimes: Schema.optional(Schema.Number), holdMs: Schema.optional(Schema.Number) } }),
@@ -62,23 +64,7 @@ const probe = (kind: string, extra: { readonly restart?: Actor.ActorType<any, an
 
 const ref = (kind: string, id: string) => refOf(ProbeProtocol, address(kind, id))
 
-const eventually = <A>(check: Effect.Effect<A | undefined, any, any>, timeoutMs = 15_000) =>
-  Effect.gen(function* () {
-    const until = Date.now() + timeoutMs
-    while (true) {
-      const v = yield* check.pipe(Effect.catchCause(() => Effect.succeed(undefined)))
-      if (v !== undefined) return v
-      if (Date.now() > until) return yield* Effect.die(new Error("condition not met in time"))
-      yield* Effect.sleep(Duration.millis(25))
-    }
-  })
 
-const statusOf = (key: string) =>
-  Effect.gen(function* () {
-    const system = yield* ActorSystem
-    const e = yield* Effect.promise(() => system.registry.get(key))
-    return e === null ? undefined : Schema.decodeUnknownSync(RegistryEntry)(e.json()).status
-  })
 
 describe("a crashing tell", () => {
   it("is handed back at once with the redelivery backoff, long before the ack wait", async () => {

@@ -11,7 +11,9 @@ import type { DeadEvent } from "../../src/runtime/registry.ts"
 import { ActorSystem, refOf } from "../../src/runtime/system.ts"
 import { EvaluatorProtocol } from "../../examples/evaluator.ts"
 import { LedgerProtocol, RelayProtocol } from "../fixtures/actors.ts"
-import { startNodeProcess, withSystem, type NodeProcess } from "./harness.ts"
+import { startNodeProcess, withSystem, type NodeProcess, eventually } from "./harness.ts"
+
+const until = <A>(check: Effect.Effect<A | undefined, any, any>, timeoutMs = 20_000) => eventually(check, timeoutMs, 100)
 
 const FIXTURES = "test/fixtures/actors.ts"
 const ledger = (id: string) => refOf(LedgerProtocol, address("ledger", id))
@@ -26,16 +28,6 @@ afterEach(() => {
   for (const p of started.splice(0)) if (p.child.exitCode === null) p.child.kill("SIGKILL")
 })
 
-const until = <A>(check: Effect.Effect<A | undefined, any, any>, timeoutMs = 20_000) =>
-  Effect.gen(function* () {
-    const deadline = Date.now() + timeoutMs
-    while (true) {
-      const v = yield* check.pipe(Effect.catchCause(() => Effect.succeed(undefined)))
-      if (v !== undefined) return v
-      if (Date.now() > deadline) return yield* Effect.die(new Error("condition not met in time"))
-      yield* Effect.sleep(Duration.millis(100))
-    }
-  })
 
 const ready = (p: NodeProcess) => Effect.promise(() => p.waitFor("ready"))
 

@@ -9,29 +9,12 @@ import { afterEach, describe, expect, it } from "vitest"
 import { address } from "../../src/runtime/names.ts"
 import { startNode } from "../../src/runtime/node.ts"
 import { choose, onDevice, onNode, spread, PlacedEvent, type Candidate } from "../../src/runtime/placement.ts"
-import { RegistryEntry } from "../../src/runtime/registry.ts"
 import { ActorSystem, refOf } from "../../src/runtime/system.ts"
 import { LedgerProtocol, RelayProtocol } from "../fixtures/actors.ts"
 import { ProbeProtocol, probeType } from "../fixtures/probe.ts"
-import { startNodeProcess, withSystem, type NodeProcess } from "./harness.ts"
+import { startNodeProcess, withSystem, type NodeProcess, eventually, registryEntry } from "./harness.ts"
 
-const until = <A>(check: Effect.Effect<A | undefined, any, any>, timeoutMs = 10_000) =>
-  Effect.gen(function* () {
-    const deadline = Date.now() + timeoutMs
-    while (true) {
-      const v = yield* check.pipe(Effect.catchCause(() => Effect.succeed(undefined)))
-      if (v !== undefined) return v
-      if (Date.now() > deadline) return yield* Effect.die(new Error("condition not met in time"))
-      yield* Effect.sleep(Duration.millis(50))
-    }
-  })
 
-const entryOf = (key: string) =>
-  Effect.gen(function* () {
-    const system = yield* ActorSystem
-    const e = yield* Effect.promise(() => system.registry.get(key))
-    return e === null ? undefined : Schema.decodeUnknownSync(RegistryEntry)(e.json())
-  })
 
 const placedEvents = (system: typeof ActorSystem.Service) => {
   const events: Array<PlacedEvent> = []
@@ -83,9 +66,9 @@ describe("re-placement", () => {
       yield* Effect.sleep(Duration.millis(400)) // b and c have reported their types
       // Node a stops beating without a word (its scope closes; nothing is released).
       yield* Scope.close(scopeA, Exit.void)
-      const moved = yield* until(
+      const moved = yield* eventually(
         Effect.gen(function* () {
-          const es = yield* Effect.forEach(ids.slice(0, 3), entryOf)
+          const es = yield* Effect.forEach(ids.slice(0, 3), registryEntry)
           return es.every((e) => e?.status === "running" && e.node !== "a") ? es : undefined
         })
       )
@@ -94,7 +77,7 @@ describe("re-placement", () => {
         return system.ask(refOf(ProbeProtocol, address(kind, id)), "Items", undefined)
       })
       yield* Effect.sleep(Duration.millis(1500)) // time enough to place the temporary one, were it placed
-      const temporary = yield* entryOf("temporary/t1")
+      const temporary = yield* registryEntry("temporary/t1")
       placed.stop()
       return { moved, items, temporary, events: placed.events }
     }))
@@ -126,15 +109,15 @@ describe("re-placement across node processes", () => {
       yield* Effect.promise(() => Promise.all([a.waitFor("ready"), b.waitFor("ready")]))
       const ledger = refOf(LedgerProtocol, address("ledger", "p1"))
       yield* system.tell(ledger, "Append", { item: "before" })
-      yield* until(system.ask(ledger, "Items", undefined).pipe(Effect.map((xs) => (xs.length === 1 ? xs : undefined))))
-      const before = yield* entryOf("ledger/p1")
+      yield* eventually(system.ask(ledger, "Items", undefined).pipe(Effect.map((xs) => (xs.length === 1 ? xs : undefined))))
+      const before = yield* registryEntry("ledger/p1")
       const placed = placedEvents(system)
       const killedAt = performance.now()
       a.child.kill("SIGKILL")
-      const after = yield* until(entryOf("ledger/p1").pipe(Effect.map((e) => (e?.status === "running" && e.node === "b" ? e : undefined))))
+      const after = yield* eventually(registryEntry("ledger/p1").pipe(Effect.map((e) => (e?.status === "running" && e.node === "b" ? e : undefined))))
       const movedAfterMs = performance.now() - killedAt
       // The claim is written before the new incarnation subscribes: wait until it answers.
-      yield* until(system.ask(ledger, "Items", undefined))
+      yield* eventually(system.ask(ledger, "Items", undefined))
       const viaRelay = yield* system.ask(refOf(RelayProtocol, address("relay", "r1")), "Forward", { target: "ledger/p1", item: "after" })
       const items = yield* system.ask(ledger, "Items", undefined)
       placed.stop()
