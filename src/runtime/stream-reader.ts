@@ -31,7 +31,8 @@ export const readStored = (
       })
       const empty = last === 0 || ("seq" in from ? from.seq > last : from.time.getTime() > lastTime)
       if (empty) return Stream.empty
-      const filter = subject === undefined ? {} : { filter_subjects: [subject] }
+      // A string (not an array) becomes the single `filter_subject` nats-server 2.9 knows.
+      const filter = subject === undefined ? {} : { filter_subjects: subject }
       const consumer = yield* Effect.tryPromise({
         try: () =>
           nats.js.consumers.get(
