@@ -32,7 +32,7 @@ import type { Role } from "../policy/vocabulary.ts"
 import { DeviceProtocol, DeviceRefused, type DeviceLoad, type SwitchResult } from "../protocols/device.ts"
 import type { GatewayProtocol } from "../protocols/gateway.ts"
 import type { WorkerLoad } from "../protocols/rollout.ts"
-import { exportContexts, movable, receiveContexts, sendContexts, spread, type Destination, type OutgoingContext } from "./handoff.ts"
+import { exportContexts, movable, receiveContexts, sendContexts, spread, type Destination, type OutgoingContext, type SentContexts } from "./handoff.ts"
 import type { RolloutRole } from "./rollout-role.ts"
 import type { TrainingRole } from "./training-role.ts"
 
@@ -126,6 +126,26 @@ export const makeRoleSwitch = Effect.fn("makeRoleSwitch")(function* (options: Ro
         Effect.catch(() => Effect.succeed(false))
       )
 
+  /**
+   * Sends the contexts to the destinations; what one refuses (it is switching too, or full) goes
+   * to the others in the next round, until every context is placed or no destination is left.
+   */
+  const handOver = (contexts: ReadonlyArray<OutgoingContext>, destinations: ReadonlyArray<Destination>) =>
+    Effect.gen(function* () {
+      const sent: Array<SentContexts> = []
+      let pending = contexts
+      let targets = destinations
+      while (pending.length > 0 && targets.length > 0) {
+        const plan = spread(pending, targets, options.blockTokens)
+        const round = yield* Effect.forEach([...plan], ([to, list]) => sendContexts(system, options.store, self, to, list), { concurrency: "unbounded" })
+        sent.push(...round.filter((s) => s.imported.length > 0))
+        pending = round.flatMap((s) => s.failed)
+        const refused = new Set(round.filter((s) => s.failed.length > 0).map((s) => s.to))
+        targets = targets.filter((t) => !refused.has(t.key))
+      }
+      return sent
+    })
+
   const leaveRollout = (destinations: ReadonlyArray<string>) =>
     Effect.gen(function* () {
       const started = performance.now()
@@ -136,10 +156,8 @@ export const makeRoleSwitch = Effect.fn("makeRoleSwitch")(function* (options: Ro
       report()
       const paused = new Map((yield* batcher.pause).map((g) => [g.request, g.execution]))
       const controlMs = performance.now() - started
-      const targets = yield* destinationsOf(destinations)
       const outgoing = yield* exportContexts(batcher, paused)
-      const plan = spread(outgoing.filter(movable), targets, options.blockTokens)
-      const sent = yield* Effect.forEach([...plan], ([to, list]) => sendContexts(system, options.store, self, to, list), { concurrency: "unbounded" })
+      const sent = yield* handOver(outgoing.filter(movable), yield* destinationsOf(destinations))
       const told = yield* Effect.forEach(sent, (s) => announce(s.to, s.imported), { concurrency: "unbounded" })
       Deferred.doneUnsafe(moves, Effect.succeed(new Map(sent.flatMap((s) => s.imported.map((c) => [c.exported.request, s.to] as const)))))
       // The destinations answered: free this device's copies.
