@@ -28,7 +28,6 @@
  */
 import { Effect, Schema } from "effect"
 import type { RpcGroup } from "effect/rpc"
-import { Engine } from "../engine/engine.ts"
 import * as Actor from "../runtime/actor.ts"
 import { formatAddress, parseAddress } from "../runtime/names.ts"
 import { refOf } from "../runtime/system.ts"
@@ -112,7 +111,7 @@ export const device = (config: DeviceConfig) =>
           TrainExecution: (ref, meta) => (training === undefined ? Effect.succeed({ queued: false }) : training.handlers.TrainExecution(ref, meta)),
           GradientReady: (ready, meta) => (training === undefined ? Effect.succeed({ accepted: false }) : training.handlers.GradientReady(ready, meta))
         } satisfies Actor.Handlers<RpcGroup.Rpcs<typeof DeviceProtocol>>
-      }).pipe(Effect.provide(Engine.layer))
+      })
   })
 
 /** A device configured from the environment (for `gyre node --load`). */

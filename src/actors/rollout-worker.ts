@@ -15,7 +15,6 @@
  * A device actor (`device.ts`) runs the same role and can also switch to training.
  */
 import { Effect, Schema } from "effect"
-import { Engine } from "../engine/engine.ts"
 import * as Actor from "../runtime/actor.ts"
 import { RolloutWorkerProtocol } from "../protocols/rollout.ts"
 import { rolloutConfigFromEnv, startRollout, type RolloutConfig } from "../serving/rollout-role.ts"
@@ -29,8 +28,7 @@ export const rolloutWorker = (config: RolloutConfig) =>
     concurrency: 1024,
     behaviour: (ctx) =>
       startRollout(ctx, config, (load) => ctx.reportLoad(load)).pipe(
-        Effect.map((role) => role.handlers),
-        Effect.provide(Engine.layer)
+        Effect.map((role) => role.handlers)
       )
   })
 

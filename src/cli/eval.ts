@@ -5,8 +5,9 @@
  */
 import * as fs from "node:fs"
 import * as path from "node:path"
-import { Effect } from "effect"
+import { Effect, Layer } from "effect"
 import { CONFIG_FILE, MODEL_FILE } from "../engine/checkpoint.ts"
+import { Engine } from "../engine/engine.ts"
 import { Nats, natsOptionsFromEnv } from "../runtime/nats.ts"
 import { repoRoot } from "../runtime/nats-server.ts"
 import { UsageError, parseFlags, type Command } from "./args.ts"
@@ -52,7 +53,7 @@ export const command: Command<typeof flags> = {
     if (f.concurrency < 1) throw new UsageError("gyre eval: --concurrency must be at least 1")
     const env = parseEnv("eval", f.env)
     const program = evaluate({ checkpoint: f.checkpoint, suitesDir: f.suites, suite: f.suite, tasks, env, run: f.run, concurrency: f.concurrency })
-    const result = await Effect.runPromise(program.pipe(Effect.provide(Nats.layer(natsOptionsFromEnv("gyre-eval")))))
+    const result = await Effect.runPromise(program.pipe(Effect.provide(Layer.merge(Nats.layer(natsOptionsFromEnv("gyre-eval")), Engine.layer))))
     if (!f.json) {
       for (const t of result.tasks) console.log(`${t.task.padEnd(16)} ${t.score.toFixed(3)}  ${t.ended.padEnd(17)} ${t.seconds.toFixed(1).padStart(6)} s`)
       console.log(`mean score ${result.meanScore.toFixed(3)} on ${result.tasks.length} tasks in ${result.seconds.toFixed(1)} s`)

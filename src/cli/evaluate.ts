@@ -11,6 +11,7 @@ import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { Effect } from "effect"
+import type { Engine } from "../engine/engine.ts"
 import { gateway } from "../actors/gateway.ts"
 import { makeHarnessRunner } from "../actors/harness-runner.ts"
 import { rolloutWorker } from "../actors/rollout-worker.ts"
@@ -65,8 +66,8 @@ export const parseTaskList = (spec: string): Array<string> =>
       return Array.from({ length: Number(to) - Number(from) + 1 }, (_, i) => `${prefix}${Number(from) + i}`)
     })
 
-/** Runs the tasks on the checkpoint; requires the `Nats` connection (embedded or external). */
-export const evaluate = (options: EvaluationOptions): Effect.Effect<Evaluation, unknown, Nats> =>
+/** Runs the tasks on the checkpoint; requires the `Nats` connection (embedded or external) and the node's `Engine`. */
+export const evaluate = (options: EvaluationOptions): Effect.Effect<Evaluation, unknown, Nats | Engine> =>
   Effect.scoped(
     Effect.gen(function* () {
       const system = yield* ActorSystem

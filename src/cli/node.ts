@@ -24,7 +24,7 @@ import { Effect, Layer, Deferred, Schedule } from "effect"
 import { device } from "../actors/device.ts"
 import { schedulerAddress } from "../actors/scheduler.ts"
 import { trainingRoleFor } from "../actors/trainer.ts"
-import { loadNative } from "../engine/native.ts"
+import { Engine } from "../engine/engine.ts"
 import { DEVICE_KIND } from "../protocols/device.ts"
 import { readRunConfig } from "../scheduling/records.ts"
 import type { ActorSystemShape } from "../runtime/system.ts"
@@ -72,7 +72,7 @@ const trainingDevices = (system: ActorSystemShape) =>
       Effect.flatMap((c) => (c === undefined ? Effect.fail("waiting" as const) : Effect.succeed(c))),
       Effect.retry({ while: (e) => e === "waiting", schedule: Schedule.spaced("500 millis") })
     )
-    const { backend } = yield* loadNative()
+    const { backend } = yield* Engine
     const type = device({ checkpoint: config.checkpoint, maxBatch: 64, scheduler: formatAddress(schedulerAddress), training: trainingRoleFor(config) })
     return { type, backend }
   })
@@ -127,7 +127,7 @@ export const command: Command<typeof flags> = {
       yield* node.drain
       yield* status({ event: "drained", node: f.name })
     })
-    const layer = ActorSystem.layer({ run: f.run }).pipe(
+    const layer = Layer.merge(ActorSystem.layer({ run: f.run }), Engine.layer).pipe(
       Layer.provideMerge(Nats.layerFromConfig(`gyre-node-${f.name}`)),
       Layer.provideMerge(observabilityLayer(`gyre-node-${f.name}`))
     )

@@ -17,7 +17,7 @@ import { gateway } from "../actors/gateway.ts"
 import { makeHarnessRunner } from "../actors/harness-runner.ts"
 import { makeScheduler, schedulerAddress } from "../actors/scheduler.ts"
 import { trainingRoleFor } from "../actors/trainer.ts"
-import { loadNative } from "../engine/native.ts"
+import { Engine } from "../engine/engine.ts"
 import { type RunConfig } from "../protocols/run.ts"
 import { StepMetrics } from "../protocols/scheduler.ts"
 import { address, formatAddress } from "../runtime/names.ts"
@@ -58,7 +58,7 @@ export const hostRun = (o: HostRunOptions) =>
     Effect.gen(function* () {
       const system = yield* ActorSystem
       const started = Date.now()
-      const { backend } = yield* loadNative()
+      const { backend } = yield* Engine
       const workspaces = fs.mkdtempSync(path.join(os.tmpdir(), "gyre-train-ws-"))
       yield* Effect.addFinalizer(() => Effect.sync(() => fs.rmSync(workspaces, { recursive: true, force: true })))
       const slots = o.config.policyConfig.slots_per_cell * o.devices

@@ -19,7 +19,7 @@ import { rlLayout } from "../protocols/layout.ts"
 import { rolloutWorker } from "../actors/rollout-worker.ts"
 import { workerDevice } from "../serving/rollout-role.ts"
 import { CONFIG_FILE, MODEL_FILE } from "../engine/checkpoint.ts"
-import { loadNative } from "../engine/native.ts"
+import { Engine } from "../engine/engine.ts"
 import { Nats, natsOptionsFromEnv } from "../runtime/nats.ts"
 import { address } from "../runtime/names.ts"
 import { startNode } from "../runtime/node.ts"
@@ -53,7 +53,7 @@ export const command: Command<typeof flags> = {
     const storeDir = f.store ?? env.storeDir
     const program = Effect.gen(function* () {
       const system = yield* ActorSystem
-      const { backend, devices } = yield* loadNative()
+      const { backend, devices } = yield* Engine
       const workers = Array.from({ length: f.devices }, (_, i) => `${f.node}.${backend}${i}`)
       const node = yield* startNode({
         name: f.node,
@@ -88,7 +88,7 @@ export const command: Command<typeof flags> = {
       yield* node.drain
       console.log(JSON.stringify({ event: "drained" }))
     })
-    const layer = ActorSystem.layer({ run: f.run }).pipe(Layer.provideMerge(Nats.layer({ ...env, storeDir })))
+    const layer = Layer.merge(ActorSystem.layer({ run: f.run }), Engine.layer).pipe(Layer.provideMerge(Nats.layer({ ...env, storeDir })))
     await Effect.runPromise(Effect.scoped(program).pipe(Effect.provide(layer)))
     return 0
   }

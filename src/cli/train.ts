@@ -131,7 +131,7 @@ export const runTraining = (f: TrainFlags) => {
     const started = Date.now()
     const env = suiteEnv(f)
     const warm = { suite: f.suite, env, tasks: f["demo-tasks"], steps: f["sft-steps"], lr: f["sft-lr"], seed: f.seed, fresh: false, log }
-    const initial = f.checkpoint ?? (yield* warmStartedCheckpoint(warm).pipe(Effect.provide(Engine.layer)))
+    const initial = f.checkpoint ?? (yield* warmStartedCheckpoint(warm))
     const checkpointDir = path.join(store, "checkpoints")
     const suite = yield* loadSuite(f.suites, f.suite)
     const trainTasks = suite.tasks.filter((t) => t.split === "train").map((t) => t.id)
@@ -168,7 +168,7 @@ export const runTraining = (f: TrainFlags) => {
       checkpoint: result.checkpoint
     }
     return summary
-  }).pipe(Effect.provide(Layer.fresh(Nats.layer({ ...nats, storeDir: store }))))
+  }).pipe(Effect.provide(Layer.merge(Layer.fresh(Nats.layer({ ...nats, storeDir: store })), Engine.layer)))
 }
 
 export type TrainSummary = Effect.Success<ReturnType<typeof runTraining>>

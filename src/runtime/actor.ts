@@ -141,12 +141,15 @@ export const defaultRedelivery: Schedule.Schedule<unknown> = Schedule.min([
   Schedule.spaced(Duration.seconds(5))
 ])
 
-export const make = <R extends Rpc.Any, S, Req = never>(def: ActorDefinition<R, S, Req>): ActorType<R, S, Req> => ({
+/** The services an actor type requires of its node (its behaviour's requirements; the scope is the incarnation's). */
+export type Requirements<Req> = Exclude<Req, Scope.Scope>
+
+export const make = <R extends Rpc.Any, S, Req = never>(def: ActorDefinition<R, S, Req>): ActorType<R, S, Requirements<Req>> => ({
   kind: checkKind(def.kind),
   protocol: def.protocol,
   stateSchema: def.state.schema,
   initialState: def.state.initial,
-  behaviour: def.behaviour,
+  behaviour: def.behaviour as ActorType<R, S, Requirements<Req>>["behaviour"],
   concurrency: Math.max(1, def.concurrency ?? 1),
   persistence:
     def.persistence === true

@@ -34,7 +34,7 @@ const checkpoint = await writeCheckpoint(tempDir("gyre-switch-"), 31)
 const deviceConfig: DeviceConfig = { checkpoint, numBlocks: 1024, maxBatch: 8 }
 const promise = <A>(f: () => Promise<A>) => Effect.promise(f)
 const deviceRef = (key: string) => refOf(DeviceProtocol, parseAddress(key))
-const quiet = <A, E, R>(effect: Effect.Effect<A, E, R>) => effect.pipe(Effect.provide(Logger.layer([])))
+const quiet = <A, E, R>(effect: Effect.Effect<A, E, R>) => effect.pipe(Effect.provide(Layer.merge(Engine.layer, Logger.layer([]))))
 
 /** Executions x0 and x1 are generating at the switch (x0 streams); x2 and x3 are between calls. */
 const EXECUTIONS = ["x0", "x1", "x2", "x3"] as const

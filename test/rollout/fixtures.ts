@@ -74,7 +74,7 @@ export const serve = (options: {
     const execution = options.execution ?? "exec-1"
     const { baseUrl } = yield* system.ask(gatewayRef, "OpenExecution", { key: KEY, task: "t1", execution, defaultRole: "main" })
     return { node, baseUrl, execution }
-  }).pipe(Effect.provide(Logger.layer([])))
+  }).pipe(Effect.provide(Layer.merge(Engine.layer, Logger.layer([]))))
 
 const decodeRecord = Schema.decodeUnknownSync(CallRecordJson)
 
