@@ -181,11 +181,17 @@ export const observe = (l: Ledger, event: PolicyEvent): Ledger => {
     }
     case "CellJoined":
       return withCells(l, [...l.cells, { cell: event.cell, role: "rollout", switching: false, inStep: false }])
-    case "CellLost":
+    case "CellLost": {
+      const cells = l.cells.filter((c) => c.cell !== event.cell)
+      if (!l.stepRunning || l.stepCore !== event.cell) return withCells(l, cells)
+      // The step's core is gone with its accumulated gradients: the step starts again (its
+      // batch's data is kept) on a core the policy chooses next.
       return withCells(
         l,
-        l.cells.filter((c) => c.cell !== event.cell)
+        cells.map((c) => (c.inStep ? { ...c, inStep: false } : c)),
+        { stepRunning: false, stepCore: -1, trainedTokens: 0 }
       )
+    }
     case "SwitchDone":
       return updateCell(l, event.cell, (c) => ({ ...c, role: event.role, switching: false }))
     case "MicroStepDone":

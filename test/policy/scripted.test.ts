@@ -56,6 +56,30 @@ describe("colocate", () => {
       [{ _tag: "WeightsPublished", version: 1, at: 34 }, [{ _tag: "Dispatch", batch: 1 }]]
     ])
   })
+
+  it("a step whose core is lost starts again on the cells left; a lost satellite leaves the step running", () => {
+    const training: ReadonlyArray<readonly [PolicyEvent, ReadonlyArray<PolicyAction>]> = [
+      [joined(0), [{ _tag: "Dispatch", batch: 0 }]],
+      [joined(1), []],
+      [joined(2), []],
+      ...[0, 1].map((i) => [started(i, 0, 0), []] as const),
+      [finished(0, 0, 10), []],
+      [finished(1, 0, 20), [toTraining(0), toTraining(1), toTraining(2)]],
+      [switched(0, "training", 21), []],
+      [switched(1, "training", 21), []],
+      [switched(2, "training", 21), [{ _tag: "StartStep", step: 0, core: 0, cells: [0, 1, 2] }]]
+    ]
+    expectScript(colocate, config(), [
+      ...training,
+      [{ _tag: "CellLost", cell: 0, at: 25 }, [{ _tag: "StartStep", step: 0, core: 1, cells: [1, 2] }]],
+      [{ _tag: "StepDone", step: 0, at: 31 }, [{ _tag: "PublishWeights", version: 1 }, toRollout(1), toRollout(2)]]
+    ])
+    expectScript(colocate, config(), [
+      ...training,
+      [{ _tag: "CellLost", cell: 2, at: 25 }, []],
+      [{ _tag: "StepDone", step: 0, at: 31 }, [{ _tag: "PublishWeights", version: 1 }, toRollout(0), toRollout(1)]]
+    ])
+  })
 })
 
 describe("async", () => {
