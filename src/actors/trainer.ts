@@ -38,12 +38,12 @@ import { DeviceRefused, TrainingProtocol, type MicroBatchJson, type StepExecutio
 import type { RunConfig } from "../protocols/run.ts"
 import { SCHEDULER_KIND, SchedulerProtocol } from "../protocols/scheduler.ts"
 import { readExecution } from "../protocols/trajectories.ts"
-import { fetchWeights, publishWeights } from "../protocols/weights.ts"
+import { fetchOptimizer, fetchWeights, publishWeights } from "../protocols/weights.ts"
 import type * as Actor from "../runtime/actor.ts"
 import { address, formatAddress, parseAddress } from "../runtime/names.ts"
 import { refOf } from "../runtime/system.ts"
 import { checkpointDue, saveTrainingCheckpoint } from "../training/checkpoints.ts"
-import { InOrderSum, openGradientStore, type GradientSource } from "../training/gradients.ts"
+import { InOrderSum, openGradientStore, type GradientSource, type StepAttempt } from "../training/gradients.ts"
 import { claimLoop, closeStepQueue, ensureMicroBatchStream, openStepQueue, publishMicroBatch, type Claim } from "../training/microbatch-queue.ts"
 import { MetricsSum, PhaseClock, microBatchStats, summarize, type BatchSummary, type MicroBatchStats } from "../training/step-metrics.ts"
 import { StepPlanner, type PlannedMicroBatch } from "../training/step-planner.ts"
@@ -110,7 +110,7 @@ interface CoreStep {
 
 interface Claiming {
   readonly step: number
-  readonly core: string
+  readonly attempt: number
   stop: boolean
   fiber: Fiber.Fiber<void, unknown> | undefined
 }
@@ -133,10 +133,12 @@ const lossOf = (config: RunConfig, step: number): LossConfig => {
   }
 }
 
-const toJson = (step: number, mb: PlannedMicroBatch): MicroBatchJson => ({
-  step,
+const toJson = (plan: StepPlan, core: string, mb: PlannedMicroBatch): MicroBatchJson => ({
+  step: plan.step,
+  attempt: plan.attempt,
+  core,
   index: mb.index,
-  version: step,
+  version: plan.step,
   executions: mb.executions,
   completesTokens: mb.completesTokens,
   batch: mb.batch
@@ -161,6 +163,8 @@ export const makeTrainingRole = (
     yield* ensureMicroBatchStream(system).pipe(Effect.retry(transient), Effect.orDie)
 
     let stepsDone = weights.version()
+    /** The version the trainer's AdamW state belongs to (a fresh state: the version the role started on). */
+    let optimizerAt = weights.version()
     let core: CoreStep | undefined
     let claiming: Claiming | undefined
     const early = new Map<number, Array<StepExecutionRef>>()
@@ -176,6 +180,22 @@ export const makeTrainingRole = (
             const flat = yield* Effect.scoped(engine.loadModel(model.config, blob, { device: model.device }).pipe(Effect.flatMap((m) => m.getWeights())))
             yield* weights.swap(model.setWeights(flat), version)
           })
+
+    /** Brings the optimizer to its state at `version`: the core that made it stored it beside the weights. */
+    const ensureOptimizer = (version: number) =>
+      optimizerAt === version
+        ? Effect.void
+        : version === 0
+          ? Effect.fail(refuse(`the optimizer is at version ${optimizerAt}; step 0 needs a fresh one`))
+          : fetchOptimizer(system, version).pipe(
+              Effect.flatMap((bytes) => trainerLock.withPermit(trainer.loadOptimizer(bytes))),
+              Effect.mapError((e) => refuse(`optimizer state of v${version}: ${e._tag === "WeightsUnavailable" ? e.reason : e.message}`)),
+              Effect.tap(() =>
+                Effect.sync(() => {
+                  optimizerAt = version
+                })
+              )
+            )
 
     /** The gradient of one micro-batch alone, on the model as it is. */
     const compute = (mb: MicroBatchJson) =>
@@ -194,16 +214,16 @@ export const makeTrainingRole = (
 
     const tellProgress = (s: CoreStep) =>
       system
-        .tell(scheduler, "StepProgress", { step: s.plan.step, trainedTokens: s.trainedTokens }, { msgId: `progress-${s.plan.step}-${++s.progressTold}`, sender: me })
+        .tell(scheduler, "StepProgress", { step: s.plan.step, trainedTokens: s.trainedTokens }, { msgId: `progress-${s.plan.step}-${s.plan.attempt}-${++s.progressTold}`, sender: me })
         .pipe(Effect.retry(transient), Effect.orDie)
 
     /** Records micro-batch `index`'s gradient (once), adds what is in order, tells progress. */
-    const gradientIn = (step: number, index: number, device: string, stats: MicroBatchStats, source: GradientSource) =>
+    const gradientIn = (at: StepAttempt, index: number, device: string, stats: MicroBatchStats, source: GradientSource) =>
       stepLock.withPermit(
         Effect.gen(function* () {
           const s = core
           const planned = s?.planned.get(index)
-          if (s === undefined || s.plan.step !== step || s.finishing || planned === undefined) return false
+          if (s === undefined || s.plan.step !== at.step || s.plan.attempt !== at.attempt || s.finishing || planned === undefined) return false
           if (!s.sum.offer(index, source)) return false
           s.received.add(index)
           if (!s.devices.includes(device)) s.devices.push(device)
@@ -222,7 +242,7 @@ export const makeTrainingRole = (
      * acknowledged) is recomputed here, from the batch the core planned, on the same weights.
      */
     const storedGradient = (s: CoreStep, index: number) =>
-      gradients.get(s.plan.step, index).pipe(
+      gradients.get(s.plan, index).pipe(
         Effect.retry({ ...transient, while: (e) => e._tag === "TransportError" }),
         Effect.catchTag("GradientUnreadable", (e) =>
           Effect.logWarning(`${me}: ${e.object} unreadable (${e.reason}); recomputing it`).pipe(
@@ -237,7 +257,7 @@ export const makeTrainingRole = (
     const enqueue = (s: CoreStep, microBatches: ReadonlyArray<PlannedMicroBatch>) =>
       Effect.gen(function* () {
         for (const mb of microBatches) {
-          const microBatch = toJson(s.plan.step, mb)
+          const microBatch = toJson(s.plan, me, mb)
           s.planned.set(mb.index, { microBatch, summary: summarize(mb.batch, s.plan.step, maxStaleness) })
           yield* publishMicroBatch(system, microBatch).pipe(Effect.retry(transient), Effect.orDie)
         }
@@ -297,6 +317,7 @@ export const makeTrainingRole = (
                 })
               )
         yield* trainerLock.withPermit(weights.swap(apply, next))
+        optimizerAt = next
         return norm
       })
 
@@ -310,7 +331,8 @@ export const makeTrainingRole = (
           const gradNorm = yield* update(s).pipe(Effect.orDie)
           const publishStart = Date.now()
           const safetensors = yield* model.save().pipe(Effect.orDie)
-          yield* publishWeights(system, version, safetensors).pipe(Effect.retry(transient), Effect.orDie)
+          const optimizer = yield* trainerLock.withPermit(trainer.saveOptimizer()).pipe(Effect.orDie)
+          yield* publishWeights(system, version, safetensors, optimizer).pipe(Effect.retry(transient), Effect.orDie)
           if (checkpointDue(config, version)) {
             yield* saveTrainingCheckpoint(config.checkpointDir, model, trainer, { run: system.run, version }).pipe(Effect.orDie)
           }
@@ -330,7 +352,7 @@ export const makeTrainingRole = (
             .pipe(Effect.retry(transient), Effect.orDie)
           stepsDone = version
           core = undefined
-          yield* Effect.all([closeStepQueue(system, step), gradients.removeStep(step, s.planner.microBatches)]).pipe(
+          yield* Effect.all([closeStepQueue(system, step), gradients.removeStep(s.plan, s.planner.microBatches)]).pipe(
             Effect.catch((e) => Effect.logWarning(`${me}: cleaning up step ${step}: ${e.message}`))
           )
         })
@@ -338,7 +360,8 @@ export const makeTrainingRole = (
 
     // ---- every training device: the claim loop ------------------------------------------------
 
-    const deliver = (claim: Claim, coreDevice: string) =>
+    /** Computes a claimed micro-batch and hands its gradient to the core of its attempt. */
+    const deliver = (claim: Claim) =>
       Effect.gen(function* () {
         const mb = claim.microBatch
         yield* claim.hold(
@@ -346,10 +369,11 @@ export const makeTrainingRole = (
             yield* options.onClaim?.({ step: mb.step, index: mb.index, deliveryCount: claim.deliveryCount }) ?? Effect.void
             yield* ensureVersion(mb.version)
             const { grads, stats } = yield* compute(mb)
-            if (coreDevice === me) return yield* gradientIn(mb.step, mb.index, me, stats, grads)
-            yield* gradients.put(mb.step, mb.index, grads)
-            const coreRef = refOf(TrainingProtocol, parseAddress(coreDevice))
-            yield* system.tell(coreRef, "GradientReady", { step: mb.step, index: mb.index, device: me, stats }, { msgId: `grad-${mb.step}-${mb.index}`, sender: me })
+            if (mb.core === me) return yield* gradientIn(mb, mb.index, me, stats, grads)
+            yield* gradients.put(mb, mb.index, grads)
+            const coreRef = refOf(TrainingProtocol, parseAddress(mb.core))
+            const ready = { step: mb.step, attempt: mb.attempt, index: mb.index, device: me, stats }
+            yield* system.tell(coreRef, "GradientReady", ready, { msgId: `grad-${mb.step}-${mb.attempt}-${mb.index}`, sender: me })
             return true
           })
         )
@@ -357,7 +381,7 @@ export const makeTrainingRole = (
       })
 
     const runClaims = (c: Claiming) =>
-      claimLoop(system, { step: c.step, ackWaitMs, stop: () => c.stop }, (claim) => deliver(claim, c.core)).pipe(
+      claimLoop(system, { step: c.step, ackWaitMs, stop: () => c.stop }, deliver).pipe(
         Effect.tapError((e) => Effect.logWarning(`${me}: claiming step ${c.step} failed, retrying: ${String(e)}`)),
         Effect.retry({ while: () => !c.stop, schedule: Schedule.spaced(Duration.millis(500)) }),
         Effect.tapCause((cause) =>
@@ -378,13 +402,13 @@ export const makeTrainingRole = (
     })
     const stopClaiming = claimLock.withPermit(stop)
 
-    /** Claims micro-batches of `step` (one loop per device: a loop of another step is stopped first). */
-    const startClaiming = (step: number, coreDevice: string) =>
+    /** Claims micro-batches of the attempt at a step (one loop per device: a loop of another is stopped first). */
+    const startClaiming = (at: StepAttempt) =>
       claimLock.withPermit(
         Effect.gen(function* () {
-          if (claiming !== undefined && claiming.step === step && !claiming.stop) return
+          if (claiming !== undefined && claiming.step === at.step && claiming.attempt === at.attempt && !claiming.stop) return
           yield* stop
-          const c: Claiming = { step, core: coreDevice, stop: false, fiber: undefined }
+          const c: Claiming = { step: at.step, attempt: at.attempt, stop: false, fiber: undefined }
           claiming = c
           c.fiber = yield* Effect.forkIn(runClaims(c), scope)
         })
@@ -398,7 +422,10 @@ export const makeTrainingRole = (
         if (plan.version !== plan.step) return yield* refuse(`step ${plan.step} must train version ${plan.step}, not ${plan.version}`)
         if (planned !== plan.executions) return yield* refuse(`groups of ${planned} executions in a plan of ${plan.executions}`)
         yield* ensureVersion(plan.version).pipe(Effect.mapError((e) => refuse(`weights v${plan.version}: ${e.message}`)))
-        yield* openStepQueue(system, plan.step, ackWaitMs).pipe(Effect.retry(transient), Effect.orDie)
+        yield* ensureOptimizer(plan.version)
+        // Nothing of an earlier attempt at the step (a lost core's micro-batches) is claimed.
+        yield* closeStepQueue(system, plan.step).pipe(Effect.andThen(openStepQueue(system, plan.step, ackWaitMs)), Effect.retry(transient), Effect.orDie)
+        stepsDone = plan.step
         const s: CoreStep = {
           plan,
           planner: new StepPlanner(plan, config.training, config.seed),
@@ -424,13 +451,14 @@ export const makeTrainingRole = (
             Effect.gen(function* () {
               if (plan.step < stepsDone) return false
               if (core !== undefined && core.plan.step !== plan.step) return yield* refuse(`step ${core.plan.step} is running`)
-              if (core === undefined && plan.step !== stepsDone) return yield* refuse(`the next step is ${stepsDone}, not ${plan.step}`)
-              if (core === undefined) yield* begin(plan)
+              if (core?.finishing === true && core.plan.attempt !== plan.attempt) return yield* refuse(`attempt ${core.plan.attempt} at step ${plan.step} is finishing`)
+              // A later attempt at the step (this device was its core, and was counted lost) replaces the earlier one.
+              if (core === undefined || core.plan.attempt !== plan.attempt) yield* begin(plan)
               return true
             })
           )
           .pipe(
-            Effect.tap((started) => (started ? startClaiming(plan.step, me) : Effect.void)),
+            Effect.tap((started) => (started ? startClaiming(plan) : Effect.void)),
             Effect.map((started) => ({ started }))
           ),
       TrainExecution: (ref) =>
@@ -446,14 +474,14 @@ export const makeTrainingRole = (
             return { queued: yield* planExecution(core, ref) }
           })
         ),
-      JoinStep: ({ step, core: coreDevice }) =>
+      JoinStep: ({ step, attempt, core: coreDevice }) =>
         Effect.gen(function* () {
-          if (coreDevice === me && core?.plan.step !== step) return yield* refuse(`step ${step} is not running here`)
-          yield* startClaiming(step, coreDevice)
+          if (coreDevice === me && (core?.plan.step !== step || core.plan.attempt !== attempt)) return yield* refuse(`step ${step} attempt ${attempt} is not running here`)
+          yield* startClaiming({ step, attempt })
           return { joined: true }
         }),
-      GradientReady: ({ step, index, device, stats }) =>
-        gradientIn(step, index, device, stats, "stored").pipe(Effect.map((accepted) => ({ accepted })))
+      GradientReady: ({ step, attempt, index, device, stats }) =>
+        gradientIn({ step, attempt }, index, device, stats, "stored").pipe(Effect.map((accepted) => ({ accepted })))
     }
 
     return {

@@ -85,6 +85,12 @@ export type StepExecutionRef = typeof StepExecutionRef.Type
 
 export const StepPlan = Schema.Struct({
   step: Count,
+  /**
+   * The attempt at the step: the journal index of the scheduler's record that started it. A step
+   * whose core was lost starts again on another core as a new attempt; its micro-batches,
+   * gradients and progress are named by it, so nothing of an earlier attempt is mistaken for it.
+   */
+  attempt: Count,
   /** Weights the step's gradients are computed on (= step). */
   version: Count,
   /** Executions the batch holds and the size of each group (for streaming advantages). */
@@ -117,10 +123,10 @@ export const TrainingProtocol = RpcGroup.make(
   /** Core only: a finished execution of the running step (durable tell, deduplicated by execution). */
   Rpc.make("TrainExecution", { payload: StepExecutionRef, success: Schema.Struct({ queued: Schema.Boolean }) }),
   /** Any training device: claim micro-batches of `step` computed on `version` (idempotent). */
-  Rpc.make("JoinStep", { payload: { step: Count, version: Count, core: Schema.String }, success: Schema.Struct({ joined: Schema.Boolean }), error: DeviceRefused }),
+  Rpc.make("JoinStep", { payload: { step: Count, attempt: Count, version: Count, core: Schema.String }, success: Schema.Struct({ joined: Schema.Boolean }), error: DeviceRefused }),
   /** Core only: a satellite stored the gradient of micro-batch `index`. */
   Rpc.make("GradientReady", {
-    payload: { step: Count, index: Count, device: Schema.String, stats: TrainStatsJson },
+    payload: { step: Count, attempt: Count, index: Count, device: Schema.String, stats: TrainStatsJson },
     success: Schema.Struct({ accepted: Schema.Boolean })
   })
 )
@@ -144,9 +150,12 @@ export const DeviceProtocol = RolloutWorkerProtocol.add(
   })
 ).merge(TrainingProtocol)
 
-/** One micro-batch on the step's work queue (`gyre.<run>.mb.<step>`, message id `mb-<step>-<index>`). */
+/** One micro-batch on the step's work queue (`gyre.<run>.mb.<step>`, message id `mb-<step>-<attempt>-<index>`). */
 export const MicroBatchJson = Schema.Struct({
   step: Count,
+  /** The step's attempt (`StepPlan.attempt`) and its core (`device/<id>`), which gets the gradient. */
+  attempt: Count,
+  core: Schema.String,
   index: Count,
   version: Count,
   /** Executions with tokens in it. */
@@ -167,5 +176,5 @@ export const MicroBatchJson = Schema.Struct({
 })
 export type MicroBatchJson = typeof MicroBatchJson.Type
 
-/** Object name of micro-batch `index`'s gradient in `GYRE_<run>_grads`. */
-export const gradientObject = (step: number, index: number) => `s${step}.m${index}`
+/** Object name of micro-batch `index`'s gradient of attempt `attempt` at step `step` in `GYRE_<run>_grads`. */
+export const gradientObject = (step: number, attempt: number, index: number) => `s${step}.a${attempt}.m${index}`

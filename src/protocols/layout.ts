@@ -38,6 +38,8 @@ export const rlLayout = (run: string) => {
     allOutcomes: `${base}.outcomes.>`,
     weightsBucket: `GYRE_${run}_weights`,
     weightsObject: (version: number) => `v${version}`,
+    /** The core's AdamW state after making version `version` (for a new core, `weights.ts`). */
+    optimizerObject: (version: number) => `opt-v${version}`,
     tokens: (request: string) => `${base}.tokens.${request}`,
     microBatchStream: `GYRE_${run}_MICROBATCHES`,
     microBatches: (step: number) => `${base}.mb.${step}`,

@@ -4,6 +4,12 @@
  * makes; a device that needs a version (a rollout device's `LoadWeights`, a training
  * satellite joining a step) fetches it, decodes it through the engine and swaps the flat
  * parameters into its loaded model.
+ *
+ * Beside each version the core stores its AdamW state after making it (`opt-v<version>`, the
+ * engine's optimizer bytes), before the weights themselves: whenever `v<k>` exists its optimizer
+ * state does too, so any device can become the core of step k (the previous core lost, or the
+ * whole run restarted by `gyre train --resume`) and continue exactly where the optimizer was.
+ * Only the two newest optimizer states are kept. Version 0 has none: its state is a fresh one.
  */
 import { Objm } from "@nats-io/obj"
 import { Effect } from "effect"
@@ -12,27 +18,47 @@ import type { ActorSystemShape } from "../runtime/system.ts"
 import { rlLayout } from "./layout.ts"
 import { WeightsUnavailable } from "./rollout.ts"
 
-/** Stores `safetensors` as version `version` (a re-publish of a version replaces it with the same bytes). */
-export const publishWeights = Effect.fn("publishWeights")(function* (system: ActorSystemShape, version: number, safetensors: Uint8Array) {
+const openBucket = (system: ActorSystemShape) => new Objm(system.nats.nc).create(rlLayout(system.run).weightsBucket)
+
+/**
+ * Stores `safetensors` as version `version`, after `optimizer` (the core's AdamW state at that
+ * version) when given; a re-publish of a version replaces it with the same bytes.
+ */
+export const publishWeights = Effect.fn("publishWeights")(function* (
+  system: ActorSystemShape,
+  version: number,
+  safetensors: Uint8Array,
+  optimizer?: Uint8Array
+) {
   const layout = rlLayout(system.run)
   yield* Effect.tryPromise({
     try: async () => {
-      const store = await new Objm(system.nats.nc).create(layout.weightsBucket)
+      const store = await openBucket(system)
+      if (optimizer !== undefined) {
+        await store.putBlob({ name: layout.optimizerObject(version) }, optimizer)
+        await store.delete(layout.optimizerObject(version - 2)).catch(() => undefined)
+      }
       await store.putBlob({ name: layout.weightsObject(version) }, safetensors)
     },
     catch: (e) => new TransportError({ operation: `publish weights v${version} to ${layout.weightsBucket}`, message: messageOf(e) })
   })
 })
 
-/** The model.safetensors bytes of version `version`. */
-export const fetchWeights = Effect.fn("fetchWeights")(function* (system: ActorSystemShape, version: number) {
+const fetchObject = (system: ActorSystemShape, version: number, name: string) => {
   const layout = rlLayout(system.run)
   const unavailable = (reason: string) => new WeightsUnavailable({ version, reason })
-  const name = layout.weightsObject(version)
-  const blob = yield* Effect.tryPromise({
+  return Effect.tryPromise({
     try: async () => (await new Objm(system.nats.nc).open(layout.weightsBucket)).getBlob(name),
     catch: (e) => unavailable(messageOf(e))
-  })
-  if (blob === null) return yield* unavailable(`no object ${name} in ${layout.weightsBucket}`)
-  return blob
+  }).pipe(Effect.flatMap((blob) => (blob === null ? Effect.fail(unavailable(`no object ${name} in ${layout.weightsBucket}`)) : Effect.succeed(blob))))
+}
+
+/** The model.safetensors bytes of version `version`. */
+export const fetchWeights = Effect.fn("fetchWeights")(function* (system: ActorSystemShape, version: number) {
+  return yield* fetchObject(system, version, rlLayout(system.run).weightsObject(version))
+})
+
+/** The core's optimizer state at version `version` (`version` > 0). */
+export const fetchOptimizer = Effect.fn("fetchOptimizer")(function* (system: ActorSystemShape, version: number) {
+  return yield* fetchObject(system, version, rlLayout(system.run).optimizerObject(version))
 })

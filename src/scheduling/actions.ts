@@ -8,11 +8,11 @@
  * | `ExecutionStarted` | `RunExecution` on its runner, its tree read back | `ExecutionEnded` |
  * | `ExecutionFinished` of the running step's batch | `TrainExecution` to the step's core | (the core's `StepProgress`) |
  * | `SwitchRole {cell, role}` | device `SwitchRole` (destinations: serving cells, highest first; joining rollout: the newest version) | `SwitchCompleted` |
- * | `StartStep {step, core, cells}` | core `StartStep` (the batch's plan), then `JoinStep` to the other cells and `TrainExecution` of the batch's finished executions | (the core's `StepDone`) |
+ * | `StartStep {step, core, cells}` | core `StartStep` (the batch's plan, attempt = the record's index), then `JoinStep` to the other cells and `TrainExecution` of the batch's finished executions | (the core's `StepDone`) |
  * | `JoinStep {step, cell}` | device `JoinStep`, once the core has started the step | |
  * | `PublishWeights {version}` | `LoadWeights` to every cell in the rollout role | `WeightsLoaded` |
  * | `CellJoined {cell}` after a publish | `LoadWeights` of the newest version to it | |
- * | `CellLost {cell}` | its fibers stop; running executions are asked again (they join) | |
+ * | `CellLost {cell}` | its fibers stop; running executions are asked again (they join); the step's core lost: the policy's next `StartStep` is a new attempt, told every finished execution again | |
  * | the last `StepDone` | `run-done`: the journal's audit (src/replay/audit.ts) | |
  *
  * `resume` starts, after a takeover, the effects of everything the book shows without its
@@ -71,6 +71,7 @@ export const makeShell = (options: ShellOptions): Effect.Effect<Shell, never, Sc
   Effect.gen(function* () {
     const { system, book, deviceTimeoutMs } = options
     const fibers = yield* FiberMap.make<string>()
+    /** Attempts at steps (their record index) whose core has answered `StartStep`. */
     const started = new Map<number, Deferred.Deferred<void>>()
     const gone = new Map<number, Deferred.Deferred<void>>()
     const signal = <K>(map: Map<K, Deferred.Deferred<void>>, key: K) => {
@@ -121,29 +122,33 @@ export const makeShell = (options: ShellOptions): Effect.Effect<Shell, never, Sc
 
     const train = (view: StepView, f: Finished) => {
       const core = refOf(DeviceProtocol, parseAddress(view.coreDevice))
+      const msgId = `train-${f.plan.execution}-a${view.attempt}`
       return fork(
-        `train:${f.plan.execution}`,
-        Effect.gen(function* () {
-          yield* Deferred.await(signal(started, view.step))
-          const outcome =
-            f.outcome ?? (yield* readOutcome(system, f.plan.execution).pipe(persistently(`reading the outcome of ${f.plan.execution}`))) ?? lostOutcome(f, book)
-          const ref = { step: view.step, execution: f.plan.execution, task: f.plan.task, group: f.plan.group, tokens: f.tokens, outcome }
-          yield* system.tell(core, "TrainExecution", ref, { msgId: `train-${f.plan.execution}`, sender: options.sender }).pipe(persistently(`TrainExecution ${f.plan.execution}`))
-        }),
+        `train:${view.attempt}:${f.plan.execution}`,
+        whileCell(
+          view.core,
+          Effect.gen(function* () {
+            yield* Deferred.await(signal(started, view.attempt))
+            const outcome =
+              f.outcome ?? (yield* readOutcome(system, f.plan.execution).pipe(persistently(`reading the outcome of ${f.plan.execution}`))) ?? lostOutcome(f, book)
+            const ref = { step: view.step, execution: f.plan.execution, task: f.plan.task, group: f.plan.group, tokens: f.tokens, outcome }
+            yield* system.tell(core, "TrainExecution", ref, { msgId, sender: options.sender }).pipe(persistently(`TrainExecution ${f.plan.execution}`))
+          })
+        ),
         true
       )
     }
 
     const joinStep = (view: StepView, cell: number) =>
       fork(
-        `join:${view.step}:${cell}`,
+        `join:${view.attempt}:${cell}`,
         whileCell(
           cell,
-          Deferred.await(signal(started, view.step)).pipe(
+          Deferred.await(signal(started, view.attempt)).pipe(
             Effect.andThen(
               asLongAs(
-                () => book.step?.step === view.step && book.step.members.has(cell),
-                ask(device(cell), "JoinStep", { step: view.step, version: view.step, core: view.coreDevice }, { timeoutMs: deviceTimeoutMs })
+                () => book.step?.attempt === view.attempt && book.step.members.has(cell),
+                ask(device(cell), "JoinStep", { step: view.step, attempt: view.attempt, version: view.step, core: view.coreDevice }, { timeoutMs: deviceTimeoutMs })
               )
             ),
             persistently(`JoinStep ${view.step} of cell ${cell}`)
@@ -158,6 +163,7 @@ export const makeShell = (options: ShellOptions): Effect.Effect<Shell, never, Sc
       const joining = [...view.members].filter(([, how]) => how === "join").map(([cell]) => cell)
       const stepPlan: StepPlan = {
         step: view.step,
+        attempt: view.attempt,
         version: view.step,
         executions: plan.length,
         groupSizes,
@@ -166,12 +172,12 @@ export const makeShell = (options: ShellOptions): Effect.Effect<Shell, never, Sc
       const toTell = book.finishedOf(view.step)
       return Effect.gen(function* () {
         yield* fork(
-          `step:${view.step}`,
+          `step:${view.attempt}`,
           whileCell(
             view.core,
-            asLongAs(() => book.step?.step === view.step, ask(refOf(DeviceProtocol, parseAddress(view.coreDevice)), "StartStep", stepPlan, { timeoutMs: deviceTimeoutMs })).pipe(
+            asLongAs(() => book.step?.attempt === view.attempt, ask(refOf(DeviceProtocol, parseAddress(view.coreDevice)), "StartStep", stepPlan, { timeoutMs: deviceTimeoutMs })).pipe(
               persistently(`StartStep ${view.step}`),
-              Effect.andThen(Deferred.succeed(signal(started, view.step), undefined)),
+              Effect.andThen(Deferred.succeed(signal(started, view.attempt), undefined)),
               Effect.asVoid
             )
           )

@@ -25,6 +25,8 @@ export interface Finished {
 /** The running step: its core, and how each member entered it (`start`: the core; `join`). */
 export interface StepView {
   readonly step: number
+  /** The journal index of the record that started this attempt at the step (`StepPlan.attempt`). */
+  readonly attempt: number
   readonly core: number
   readonly coreDevice: string
   readonly members: Map<number, "start" | "join">
@@ -84,7 +86,7 @@ export class Book {
           break
         case "StartStep": {
           const members = new Map<number, "start" | "join">(a.cells.map((c) => [c, c === a.core ? "start" : "join"]))
-          this.step = { step: a.step, core: a.core, coreDevice: this.cells.get(a.core)?.device ?? "", members }
+          this.step = { step: a.step, attempt: record.index, core: a.core, coreDevice: this.cells.get(a.core)?.device ?? "", members }
           this.trainedTokens = 0
           break
         }
@@ -107,6 +109,11 @@ export class Book {
       case "CellLost":
         this.cells.lose(e.cell)
         this.step?.members.delete(e.cell)
+        if (this.step?.core === e.cell) {
+          // The core is gone with the step's gradients: the policy starts the step again.
+          this.step = undefined
+          this.trainedTokens = 0
+        }
         return
       case "ExecutionStarted":
         this.dispatcher.start(e.execution, e.at)
@@ -149,11 +156,16 @@ export class Book {
     return version > this.published && version <= this.requested
   }
 
-  acceptsProgress(step: number, trainedTokens: number): boolean {
-    return this.step?.step === step && trainedTokens > this.trainedTokens
+  /** Whether `sender` may report on the running step: its core (a report with no sender is taken as the core's). */
+  private fromCore(sender: string | undefined): boolean {
+    return sender === undefined || sender === this.step?.coreDevice
   }
 
-  acceptsStepDone(step: number): boolean {
-    return this.step?.step === step
+  acceptsProgress(step: number, trainedTokens: number, sender?: string): boolean {
+    return this.step?.step === step && trainedTokens > this.trainedTokens && this.fromCore(sender)
+  }
+
+  acceptsStepDone(step: number, sender?: string): boolean {
+    return this.step?.step === step && this.fromCore(sender)
   }
 }

@@ -11,8 +11,8 @@
  * | `ExecutionEnded` | `ExecutionFinished` | the execution is running |
  * | `SwitchCompleted` (message id `switch-<index>-<cell>`) | `SwitchDone` | it completes the cell's last switch |
  * | `WeightsLoaded {version}` | `WeightsPublished` | newer than published, not newer than asked |
- * | `StepProgress` | `MicroStepDone` | the running step, more tokens than last said |
- * | `StepDone` | `StepDone` | the running step |
+ * | `StepProgress` | `MicroStepDone` | the running step, from its core, more tokens than last said |
+ * | `StepDone` | `StepDone` | the running step, from its core (a core counted lost reports nothing) |
  */
 import { Effect } from "effect"
 import type { RpcGroup } from "effect/rpc"
@@ -70,9 +70,9 @@ export const inputHandlers = (options: InputOptions): Handlers<RpcGroup.Rpcs<typ
       return accepted(current, () => ({ _tag: "SwitchDone", cell, role, at: now() }))
     },
     WeightsLoaded: ({ version }) => accepted(book.acceptsWeights(version), () => ({ _tag: "WeightsPublished", version, at: now() })),
-    StepProgress: ({ step, trainedTokens }) =>
-      accepted(book.acceptsProgress(step, trainedTokens), () => ({ _tag: "MicroStepDone", step, trained_tokens: trainedTokens, at: now() })),
-    StepDone: ({ step }) => accepted(book.acceptsStepDone(step), () => ({ _tag: "StepDone", step, at: now() })),
+    StepProgress: ({ step, trainedTokens }, meta: MessageMeta) =>
+      accepted(book.acceptsProgress(step, trainedTokens, meta.sender), () => ({ _tag: "MicroStepDone", step, trained_tokens: trainedTokens, at: now() })),
+    StepDone: ({ step }, meta: MessageMeta) => accepted(book.acceptsStepDone(step, meta.sender), () => ({ _tag: "StepDone", step, at: now() })),
     Status: () =>
       Effect.succeed({
         leader: options.leader,

@@ -1,7 +1,7 @@
 /**
  * Gradients of a step's micro-batches and their reduce.
  *
- * A satellite stores the gradient of each micro-batch it computed as object `s<step>.m<index>`
+ * A satellite stores the gradient of each micro-batch it computed as object `s<step>.a<attempt>.m<index>`
  * of `GYRE_<run>_grads`: the flat F32 gradient (gyre.h layout, little-endian) of that
  * micro-batch alone. The core sums the gradients in micro-batch index order (`InOrderSum`):
  * float addition is not associative, so a fixed order is what makes the update bit-identical
@@ -23,11 +23,19 @@ export class GradientUnreadable extends Schema.TaggedError<GradientUnreadable>()
 }) {}
 
 export interface GradientStore {
-  readonly put: (step: number, index: number, grads: Float32Array) => Effect.Effect<void, TransportError>
-  readonly get: (step: number, index: number) => Effect.Effect<Float32Array, TransportError | GradientUnreadable>
-  /** Deletes objects `s<step>.m0 .. s<step>.m<count - 1>` (missing ones are fine). */
-  readonly removeStep: (step: number, count: number) => Effect.Effect<void, TransportError>
+  readonly put: (at: StepAttempt, index: number, grads: Float32Array) => Effect.Effect<void, TransportError>
+  readonly get: (at: StepAttempt, index: number) => Effect.Effect<Float32Array, TransportError | GradientUnreadable>
+  /** Deletes the attempt's objects of micro-batches 0 .. count - 1 (missing ones are fine). */
+  readonly removeStep: (at: StepAttempt, count: number) => Effect.Effect<void, TransportError>
 }
+
+/** A step and the attempt at it (`StepPlan.attempt`). */
+export interface StepAttempt {
+  readonly step: number
+  readonly attempt: number
+}
+
+const objectOf = (at: StepAttempt, index: number) => gradientObject(at.step, at.attempt, index)
 
 /** Opens (creating when missing) the run's gradient store for gradients of `paramCount` floats. */
 export const openGradientStore = (system: ActorSystemShape, paramCount: number): Effect.Effect<GradientStore, TransportError> =>
@@ -40,13 +48,13 @@ export const openGradientStore = (system: ActorSystemShape, paramCount: number):
       catch: (e) => new TransportError({ operation: `open object store ${bucket}`, message: messageOf(e) })
     })
     return {
-      put: (step, index, grads) =>
-        attempt(`store ${gradientObject(step, index)}`, (s) =>
-          s.putBlob({ name: gradientObject(step, index) }, new Uint8Array(grads.buffer, grads.byteOffset, grads.byteLength))
+      put: (at, index, grads) =>
+        attempt(`store ${objectOf(at, index)}`, (s) =>
+          s.putBlob({ name: objectOf(at, index) }, new Uint8Array(grads.buffer, grads.byteOffset, grads.byteLength))
         ).pipe(Effect.asVoid),
-      get: (step, index) =>
+      get: (at, index) =>
         Effect.gen(function* () {
-          const object = gradientObject(step, index)
+          const object = objectOf(at, index)
           const bytes = yield* attempt(`read ${object}`, (s) => s.getBlob(object))
           if (bytes === null) return yield* new GradientUnreadable({ object, reason: `not in ${bucket}` })
           if (bytes.length !== paramCount * 4) {
@@ -56,9 +64,9 @@ export const openGradientStore = (system: ActorSystemShape, paramCount: number):
           new Uint8Array(out.buffer).set(bytes)
           return out
         }),
-      removeStep: (step, count) =>
-        attempt(`delete gradients of step ${step}`, async (s) => {
-          for (let index = 0; index < count; index++) await s.delete(gradientObject(step, index)).catch(() => undefined)
+      removeStep: (at, count) =>
+        attempt(`delete gradients of step ${at.step} attempt ${at.attempt}`, async (s) => {
+          for (let index = 0; index < count; index++) await s.delete(objectOf(at, index)).catch(() => undefined)
         })
     }
   })

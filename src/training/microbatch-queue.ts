@@ -1,7 +1,7 @@
 /**
  * The micro-batch work queue of a run: stream `GYRE_<run>_MICROBATCHES` (work-queue
  * retention: a message is gone once acknowledged), subject `gyre.<run>.mb.<step>`, one
- * `MicroBatchJson` per message with `Nats-Msg-Id: mb-<step>-<index>` (a re-publish of a
+ * `MicroBatchJson` per message with `Nats-Msg-Id: mb-<step>-<attempt>-<index>` (a re-publish of a
  * micro-batch within the duplicate window is stored once).
  *
  * Every training device of step k pulls from the one shared durable consumer `mb-<k>`
@@ -9,7 +9,9 @@
  * every third of the ack wait extends it, a failed or interrupted computation hands it back
  * at once (`nak`), and a device that dies holding one lets its ack wait lapse, after which JetStream
  * delivers it to another device. The core deletes the consumer when the step is done, which
- * ends every device's claim loop for that step.
+ * ends every device's claim loop for that step; a core starting a new attempt at a step (the
+ * previous core was lost) deletes it and purges the subject first, so nothing of the earlier
+ * attempt is claimed.
  */
 import { AckPolicy, DeliverPolicy, RetentionPolicy, StorageType, type Consumer, type JsMsg } from "@nats-io/jetstream"
 import { Effect, Exit, Schema } from "effect"
@@ -81,7 +83,7 @@ export const closeStepQueue = (system: ActorSystemShape, step: number) => {
 export const publishMicroBatch = (system: ActorSystemShape, mb: MicroBatchJson) => {
   const names = rlLayout(system.run)
   return attempt(`publish micro-batch ${mb.step}.${mb.index}`, () =>
-    system.nats.js.publish(names.microBatches(mb.step), encodeMicroBatch(mb), { msgID: `mb-${mb.step}-${mb.index}` })
+    system.nats.js.publish(names.microBatches(mb.step), encodeMicroBatch(mb), { msgID: `mb-${mb.step}-${mb.attempt}-${mb.index}` })
   ).pipe(Effect.asVoid)
 }
 

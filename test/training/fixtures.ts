@@ -7,7 +7,7 @@
  * `device-node.ts` exports the same device for a `gyre node` child process, configured from
  * the environment (`trainingDeviceFromEnv`).
  */
-import { Effect, Layer, Logger, Ref, Schema } from "effect"
+import { Effect, Ref, Schema } from "effect"
 import type { RpcGroup } from "effect/rpc"
 import { makeTrainingRole, ownWeights, type TrainingRole, type TrainingRoleOptions } from "../../src/actors/trainer.ts"
 import { loadCheckpoint } from "../../src/engine/checkpoint.ts"
@@ -56,7 +56,7 @@ export const trainingDevice = (fixture: DeviceFixture) =>
         })
         fixture.onRole?.(role)
         return role.handlers
-      }).pipe(Effect.provide(Engine.layer.pipe(Layer.provide(Logger.layer([])))))
+      })
   })
 
 /** A training device configured by GYRE_TEST_DEVICE (JSON of `DeviceFixture` without onClaim) and GYRE_TEST_HOLD_MS. */

@@ -24,7 +24,7 @@ const settings = (over: Partial<TrainingSettings> = {}): TrainingSettings => ({
   ...over
 })
 
-const plan: StepPlan = { step: 2, version: 2, executions: 4, groupSizes: [2, 2], cells: [] }
+const plan: StepPlan = { step: 2, attempt: 0, version: 2, executions: 4, groupSizes: [2, 2], cells: [] }
 
 const execution = (n: number, score: number | null): { ref: StepExecutionRef; tree: TrajectoryTree } => {
   const tree = build(wireRecords(agentCalls(n))).tree

@@ -40,13 +40,13 @@ const other = join(dir, "other")
 const checkpoints = Promise.all([writeCheckpoint(initial, 11, 0.02), writeCheckpoint(other, 12, 0.02)])
 
 const device = (id: string) => refOf(TrainingProtocol, address("device", id))
-const plan = (step: number, groups: number): StepPlan => ({ step, version: step, executions: groups * 2, groupSizes: Array(groups).fill(2), cells: ["device/a.0"] })
+const plan = (step: number, groups: number): StepPlan => ({ step, attempt: 0, version: step, executions: groups * 2, groupSizes: Array(groups).fill(2), cells: ["device/a.0"] })
 const quiet = <A, E, R>(e: Effect.Effect<A, E, R>) => e.pipe(Effect.provide(Layer.mergeAll(Engine.layer, Logger.layer([])).pipe(Layer.provideMerge(Logger.layer([])))))
 
-const tellAll = (refs: ReadonlyArray<StepExecutionRef>) =>
+const tellAll = (refs: ReadonlyArray<StepExecutionRef>, to = "a.0", attempt = 0) =>
   Effect.gen(function* () {
     const system = yield* ActorSystem
-    for (const ref of refs) yield* system.tell(device("a.0"), "TrainExecution", ref, { msgId: `train-${ref.execution}` })
+    for (const ref of refs) yield* system.tell(device(to), "TrainExecution", ref, { msgId: `train-${ref.execution}-a${attempt}` })
   })
 
 const isProgress = (e: SchedulerEvent): e is Extract<SchedulerEvent, { _tag: "StepProgress" }> => e._tag === "StepProgress" && e.trainedTokens > 0
@@ -82,7 +82,7 @@ const coreNode = (core: Partial<DeviceFixture>, checkpointDir: string, loss: "pp
 const stepZero = (
   core: Partial<DeviceFixture>,
   checkpointDir: string,
-  between: (satellite: ReturnType<typeof trainingDevice>) => Effect.Effect<Effect.Effect<void> | void, unknown, ActorSystem | Scope.Scope>
+  between: (satellite: ReturnType<typeof trainingDevice>) => Effect.Effect<Effect.Effect<void> | void, unknown, ActorSystem | Engine | Scope.Scope>
 ) =>
   withSystem(
     RUN,
@@ -150,7 +150,7 @@ describe("a step of the training role", () => {
           const system = yield* ActorSystem
           const node = yield* startNode({ name: "b", types: [satellite], heartbeatMs: 250 })
           yield* node.spawn("device", "b.0")
-          expect(yield* system.ask(device("b.0"), "JoinStep", { step: 0, version: 0, core: "device/a.0" })).toEqual({ joined: true })
+          expect(yield* system.ask(device("b.0"), "JoinStep", { step: 0, attempt: 0, version: 0, core: "device/a.0" })).toEqual({ joined: true })
         })
     )
     expect(withSatellite.done.metrics.devices).toEqual(["device/a.0", "device/b.0"])
@@ -190,7 +190,7 @@ describe("a step of the training role", () => {
           )
           yield* Effect.addFinalizer(() => Effect.sync(() => child.child.kill("SIGKILL")))
           yield* Effect.promise(() => child.waitFor("ready"))
-          expect(yield* system.ask(device("c.0"), "JoinStep", { step: 0, version: 0, core: "device/a.0" })).toEqual({ joined: true })
+          expect(yield* system.ask(device("c.0"), "JoinStep", { step: 0, attempt: 0, version: 0, core: "device/a.0" })).toEqual({ joined: true })
           return Effect.promise(async () => {
             const claimed = await child.waitFor("claimed")
             child.child.kill("SIGKILL")
@@ -219,7 +219,7 @@ describe("a step of the training role", () => {
         Effect.service(ActorSystem).pipe(
           Effect.map((system) =>
             // a device says it stored the last micro-batch's gradient, and never did
-            system.ask(device("a.0"), "GradientReady", { step: 0, index: last, device: "device/ghost", stats }).pipe(
+            system.ask(device("a.0"), "GradientReady", { step: 0, attempt: 0, index: last, device: "device/ghost", stats }).pipe(
               Effect.tap((answer) => Effect.sync(() => expect(answer).toEqual({ accepted: true }))),
               Effect.asVoid,
               Effect.orDie
@@ -253,6 +253,45 @@ describe("a step of the training role", () => {
     expect(restored.steps).toBe(1)
     expect(Buffer.from(restored.weights.buffer).equals(Buffer.from(alone.weights.buffer))).toBe(true)
   }, 60_000)
+
+  it("a core lost mid-step: a device that never trained starts a new attempt from the store's weights and optimizer state, and makes the uninterrupted update", async () => {
+    await checkpoints
+    const twoSteps = (name: string, loseCore: boolean) =>
+      withSystem(
+        RUN,
+        quiet(
+          Effect.gen(function* () {
+            const system = yield* ActorSystem
+            const { events, config } = yield* coreNode({}, join(dir, name))
+            yield* publishWeights(system, 0, yield* Effect.promise(() => readFile(join(initial, "model.safetensors"))))
+            const first = yield* batchExecutions(RUN, 0, 2)
+            yield* system.ask(device("a.0"), "StartStep", plan(0, 2))
+            yield* tellAll(first)
+            yield* waitForEvent(events, isStepDone(0))
+            const second = yield* batchExecutions(RUN, 1, 2)
+            expect(yield* system.ask(device("a.0"), "StartStep", plan(1, 2))).toEqual({ started: true })
+            if (!loseCore) {
+              yield* tellAll(second)
+              return { done: yield* waitForEvent(events, isStepDone(1)), weights: yield* published(2) }
+            }
+            // half the batch reaches a.0, then a.0 counts as lost: b.0 (other weights, a fresh optimizer) takes attempt 7
+            yield* tellAll(second.slice(0, 2))
+            yield* waitForEvent(events, (e): e is Extract<SchedulerEvent, { _tag: "StepProgress" }> => e._tag === "StepProgress" && e.step === 1)
+            const node = yield* startNode({ name: "b", types: [trainingDevice({ checkpoint: other, config })], heartbeatMs: 250 })
+            yield* node.spawn("device", "b.0")
+            expect(yield* system.ask(device("b.0"), "StartStep", { ...plan(1, 2), attempt: 7 })).toEqual({ started: true })
+            yield* tellAll(second, "b.0", 7)
+            return { done: yield* waitForEvent(events, isStepDone(1)), weights: yield* published(2) }
+          })
+        )
+      )
+    const kept = await twoSteps("core-kept", false)
+    const lost = await twoSteps("core-lost", true)
+    expect(kept.done.metrics.devices).toEqual(["device/a.0"])
+    expect(lost.done.metrics.devices).toEqual(["device/b.0"])
+    expect(lost.done.metrics.microBatches).toBe(kept.done.metrics.microBatches)
+    expect(Buffer.from(lost.weights.buffer).equals(Buffer.from(kept.weights.buffer))).toBe(true)
+  }, 120_000)
 
   it("drops and counts tokens older than step - max_staleness; buffers executions told before their step; refuses wrong steps (truncated IS loss)", async () => {
     await checkpoints
@@ -320,7 +359,7 @@ describe("a step of the training role", () => {
           yield* node.spawn("device", "b.0")
           const refs = yield* batchExecutions(RUN, 0, 1)
           expect(yield* system.ask(device("a.0"), "StartStep", plan(0, 1))).toEqual({ started: true })
-          yield* system.ask(device("b.0"), "JoinStep", { step: 0, version: 0, core: "device/a.0" })
+          yield* system.ask(device("b.0"), "JoinStep", { step: 0, attempt: 0, version: 0, core: "device/a.0" })
           expect(role!.step()).toBe(0)
           yield* tellAll(refs)
           while (claims.length === 0) yield* Effect.sleep(10)
