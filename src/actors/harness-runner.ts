@@ -31,6 +31,7 @@ import { ExecutionOutcome } from "../tree/outcome.ts"
 import { GatewayProtocol } from "../protocols/gateway.ts"
 import { HarnessRunnerProtocol, UnknownTask, type RunExecution } from "../protocols/harness.ts"
 import { ensureTrajectoryStream, rlLayout } from "../protocols/layout.ts"
+import { markExecutionStart } from "../protocols/trajectories.ts"
 import { describeEnd, runInGroup, type GroupResult } from "../harness/process-group.ts"
 import { loadSuite, type Suite, type SuiteProgram, type Task } from "../harness/suites.ts"
 
@@ -201,6 +202,11 @@ export const makeHarnessRunner = (config: HarnessRunnerConfig) => {
             const env = { ...baseEnv(), ...task.env, ...req.env, GYRE_TASK_ID: task.id, GYRE_WORKSPACE: workspace, GYRE_SUITE_DIR: suite.dir }
 
             const key = `gyre-${randomBytes(24).toString("hex")}`
+            // Before any call of this run of it is recorded (a run again after a runner died starts the execution afresh).
+            yield* markExecutionStart(system, req.execution, `${formatAddress(ctx.address)}#${ctx.incarnation}`).pipe(
+              Effect.retry({ times: 9, schedule: Schedule.exponential(Duration.millis(100)) }),
+              Effect.orDie
+            )
             const opened = yield* open(key, taskName, req.execution)
             let ended: ExecutionOutcome["ended"] = "finished"
             let harnessFailed = true

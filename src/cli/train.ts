@@ -11,8 +11,13 @@
  * 4. Held-out score of the final checkpoint, and a summary counted from the run's journal
  *    (`src/replay/audit.ts`); with `--json` the last line is one JSON object.
  *
- * `--resume RUN` is refused for now: the scheduler resumes from the journal (a standby does), but
- * the devices' weights and the core's optimizer state at the last step are not rebuilt yet.
+ * `--resume RUN` continues a stopped run (its processes killed, its store kept): the run's
+ * configuration comes from its journal (the flags that shape the run are ignored), a new scheduler
+ * takes the lapsed lease and replays the journal through the policy, the devices join as new
+ * cells (the old ones are lost), executions that were running are run again, and the step in
+ * progress starts again as a new attempt on a core that loads the newest weights and the optimizer
+ * state stored beside them. Finished executions are not run again and no step is trained twice:
+ * the summary counts both from the journal.
  */
 import * as fs from "node:fs"
 import * as path from "node:path"
@@ -22,6 +27,7 @@ import { Engine } from "../engine/engine.ts"
 import { fixedPolicies } from "../policy/index.ts"
 import { TrainingSettings, type RunConfig } from "../protocols/run.ts"
 import { auditRun } from "../replay/audit.ts"
+import { readRunConfig, runDoneJournaled } from "../scheduling/records.ts"
 import { Nats, natsOptionsFromEnv } from "../runtime/nats.ts"
 import { repoRoot } from "../runtime/nats-server.ts"
 import { ActorSystem } from "../runtime/system.ts"
@@ -76,11 +82,7 @@ const check = (f: TrainFlags) => {
     throw new UsageError(`gyre train: --executions-per-step ${f["executions-per-step"]} must be a multiple of --group-size ${f["group-size"]}`)
   }
   if (f.checkpoint !== undefined) checkCheckpoint("train", f.checkpoint)
-  if (f.resume !== undefined) {
-    // The scheduler already resumes from the journal; the devices' weights and the core's optimizer
-    // state from the last checkpoint, and the steps trained after it, are not rebuilt yet.
-    throw new UsageError("gyre train: --resume is not built yet (the scheduler resumes from the journal, the trainer's state does not)")
-  }
+  if (f.resume !== undefined && f.checkpoint !== undefined) throw new UsageError("gyre train: --resume continues from the run's own weights; --checkpoint cannot be given with it")
   if (parseTaskList(f.heldout).length === 0) throw new UsageError("gyre train: --heldout names no task")
 }
 
@@ -118,6 +120,16 @@ const progressLine = (p: RunProgress) => {
 
 const round = (x: number, digits = 4) => Number(x.toFixed(digits))
 
+/** The journaled configuration of the stopped run `run` that `--resume` continues. */
+const resumedConfig = (run: string, store: string) =>
+  Effect.gen(function* () {
+    const system = yield* ActorSystem
+    const config = yield* readRunConfig(system)
+    if (config === undefined) return yield* Effect.fail(new UsageError(`gyre train: --resume ${run}: the store ${store} holds no journaled run ${run}`))
+    if (yield* runDoneJournaled(system)) return yield* Effect.fail(new UsageError(`gyre train: --resume ${run}: the run is finished (see its journal)`))
+    return config
+  }).pipe(Effect.provide(ActorSystem.layer({ run })))
+
 export const runTraining = (f: TrainFlags) => {
   check(f)
   const run = f.resume ?? f.run
@@ -131,16 +143,19 @@ export const runTraining = (f: TrainFlags) => {
     const started = Date.now()
     const env = suiteEnv(f)
     const warm = { suite: f.suite, env, tasks: f["demo-tasks"], steps: f["sft-steps"], lr: f["sft-lr"], seed: f.seed, fresh: false, log }
-    const initial = f.checkpoint ?? (yield* warmStartedCheckpoint(warm))
-    const checkpointDir = path.join(store, "checkpoints")
-    const suite = yield* loadSuite(f.suites, f.suite)
+    const resumed = f.resume === undefined ? undefined : yield* resumedConfig(run, store)
+    const initial = resumed?.checkpoint ?? f.checkpoint ?? (yield* warmStartedCheckpoint(warm))
+    const config = resumed ?? runConfigOf(f, run, initial, path.join(store, "checkpoints"))
+    if (resumed !== undefined) log(`resuming ${run}: ${resumed.policy}, ${resumed.policyConfig.steps} steps (the journal's configuration)`)
+    const suite = yield* loadSuite(f.suites, config.suite)
     const trainTasks = suite.tasks.filter((t) => t.split === "train").map((t) => t.id)
     const heldout = parseTaskList(f.heldout)
+    // A resumed run scores under names of its own (the stopped run's evaluations are in the store).
+    const attempt = resumed === undefined ? "" : `-r${Date.now().toString(36)}`
     const score = (checkpoint: string, name: string) =>
-      evaluate({ checkpoint, suitesDir: f.suites, suite: f.suite, tasks: heldout, env, run: `${run}-${name}`, concurrency: heldout.length })
+      evaluate({ checkpoint, suitesDir: f.suites, suite: config.suite, tasks: heldout, env: config.env, run: `${run}-${name}${attempt}`, concurrency: heldout.length })
     const before = yield* score(initial, "heldout-before")
     log(`held-out before: ${before.meanScore.toFixed(3)} on ${heldout.length} tasks (${before.seconds.toFixed(0)} s)`)
-    const config = runConfigOf(f, run, initial, checkpointDir)
     const result = yield* hostRun({ config, trainTasks, devices: f.devices, suitesDir: f.suites, onProgress: (p) => log(progressLine(p)) }).pipe(
       Effect.provide(ActorSystem.layer({ run }))
     )

@@ -5,10 +5,16 @@
  * (or some executions of it); `readExecution` reads one execution's call records through a
  * filtered consumer on `gyre.<run>.calls.<execution>` (the core trainer, as each execution
  * of its step finishes). Both decode a message the same way (`applyMessage`).
+ *
+ * A harness runner marks each start of an execution on its calls subject before the harness
+ * runs (`markExecutionStart`: an empty message with header `Gyre-Execution-Start`). An execution
+ * run again (its runner died with it, and the scheduler asked for it again) is rebuilt from its
+ * last start only: the calls of the attempt that died are not part of what was scored.
  */
 import type { JsMsg } from "@nats-io/jetstream"
 import { Effect, Schema, Stream } from "effect"
-import type { TransportError } from "../runtime/errors.ts"
+import { headers } from "@nats-io/transport-node"
+import { TransportError, messageOf } from "../runtime/errors.ts"
 import { readStored } from "../runtime/stream-reader.ts"
 import type { ActorSystemShape } from "../runtime/system.ts"
 import { DeltaDecoder } from "../tree/decoder.ts"
@@ -19,8 +25,8 @@ import { rlLayout } from "./layout.ts"
 export interface ExecutionTrajectory {
   readonly execution: string
   task: string
-  readonly decoder: DeltaDecoder
-  readonly rejected: Array<CallRecordRejected>
+  decoder: DeltaDecoder
+  rejected: Array<CallRecordRejected>
   outcome: ExecutionOutcome | undefined
 }
 
@@ -35,6 +41,19 @@ export interface Trajectories {
   readonly executions: ReadonlyMap<string, ExecutionTrajectory>
   readonly malformed: ReadonlyArray<MalformedMessage>
 }
+
+const START_HEADER = "Gyre-Execution-Start"
+
+/** Marks a start of `execution` on its calls subject (see the module comment); `runner` names who starts it. */
+export const markExecutionStart = (system: ActorSystemShape, execution: string, runner: string) =>
+  Effect.tryPromise({
+    try: () => {
+      const h = headers()
+      h.set(START_HEADER, runner)
+      return system.nats.js.publish(rlLayout(system.run).calls(execution), new Uint8Array(0), { headers: h })
+    },
+    catch: (e) => new TransportError({ operation: `mark the start of ${execution}`, message: messageOf(e) })
+  }).pipe(Effect.asVoid)
 
 const decodeRecord = Schema.decodeUnknownExit(CallRecordJson)
 const decodeOutcome = Schema.decodeUnknownExit(Schema.fromJsonString(ExecutionOutcome))
@@ -59,7 +78,10 @@ const applyMessage = (
   const execution = m.subject.slice((isCall ? callsPrefix : names.outcomes("")).length)
   const t = of(execution)
   if (t === undefined) return
-  if (isCall) {
+  if (isCall && m.headers?.has(START_HEADER) === true) {
+    t.decoder = new DeltaDecoder(execution)
+    t.rejected = []
+  } else if (isCall) {
     const record = decodeRecord(m.string())
     if (record._tag === "Failure") return void malformed.push({ seq: m.seq, subject: m.subject, reason: String(record.cause) })
     t.task = record.value.task
