@@ -6,13 +6,20 @@
  * says: every step done, nothing lost, nothing trained twice, nothing prefilled again, and a final
  * checkpoint that `gyre eval` scores.
  */
-import { execFile, execFileSync, spawnSync } from "node:child_process"
+import { execFile, execFileSync, spawn, spawnSync } from "node:child_process"
 import { existsSync, mkdtempSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import { Effect } from "effect"
+import type { JsMsg } from "@nats-io/jetstream"
+import { Effect, Layer, Stream } from "effect"
 import { describe, expect, it } from "vitest"
+import { rlLayout } from "../../src/protocols/layout.ts"
+import { executionName } from "../../src/protocols/run.ts"
+import { readRecords } from "../../src/scheduling/records.ts"
+import { Nats } from "../../src/runtime/nats.ts"
 import { startEmbeddedServer } from "../../src/runtime/nats-server.ts"
+import { readStored } from "../../src/runtime/stream-reader.ts"
+import { ActorSystem } from "../../src/runtime/system.ts"
 import { startNodeProcess } from "../runtime/harness.ts"
 
 const gyre = new URL("../../bin/gyre.js", import.meta.url).pathname
@@ -79,6 +86,70 @@ describe("gyre train", () => {
       )
     )
   }, 300_000)
+
+  it("--resume continues a run whose processes were all killed: every step done once, no finished execution run again, nothing lost", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "gyre-resume-"))
+    const store = join(dir, "store")
+    execFileSync("node", [gyre, "engine", "init", "--preset", "tiny", "--seed", "5", "--out", join(dir, "init")], { stdio: "ignore" })
+    const shape = ["--devices", "2", "--heldout", "heldout-0", "--store", store]
+    const first = ["train", "--run", "rs", "--checkpoint", join(dir, "init"), "--steps", "3", "--executions-per-step", "4", "--group-size", "2", "--slots", "2", "--horizon", "3", "--env", "TOY_TOOL_MS=30,TOY_MAX_TOKENS=16"]
+    // the whole run (node, nats-server, harnesses) in one process group, killed after its first step
+    const child = spawn("node", [gyre, ...first, ...shape], { detached: true, stdio: ["ignore", "pipe", "ignore"] })
+    const exited = new Promise((resolve) => child.once("exit", resolve))
+    await new Promise<void>((resolve, reject) => {
+      let out = ""
+      const timer = setTimeout(() => reject(new Error(`no step line in ${out}`)), 200_000)
+      child.stdout!.on("data", (b: Buffer) => {
+        out += b.toString()
+        if (/^step +0 /m.test(out)) resolve(void clearTimeout(timer))
+      })
+    })
+    process.kill(-child.pid!, "SIGKILL")
+    await exited
+    const summary = lastJson(execFileSync("node", [gyre, "train", "--resume", "rs", ...shape, "--json"], { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"], timeout: 240_000 }))
+    expect(summary.steps).toBe(3)
+    expect(summary.train_scores).toHaveLength(3)
+    expect(summary.executions_lost).toBe(0)
+    expect(summary.trained_twice).toBe(0)
+    expect(existsSync(join(summary.checkpoint, "model.safetensors"))).toBe(true)
+    const journal = await Effect.runPromise(
+      Effect.scoped(
+        Effect.gen(function* () {
+          const system = yield* ActorSystem
+          const records = yield* readRecords(system)
+          // starts of each execution, as its harness runner marked them
+          const starts = new Map<string, number>()
+          const names = rlLayout("rs")
+          const countStart = (m: JsMsg) => {
+            if (!m.headers?.has("Gyre-Execution-Start")) return
+            const execution = m.subject.slice(names.calls("").length)
+            starts.set(execution, (starts.get(execution) ?? 0) + 1)
+          }
+          yield* readStored(system.nats, names.trajectoryStream, { seq: 1 }, names.allCalls).pipe(Stream.runForEach((m) => Effect.sync(() => countStart(m))))
+          return { records, starts }
+        })
+      ).pipe(Effect.provide(ActorSystem.layer({ run: "rs" }).pipe(Layer.provideMerge(Nats.layer({ storeDir: store })))))
+    )
+    const terms = new Set(journal.records.map((r) => r.record.term))
+    expect(terms.size).toBe(2)
+    const firstTerm = Math.min(...terms)
+    // executions that finished before the kill were started once; the others at most twice
+    const finishedBefore = journal.records.filter((r) => r.record.term === firstTerm && r.record.event._tag === "ExecutionFinished")
+    expect(finishedBefore.length).toBeGreaterThan(0)
+    for (const r of finishedBefore) {
+      const e = r.record.event as { batch: number; execution: number }
+      expect(journal.starts.get(executionName(e.batch, e.execution))).toBe(1)
+    }
+    for (const n of journal.starts.values()) expect(n).toBeLessThanOrEqual(2)
+    const steps = journal.records.filter((r) => r.record.event._tag === "StepDone").map((r) => (r.record.event as { step: number }).step)
+    expect(steps).toEqual([0, 1, 2])
+    // a finished run, and a run the store does not hold, are refused with one line
+    for (const run of ["rs", "nothing"]) {
+      const r = spawnSync("node", [gyre, "train", "--resume", run, "--store", store], { encoding: "utf8" })
+      expect(r.status, run).toBe(2)
+      expect(r.stderr.trim().split("\n"), run).toHaveLength(1)
+    }
+  }, 600_000)
 
   it("answers a bad flag with one line and exit code 2", () => {
     for (const args of [["train", "--policy", "fastest"], ["train", "--executions-per-step", "5", "--group-size", "2"], ["eval", "--checkpoint", "/nonexistent"], ["eval", "--checkpoint", "x", "--tasks", "heldout-3..train-1"]]) {
