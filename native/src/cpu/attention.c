@@ -23,8 +23,19 @@ typedef float v16 __attribute__((vector_size(CHUNK * sizeof(float))));
 
 typedef int32_t i16v __attribute__((vector_size(CHUNK * sizeof(int32_t))));
 
+/* Half a chunk: one AVX2 register. Without AVX-512 GCC splits a v16 into two of these and,
+ * where many v16 are live (accumulators of several queries), keeps them on the stack; the
+ * hot loops below then run on halves explicitly (the same arithmetic per lane). */
+typedef float v8 __attribute__((vector_size(CHUNK / 2 * sizeof(float))));
+
 static inline v16 load16(const float *p) {
   v16 v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+
+static inline v8 load8(const float *p) {
+  v8 v;
   memcpy(&v, p, sizeof v);
   return v;
 }
@@ -71,7 +82,9 @@ static inline v16 exp16(v16 x) {
 }
 
 /* s[r] (+)= sum_c a[r][c] * cols[c * ld + 0..CHUNK) for r < NQ, with a[r] at q[r] and the
- * count a compile-time constant so the NQ accumulators stay in registers. */
+ * count a compile-time constant so the NQ accumulators stay in registers (without AVX-512:
+ * one half of the chunk at a time, NQ 8-float accumulators; 2 NQ would spill). */
+#if defined(__AVX512F__)
 #define DEFINE_SCORES(NQ)                                                                      \
   static inline void scores_##NQ(v16 *s, const float *const *q, const float *cols, size_t ld, int hd) { \
     v16 acc[NQ];                                                                               \
@@ -82,6 +95,20 @@ static inline v16 exp16(v16 x) {
     }                                                                                          \
     for (int r = 0; r < NQ; r++) s[r] = acc[r];                                                \
   }
+#else
+#define DEFINE_SCORES(NQ)                                                                      \
+  static inline void scores_##NQ(v16 *s, const float *const *q, const float *cols, size_t ld, int hd) { \
+    for (int half = 0; half < CHUNK; half += CHUNK / 2) {                                      \
+      v8 acc[NQ];                                                                              \
+      for (int r = 0; r < NQ; r++) acc[r] = (v8){0};                                           \
+      for (int c = 0; c < hd; c++) {                                                           \
+        v8 col = load8(cols + (size_t)c * ld + half);                                          \
+        for (int r = 0; r < NQ; r++) acc[r] += q[r][c] * col;                                  \
+      }                                                                                        \
+      for (int r = 0; r < NQ; r++) memcpy((float *)&s[r] + half, &acc[r], sizeof acc[r]);     \
+    }                                                                                          \
+  }
+#endif
 DEFINE_SCORES(1)
 DEFINE_SCORES(2)
 DEFINE_SCORES(3)
@@ -524,24 +551,33 @@ static void attend_grad_keys(int j0, int j1, int g, const float *qkv, const floa
     if (!any) continue;
     for (int h = g * G; h < (g + 1) * G; h++) {
       const float *q = qkv + (size_t)i * d->qkv_dim + (size_t)h * hd, *dout = datt + (size_t)i * d->q_dim + (size_t)h * hd;
-      v16 s = (v16){0}, dp = (v16){0};
+      v8 s0 = {0}, s1 = {0}, dp0 = {0}, dp1 = {0}; /* halves of the chunk's scores and dP */
       for (int c = 0; c < hd; c++) {
-        s += q[c] * load16(ktg + (size_t)c * T);
-        dp += dout[c] * load16(vtg + (size_t)c * T);
+        const float *kc = ktg + (size_t)c * T, *vc = vtg + (size_t)c * T;
+        s0 += q[c] * load8(kc);
+        s1 += q[c] * load8(kc + CHUNK / 2);
+        dp0 += dout[c] * load8(vc);
+        dp1 += dout[c] * load8(vc + CHUNK / 2);
       }
       float sr[CHUNK], dr[CHUNK], p[CHUNK], ds[CHUNK];
-      memcpy(sr, &s, sizeof sr);
-      memcpy(dr, &dp, sizeof dr);
+      memcpy(sr, &s0, sizeof s0);
+      memcpy(sr + CHUNK / 2, &s1, sizeof s1);
+      memcpy(dr, &dp0, sizeof dp0);
+      memcpy(dr + CHUNK / 2, &dp1, sizeof dp1);
       float l = lse[(size_t)i * d->H + h], D = dsum[(size_t)i * d->H + h];
       for (int u = 0; u < CHUNK; u++) {
         p[u] = vis[u] * fast_exp(sr[u] * scale - l);
         ds[u] = scale * p[u] * (dr[u] - D);
       }
-      v16 pv = load16(p), dsv = load16(ds);
+      v8 p0 = load8(p), p1 = load8(p + CHUNK / 2), ds0 = load8(ds), ds1 = load8(ds + CHUNK / 2);
       for (int c = 0; c < hd; c++) {
-        v16 *kc = (v16 *)(dkt + c * CHUNK), *vc = (v16 *)(dvt + c * CHUNK);
-        *kc += q[c] * dsv;
-        *vc += dout[c] * pv;
+        float *kc = dkt + c * CHUNK, *vc = dvt + c * CHUNK;
+        v8 k0 = load8(kc) + q[c] * ds0, k1 = load8(kc + CHUNK / 2) + q[c] * ds1;
+        v8 v0 = load8(vc) + dout[c] * p0, v1 = load8(vc + CHUNK / 2) + dout[c] * p1;
+        memcpy(kc, &k0, sizeof k0);
+        memcpy(kc + CHUNK / 2, &k1, sizeof k1);
+        memcpy(vc, &v0, sizeof v0);
+        memcpy(vc + CHUNK / 2, &v1, sizeof v1);
       }
     }
   }
