@@ -8,9 +8,11 @@
  *    under each fixed policy, timed on one core (the simulator is single-threaded) after the
  *    runs above warmed the JIT: wall and CPU seconds, events delivered to the policy per CPU
  *    second (target >= 1M/s, each run < 10 s).
- * 3. With `--grid` (minutes): elastic and elastic-published over lower_bound_s on a grid of 108
- *    scenarios (tail sigma x training rate x staleness x batch size over slots), the evidence
- *    behind the Gyre variant (ARCHITECTURE.md).
+ * 3. With `--grid` (about a minute): elastic and elastic-published over lower_bound_s on a grid
+ *    of 108 scenarios (tail sigma x training rate x staleness x batch size over slots), the
+ *    evidence behind the Gyre variant (ARCHITECTURE.md): a markdown table of elastic's ratios
+ *    (scenarios/README.md), then the summary (`grid_scenarios`, `grid_within_1_15`,
+ *    `grid_mean_over_bound`, the comparison with elastic-published).
  */
 import { fixedPolicies } from "../src/policy/index.ts"
 import { compare } from "../src/sim/compare.ts"
@@ -101,10 +103,14 @@ const grid = process.argv.includes("--grid") ? gridRun() : undefined
 
 function gridRun() {
   const over: Record<string, Array<number>> = { elastic: [], "elastic-published": [] }
-  for (const sigma of [0.5, 1, 1.5, 2])
-    for (const rate of [50_000, 200_000, 1_000_000])
-      for (const max_staleness of [0, 1, 2])
-        for (const fill of [0.5, 1, 2]) {
+  const sigmas = [0.5, 1, 1.5, 2]
+  const rates = [50_000, 200_000, 1_000_000]
+  const stalenesses = [0, 1, 2]
+  const fills = [0.5, 1, 2]
+  for (const sigma of sigmas)
+    for (const rate of rates)
+      for (const max_staleness of stalenesses)
+        for (const fill of fills) {
           const s = parseScenario({
             cells: 8,
             slots_per_cell: 64,
@@ -123,14 +129,28 @@ function gridRun() {
         }
   const g = over.elastic!
   const p = over["elastic-published"]!
+  const mean = (xs: ReadonlyArray<number>) => xs.reduce((a, b) => a + b) / xs.length
   const summary = {
-    scenarios: g.length,
+    grid_scenarios: g.length,
+    grid_within_1_15: g.filter((x) => x <= 1.15).length,
+    grid_mean_over_bound: mean(g),
     elastic_better: g.filter((x, i) => x < p[i]! - 0.005).length,
     elastic_worse: g.filter((x, i) => x > p[i]! + 0.005).length,
-    mean_over_bound: { elastic: g.reduce((a, b) => a + b) / g.length, "elastic-published": p.reduce((a, b) => a + b) / p.length },
+    mean_over_bound: { elastic: mean(g), "elastic-published": mean(p) },
     above_1_15: { elastic: g.filter((x) => x > 1.15).length, "elastic-published": p.filter((x) => x > 1.15).length },
     worst_over_bound: { elastic: Math.max(...g), "elastic-published": Math.max(...p) }
   }
+  // One row per (sigma, rate), one column per (staleness, batch / slots): elastic / bound.
+  const columns = stalenesses.flatMap((st) => fills.map((f) => `s${st} x${f}`))
+  const table = [`| sigma | rate/cell | ${columns.join(" | ")} |`, `| --- | --- |${" --- |".repeat(columns.length)}`]
+  sigmas.forEach((sigma, a) =>
+    rates.forEach((rate, b) => {
+      const at = (a * rates.length + b) * columns.length
+      table.push(`| ${sigma} | ${rate / 1000}k | ${g.slice(at, at + columns.length).map((x) => x.toFixed(3)).join(" | ")} |`)
+    })
+  )
+  console.log("\ngrid: elastic makespan / lower_bound (columns: max_staleness s, batch = x slots)")
+  console.log(table.join("\n"))
   console.log("\ngrid: makespan / lower_bound over 108 scenarios (better/worse: by more than 0.005)")
   console.log(JSON.stringify(summary))
   return summary

@@ -56,12 +56,16 @@ describe("tiny scenarios, by hand", () => {
   }
 
   it("lower bound: work and critical path by hand", () => {
-    // work: (60 s of rollout on 1 slot + 400 tokens at 10/s) / 2 cells = 50.
-    // critical path, R = 20: T0 = max(0 + 20 + 100/20, 0 + 200/20) = 25; T1 = max(25 + 25, 25 + 10) = 50.
+    // Earliest schedule on M = 2 slots, R = 20 tokens/s: e0 0-10, e1 0-20; step 0 ends no
+    // earlier than T0 = max(200/20, 20 + 100/20, 10 + 200/20) = 25; version 1 arrives 28, so
+    // e2 28-38, e3 28-48 and T1 = max(25 + 10, 48 + 5, 38 + 10) = 53: the critical path.
+    // Work at tau = 38 (e2's tokens trainable from 38): 10 s of e3 left on one slot + 200 tokens
+    // at 10/s over 2 cells = 15, so 53; at tau = 10 it is 10 + (40 + 40) / 2 = 50.
     const s = tiny(0)
-    expect(lowerBound(s, executionsOf(s))).toEqual({ lower_bound_s: 50, work_s: 50, critical_path_s: 50 })
-    // With one version of staleness T1 = max(0 + 25, 25 + 10) = 35.
+    expect(lowerBound(s, executionsOf(s))).toEqual({ lower_bound_s: 53, work_s: 53, critical_path_s: 53 })
+    // With one version of staleness batch 1 needs no version: e2 10-20, e3 20-40, T1 =
+    // max(35, 40 + 5, 20 + 10) = 45; work at tau = 10: 10 + (40 s of rollout left + 40) / 2 = 50.
     const s1 = tiny(1)
-    expect(lowerBound(s1, executionsOf(s1))).toEqual({ lower_bound_s: 50, work_s: 50, critical_path_s: 35 })
+    expect(lowerBound(s1, executionsOf(s1))).toEqual({ lower_bound_s: 50, work_s: 50, critical_path_s: 45 })
   })
 })

@@ -21,57 +21,28 @@
 
 typedef float v16 __attribute__((vector_size(CHUNK * sizeof(float))));
 
-typedef int32_t i16v __attribute__((vector_size(CHUNK * sizeof(int32_t))));
+/* Half a chunk: one AVX2 register. Without AVX-512 GCC keeps a v16 in memory and copies it
+ * with `rep movs` (measured: the score and P.V loops spent most of their time there), so the
+ * loops over a chunk run on two halves; the arithmetic per lane is the same. */
+typedef float v8 __attribute__((vector_size(CHUNK / 2 * sizeof(float))));
+typedef int32_t i8v __attribute__((vector_size(CHUNK / 2 * sizeof(int32_t))));
 
+static inline v8 load8(const float *p) {
+  v8 v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+
+/* s[r] (+)= sum_c a[r][c] * cols[c * ld + 0..CHUNK) for r < NQ, with a[r] at q[r] and the
+ * count a compile-time constant so the NQ accumulators stay in registers (without AVX-512:
+ * one half of the chunk at a time, NQ 8-float accumulators; 2 NQ would spill). */
+#if defined(__AVX512F__)
 static inline v16 load16(const float *p) {
   v16 v;
   memcpy(&v, p, sizeof v);
   return v;
 }
 
-/* Lanes u < visible of v, MASKED elsewhere. */
-static inline v16 mask_from(v16 v, int visible) {
-  const i16v lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  const v16 masked = (v16){0} + MASKED;
-  i16v keep = lane < (i16v){0} + visible;
-  return (v16)(((i16v)v & keep) | ((i16v)masked & ~keep));
-}
-
-/* Horizontal max and sum by halving (four vector steps, not sixteen dependent scalar ones). */
-static inline float hmax16(v16 v) {
-  const i16v h8 = {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7}, h4 = {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11};
-  const i16v h2 = {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13}, h1 = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
-  v16 t = __builtin_shuffle(v, h8);
-  v = (v16)((i16v)v & (v > t)) + (v16)((i16v)t & ~(v > t));
-  t = __builtin_shuffle(v, h4);
-  v = (v16)((i16v)v & (v > t)) + (v16)((i16v)t & ~(v > t));
-  t = __builtin_shuffle(v, h2);
-  v = (v16)((i16v)v & (v > t)) + (v16)((i16v)t & ~(v > t));
-  t = __builtin_shuffle(v, h1);
-  v = (v16)((i16v)v & (v > t)) + (v16)((i16v)t & ~(v > t));
-  return v[0];
-}
-
-static inline float hsum16(v16 v) {
-  const i16v h8 = {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7}, h4 = {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11};
-  const i16v h2 = {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13}, h1 = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
-  v += __builtin_shuffle(v, h8);
-  v += __builtin_shuffle(v, h4);
-  v += __builtin_shuffle(v, h2);
-  v += __builtin_shuffle(v, h1);
-  return v[0];
-}
-
-/* fast_exp on each lane (a loop GCC turns into vector code). */
-static inline v16 exp16(v16 x) {
-  float lanes[CHUNK];
-  memcpy(lanes, &x, sizeof lanes);
-  for (int u = 0; u < CHUNK; u++) lanes[u] = fast_exp(lanes[u]);
-  return load16(lanes);
-}
-
-/* s[r] (+)= sum_c a[r][c] * cols[c * ld + 0..CHUNK) for r < NQ, with a[r] at q[r] and the
- * count a compile-time constant so the NQ accumulators stay in registers. */
 #define DEFINE_SCORES(NQ)                                                                      \
   static inline void scores_##NQ(v16 *s, const float *const *q, const float *cols, size_t ld, int hd) { \
     v16 acc[NQ];                                                                               \
@@ -82,6 +53,20 @@ static inline v16 exp16(v16 x) {
     }                                                                                          \
     for (int r = 0; r < NQ; r++) s[r] = acc[r];                                                \
   }
+#else
+#define DEFINE_SCORES(NQ)                                                                      \
+  static inline void scores_##NQ(v16 *s, const float *const *q, const float *cols, size_t ld, int hd) { \
+    for (int half = 0; half < CHUNK; half += CHUNK / 2) {                                      \
+      v8 acc[NQ];                                                                              \
+      for (int r = 0; r < NQ; r++) acc[r] = (v8){0};                                           \
+      for (int c = 0; c < hd; c++) {                                                           \
+        v8 col = load8(cols + (size_t)c * ld + half);                                          \
+        for (int r = 0; r < NQ; r++) acc[r] += q[r][c] * col;                                  \
+      }                                                                                        \
+      for (int r = 0; r < NQ; r++) memcpy((float *)&s[r] + half, &acc[r], sizeof acc[r]);     \
+    }                                                                                          \
+  }
+#endif
 DEFINE_SCORES(1)
 DEFINE_SCORES(2)
 DEFINE_SCORES(3)
@@ -119,28 +104,37 @@ typedef struct key_run {
   int n, pos0;
 } key_run;
 
-/* max and (after p = exp(x - max) in place) sum of row[0..n), 16 lanes at a time. */
+/* max and (after p = exp(x - max) in place) sum of row[0..n), 16 lanes at a time (two
+ * halves), the lanes summed in a fixed order: the halves, then lanes 4, 2, 1 apart. */
 static float row_max(const float *row, int n) {
-  v16 mv = (v16){0} + MASKED;
+  v8 m0 = (v8){0} + MASKED, m1 = m0;
   int j = 0;
   for (; j + CHUNK <= n; j += CHUNK) {
-    v16 x = load16(row + j);
-    mv = (v16)(((i16v)x & (x > mv)) | ((i16v)mv & ~(x > mv)));
+    v8 x0 = load8(row + j), x1 = load8(row + j + CHUNK / 2);
+    m0 = (v8)(((i8v)x0 & (x0 > m0)) | ((i8v)m0 & ~(x0 > m0)));
+    m1 = (v8)(((i8v)x1 & (x1 > m1)) | ((i8v)m1 & ~(x1 > m1)));
   }
-  float m = hmax16(mv);
+  float lanes[CHUNK], m = MASKED;
+  memcpy(lanes, &m0, sizeof m0);
+  memcpy(lanes + CHUNK / 2, &m1, sizeof m1);
+  for (int u = 0; u < CHUNK; u++) m = lanes[u] > m ? lanes[u] : m;
   for (; j < n; j++) m = row[j] > m ? row[j] : m;
   return m;
 }
 
 static float exp_sum(float *row, int n, float m) {
-  v16 acc = (v16){0};
+  v8 acc0 = (v8){0}, acc1 = (v8){0};
   int j = 0;
   for (; j + CHUNK <= n; j += CHUNK) {
-    v16 p = exp16(load16(row + j) - m);
-    memcpy(row + j, &p, sizeof p);
-    acc += p;
+    float *p = row + j;
+    for (int u = 0; u < CHUNK; u++) p[u] = fast_exp(p[u] - m);
+    acc0 += load8(p);
+    acc1 += load8(p + CHUNK / 2);
   }
-  float sum = hsum16(acc);
+  float x[CHUNK / 2];
+  v8 halves = acc0 + acc1;
+  memcpy(x, &halves, sizeof x);
+  float sum = ((x[0] + x[4]) + (x[2] + x[6])) + ((x[1] + x[5]) + (x[3] + x[7]));
   for (; j < n; j++) sum += row[j] = fast_exp(row[j] - m);
   return sum;
 }
@@ -175,9 +169,11 @@ static void attend(int R, const float *const *q, const int *limit, const key_run
         }
         v16 s[QB];
         scores(nq, s, q + r0, kt, ldk, hd);
-        for (int r = 0; r < nq; r++) {
-          v16 sv = mask_from(s[r] * scale, limit[r0 + r] - (run->pos0 + j0) + 1);
-          memcpy(sc + r * max_keys + n_keys, &sv, sizeof(float) * w);
+        for (int r = 0; r < nq; r++) { /* scaled, keys past the query's limit masked */
+          int visible = limit[r0 + r] - (run->pos0 + j0) + 1;
+          const float *sr = (const float *)&s[r];
+          float *row = sc + r * max_keys + n_keys;
+          for (int u = 0; u < w; u++) row[u] = u < visible ? sr[u] * scale : MASKED;
         }
         n_keys += w;
       }
@@ -201,11 +197,16 @@ static void attend(int R, const float *const *q, const int *limit, const key_run
           if (visible > w) visible = w;
           const float *pr = sc + r * max_keys + at;
           float *orow = o + r * hd;
-          for (int c = 0; c < hd; c += CHUNK) { /* CHUNK-wide columns, then the rest */
+          for (int c = 0; c < hd; c += CHUNK) { /* CHUNK-wide columns (two halves), then the rest */
             if (hd - c >= CHUNK) {
-              v16 acc = load16(orow + c);
-              for (int u = 0; u < visible; u++) acc += pr[u] * load16(v + (size_t)u * run->ldv + c);
-              memcpy(orow + c, &acc, sizeof acc);
+              v8 acc0 = load8(orow + c), acc1 = load8(orow + c + CHUNK / 2);
+              for (int u = 0; u < visible; u++) {
+                const float *vu = v + (size_t)u * run->ldv + c;
+                acc0 += pr[u] * load8(vu);
+                acc1 += pr[u] * load8(vu + CHUNK / 2);
+              }
+              memcpy(orow + c, &acc0, sizeof acc0);
+              memcpy(orow + c + CHUNK / 2, &acc1, sizeof acc1);
             } else {
               for (int u = 0; u < visible; u++)
                 for (int cc = c; cc < hd; cc++) orow[cc] += pr[u] * v[(size_t)u * run->ldv + cc];
@@ -524,24 +525,33 @@ static void attend_grad_keys(int j0, int j1, int g, const float *qkv, const floa
     if (!any) continue;
     for (int h = g * G; h < (g + 1) * G; h++) {
       const float *q = qkv + (size_t)i * d->qkv_dim + (size_t)h * hd, *dout = datt + (size_t)i * d->q_dim + (size_t)h * hd;
-      v16 s = (v16){0}, dp = (v16){0};
+      v8 s0 = {0}, s1 = {0}, dp0 = {0}, dp1 = {0}; /* halves of the chunk's scores and dP */
       for (int c = 0; c < hd; c++) {
-        s += q[c] * load16(ktg + (size_t)c * T);
-        dp += dout[c] * load16(vtg + (size_t)c * T);
+        const float *kc = ktg + (size_t)c * T, *vc = vtg + (size_t)c * T;
+        s0 += q[c] * load8(kc);
+        s1 += q[c] * load8(kc + CHUNK / 2);
+        dp0 += dout[c] * load8(vc);
+        dp1 += dout[c] * load8(vc + CHUNK / 2);
       }
       float sr[CHUNK], dr[CHUNK], p[CHUNK], ds[CHUNK];
-      memcpy(sr, &s, sizeof sr);
-      memcpy(dr, &dp, sizeof dr);
+      memcpy(sr, &s0, sizeof s0);
+      memcpy(sr + CHUNK / 2, &s1, sizeof s1);
+      memcpy(dr, &dp0, sizeof dp0);
+      memcpy(dr + CHUNK / 2, &dp1, sizeof dp1);
       float l = lse[(size_t)i * d->H + h], D = dsum[(size_t)i * d->H + h];
       for (int u = 0; u < CHUNK; u++) {
         p[u] = vis[u] * fast_exp(sr[u] * scale - l);
         ds[u] = scale * p[u] * (dr[u] - D);
       }
-      v16 pv = load16(p), dsv = load16(ds);
+      v8 p0 = load8(p), p1 = load8(p + CHUNK / 2), ds0 = load8(ds), ds1 = load8(ds + CHUNK / 2);
       for (int c = 0; c < hd; c++) {
-        v16 *kc = (v16 *)(dkt + c * CHUNK), *vc = (v16 *)(dvt + c * CHUNK);
-        *kc += q[c] * dsv;
-        *vc += dout[c] * pv;
+        float *kc = dkt + c * CHUNK, *vc = dvt + c * CHUNK;
+        v8 k0 = load8(kc) + q[c] * ds0, k1 = load8(kc + CHUNK / 2) + q[c] * ds1;
+        v8 v0 = load8(vc) + dout[c] * p0, v1 = load8(vc + CHUNK / 2) + dout[c] * p1;
+        memcpy(kc, &k0, sizeof k0);
+        memcpy(kc + CHUNK / 2, &k1, sizeof k1);
+        memcpy(vc, &v0, sizeof v0);
+        memcpy(vc + CHUNK / 2, &v1, sizeof v1);
       }
     }
   }
