@@ -166,16 +166,17 @@ export const makeDispatcher = <S>(o: DispatchOptions<S>) =>
       else wantSnapshot(s === "snapshot")
     }
 
+    // A dead letter that cannot be published does not crash the actor: the ask is answered
+    // all the same, the tell goes back (to be dead-lettered on a later delivery).
     const reject = (d: Delivery, msgId: string, reason: string) => {
       metrics.handled(d.via, "rejected", undefined)
       metrics.deadLettered()
       observe(run(d.deadLetter(reason)), (exit) => {
-        if (Exit.isFailure(exit)) {
-          d.handBack()
-          return fail(exit.cause)
-        }
+        const lost = Exit.isFailure(exit)
+        if (lost) run(Effect.logError(`${o.actor}: could not dead-letter a message (${reason.slice(0, 200)}): ${Cause.pretty(exit.cause)}`))
         d.answer(encodeRejectedReply(reason))
-        if (d.via === "tell") {
+        if (d.via === "tell" && lost) d.handBack(o.redeliveryDelays.at(-1) ?? 0)
+        else if (d.via === "tell") {
           o.handled.remember(msgId)
           settleTell(d, false)
         }
@@ -187,17 +188,17 @@ export const makeDispatcher = <S>(o: DispatchOptions<S>) =>
     const crash = (d: Delivery, cause: Cause.Cause<unknown>) => {
       halted = true
       const pretty = Cause.pretty(cause)
-      let first: Effect.Effect<void, unknown> = Effect.void
       if (d.via === "ask") d.answer(encodeRejectedReply(`handler crashed: ${pretty}`))
       else if (d.deliveryCount >= type.maxDeliveries) {
         metrics.deadLettered()
         const reason = `the handler crashed on each of ${d.deliveryCount} deliveries; the last time: ${pretty}`
-        first = Effect.andThen(d.deadLetter(reason), Effect.sync(() => d.confirm()))
+        return observe(run(d.deadLetter(reason)), (exit) => {
+          if (Exit.isSuccess(exit)) d.confirm()
+          else d.handBack(o.redeliveryDelays.at(-1) ?? 0)
+          fail(cause)
+        })
       } else d.handBack(o.redeliveryDelays[d.deliveryCount - 1] ?? o.redeliveryDelays.at(-1) ?? 0)
-      observe(run(first), (exit) => {
-        if (Exit.isFailure(exit)) d.handBack()
-        fail(cause)
-      })
+      fail(cause)
     }
 
     const finish = (d: Delivery, p: Prepared, exit: Exit.Exit<unknown, unknown>) => {

@@ -12,6 +12,7 @@
  */
 import { AckPolicy, DeliverPolicy, type ConsumerMessages, type JsMsg } from "@nats-io/jetstream"
 import { headers as natsHeaders, type Msg, type MsgHdrs, type Subscription } from "@nats-io/transport-node"
+import { createHash } from "node:crypto"
 import { Effect } from "effect"
 import { TransportError, messageOf } from "./errors.ts"
 import type { ActorAddress } from "./names.ts"
@@ -61,18 +62,60 @@ const headerValues = (hdrs: MsgHdrs | undefined): Record<string, string> => {
   return out
 }
 
-const deadLetter = (route: Route, d: Delivery, hdrs: MsgHdrs | undefined, reason: string) => {
+/** Copied header values are cut to this many characters (a long unknown tag, say). */
+const copiedHeaderChars = 1024
+/** Room kept under `max_payload` for the protocol line and what the server adds. */
+const deadLetterMargin = 4096
+
+/**
+ * A copied header's name: JetStream reads `Nats-*` headers of a publish (`Nats-Expected-Last-
+ * Sequence` would make the dead letter's publish fail), so those but the message id are renamed.
+ */
+const copiedName = (k: string) => {
+  const name = oneLine(k).slice(0, 256)
+  return /^nats-/i.test(name) && name.toLowerCase() !== Headers.msgId.toLowerCase() ? `Gyre-Dead-Header-${name}` : name
+}
+
+/** Bytes a header takes on the wire (`key: value\r\n`). */
+const headerBytes = (k: string, v: string) => Buffer.byteLength(k) + Buffer.byteLength(v) + 4
+
+/**
+ * The dead letter of `data`: its headers (values cut to one line of `copiedHeaderChars`) with
+ * the reason and where it came from, and as much of `data` as fits in `maxPayload`; a cut
+ * body keeps the original's length and SHA-256 in `Gyre-Dead-Original-Length` and `-Digest`.
+ */
+export const deadLetterOf = (
+  data: Uint8Array,
+  hdrs: MsgHdrs | undefined,
+  where: { readonly reason: string; readonly subject: string; readonly seq: number; readonly actor: string },
+  maxPayload: number
+): { readonly headers: MsgHdrs; readonly body: Uint8Array } => {
   const h = natsHeaders()
-  if (hdrs) for (const [k, vs] of hdrs) for (const v of vs) h.append(k, v)
-  h.set(Headers.deadReason, oneLine(reason))
-  h.set(Headers.deadSubject, d.subject)
-  h.set(Headers.deadSeq, String(d.seq))
-  h.set(Headers.deadActor, route.actor)
+  let size = 12 // "NATS/1.0\r\n" and the blank line
+  const add = (k: string, v: string) => {
+    h.append(k, v)
+    size += headerBytes(k, v)
+  }
+  add(Headers.deadReason, oneLine(where.reason))
+  add(Headers.deadSubject, oneLine(where.subject).slice(0, copiedHeaderChars))
+  add(Headers.deadSeq, String(where.seq))
+  add(Headers.deadActor, where.actor)
+  if (hdrs) for (const [k, vs] of hdrs) for (const v of vs) add(copiedName(k), oneLine(v).slice(0, copiedHeaderChars))
+  const room = Math.max(0, maxPayload - deadLetterMargin - size - 200)
+  if (data.length <= room) return { headers: h, body: data }
+  add(Headers.deadOriginalLength, String(data.length))
+  add(Headers.deadOriginalDigest, `sha256:${createHash("sha256").update(data).digest("hex")}`)
+  return { headers: h, body: data.subarray(0, room) }
+}
+
+const deadLetter = (route: Route, d: Delivery, hdrs: MsgHdrs | undefined, reason: string) => {
+  const { nc, js } = route.system.nats
+  const { headers, body } = deadLetterOf(d.data, hdrs, { reason, subject: d.subject, seq: d.seq, actor: route.actor }, nc.info?.max_payload ?? 1024 * 1024)
   const subject = route.system.layout.dead(route.address)
   return Effect.tryPromise({
-    try: () => route.system.nats.js.publish(subject, d.data, { headers: h }),
+    try: () => js.publish(subject, body, { headers }),
     catch: (e) => new TransportError({ operation: `dead-letter to ${subject}`, message: messageOf(e) })
-  }).pipe(Effect.tap(() => Effect.logWarning(`${route.actor}: dead-lettered a message: ${reason}`)), Effect.asVoid)
+  }).pipe(Effect.tap(() => Effect.logWarning(`${route.actor}: dead-lettered a message: ${oneLine(reason).slice(0, 300)}`)), Effect.asVoid)
 }
 
 class TellDelivery implements Delivery {

@@ -24,6 +24,9 @@ export const Headers = {
   deadSubject: "Gyre-Dead-Subject",
   deadSeq: "Gyre-Dead-Seq",
   deadActor: "Gyre-Dead-Actor",
+  /** A dead letter whose body was cut to fit: the original's length and `sha256:<hex>`. */
+  deadOriginalLength: "Gyre-Dead-Original-Length",
+  deadOriginalDigest: "Gyre-Dead-Original-Digest",
   askReply: "Gyre-Ask-Reply",
   /** W3C trace context of the sender's span: `00-<trace id>-<span id>-<flags>`. */
   traceparent: "traceparent"
