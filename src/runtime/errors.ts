@@ -42,6 +42,13 @@ export class SnapshotConflict extends Schema.TaggedError<SnapshotConflict>()("Sn
   writtenBy: Schema.optional(Schema.Number)
 }) {}
 
+/** The stored snapshot of an actor does not decode (it was quarantined with this reason). */
+export class SnapshotCorrupt extends Schema.TaggedError<SnapshotCorrupt>()("SnapshotCorrupt", {
+  actor: Schema.String,
+  revision: Schema.Number,
+  reason: Schema.String
+}) {}
+
 /** A supervisor gave up on a child after too many restarts within its period. */
 export class Escalation extends Schema.TaggedError<Escalation>()("Escalation", {
   child: Schema.String,

@@ -79,6 +79,14 @@ const copiedName = (k: string) => {
 /** Bytes a header takes on the wire (`key: value\r\n`). */
 const headerBytes = (k: string, v: string) => Buffer.byteLength(k) + Buffer.byteLength(v) + 4
 
+/** Where a dead letter comes from: the reason, the subject and sequence it had, the actor. */
+export interface DeadLetterSource {
+  readonly reason: string
+  readonly subject: string
+  readonly seq: number
+  readonly actor: string
+}
+
 /**
  * The dead letter of `data`: its headers (values cut to one line of `copiedHeaderChars`) with
  * the reason and where it came from, and as much of `data` as fits in `maxPayload`; a cut
@@ -87,7 +95,7 @@ const headerBytes = (k: string, v: string) => Buffer.byteLength(k) + Buffer.byte
 export const deadLetterOf = (
   data: Uint8Array,
   hdrs: MsgHdrs | undefined,
-  where: { readonly reason: string; readonly subject: string; readonly seq: number; readonly actor: string },
+  where: DeadLetterSource,
   maxPayload: number
 ): { readonly headers: MsgHdrs; readonly body: Uint8Array } => {
   const h = natsHeaders()
@@ -108,15 +116,29 @@ export const deadLetterOf = (
   return { headers: h, body: data.subarray(0, room) }
 }
 
-const deadLetter = (route: Route, d: Delivery, hdrs: MsgHdrs | undefined, reason: string) => {
-  const { nc, js } = route.system.nats
-  const { headers, body } = deadLetterOf(d.data, hdrs, { reason, subject: d.subject, seq: d.seq, actor: route.actor }, nc.info?.max_payload ?? 1024 * 1024)
-  const subject = route.system.layout.dead(route.address)
+/**
+ * Publishes `data` (cut to fit, `deadLetterOf`) to `address`'s dead-letter subject; `msgId`
+ * makes a repeated dead letter of the same thing one message (JetStream's duplicate window).
+ */
+export const publishDeadLetter = (
+  system: ActorSystemShape,
+  address: ActorAddress,
+  data: Uint8Array,
+  hdrs: MsgHdrs | undefined,
+  source: DeadLetterSource,
+  msgId?: string
+) => {
+  const { nc, js } = system.nats
+  const { headers, body } = deadLetterOf(data, hdrs, source, nc.info?.max_payload ?? 1024 * 1024)
+  const subject = system.layout.dead(address)
   return Effect.tryPromise({
-    try: () => js.publish(subject, body, { headers }),
+    try: () => js.publish(subject, body, { headers, ...(msgId !== undefined ? { msgID: msgId } : {}) }),
     catch: (e) => new TransportError({ operation: `dead-letter to ${subject}`, message: messageOf(e) })
-  }).pipe(Effect.tap(() => Effect.logWarning(`${route.actor}: dead-lettered a message: ${oneLine(reason).slice(0, 300)}`)), Effect.asVoid)
+  }).pipe(Effect.tap(() => Effect.logWarning(`${source.actor}: dead-lettered: ${oneLine(source.reason).slice(0, 300)}`)), Effect.asVoid)
 }
+
+const deadLetter = (route: Route, d: Delivery, hdrs: MsgHdrs | undefined, reason: string) =>
+  publishDeadLetter(route.system, route.address, d.data, hdrs, { reason, subject: d.subject, seq: d.seq, actor: route.actor })
 
 class TellDelivery implements Delivery {
   readonly via = "tell"

@@ -4,7 +4,7 @@
  * message id, and more asks than the actor's queue holds.
  */
 import { headers as natsHeaders, nuid } from "@nats-io/transport-node"
-import { Effect } from "effect"
+import { Duration, Effect, Schedule } from "effect"
 import { describe, expect, it } from "vitest"
 import { address } from "../../src/runtime/names.ts"
 import { startNode } from "../../src/runtime/node.ts"
@@ -95,5 +95,41 @@ describe("poison messages", () => {
     expect(result.dead.length).toBe(1)
     expect(result.dead[0]!.headers[Headers.deadReason]).toMatch(/unknown request 'Nope'|delivered \d+ times/)
     expect(result.dead[0]!.headers["Gyre-Dead-Header-Nats-Expected-Stream"]).toMatch(/journal|JOURNAL/i)
+  })
+
+  it("a snapshot that does not decode is quarantined with its reason; the actor starts from its initial state, or escalates by its policy", async () => {
+    const Strict: typeof Ledger = {
+      ...Ledger,
+      kind: "strict",
+      corruptSnapshot: "escalate",
+      supervision: { maxRestarts: 2, withinMs: 60_000, backoff: Schedule.spaced(Duration.millis(50)) }
+    }
+    const result = await withSystem("poison-snap", Effect.gen(function* () {
+      const system = yield* ActorSystem
+      yield* Effect.promise(() => system.state.put("ledger/q1", "{not json"))
+      yield* Effect.promise(() => system.state.put("ledger/q2", JSON.stringify({ state: { items: 5 }, handled: [], incarnation: 1, at: 0 })))
+      yield* Effect.promise(() => system.state.put("strict/q3", "{not json"))
+      const node = yield* startNode({ name: "n1", types: [Ledger, Strict] })
+      yield* node.spawn("ledger", "q1")
+      yield* node.spawn("ledger", "q2")
+      yield* node.spawn("strict", "q3")
+      const fresh = [yield* system.ask(ledger("q1"), "Items", undefined), yield* system.ask(ledger("q2"), "Items", undefined)]
+      const appended = yield* system.ask(ledger("q1"), "Append", { item: "new" })
+      const stored = (yield* Effect.promise(() => system.state.get("ledger/q1")))!.json() as { state: unknown }
+      const strict = yield* eventually(registryEntry("strict/q3").pipe(Effect.map((e) => (e?.status === "failed" ? e : undefined))))
+      const dead = yield* deadLetters
+      return { fresh, appended, stored, strict, dead, q1: yield* registryEntry("ledger/q1") }
+    }))
+    expect(result.fresh).toEqual([[], []])
+    expect(result.appended).toBe(1)
+    expect(result.stored.state).toEqual({ items: ["new"] })
+    expect(result.q1?.incarnation).toBe(1)
+    expect(result.strict.status).toBe("failed")
+    const reasons = result.dead.map((d) => `${d.headers[Headers.deadActor]}: ${d.headers[Headers.deadReason]}`)
+    expect(reasons.filter((r) => r.startsWith("ledger/q1: snapshot of ledger/q1 (revision 1) does not decode"))).toHaveLength(1)
+    expect(reasons.filter((r) => r.startsWith("ledger/q2: snapshot of ledger/q2 (revision 2) does not decode"))).toHaveLength(1)
+    // Three starts of strict/q3 (two restarts, then the escalation), one quarantined copy.
+    expect(reasons.filter((r) => r.startsWith("strict/q3: snapshot of strict/q3"))).toHaveLength(1)
+    expect(result.dead.find((d) => d.headers[Headers.deadActor] === "ledger/q1")!.size).toBe("{not json".length)
   })
 })
