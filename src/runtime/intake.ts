@@ -7,7 +7,9 @@
  * - A tell is confirmed by acknowledging it and handed back by a nak (with a delay, to
  *   redeliver later).
  * - An ask is confirmed by sending the reply set on it and then queueing its copy for the
- *   journal; handing it back answers `Rejected` ("stopping; retry").
+ *   journal; handing it back answers `Rejected` ("stopping; retry"). Its answer is recorded by
+ *   message id (`AnswerCache`): an ask that reuses the id gets that answer, and one that comes
+ *   while the first is being handled gets it when it is sent; neither runs the handler again.
  * A delivery is settled once: later confirms or hand-backs do nothing.
  */
 import { AckPolicy, DeliverPolicy, type ConsumerMessages, type JsMsg } from "@nats-io/jetstream"
@@ -15,6 +17,7 @@ import { headers as natsHeaders, type Msg, type MsgHdrs, type Subscription } fro
 import { createHash } from "node:crypto"
 import { Effect } from "effect"
 import { TransportError, messageOf } from "./errors.ts"
+import { AnswerCache } from "./mailbox.ts"
 import type { ActorAddress } from "./names.ts"
 import { Headers, encodeRejectedReply } from "./protocol.ts"
 import type { ActorSystemShape } from "./system.ts"
@@ -50,6 +53,9 @@ interface Route {
   readonly actor: string
   /** Where copies of answered asks go. */
   readonly asked: string
+  /** Answers of recent asks by message id, and the asks being handled by id. */
+  readonly answers: AnswerCache
+  readonly asking: Map<string, AskDelivery>
 }
 
 /** Header values are one line: newlines become spaces, and long reasons are cut. */
@@ -190,6 +196,8 @@ class AskDelivery implements Delivery {
   settled = false
   reply: Uint8Array | undefined = undefined
   #headers: Record<string, string> | undefined
+  /** Requests that came with the same message id while this one was being handled. */
+  #followers: Array<Msg> | undefined
   constructor(
     readonly msg: Msg,
     readonly route: Route
@@ -203,25 +211,51 @@ class AskDelivery implements Delivery {
   header(name: string) {
     return (this.#headers ??= headerValues(this.msg.headers))[name] ?? ""
   }
+  /** Answers `msg` (the same message id) with this one's answer. */
+  follow(msg: Msg) {
+    ;(this.#followers ??= []).push(msg)
+  }
+  /** Sends `bytes` to the asker and its followers; an answer (not a hand-back) is recorded for its id. */
+  #settle(bytes: Uint8Array | undefined, recorded: boolean) {
+    this.settled = true
+    const id = this.header(Headers.msgId)
+    if (id !== "") this.route.asking.delete(id)
+    if (bytes === undefined) return
+    this.msg.respond(bytes)
+    if (this.#followers !== undefined) for (const f of this.#followers) f.respond(bytes)
+    if (recorded && id !== "") this.route.answers.record(id, bytes)
+  }
   confirm() {
     if (this.settled) return
-    this.settled = true
-    if (this.reply !== undefined) this.msg.respond(this.reply)
+    this.#settle(this.reply, true)
     // The journal's copy, after the reply (ARCHITECTURE.md: "asks are journaled at most once").
     this.route.system.copyToJournal(this.route.asked, this.msg.data, this.msg.headers)
   }
   handBack() {
-    this.answer(encodeRejectedReply(`${this.route.actor} is stopping; retry`))
+    if (!this.settled) this.#settle(encodeRejectedReply(`${this.route.actor} is stopping; retry`), false)
   }
   answer(bytes: Uint8Array) {
-    if (this.settled) return
-    this.settled = true
-    this.msg.respond(bytes)
+    if (!this.settled) this.#settle(bytes, true)
   }
   working() {}
   deadLetter(reason: string) {
     return deadLetter(this.route, this, this.msg.headers, reason)
   }
+}
+
+/**
+ * An ask whose message id was answered gets the recorded answer, one whose id is being handled
+ * gets the same answer when that is sent (both: `undefined`); a new one is returned, to handle.
+ */
+const dedupAsk = (route: Route, d: AskDelivery): AskDelivery | undefined => {
+  const id = d.header(Headers.msgId)
+  if (id === "") return d
+  const answered = route.answers.get(id)
+  if (answered !== undefined) return void d.msg.respond(answered)
+  const first = route.asking.get(id)
+  if (first !== undefined) return void first.follow(d.msg)
+  route.asking.set(id, d)
+  return d
 }
 
 export interface IntakeOptions {
@@ -274,7 +308,7 @@ const ensureConsumer = (o: IntakeOptions) => {
  */
 export const openIntake = (o: IntakeOptions) =>
   Effect.gen(function* () {
-    const route: Route = { system: o.system, address: o.address, actor: o.actor, asked: o.system.layout.asked(o.address) }
+    const route: Route = { system: o.system, address: o.address, actor: o.actor, asked: o.system.layout.asked(o.address), answers: new AnswerCache(), asking: new Map() }
     const consumer = yield* ensureConsumer(o)
     const tells: ConsumerMessages = yield* Effect.tryPromise({
       try: () => consumer.consume({ max_messages: 128, callback: (msg) => o.onDelivery(new TellDelivery(msg, route)) }),
@@ -283,7 +317,9 @@ export const openIntake = (o: IntakeOptions) =>
     const asks: Subscription = o.system.nats.nc.subscribe(o.system.layout.ask(o.address), {
       queue: "gyre",
       callback: (err, msg) => {
-        if (err === null) o.onDelivery(new AskDelivery(msg, route))
+        if (err !== null) return
+        const d = dedupAsk(route, new AskDelivery(msg, route))
+        if (d !== undefined) o.onDelivery(d)
       }
     })
     let closed = false

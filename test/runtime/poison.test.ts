@@ -132,4 +132,25 @@ describe("poison messages", () => {
     expect(reasons.filter((r) => r.startsWith("strict/q3: snapshot of strict/q3"))).toHaveLength(1)
     expect(result.dead.find((d) => d.headers[Headers.deadActor] === "ledger/q1")!.size).toBe("{not json".length)
   })
+
+  it("an ask that reuses an earlier message id gets the recorded answer", async () => {
+    const result = await withSystem("poison-reuse", Effect.gen(function* () {
+      const system = yield* ActorSystem
+      const node = yield* startNode({ name: "n1", types: [Ledger] })
+      yield* node.spawn("ledger", "r1")
+      const id = nuid.next()
+      const first = yield* askRaw("r1", "Append", JSON.stringify({ item: "a" }), id)
+      const again = yield* askRaw("r1", "Append", JSON.stringify({ item: "a" }), id)
+      // Two at once while the first holds: one handling, the same answer for both.
+      const id2 = nuid.next()
+      const both = yield* Effect.all([askRaw("r1", "Append", JSON.stringify({ item: "b", holdMs: 300 }), id2), askRaw("r1", "Append", JSON.stringify({ item: "b", holdMs: 300 }), id2)], { concurrency: 2 })
+      const items = yield* system.ask(ledger("r1"), "Items", undefined)
+      return { first, again, both, items }
+    }))
+    expect(result.first).toEqual({ _tag: "Exit", exit: { _tag: "Success", value: 1 } })
+    expect(result.again).toEqual(result.first)
+    expect(result.both[0]).toEqual({ _tag: "Exit", exit: { _tag: "Success", value: 2 } })
+    expect(result.both[1]).toEqual(result.both[0])
+    expect(result.items).toEqual(["a", "b"])
+  })
 })
