@@ -17,8 +17,8 @@
  * delay of `redelivery`, and dead-lettered once it has crashed `maxDeliveries` deliveries),
  * `corruptSnapshot` (a stored state that does not decode is quarantined to the dead-letter
  * stream; then the actor starts from its initial state, or its start fails and its supervisor
- * escalates by its policy), `maxQueuedAsks` (asks waiting beyond it are refused at once with
- * `ActorOverloaded`).
+ * escalates by its policy), `maxQueuedAsks` and `maxQueuedAskBytes` (an ask that finds that
+ * many waiting is refused at once with `ActorOverloaded`).
  *
  * ```ts
  * const Counter = Actor.make({
@@ -114,8 +114,9 @@ export interface ActorType<R extends Rpc.Any, S, Req> {
   readonly placement: Placement
   /** A snapshot that does not decode, once quarantined: start from the initial state, or fail the start. */
   readonly corruptSnapshot: CorruptSnapshotPolicy
-  /** Asks waiting in the mailbox beyond this many are refused with `ActorOverloaded`. */
+  /** Asks waiting in the mailbox beyond this many, or this many bytes, are refused with `ActorOverloaded`. */
   readonly maxQueuedAsks: number
+  readonly maxQueuedAskBytes: number
 }
 
 /** An actor type with its protocol and requirements erased, as a node's catalogue holds it. */
@@ -146,6 +147,8 @@ export interface ActorDefinition<R extends Rpc.Any, S, Req> {
   readonly corruptSnapshot?: CorruptSnapshotPolicy
   /** Default 1024. */
   readonly maxQueuedAsks?: number
+  /** Default 32 MiB. */
+  readonly maxQueuedAskBytes?: number
 }
 
 /** 100 ms, doubling, at most 5 s. */
@@ -174,5 +177,6 @@ export const make = <R extends Rpc.Any, S, Req = never>(def: ActorDefinition<R, 
   redelivery: def.redelivery ?? defaultRedelivery,
   placement: def.placement ?? spread,
   corruptSnapshot: def.corruptSnapshot ?? "initial",
-  maxQueuedAsks: Math.max(1, def.maxQueuedAsks ?? 1024)
+  maxQueuedAsks: Math.max(1, def.maxQueuedAsks ?? 1024),
+  maxQueuedAskBytes: Math.max(1, def.maxQueuedAskBytes ?? 32 * 1024 * 1024)
 })

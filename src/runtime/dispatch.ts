@@ -2,6 +2,9 @@
  * The dispatch of one incarnation: from a `Delivery` in the mailbox to its handler and back to
  * a confirmation, a snapshot, a dead letter or a crash.
  *
+ * An ask that finds `maxQueuedAsks` asks (or `maxQueuedAskBytes` bytes of them) waiting is
+ * answered `Overloaded` at once (the asker's `ActorOverloaded`) and never handled.
+ *
  * For each message, in mailbox order, with at most `concurrency` handlers running:
  *  1. a tell whose message id was handled already (redelivery, re-publish) is confirmed and
  *     skipped (asks are never redelivered: their ids are neither checked nor remembered, so
@@ -32,7 +35,7 @@ import type { EndpointStats } from "./discovery.ts"
 import type { Delivery } from "./intake.ts"
 import { AckBook, Mailbox, type HandledIds } from "./mailbox.ts"
 import type { ActorMetrics } from "./metrics.ts"
-import { Headers, codecsOf, encodeExitReply, encodeRejectedReply, parseJson, parseTraceparent, requestOf } from "./protocol.ts"
+import { Headers, codecsOf, encodeExitReply, encodeOverloadedReply, encodeRejectedReply, parseJson, parseTraceparent, requestOf } from "./protocol.ts"
 import type { SnapshotStore } from "./snapshot.ts"
 
 export interface DispatchOptions<S> {
@@ -229,6 +232,10 @@ export const makeDispatcher = <S>(o: DispatchOptions<S>) =>
     }
 
     const start = (d: Delivery) => {
+      if (d.via === "ask") {
+        asksWaiting--
+        askBytesWaiting -= d.data.length
+      }
       if (d.via === "tell" && d.deliveryCount > 1) metrics.redelivered()
       const msgId = d.header(Headers.msgId) || (d.via === "tell" ? `seq:${d.seq}` : nuid.next())
       const p = prepare(d, msgId)
@@ -304,7 +311,18 @@ export const makeDispatcher = <S>(o: DispatchOptions<S>) =>
       if (stopping && mailbox.busy === 0 && snapshotting === undefined) Deferred.doneUnsafe(idle, Exit.void)
     }
 
+    // Asks waiting are bounded (count and bytes); one more is refused at once, unhandled.
+    let asksWaiting = 0
+    let askBytesWaiting = 0
     const offer = (d: Delivery) => {
+      if (d.via === "ask") {
+        if (asksWaiting >= type.maxQueuedAsks || askBytesWaiting + d.data.length > type.maxQueuedAskBytes) {
+          metrics.handled("ask", "overloaded", undefined)
+          return d.refuse(encodeOverloadedReply(`${o.actor} has ${asksWaiting} asks (${askBytesWaiting} bytes) waiting; retry later`))
+        }
+        asksWaiting++
+        askBytesWaiting += d.data.length
+      }
       if (!mailbox.offer(d)) return d.handBack()
       pump()
     }

@@ -24,6 +24,13 @@ export class RequestRejected extends Schema.TaggedError<RequestRejected>()("Requ
   reason: Schema.String
 }) {}
 
+/** The actor has more asks waiting than it queues (`maxQueuedAsks`, `maxQueuedAskBytes`): retry later or elsewhere. */
+export class ActorOverloaded extends Schema.TaggedError<ActorOverloaded>()("ActorOverloaded", {
+  actor: Schema.String,
+  request: Schema.String,
+  reason: Schema.String
+}) {}
+
 /** A NATS or JetStream operation failed (publish not acknowledged, connection closed, ...). */
 export class TransportError extends Schema.TaggedError<TransportError>()("TransportError", {
   operation: Schema.String,
@@ -57,6 +64,6 @@ export class Escalation extends Schema.TaggedError<Escalation>()("Escalation", {
   lastFailure: Schema.String
 }) {}
 
-export type AskError = AskTimeout | ActorUnavailable | RequestRejected | TransportError
+export type AskError = AskTimeout | ActorUnavailable | RequestRejected | ActorOverloaded | TransportError
 
 export const messageOf = (e: unknown): string => (e instanceof Error ? e.message : String(e))

@@ -19,7 +19,7 @@ import { Effect } from "effect"
 import { TransportError, messageOf } from "./errors.ts"
 import { AnswerCache } from "./mailbox.ts"
 import type { ActorAddress } from "./names.ts"
-import { Headers, encodeRejectedReply } from "./protocol.ts"
+import { Headers, encodeOverloadedReply, encodeRejectedReply } from "./protocol.ts"
 import type { ActorSystemShape } from "./system.ts"
 
 export interface Delivery {
@@ -40,6 +40,8 @@ export interface Delivery {
   readonly handBack: (delayMs?: number) => void
   /** Answers an ask now (a rejection) and settles it; a tell is left as it is. */
   readonly answer: (bytes: Uint8Array) => void
+  /** Answers an ask now without recording the answer for its id (a retry is handled); a tell is left as it is. */
+  readonly refuse: (bytes: Uint8Array) => void
   /** Tells JetStream the handler is still at it (a tell's ack wait starts over). */
   readonly working: () => void
   /** Publishes the message to the dead-letter stream with `reason` (not settling it). */
@@ -181,6 +183,7 @@ class TellDelivery implements Delivery {
     this.msg.nak(delayMs)
   }
   answer() {}
+  refuse() {}
   working() {
     if (!this.settled) this.msg.working()
   }
@@ -211,9 +214,10 @@ class AskDelivery implements Delivery {
   header(name: string) {
     return (this.#headers ??= headerValues(this.msg.headers))[name] ?? ""
   }
-  /** Answers `msg` (the same message id) with this one's answer. */
-  follow(msg: Msg) {
-    ;(this.#followers ??= []).push(msg)
+  /** Answers `msg` (the same message id) with this one's answer; false when it has `maxFollowers` already. */
+  follow(msg: Msg): boolean {
+    this.#followers ??= []
+    return this.#followers.length < maxFollowers && this.#followers.push(msg) > 0
   }
   /** Sends `bytes` to the asker and its followers; an answer (not a hand-back) is recorded for its id. */
   #settle(bytes: Uint8Array | undefined, recorded: boolean) {
@@ -232,7 +236,10 @@ class AskDelivery implements Delivery {
     this.route.system.copyToJournal(this.route.asked, this.msg.data, this.msg.headers)
   }
   handBack() {
-    if (!this.settled) this.#settle(encodeRejectedReply(`${this.route.actor} is stopping; retry`), false)
+    this.refuse(encodeRejectedReply(`${this.route.actor} is stopping; retry`))
+  }
+  refuse(bytes: Uint8Array) {
+    if (!this.settled) this.#settle(bytes, false)
   }
   answer(bytes: Uint8Array) {
     if (!this.settled) this.#settle(bytes, true)
@@ -242,6 +249,9 @@ class AskDelivery implements Delivery {
     return deadLetter(this.route, this, this.msg.headers, reason)
   }
 }
+
+/** Asks with the same message id that may wait for the first one's answer. */
+const maxFollowers = 64
 
 /**
  * An ask whose message id was answered gets the recorded answer, one whose id is being handled
@@ -253,7 +263,10 @@ const dedupAsk = (route: Route, d: AskDelivery): AskDelivery | undefined => {
   const answered = route.answers.get(id)
   if (answered !== undefined) return void d.msg.respond(answered)
   const first = route.asking.get(id)
-  if (first !== undefined) return void first.follow(d.msg)
+  if (first !== undefined) {
+    if (!first.follow(d.msg)) d.msg.respond(encodeOverloadedReply(`${route.actor}: ${maxFollowers} asks with message id ${id} wait already`))
+    return undefined
+  }
   route.asking.set(id, d)
   return d
 }

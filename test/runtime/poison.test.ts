@@ -153,4 +153,47 @@ describe("poison messages", () => {
     expect(result.both[1]).toEqual(result.both[0])
     expect(result.items).toEqual(["a", "b"])
   })
+
+  it("asks past the queue's bound (count or bytes) are refused at once with ActorOverloaded; the queued ones are answered", async () => {
+    const Busy: typeof Ledger = { ...Ledger, kind: "busy", persistence: undefined, maxQueuedAsks: 50, maxQueuedAskBytes: 3_000_000 }
+    const busy = (id: string) => refOf(LedgerProtocol, address("busy", id))
+    const result = await withSystem("poison-queue", Effect.gen(function* () {
+      const system = yield* ActorSystem
+      const node = yield* startNode({ name: "n1", types: [Busy] })
+      yield* node.spawn("busy", "count")
+      yield* node.spawn("busy", "bytes")
+      const t0 = performance.now()
+      const outcome = (id: string, item: string) =>
+        system.ask(busy(id), "Append", { item }, { timeoutMs: 60_000 }).pipe(
+          Effect.as("ok"),
+          Effect.catch((e) => Effect.succeed(e._tag)),
+          Effect.map((tag) => ({ tag, at: performance.now() - t0 }))
+        )
+      const holds = Effect.all([busy("count"), busy("bytes")].map((r) => system.ask(r, "Append", { item: "hold", holdMs: 3000 }).pipe(Effect.map(() => performance.now() - t0))), { concurrency: 2 })
+      const [held, small, big] = yield* Effect.all(
+        [holds, Effect.all(Array.from({ length: 300 }, (_, i) => outcome("count", `s${i}`)), { concurrency: "unbounded" }),
+          Effect.all(Array.from({ length: 300 }, (_, i) => outcome("bytes", `${i}`.padEnd(100_000, "x"))), { concurrency: "unbounded" })],
+        { concurrency: 3 }
+      )
+      const refused = [...small, ...big].filter((x) => x.tag === "ActorOverloaded")
+      return {
+        small,
+        big,
+        refusedSmall: small.filter((x) => x.tag === "ActorOverloaded").length,
+        refusedBig: big.filter((x) => x.tag === "ActorOverloaded").length,
+        lastRefusedAt: Math.max(...refused.map((x) => x.at)),
+        heldUntil: Math.min(...held),
+        items: yield* system.ask(busy("count"), "Items", undefined)
+      }
+    }))
+    expect(result.small.filter((x) => x.tag === "ok").length).toBe(50)
+    expect(result.refusedSmall).toBe(250)
+    // 3 MB of 100 kB asks: 29 or 30 wait (the JSON is a little larger than the item).
+    expect(result.big.filter((x) => x.tag === "ok").length).toBeGreaterThanOrEqual(25)
+    expect(result.big.filter((x) => x.tag === "ok").length).toBeLessThanOrEqual(30)
+    expect(result.refusedBig + result.big.filter((x) => x.tag === "ok").length).toBe(300)
+    expect(result.items.length).toBe(51)
+    // Refused at once: before the handler that held the queue finished.
+    expect(result.lastRefusedAt).toBeLessThan(result.heldUntil)
+  })
 })
