@@ -65,6 +65,14 @@ export interface IncarnationControl {
   readonly fenced: Deferred.Deferred<void>
 }
 
+/** Tells handed back with a delay, shared by an actor's incarnations (intake.ts, `releaseOrphans`). */
+const delayedTells = new WeakMap<IncarnationControl, Map<number, number>>()
+const delayedOf = (control: IncarnationControl) => {
+  let delayed = delayedTells.get(control)
+  if (delayed === undefined) delayedTells.set(control, (delayed = new Map()))
+  return delayed
+}
+
 const fencedOn = (e: unknown) => (e instanceof SnapshotConflict ? Effect.succeed("fenced" as const) : Effect.fail(e))
 
 /** Runs one incarnation until it ends (how, as a `ChildEnd`) or crashes (failure). */
@@ -129,6 +137,7 @@ export const runIncarnation = <R extends Rpc.Any, S, Req>(
         actor,
         ackWaitMs: options.ackWaitMs,
         maxAckPending: 256 * type.concurrency,
+        delayed: delayedOf(control),
         onDelivery: dispatcher.offer
       })
       yield* Deferred.succeed(control.ready, undefined)

@@ -12,14 +12,15 @@
  *   while the first is being handled gets it when it is sent; neither runs the handler again.
  * A delivery is settled once: later confirms or hand-backs do nothing.
  */
-import { AckPolicy, DeliverPolicy, type ConsumerMessages, type JsMsg } from "@nats-io/jetstream"
+import { AckPolicy, DeliverPolicy, type ConsumerInfo, type ConsumerMessages, type JsMsg } from "@nats-io/jetstream"
 import { headers as natsHeaders, type Msg, type MsgHdrs, type Subscription } from "@nats-io/transport-node"
 import { createHash } from "node:crypto"
-import { Effect } from "effect"
+import { Effect, Stream } from "effect"
 import { TransportError, messageOf } from "./errors.ts"
 import { AnswerCache } from "./mailbox.ts"
 import type { ActorAddress } from "./names.ts"
 import { Headers, encodeOverloadedReply, encodeRejectedReply } from "./protocol.ts"
+import { readStored } from "./stream-reader.ts"
 import type { ActorSystemShape } from "./system.ts"
 
 export interface Delivery {
@@ -58,6 +59,7 @@ interface Route {
   /** Answers of recent asks by message id, and the asks being handled by id. */
   readonly answers: AnswerCache
   readonly asking: Map<string, AskDelivery>
+  readonly delayed: Map<number, number>
 }
 
 /** Header values are one line: newlines become spaces, and long reasons are cut. */
@@ -181,6 +183,7 @@ class TellDelivery implements Delivery {
     if (this.settled) return
     this.settled = true
     this.msg.nak(delayMs)
+    if (delayMs !== undefined && delayMs > 0) this.route.delayed.set(this.msg.seq, Date.now() + delayMs)
   }
   answer() {}
   refuse() {}
@@ -278,14 +281,20 @@ export interface IntakeOptions {
   readonly ackWaitMs: number
   /** Upper bound of unacknowledged tells the consumer hands this actor. */
   readonly maxAckPending: number
+  /**
+   * Tells handed back with a delay (the redelivery backoff), by sequence: when they are due.
+   * Shared by the incarnations of one actor, so a restart does not hurry them (`releaseOrphans`).
+   */
+  readonly delayed: Map<number, number>
   readonly onDelivery: (d: Delivery) => void
 }
 
 export interface Intake {
-  /** Stops taking messages (unsubscribes asks, closes the consumer's pull); idempotent. */
+  /** Stops taking messages (drains the ask subscription, closes the consumer's pull); idempotent. */
   readonly close: Effect.Effect<void>
 }
 
+/** The actor's durable consumer, created when it does not exist; its info when it did. */
 const ensureConsumer = (o: IntakeOptions) => {
   const { jsm } = o.system.nats
   const names = o.system.layout
@@ -293,7 +302,7 @@ const ensureConsumer = (o: IntakeOptions) => {
   return Effect.tryPromise({
     try: async () => {
       const existing = await jsm.consumers.info(names.journalStream, durable).catch(() => null)
-      if (existing !== null) return
+      if (existing !== null) return existing
       await jsm.consumers.add(names.journalStream, {
         durable_name: durable,
         filter_subject: names.tell(o.address),
@@ -303,15 +312,44 @@ const ensureConsumer = (o: IntakeOptions) => {
         max_ack_pending: o.maxAckPending,
         max_deliver: -1
       })
+      return undefined
     },
     catch: (e) => new TransportError({ operation: `create consumer ${durable}`, message: messageOf(e) })
   }).pipe(
-    Effect.andThen(
+    Effect.flatMap((info) =>
       Effect.tryPromise({
         try: () => o.system.nats.js.consumers.get(names.journalStream, durable),
         catch: (e) => new TransportError({ operation: `bind consumer ${durable}`, message: messageOf(e) })
-      })
+      }).pipe(Effect.map((consumer) => ({ consumer, info })))
     )
+  )
+}
+
+/**
+ * Tells an earlier incarnation held unacknowledged when it crashed or its node died (pulled,
+ * perhaps never seen by its dispatch) would wait out the ack wait before JetStream hands them
+ * out again: this incarnation, which holds the address's claim now, naks them at once. They
+ * lie between the consumer's ack floor and its last delivered message; the nak of one that
+ * was acknowledged meanwhile is ignored by the server (it is not pending). One handed back
+ * with a delay by an incarnation of this process keeps its delay (`delayed`).
+ */
+const releaseOrphans = (o: IntakeOptions, info: ConsumerInfo | undefined) => {
+  if (info === undefined || info.num_ack_pending === 0) return Effect.void
+  const { nats, layout: names } = o.system
+  const last = info.delivered
+  // `$JS.ACK.<stream>.<consumer>.<delivery count>.<stream seq>.<consumer seq>.<time>.<pending>`:
+  // the server reads the stream sequence, and checks the consumer sequence is in its window.
+  const ack = `$JS.ACK.${names.journalStream}.${names.consumer(o.address)}.1`
+  const now = Date.now()
+  for (const [seq, due] of o.delayed) if (due <= now) o.delayed.delete(seq)
+  return readStored(nats, names.journalStream, { seq: info.ack_floor.stream_seq + 1 }, names.tell(o.address)).pipe(
+    Stream.takeWhile((m) => m.seq <= last.stream_seq),
+    Stream.filter((m) => !o.delayed.has(m.seq)),
+    Stream.runForEach((m) => Effect.sync(() => nats.nc.publish(`${ack}.${m.seq}.${last.consumer_seq}.0.0`, "-NAK"))),
+    Effect.andThen(
+      Effect.tryPromise({ try: () => nats.nc.flush(), catch: (e) => new TransportError({ operation: "flush", message: messageOf(e) }) })
+    ),
+    Effect.andThen(Effect.logInfo(`${o.actor}: handed back ${info.num_ack_pending} tells an earlier incarnation held`))
   )
 }
 
@@ -321,8 +359,9 @@ const ensureConsumer = (o: IntakeOptions) => {
  */
 export const openIntake = (o: IntakeOptions) =>
   Effect.gen(function* () {
-    const route: Route = { system: o.system, address: o.address, actor: o.actor, asked: o.system.layout.asked(o.address), answers: new AnswerCache(), asking: new Map() }
-    const consumer = yield* ensureConsumer(o)
+    const route: Route = { system: o.system, address: o.address, actor: o.actor, asked: o.system.layout.asked(o.address), answers: new AnswerCache(), asking: new Map(), delayed: o.delayed }
+    const { consumer, info } = yield* ensureConsumer(o)
+    yield* releaseOrphans(o, info)
     const tells: ConsumerMessages = yield* Effect.tryPromise({
       try: () => consumer.consume({ max_messages: 128, callback: (msg) => o.onDelivery(new TellDelivery(msg, route)) }),
       catch: (e) => new TransportError({ operation: `consume ${o.system.layout.consumer(o.address)}`, message: messageOf(e) })
@@ -339,8 +378,9 @@ export const openIntake = (o: IntakeOptions) =>
     const close = Effect.suspend(() => {
       if (closed) return Effect.void
       closed = true
-      asks.unsubscribe()
-      return Effect.promise(() => tells.close().then(() => undefined, () => undefined))
+      // A drain, not an unsubscribe: asks the server routed here already still reach the
+      // dispatch (which answers or hands them back), instead of being dropped unanswered.
+      return Effect.promise(() => Promise.all([asks.drain(), tells.close()]).then(() => undefined, () => undefined))
     })
     yield* Effect.addFinalizer(() => close)
     yield* Effect.tryPromise({
