@@ -15,7 +15,7 @@
 import { AckPolicy, DeliverPolicy, type ConsumerInfo, type ConsumerMessages, type JsMsg } from "@nats-io/jetstream"
 import { headers as natsHeaders, type Msg, type MsgHdrs, type Subscription } from "@nats-io/transport-node"
 import { createHash } from "node:crypto"
-import { Effect, Stream } from "effect"
+import { Duration, Effect, Stream } from "effect"
 import { TransportError, messageOf } from "./errors.ts"
 import { AnswerCache } from "./mailbox.ts"
 import type { ActorAddress } from "./names.ts"
@@ -379,8 +379,14 @@ export const openIntake = (o: IntakeOptions) =>
       if (closed) return Effect.void
       closed = true
       // A drain, not an unsubscribe: asks the server routed here already still reach the
-      // dispatch (which answers or hands them back), instead of being dropped unanswered.
-      return Effect.promise(() => Promise.all([asks.drain(), tells.close()]).then(() => undefined, () => undefined))
+      // dispatch (which answers or hands them back), instead of being dropped unanswered. A
+      // drain waits for the server: without one in 2 s (NATS is gone), an unsubscribe.
+      const drained = Effect.promise(() => asks.drain().catch(() => undefined)).pipe(
+        Effect.timeout(Duration.seconds(2)),
+        Effect.catch(() => Effect.sync(() => asks.unsubscribe()))
+      )
+      const pullClosed = Effect.promise(() => tells.close().then(() => undefined, () => undefined))
+      return Effect.all([drained, pullClosed], { concurrency: 2, discard: true })
     })
     yield* Effect.addFinalizer(() => close)
     yield* Effect.tryPromise({
