@@ -14,7 +14,11 @@
  * unless it is `temporary`), `supervision` (how often and how soon), `stopTimeoutMs` (how long
  * a stop waits for running handlers before interrupting them and handing their messages back),
  * `maxDeliveries` and `redelivery` (a tell whose handler crashes is handed back after the next
- * delay of `redelivery`, and dead-lettered once it has crashed `maxDeliveries` deliveries).
+ * delay of `redelivery`, and dead-lettered once it has crashed `maxDeliveries` deliveries),
+ * `corruptSnapshot` (a stored state that does not decode is quarantined to the dead-letter
+ * stream; then the actor starts from its initial state, or its start fails and its supervisor
+ * escalates by its policy), `maxQueuedAsks` and `maxQueuedAskBytes` (an ask that finds that
+ * many waiting is refused at once with `ActorOverloaded`).
  *
  * ```ts
  * const Counter = Actor.make({
@@ -31,6 +35,7 @@ import { Duration, Schedule, type Effect, type Ref, type Schema, type Scope } fr
 import type { Rpc, RpcGroup } from "effect/rpc"
 import { checkKind, type ActorAddress } from "./names.ts"
 import { spread, type Placement } from "./placement.ts"
+import type { CorruptSnapshotPolicy } from "./snapshot.ts"
 import { defaultSupervision, type RestartType, type SupervisionPolicy } from "./supervisor.ts"
 import type { ActorSystemShape } from "./system.ts"
 
@@ -107,6 +112,11 @@ export interface ActorType<R extends Rpc.Any, S, Req> {
   readonly redelivery: Schedule.Schedule<unknown>
   /** Where the actor is placed again when its node dies (placement.ts). */
   readonly placement: Placement
+  /** A snapshot that does not decode, once quarantined: start from the initial state, or fail the start. */
+  readonly corruptSnapshot: CorruptSnapshotPolicy
+  /** Asks waiting in the mailbox beyond this many, or this many bytes, are refused with `ActorOverloaded`. */
+  readonly maxQueuedAsks: number
+  readonly maxQueuedAskBytes: number
 }
 
 /** An actor type with its protocol and requirements erased, as a node's catalogue holds it. */
@@ -133,6 +143,12 @@ export interface ActorDefinition<R extends Rpc.Any, S, Req> {
   readonly redelivery?: Schedule.Schedule<unknown>
   /** Default `spread`. */
   readonly placement?: Placement
+  /** Default `initial`. */
+  readonly corruptSnapshot?: CorruptSnapshotPolicy
+  /** Default 1024. */
+  readonly maxQueuedAsks?: number
+  /** Default 32 MiB. */
+  readonly maxQueuedAskBytes?: number
 }
 
 /** 100 ms, doubling, at most 5 s. */
@@ -162,5 +178,8 @@ export const make = <R extends Rpc.Any, S, Req = never>(def: ActorDefinition<R, 
   stopTimeoutMs: def.stopTimeoutMs ?? 10_000,
   maxDeliveries: Math.max(1, def.maxDeliveries ?? 5),
   redelivery: def.redelivery ?? defaultRedelivery,
-  placement: def.placement ?? spread
+  placement: def.placement ?? spread,
+  corruptSnapshot: def.corruptSnapshot ?? "initial",
+  maxQueuedAsks: Math.max(1, def.maxQueuedAsks ?? 1024),
+  maxQueuedAskBytes: Math.max(1, def.maxQueuedAskBytes ?? 32 * 1024 * 1024)
 })

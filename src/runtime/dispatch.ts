@@ -2,6 +2,9 @@
  * The dispatch of one incarnation: from a `Delivery` in the mailbox to its handler and back to
  * a confirmation, a snapshot, a dead letter or a crash.
  *
+ * An ask that finds `maxQueuedAsks` asks (or `maxQueuedAskBytes` bytes of them) waiting is
+ * answered `Overloaded` at once (the asker's `ActorOverloaded`) and never handled.
+ *
  * For each message, in mailbox order, with at most `concurrency` handlers running:
  *  1. a tell whose message id was handled already (redelivery, re-publish) is confirmed and
  *     skipped (asks are never redelivered: their ids are neither checked nor remembered, so
@@ -32,7 +35,7 @@ import type { EndpointStats } from "./discovery.ts"
 import type { Delivery } from "./intake.ts"
 import { AckBook, Mailbox, type HandledIds } from "./mailbox.ts"
 import type { ActorMetrics } from "./metrics.ts"
-import { Headers, codecsOf, encodeExitReply, encodeRejectedReply, parseJson, parseTraceparent, requestOf } from "./protocol.ts"
+import { Headers, codecsOf, encodeExitReply, encodeOverloadedReply, encodeRejectedReply, parseJson, parseTraceparent, requestOf } from "./protocol.ts"
 import type { SnapshotStore } from "./snapshot.ts"
 
 export interface DispatchOptions<S> {
@@ -166,16 +169,17 @@ export const makeDispatcher = <S>(o: DispatchOptions<S>) =>
       else wantSnapshot(s === "snapshot")
     }
 
+    // A dead letter that cannot be published does not crash the actor: the ask is answered
+    // all the same, the tell goes back (to be dead-lettered on a later delivery).
     const reject = (d: Delivery, msgId: string, reason: string) => {
       metrics.handled(d.via, "rejected", undefined)
       metrics.deadLettered()
       observe(run(d.deadLetter(reason)), (exit) => {
-        if (Exit.isFailure(exit)) {
-          d.handBack()
-          return fail(exit.cause)
-        }
+        const lost = Exit.isFailure(exit)
+        if (lost) run(Effect.logError(`${o.actor}: could not dead-letter a message (${reason.slice(0, 200)}): ${Cause.pretty(exit.cause)}`))
         d.answer(encodeRejectedReply(reason))
-        if (d.via === "tell") {
+        if (d.via === "tell" && lost) d.handBack(o.redeliveryDelays.at(-1) ?? 0)
+        else if (d.via === "tell") {
           o.handled.remember(msgId)
           settleTell(d, false)
         }
@@ -187,17 +191,17 @@ export const makeDispatcher = <S>(o: DispatchOptions<S>) =>
     const crash = (d: Delivery, cause: Cause.Cause<unknown>) => {
       halted = true
       const pretty = Cause.pretty(cause)
-      let first: Effect.Effect<void, unknown> = Effect.void
       if (d.via === "ask") d.answer(encodeRejectedReply(`handler crashed: ${pretty}`))
       else if (d.deliveryCount >= type.maxDeliveries) {
         metrics.deadLettered()
         const reason = `the handler crashed on each of ${d.deliveryCount} deliveries; the last time: ${pretty}`
-        first = Effect.andThen(d.deadLetter(reason), Effect.sync(() => d.confirm()))
+        return observe(run(d.deadLetter(reason)), (exit) => {
+          if (Exit.isSuccess(exit)) d.confirm()
+          else d.handBack(o.redeliveryDelays.at(-1) ?? 0)
+          fail(cause)
+        })
       } else d.handBack(o.redeliveryDelays[d.deliveryCount - 1] ?? o.redeliveryDelays.at(-1) ?? 0)
-      observe(run(first), (exit) => {
-        if (Exit.isFailure(exit)) d.handBack()
-        fail(cause)
-      })
+      fail(cause)
     }
 
     const finish = (d: Delivery, p: Prepared, exit: Exit.Exit<unknown, unknown>) => {
@@ -228,6 +232,10 @@ export const makeDispatcher = <S>(o: DispatchOptions<S>) =>
     }
 
     const start = (d: Delivery) => {
+      if (d.via === "ask") {
+        asksWaiting--
+        askBytesWaiting -= d.data.length
+      }
       if (d.via === "tell" && d.deliveryCount > 1) metrics.redelivered()
       const msgId = d.header(Headers.msgId) || (d.via === "tell" ? `seq:${d.seq}` : nuid.next())
       const p = prepare(d, msgId)
@@ -303,7 +311,18 @@ export const makeDispatcher = <S>(o: DispatchOptions<S>) =>
       if (stopping && mailbox.busy === 0 && snapshotting === undefined) Deferred.doneUnsafe(idle, Exit.void)
     }
 
+    // Asks waiting are bounded (count and bytes); one more is refused at once, unhandled.
+    let asksWaiting = 0
+    let askBytesWaiting = 0
     const offer = (d: Delivery) => {
+      if (d.via === "ask") {
+        if (asksWaiting >= type.maxQueuedAsks || askBytesWaiting + d.data.length > type.maxQueuedAskBytes) {
+          metrics.handled("ask", "overloaded", undefined)
+          return d.refuse(encodeOverloadedReply(`${o.actor} has ${asksWaiting} asks (${askBytesWaiting} bytes) waiting; retry later`))
+        }
+        asksWaiting++
+        askBytesWaiting += d.data.length
+      }
       if (!mailbox.offer(d)) return d.handBack()
       pump()
     }

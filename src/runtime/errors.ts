@@ -24,6 +24,13 @@ export class RequestRejected extends Schema.TaggedError<RequestRejected>()("Requ
   reason: Schema.String
 }) {}
 
+/** The actor has more asks waiting than it queues (`maxQueuedAsks`, `maxQueuedAskBytes`): retry later or elsewhere. */
+export class ActorOverloaded extends Schema.TaggedError<ActorOverloaded>()("ActorOverloaded", {
+  actor: Schema.String,
+  request: Schema.String,
+  reason: Schema.String
+}) {}
+
 /** A NATS or JetStream operation failed (publish not acknowledged, connection closed, ...). */
 export class TransportError extends Schema.TaggedError<TransportError>()("TransportError", {
   operation: Schema.String,
@@ -42,6 +49,13 @@ export class SnapshotConflict extends Schema.TaggedError<SnapshotConflict>()("Sn
   writtenBy: Schema.optional(Schema.Number)
 }) {}
 
+/** The stored snapshot of an actor does not decode (it was quarantined with this reason). */
+export class SnapshotCorrupt extends Schema.TaggedError<SnapshotCorrupt>()("SnapshotCorrupt", {
+  actor: Schema.String,
+  revision: Schema.Number,
+  reason: Schema.String
+}) {}
+
 /** A supervisor gave up on a child after too many restarts within its period. */
 export class Escalation extends Schema.TaggedError<Escalation>()("Escalation", {
   child: Schema.String,
@@ -50,6 +64,6 @@ export class Escalation extends Schema.TaggedError<Escalation>()("Escalation", {
   lastFailure: Schema.String
 }) {}
 
-export type AskError = AskTimeout | ActorUnavailable | RequestRejected | TransportError
+export type AskError = AskTimeout | ActorUnavailable | RequestRejected | ActorOverloaded | TransportError
 
 export const messageOf = (e: unknown): string => (e instanceof Error ? e.message : String(e))

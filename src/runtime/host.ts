@@ -2,7 +2,9 @@
  * One incarnation of an actor: from restoring its snapshot to its last acknowledgement. This
  * file is the story; each step's rules live in their own module:
  *
- *  1. restore the state and the handled ids from the last snapshot (`snapshot.ts`);
+ *  1. restore the state and the handled ids from the last snapshot (`snapshot.ts`; one that
+ *     does not decode goes to the dead-letter stream, and the type's `corruptSnapshot` says
+ *     whether the actor starts from its initial state or fails);
  *  2. heartbeat: renew the address's claim (claim.ts: the registry entry, taken by the node
  *     before the start, with this incarnation's number) with the load figures;
  *  3. build the handlers (the behaviour runs in the incarnation's scope);
@@ -31,7 +33,7 @@ import type { Claim } from "./claim.ts"
 import type { EndpointStats } from "./discovery.ts"
 import { makeDispatcher, scheduleDelays } from "./dispatch.ts"
 import { SnapshotConflict } from "./errors.ts"
-import { openIntake } from "./intake.ts"
+import { openIntake, publishDeadLetter } from "./intake.ts"
 import { actorMetrics } from "./metrics.ts"
 import { formatAddress, type ActorAddress } from "./names.ts"
 import { makeSnapshotStore } from "./snapshot.ts"
@@ -63,6 +65,14 @@ export interface IncarnationControl {
   readonly fenced: Deferred.Deferred<void>
 }
 
+/** Tells handed back with a delay, shared by an actor's incarnations (intake.ts, `releaseOrphans`). */
+const delayedTells = new WeakMap<IncarnationControl, Map<number, number>>()
+const delayedOf = (control: IncarnationControl) => {
+  let delayed = delayedTells.get(control)
+  if (delayed === undefined) delayedTells.set(control, (delayed = new Map()))
+  return delayed
+}
+
 const fencedOn = (e: unknown) => (e instanceof SnapshotConflict ? Effect.succeed("fenced" as const) : Effect.fail(e))
 
 /** Runs one incarnation until it ends (how, as a `ChildEnd`) or crashes (failure). */
@@ -80,7 +90,9 @@ export const runIncarnation = <R extends Rpc.Any, S, Req>(
       const incarnation = options.claim.incarnation
 
       // 1. Restore.
-      const snapshots = makeSnapshotStore({ kv: system.state, key, actor, incarnation, schema: type.stateSchema })
+      const quarantine = (bytes: Uint8Array, revision: number, reason: string) =>
+        publishDeadLetter(system, address, bytes, undefined, { reason, subject: `$KV.${system.layout.stateBucket}.${key}`, seq: revision, actor }, `quarantine:${key}:${revision}`)
+      const snapshots = makeSnapshotStore({ kv: system.state, key, actor, incarnation, schema: type.stateSchema, quarantine, corrupt: type.corruptSnapshot })
       const restored = yield* snapshots.restore
       const state = yield* Ref.make(restored.state !== undefined ? restored.state : type.initialState(address.id))
 
@@ -125,6 +137,7 @@ export const runIncarnation = <R extends Rpc.Any, S, Req>(
         actor,
         ackWaitMs: options.ackWaitMs,
         maxAckPending: 256 * type.concurrency,
+        delayed: delayedOf(control),
         onDelivery: dispatcher.offer
       })
       yield* Deferred.succeed(control.ready, undefined)

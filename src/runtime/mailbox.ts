@@ -4,6 +4,8 @@
  *
  * - `HandledIds`: the dedup window, the ids of handled messages (the last 10 000 in memory, the
  *   last 512 written with each snapshot);
+ * - `AnswerCache`: the answers of recent asks by message id (an ask that reuses an id gets the
+ *   recorded answer);
  * - `Mailbox`: messages waiting in arrival order, and how many handlers run (at most
  *   `concurrency`);
  * - `AckBook`: which messages are in flight, which wait for the next snapshot before they may
@@ -59,6 +61,54 @@ export class HandledIds {
 
   get size(): number {
     return this.#set.size
+  }
+}
+
+/**
+ * The answers of recent asks by message id: at most `count` answers and `maxBytes` bytes, the
+ * oldest forgotten first (a ring of ids beside a map, O(1) as `HandledIds` is).
+ */
+export class AnswerCache {
+  readonly #ring: Array<string | undefined>
+  readonly #answers = new Map<string, Uint8Array>()
+  #oldest = 0
+  #next = 0
+  #bytes = 0
+
+  constructor(
+    readonly count = 1024,
+    readonly maxBytes = 16 * 1024 * 1024
+  ) {
+    this.#ring = new Array<string | undefined>(count)
+  }
+
+  get(id: string): Uint8Array | undefined {
+    return this.#answers.get(id)
+  }
+
+  /** Records the answer to `id` (the first one; one larger than `maxBytes` is not kept). */
+  record(id: string, answer: Uint8Array): void {
+    if (this.#answers.has(id) || answer.length > this.maxBytes) return
+    while (this.#answers.size >= this.count || this.#bytes + answer.length > this.maxBytes) this.#forgetOldest()
+    this.#ring[this.#next] = id
+    this.#next = (this.#next + 1) % this.count
+    this.#answers.set(id, answer)
+    this.#bytes += answer.length
+  }
+
+  #forgetOldest(): void {
+    const id = this.#ring[this.#oldest]!
+    this.#ring[this.#oldest] = undefined
+    this.#oldest = (this.#oldest + 1) % this.count
+    this.#bytes -= this.#answers.get(id)!.length
+    this.#answers.delete(id)
+  }
+
+  get size(): number {
+    return this.#answers.size
+  }
+  get bytes(): number {
+    return this.#bytes
   }
 }
 

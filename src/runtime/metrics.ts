@@ -4,7 +4,8 @@
  * Per actor (attributes `actor` = `kind/id`, `node`):
  * - `gyre_messages_handled_total{via, outcome}`: messages through the dispatch; outcome `ok`,
  *   `error` (the handler's typed failure), `crash` (a defect), `rejected` (dead-lettered before a
- *   handler ran), `duplicate` (an id already handled);
+ *   handler ran), `duplicate` (an id already handled), `overloaded` (an ask refused: its queue
+ *   was full);
  * - `gyre_handler_seconds{via}`: handler latency, a histogram;
  * - `gyre_redeliveries_total`: tells delivered more than once;
  * - `gyre_dead_letters_total`;
@@ -20,7 +21,7 @@ import { Context, Effect, Metric, Schema, Scope } from "effect"
 import * as PrometheusMetrics from "effect/observability/PrometheusMetrics"
 
 export type Via = "tell" | "ask"
-export type HandledOutcome = "ok" | "error" | "crash" | "rejected" | "duplicate"
+export type HandledOutcome = "ok" | "error" | "crash" | "rejected" | "duplicate" | "overloaded"
 
 const latencyBoundaries = Metric.exponentialBoundaries({ start: 0.00005, factor: 2, count: 19 })
 

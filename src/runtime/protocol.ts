@@ -7,8 +7,9 @@
  *   `Gyre-Request` names the request's tag and `Nats-Msg-Id` identifies the message (dedup);
  *   an actor's sends carry `Gyre-Sender` and `Gyre-Incarnation` (`isCurrent` in claim.ts);
  * - an ask's reply is an `AskReply`: `{"_tag":"Exit","exit":...}` with the JSON of
- *   `Rpc.exitSchema(rpc)` (success, typed failure or defect), or `{"_tag":"Rejected","reason"}`
- *   when the request was dead-lettered or the handler crashed.
+ *   `Rpc.exitSchema(rpc)` (success, typed failure or defect), `{"_tag":"Rejected","reason"}`
+ *   when the request was dead-lettered or the handler crashed, or `{"_tag":"Overloaded","reason"}`
+ *   when the actor's ask queue is full (nothing was handled).
  */
 import { headers as natsHeaders, type MsgHdrs } from "@nats-io/transport-node"
 import { Exit, Schema } from "effect"
@@ -24,6 +25,9 @@ export const Headers = {
   deadSubject: "Gyre-Dead-Subject",
   deadSeq: "Gyre-Dead-Seq",
   deadActor: "Gyre-Dead-Actor",
+  /** A dead letter whose body was cut to fit: the original's length and `sha256:<hex>`. */
+  deadOriginalLength: "Gyre-Dead-Original-Length",
+  deadOriginalDigest: "Gyre-Dead-Original-Digest",
   askReply: "Gyre-Ask-Reply",
   /** W3C trace context of the sender's span: `00-<trace id>-<span id>-<flags>`. */
   traceparent: "traceparent"
@@ -31,7 +35,8 @@ export const Headers = {
 
 export const AskReply = Schema.Union([
   Schema.Struct({ _tag: Schema.Literal("Exit"), exit: Schema.Unknown }),
-  Schema.Struct({ _tag: Schema.Literal("Rejected"), reason: Schema.String })
+  Schema.Struct({ _tag: Schema.Literal("Rejected"), reason: Schema.String }),
+  Schema.Struct({ _tag: Schema.Literal("Overloaded"), reason: Schema.String })
 ])
 export type AskReply = typeof AskReply.Type
 
@@ -131,21 +136,24 @@ export const encodeExitReply = (rpc: Rpc.Any, exit: Exit.Exit<unknown, unknown>)
 export const encodeRejectedReply = (reason: string): Uint8Array =>
   encodeJson({ _tag: "Rejected", reason } satisfies AskReply)
 
+export const encodeOverloadedReply = (reason: string): Uint8Array =>
+  encodeJson({ _tag: "Overloaded", reason } satisfies AskReply)
+
 /**
  * Decodes an ask's reply to `rpc`: the handler's exit, a rejection, or why the bytes are not an
- * `AskReply` (checked by hand: the reply is on every ask's path, and its shape is two tags).
+ * `AskReply` (checked by hand: the reply is on every ask's path, and its shape is three tags).
  */
 export const decodeAskReply = (
   rpc: Rpc.Any,
   bytes: Uint8Array
 ):
   | { readonly _tag: "Exit"; readonly exit: Exit.Exit<unknown, unknown> }
-  | { readonly _tag: "Rejected"; readonly reason: string }
+  | { readonly _tag: "Rejected" | "Overloaded"; readonly reason: string }
   | { readonly _tag: "Malformed"; readonly reason: string } => {
   const parsed = parseJson(bytes)
   if (!parsed.ok) return { _tag: "Malformed", reason: parsed.reason }
   const reply = parsed.value as { readonly _tag?: unknown; readonly reason?: unknown; readonly exit?: unknown } | null
-  if (reply?._tag === "Rejected" && typeof reply.reason === "string") return { _tag: "Rejected", reason: reply.reason }
+  if ((reply?._tag === "Rejected" || reply?._tag === "Overloaded") && typeof reply.reason === "string") return { _tag: reply._tag, reason: reply.reason }
   if (reply?._tag !== "Exit") return { _tag: "Malformed", reason: "neither Exit nor Rejected" }
   const exit = codecsOf(rpc).decodeExit(reply.exit)
   return Exit.isSuccess(exit) ? { _tag: "Exit", exit: exit.value } : { _tag: "Malformed", reason: String(exit.cause) }

@@ -3,6 +3,12 @@
  * restored when an incarnation starts; new ones are written with compare-and-set on the KV
  * revision this incarnation last read or wrote.
  *
+ * A stored snapshot that does not decode (not JSON, not a snapshot document, or a state its
+ * schema refuses) is quarantined: `quarantine` keeps its bytes with the reason (the host sends
+ * them to the dead-letter stream), and then, by the type's `corruptSnapshot` policy, the actor
+ * starts from its initial state (the next write replaces the bad revision) or the restore fails
+ * with `SnapshotCorrupt` (a crash its supervisor counts, and escalates by its policy).
+ *
  * A failed write is classified, and each class is handled its own way:
  * - `SnapshotConflict`: the revision moved, someone else wrote the actor's state. Retrying
  *   cannot help; it is a fencing matter (the caller stops acknowledging and hands back).
@@ -13,7 +19,7 @@
 import { JetStreamApiCodes, JetStreamApiError } from "@nats-io/jetstream"
 import type { KV } from "@nats-io/kv"
 import { Duration, Effect, Schedule, Schema } from "effect"
-import { SnapshotConflict, TransportError, messageOf } from "./errors.ts"
+import { SnapshotConflict, SnapshotCorrupt, TransportError, messageOf } from "./errors.ts"
 import { HandledIds } from "./mailbox.ts"
 import { encodeJson } from "./protocol.ts"
 
@@ -37,7 +43,14 @@ export interface SnapshotStoreOptions<S> {
   readonly retry?: Schedule.Schedule<unknown, unknown>
   /** How long one write waits for the server's acknowledgement. */
   readonly timeoutMs?: number
+  /** Keeps a snapshot that does not decode (its bytes, revision and why); default: drops it. */
+  readonly quarantine?: (bytes: Uint8Array, revision: number, reason: string) => Effect.Effect<void, TransportError>
+  /** After a quarantine: start from the initial state (default) or fail the restore. */
+  readonly corrupt?: CorruptSnapshotPolicy
 }
+
+/** What an actor does with a snapshot that does not decode, once quarantined. */
+export type CorruptSnapshotPolicy = "initial" | "escalate"
 
 export interface Restored<S> {
   /** The stored state, or `undefined` when the actor has none yet. */
@@ -47,7 +60,7 @@ export interface Restored<S> {
 }
 
 export interface SnapshotStore<S> {
-  readonly restore: Effect.Effect<Restored<S>, TransportError>
+  readonly restore: Effect.Effect<Restored<S>, TransportError | SnapshotCorrupt>
   /**
    * Encodes `state` and `handled` at the call (so the document is what they are now) and
    * returns the write of it.
@@ -75,12 +88,30 @@ export const makeSnapshotStore = <S>(options: SnapshotStoreOptions<S>): Snapshot
       catch: (e) => new TransportError({ operation: `${operation} of ${actor}`, message: messageOf(e) })
     })
 
-  const restore = read("read snapshot").pipe(
-    Effect.map((stored): Restored<S> => {
-      if (stored === null || stored.operation !== "PUT") return { state: undefined, handled: new HandledIds(), revision: 0 }
-      revision = stored.revision
+  const decode = (stored: { json: () => unknown }): Restored<S> | string => {
+    try {
       const doc = Schema.decodeUnknownSync(Snapshot)(stored.json())
       return { state: Schema.decodeUnknownSync(codec)(doc.state) as S, handled: HandledIds.from(doc.handled), revision }
+    } catch (e) {
+      return messageOf(e)
+    }
+  }
+
+  const restore = read("read snapshot").pipe(
+    Effect.flatMap((stored) => {
+      if (stored === null || stored.operation !== "PUT") return Effect.succeed<Restored<S>>({ state: undefined, handled: new HandledIds(), revision: 0 })
+      revision = stored.revision
+      const restored = decode(stored)
+      if (typeof restored !== "string") return Effect.succeed(restored)
+      const reason = `snapshot of ${actor} (revision ${revision}) does not decode: ${restored}`
+      return (options.quarantine?.(stored.value, revision, reason) ?? Effect.void).pipe(
+        Effect.andThen(Effect.logError(`${reason}; quarantined, ${options.corrupt === "escalate" ? "failing the start" : "starting from the initial state"}`)),
+        Effect.andThen(
+          options.corrupt === "escalate"
+            ? Effect.fail(new SnapshotCorrupt({ actor, revision, reason }))
+            : Effect.succeed<Restored<S>>({ state: undefined, handled: new HandledIds(), revision })
+        )
+      )
     })
   )
 

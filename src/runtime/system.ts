@@ -15,7 +15,7 @@ import { RetentionPolicy, StorageType, type JetStreamManager, type StreamConfig 
 import type { KV } from "@nats-io/kv"
 import { Context, Effect, Layer, Tracer, type Fiber } from "effect"
 import type { Rpc, RpcGroup } from "effect/rpc"
-import { ActorUnavailable, AskTimeout, RequestRejected, TransportError, messageOf, type AskError } from "./errors.ts"
+import { ActorOverloaded, ActorUnavailable, AskTimeout, RequestRejected, TransportError, messageOf, type AskError } from "./errors.ts"
 import { Nats, type NatsShape } from "./nats.ts"
 import { formatAddress, layout, type ActorAddress, type Layout } from "./names.ts"
 import { decodeAskReply, encodePayload, formatTraceparent, requestHeaders, requestOf } from "./protocol.ts"
@@ -128,6 +128,8 @@ const replyOf = (rpc: Rpc.Any, bytes: Uint8Array, actor: string, request: string
       return reply.exit
     case "Rejected":
       return Effect.fail(new RequestRejected({ actor, request, reason: reply.reason }))
+    case "Overloaded":
+      return Effect.fail(new ActorOverloaded({ actor, request, reason: reply.reason }))
     case "Malformed":
       return Effect.die(new Error(`malformed ask reply from ${actor} to ${request}: ${reply.reason}`))
   }

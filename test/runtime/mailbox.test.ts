@@ -3,7 +3,7 @@
  * concurrency, and which messages are acknowledged, held for a snapshot or handed back.
  */
 import { describe, expect, it } from "vitest"
-import { AckBook, HandledIds, Mailbox } from "../../src/runtime/mailbox.ts"
+import { AckBook, AnswerCache, HandledIds, Mailbox } from "../../src/runtime/mailbox.ts"
 
 describe("HandledIds (dedup window)", () => {
   it("remembers ids, forgets the oldest past its memory, and keeps the newest for a snapshot", () => {
@@ -121,5 +121,31 @@ describe("AckBook", () => {
     expect(book.releaseAll().sort()).toEqual(["done", "running"])
     expect(book.releaseAll()).toEqual([])
     expect(book.takeForSnapshot()).toEqual({ write: false, confirm: [] })
+  })
+})
+
+describe("AnswerCache (answers of recent asks)", () => {
+  it("keeps the first answer per id and forgets the oldest past its count or its bytes", () => {
+    const cache = new AnswerCache(3, 10)
+    const bytes = (n: number) => new Uint8Array(n).fill(n)
+    cache.record("a", bytes(2))
+    cache.record("a", bytes(3))
+    expect(cache.get("a")).toEqual(bytes(2))
+    cache.record("b", bytes(2))
+    cache.record("c", bytes(2))
+    cache.record("d", bytes(2))
+    expect(cache.get("a")).toBeUndefined()
+    expect(cache.size).toBe(3)
+    // Full by count: b goes; then 4 + 6 bytes fit.
+    cache.record("e", bytes(6))
+    expect([cache.get("b"), cache.get("c")]).toEqual([undefined, bytes(2)])
+    expect(cache.bytes).toBe(10)
+    // Full by bytes: c and d go to make room for 4.
+    cache.record("f", bytes(4))
+    expect([cache.get("c"), cache.get("d"), cache.get("e"), cache.get("f")]).toEqual([undefined, undefined, bytes(6), bytes(4)])
+    expect(cache.bytes).toBe(10)
+    cache.record("huge", bytes(11))
+    expect(cache.get("huge")).toBeUndefined()
+    expect(cache.size).toBe(2)
   })
 })
