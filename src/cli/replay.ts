@@ -7,7 +7,8 @@
  * 2 a bad flag.
  */
 import { Cause, Duration, Effect, Fiber, Layer, Stream } from "effect"
-import { entryJson, entryLine } from "../replay/format.ts"
+import { entryJson, entryLine, tagged } from "../replay/format.ts"
+import { verified, verifyRun, type Verification } from "../replay/verify.ts"
 import { openRun, parsePosition, readEntries, readerNats, type EntryFilter, type Position, type ReadOptions } from "../replay/read.ts"
 import type { JournalSource } from "../runtime/journal.ts"
 import { Nats, natsOptionsFromEnv } from "../runtime/nats.ts"
@@ -24,7 +25,9 @@ const flags = {
   execution: { kind: "string", doc: "entries about one execution (b<batch>-x<n>)" },
   follow: { kind: "boolean", doc: "keep printing new entries until interrupted", default: false },
   pace: { kind: "string", doc: "original: wait between entries as the run did; instant: no wait", default: "instant", choices: ["original", "instant"] },
-  json: { kind: "boolean", doc: "JSON lines instead of human lines", default: false }
+  json: { kind: "boolean", doc: "JSON lines instead of human lines", default: false },
+  verify: { kind: "boolean", doc: "check the log's integrity, then replay its policy records through the run's policy (exit 1 on a divergence)", default: false },
+  "keep-going": { kind: "boolean", doc: "--verify: report every divergence, not only the first", default: false }
 } as const
 
 type ReplayFlags = Flags<typeof flags>
@@ -74,6 +77,24 @@ const show = (log: JournalSource, f: ReplayFlags) => {
   )
 }
 
+const verifyLines = (v: Verification): Array<string> => {
+  const lines = v.integrity.map((f) => `integrity ${f.check} at sequence ${f.seq}: ${f.message}`)
+  if (v.unverifiable !== undefined) lines.push(`not verified: ${v.unverifiable}`)
+  for (const d of v.divergences) {
+    lines.push(`divergence at sequence ${d.seq}, record #${d.index} (${d.what}): ${tagged(d.event)}`)
+    lines.push(`  expected: ${JSON.stringify(d.expected)}`, `  recorded: ${JSON.stringify(d.recorded)}`)
+    for (const x of d.diff) lines.push(`  ${x.path}: expected ${JSON.stringify(x.expected) ?? "(none)"}, recorded ${JSON.stringify(x.recorded) ?? "(none)"}`)
+  }
+  lines.push(`${verified(v) ? "verified" : "FAILED"}: ${v.records} policy records of ${v.entries} entries, ${v.integrity.length} integrity findings, ${v.divergences.length} divergences`)
+  return lines
+}
+
+const verify = (log: JournalSource, f: ReplayFlags) =>
+  Effect.map(verifyRun(log, f["keep-going"]), (v) => {
+    console.log(f.json ? JSON.stringify({ ok: verified(v), ...v }) : verifyLines(v).join("\n"))
+    return verified(v) ? 0 : 1
+  })
+
 /** The run's log, from `--store` or `NATS_URL`, for the lifetime of the scope. */
 export const withRunLog = <A, E>(run: string, store: string | undefined, use: (log: JournalSource) => Effect.Effect<A, E>) => {
   const env = natsOptionsFromEnv("gyre-replay")
@@ -112,6 +133,6 @@ export const command: Command<typeof flags> = {
   flags,
   run: async (argv) => {
     const { run, f } = parse(argv)
-    return runInterruptibly(withRunLog(run, f.store, (log) => show(log, f)))
+    return runInterruptibly(withRunLog(run, f.store, (log) => (f.verify ? verify(log, f) : show(log, f))))
   }
 }

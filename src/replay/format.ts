@@ -32,7 +32,8 @@ export const fields = (o: Record<string, unknown>): string =>
     .map(([k, v]) => `${k}=${scalar(v)}`)
     .join(" ")
 
-const tagged = (o: { readonly _tag: string }) => {
+/** `Tag{key=value ...}`. */
+export const tagged = (o: { readonly _tag: string }) => {
   const rest = fields(o as unknown as Record<string, unknown>)
   return rest === "" ? o._tag : `${o._tag}{${rest}}`
 }
