@@ -9,6 +9,7 @@
 import { Cause, Duration, Effect, Fiber, Layer, Stream } from "effect"
 import { entryJson, entryLine, tagged } from "../replay/format.ts"
 import { exportRun, type ExportFailed } from "../replay/export.ts"
+import { checkTrees } from "../replay/trees.ts"
 import { verified, verifyRun, type Verification } from "../replay/verify.ts"
 import { whatIf } from "../replay/what-if.ts"
 import { readRunConfig, type JournalDiverged } from "../scheduling/records.ts"
@@ -32,6 +33,7 @@ const flags = {
   json: { kind: "boolean", doc: "JSON lines instead of human lines", default: false },
   verify: { kind: "boolean", doc: "check the log's integrity, then replay its policy records through the run's policy (exit 1 on a divergence)", default: false },
   "keep-going": { kind: "boolean", doc: "--verify: report every divergence, not only the first", default: false },
+  trees: { kind: "boolean", doc: "rebuild every execution's tree from its call records and check it (and the packed micro-batches) against the trainer's record (exit 1 on a mismatch)", default: false },
   export: { kind: "string", doc: "write the run as JSON lines to this directory (format in ARCHITECTURE.md)" },
   "what-if": { kind: "string", doc: "simulate the run's recorded executions under this policy (elastic, elastic-published, colocate, async, async:R)" },
   cells: { kind: "integer", doc: "--what-if: on this many cells (default: the run's)" }
@@ -52,8 +54,8 @@ const parse = (argv: ReadonlyArray<string>): { readonly run: string; readonly f:
   const f = parseFlags("replay", flags, named === undefined ? argv : argv.slice(1))
   const run = named ?? f.run
   if (run === undefined) throw new UsageError("gyre replay: name the run (gyre replay RUN)")
-  const modes = [f.verify, f.export !== undefined, f["what-if"] !== undefined].filter(Boolean).length
-  if (modes > 1) throw new UsageError("gyre replay: --verify, --export and --what-if are one at a time")
+  const modes = [f.verify, f.trees, f.export !== undefined, f["what-if"] !== undefined].filter(Boolean).length
+  if (modes > 1) throw new UsageError("gyre replay: --verify, --trees, --export and --what-if are one at a time")
   if (f.cells !== undefined && f.cells < 1) throw new UsageError(`gyre replay: --cells must be at least 1, got ${f.cells}`)
   if (f.last !== undefined && f.last < 1) throw new UsageError(`gyre replay: --last must be at least 1, got ${f.last}`)
   if (f.actor !== undefined && !/^[A-Za-z0-9_-]+(\/[A-Za-z0-9_.-]+)?$/.test(f.actor)) throw new UsageError(`gyre replay: --actor must be KIND or KIND/ID, got '${f.actor}'`)
@@ -131,8 +133,26 @@ const counterfactual = (log: JournalSource, policy: string, f: ReplayFlags) =>
     return 0
   })
 
+const trees = (log: JournalSource, f: ReplayFlags) =>
+  Effect.gen(function* () {
+    const config = yield* readRunConfig(log)
+    if (config === undefined) return yield* failed("the journal holds no run configuration (the trainer's settings)")
+    const c = yield* checkTrees(log, config)
+    const ok = c.mismatches.length === 0 && c.unrecorded.length === 0
+    if (f.json) console.log(JSON.stringify({ ok, ...c }))
+    else {
+      for (const m of c.mismatches) {
+        console.log(`mismatch in step ${m.step}${m.execution === undefined ? "" : `, execution ${m.execution}`}: ${m.what}: rebuilt ${JSON.stringify(m.expected)}, recorded ${JSON.stringify(m.recorded)}`)
+      }
+      if (c.unrecorded.length > 0) console.log(`not checked: steps ${c.unrecorded.join(", ")} journal no trees (a trainer before this check)`)
+      console.log(`${ok ? "trees verified" : "FAILED"}: ${c.executions} executions, ${c.microBatches} micro-batches in ${c.steps} steps, ${c.mismatches.length} mismatches`)
+    }
+    return ok ? 0 : 1
+  })
+
 const act = (log: JournalSource, f: ReplayFlags): Effect.Effect<number, TransportError | ExportFailed | JournalDiverged> => {
   if (f.verify) return verify(log, f)
+  if (f.trees) return trees(log, f)
   if (f.export !== undefined) return exportTo(log, f.export, f)
   if (f["what-if"] !== undefined) return counterfactual(log, f["what-if"], f)
   return show(log, f)
