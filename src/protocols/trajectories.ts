@@ -16,7 +16,7 @@ import { Effect, Schema, Stream } from "effect"
 import { headers } from "@nats-io/transport-node"
 import { TransportError, messageOf } from "../runtime/errors.ts"
 import { readStored } from "../runtime/stream-reader.ts"
-import type { ActorSystemShape } from "../runtime/system.ts"
+import type { JournalSource } from "../runtime/journal.ts"
 import { DeltaDecoder } from "../tree/decoder.ts"
 import { ExecutionOutcome } from "../tree/outcome.ts"
 import { CallRecordJson, type CallRecordRejected } from "../tree/record.ts"
@@ -45,7 +45,7 @@ export interface Trajectories {
 const START_HEADER = "Gyre-Execution-Start"
 
 /** Marks a start of `execution` on its calls subject (see the module comment); `runner` names who starts it. */
-export const markExecutionStart = (system: ActorSystemShape, execution: string, runner: string) =>
+export const markExecutionStart = (system: JournalSource, execution: string, runner: string) =>
   Effect.tryPromise({
     try: () => {
       const h = headers()
@@ -96,7 +96,7 @@ const applyMessage = (
 
 /** Rebuilds the run's executions (or those in `only`) from what the trajectory stream holds now. */
 export const readTrajectories = (
-  system: ActorSystemShape,
+  system: JournalSource,
   only?: ReadonlySet<string>
 ): Effect.Effect<Trajectories, TransportError> =>
   Effect.gen(function* () {
@@ -123,7 +123,7 @@ export const readTrajectories = (
  * the caller has it). An execution with no records yet has an empty tree.
  */
 export const readExecution = (
-  system: ActorSystemShape,
+  system: JournalSource,
   execution: string
 ): Effect.Effect<{ readonly trajectory: ExecutionTrajectory; readonly malformed: ReadonlyArray<MalformedMessage> }, TransportError> =>
   Effect.gen(function* () {

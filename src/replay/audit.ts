@@ -9,8 +9,7 @@
  */
 import { Effect, Schema, Stream } from "effect"
 import type { TransportError } from "../runtime/errors.ts"
-import { readJournal } from "../runtime/journal.ts"
-import type { ActorSystemShape } from "../runtime/system.ts"
+import { readJournal, type JournalSource } from "../runtime/journal.ts"
 import { PolicyRecord, SchedulerProtocol, StepMetrics, SCHEDULER_KIND } from "../protocols/scheduler.ts"
 
 export interface RunAudit {
@@ -28,6 +27,8 @@ export interface RunAudit {
   /** Executions of trained batches that never finished. */
   readonly executionsLost: number
   readonly stepsDone: number
+  /** The policy clock (seconds since the run's start) at the last `StepDone`: the run's makespan. */
+  readonly lastStepDoneS: number
   readonly switches: number
   readonly reprefillTokens: number
   readonly kvHandoffBytes: number
@@ -50,7 +51,7 @@ const decodeRecord = Schema.decodeUnknownExit(PolicyRecord)
 const decodeMetrics = Schema.decodeUnknownExit(StepMetrics)
 
 /** Reads the run's journal as it is now and counts. */
-export const auditRun = (system: ActorSystemShape, executionsPerStep: number): Effect.Effect<RunAudit, TransportError> =>
+export const auditRun = (system: JournalSource, executionsPerStep: number): Effect.Effect<RunAudit, TransportError> =>
   Effect.gen(function* () {
     const records = new Map<number, { readonly json: string; readonly record: PolicyRecord }>()
     const conflicting = new Set<number>()
@@ -117,6 +118,7 @@ export const auditRun = (system: ActorSystemShape, executionsPerStep: number): E
       executionsFinished: finished.size,
       executionsLost: lost,
       stepsDone,
+      lastStepDoneS: Math.max(0, ...stepDoneAt.values()),
       switches: switches.length,
       reprefillTokens: sum(switches.map((s) => s.reprefill)),
       kvHandoffBytes: sum(switches.map((s) => s.bytes)),

@@ -19,14 +19,32 @@
  * it completes.
  */
 import { Result } from "effect"
-import type { PackedBatch } from "../common/packed-batch.ts"
+import { packedBatchDigest, type PackedBatch } from "../common/packed-batch.ts"
 import type { StepExecutionRef, StepPlan } from "../protocols/device.ts"
-import { parseExecutionName, type TrainingSettings } from "../protocols/run.ts"
+import { parseExecutionName, type RunConfig, type TrainingSettings } from "../protocols/run.ts"
+import type { LossConfig } from "../engine/trainer.ts"
 import { groupAdvantages } from "../tree/advantage.ts"
 import { rewardOf } from "../tree/outcome.ts"
 import { packMicroBatches } from "../tree/pack.ts"
+import { treeDigest } from "../tree/stats.ts"
+import type { TreeFigures } from "../protocols/scheduler.ts"
 import type { TrajectoryTree } from "../tree/tree.ts"
 import { stepUnits, type StepExecution, type TrainingMode } from "../tree/units.ts"
+
+/** The run's loss for micro-batches of step `step` (see ARCHITECTURE.md, "Training": ppo and is coincide while r = 1). */
+export const stepLoss = (config: RunConfig, step: number): LossConfig => {
+  const t = config.training
+  const ppo = t.loss === "ppo"
+  return {
+    kind: "ppo",
+    clipLow: ppo ? t.clipLow : 0,
+    clipHigh: ppo ? t.clipHigh : 0,
+    isCap: t.isCap,
+    currentVersion: step,
+    maxStaleness: config.policyConfig.max_staleness,
+    proximal: "current"
+  }
+}
 
 /** Added to GRPO's standard deviation (a group of equal rewards gets advantage 0). */
 const ADVANTAGE_EPSILON = 1e-6
@@ -68,6 +86,10 @@ export interface PlanFigures {
   /** Sum over executions of prompt + output tokens of every call, and of tree tokens. */
   callTokens: number
   uniqueTokens: number
+  /** Each told execution's tree, in the order told. */
+  readonly trees: Array<TreeFigures>
+  /** `packedBatchDigest` of each planned micro-batch, by index. */
+  readonly batchDigests: Array<string>
 }
 
 export class StepPlanner {
@@ -76,7 +98,7 @@ export class StepPlanner {
   private readonly remaining = new Map<string, { count: number; readonly tokens: number }>()
   private readonly byIndex: Array<ReadonlyArray<string>> = []
   private readonly mode: TrainingMode
-  readonly figures: PlanFigures = { told: 0, dropped: 0, scored: 0, scoreSum: 0, callTokens: 0, uniqueTokens: 0 }
+  readonly figures: PlanFigures = { told: 0, dropped: 0, scored: 0, scoreSum: 0, callTokens: 0, uniqueTokens: 0, trees: [], batchDigests: [] }
 
   constructor(
     readonly plan: StepPlan,
@@ -106,6 +128,7 @@ export class StepPlanner {
     f.told++
     f.callTokens += tree.totalCallTokens
     f.uniqueTokens += tree.uniqueTokens
+    f.trees.push({ execution: ref.execution, calls: tree.callCount, uniqueTokens: tree.uniqueTokens, paths: tree.leaves().length, digest: treeDigest(tree) })
     const reward = rewardOf(ref.outcome)
     if (reward === undefined) f.dropped++
     else {
@@ -171,6 +194,7 @@ export class StepPlanner {
     const counts = new Map<string, number>()
     executions.forEach((list, k) => {
       this.byIndex.push(list)
+      this.figures.batchDigests.push(packedBatchDigest(batches[k]!))
       for (const e of list) {
         last.set(e, first + k)
         counts.set(e, (counts.get(e) ?? 0) + 1)
