@@ -27,7 +27,7 @@ import { parseAddress } from "../runtime/names.ts"
 import { refOf, type ActorSystemShape } from "../runtime/system.ts"
 import { digestOf } from "../tree/hash.ts"
 import { rlLayout } from "../protocols/layout.ts"
-import { apiError, type ApiError } from "../openai/openai.ts"
+import { apiError, contextLengthExceeded, type ApiError } from "../openai/openai.ts"
 import { RolloutWorkerProtocol, TokenChunk, type FinishReason, type GenerateResult, type SamplingParams, type StepTokens } from "../protocols/rollout.ts"
 import type { WorkerDirectory } from "./worker-directory.ts"
 
@@ -247,12 +247,7 @@ export const makeCallRouter = (system: ActorSystemShape, directory: WorkerDirect
         const { outcome, request } = yield* attempt(worker, req, full, sampling)
         if (outcome._tag === "tooLong") {
           if (out.tokens.length > 0) return finished("length")
-          return yield* Effect.fail(
-            apiError(400, `This model's maximum context length is ${outcome.limit} tokens. However, your request has ${outcome.tokens} prompt tokens.`, {
-              param: "messages",
-              code: "context_length_exceeded"
-            })
-          )
+          return yield* Effect.fail(contextLengthExceeded(outcome.limit, outcome.tokens, "messages"))
         }
         if (outcome._tag === "failed") {
           append(outcome.partial)

@@ -69,7 +69,7 @@ export const startChatServer = (answer: (messages: ReadonlyArray<ToyMessage>, in
 
 /** What the stand-in gateway saw. */
 export interface GatewayLog {
-  readonly opened: Array<{ key: string; task: string; execution: string; defaultRole: string }>
+  readonly opened: Array<{ keyDigest: string; task: string; execution: string; defaultRole: string }>
   readonly closed: Array<string>
 }
 
