@@ -18,7 +18,7 @@
  */
 import * as http from "node:http"
 import type { AddressInfo } from "node:net"
-import { Deferred, Effect, FiberSet } from "effect"
+import { Config, Deferred, Effect, FiberSet } from "effect"
 import { TransportError } from "../runtime/errors.ts"
 import { ApiError, apiError, errorBody } from "../openai/openai.ts"
 import { byteBudget, readJsonBody, type BodyLimits, type ByteBudget } from "./body.ts"
@@ -62,9 +62,22 @@ export const defaultHttpLimits: HttpLimits = {
   headersTimeoutMs: 10_000
 }
 
+/** `HTTP_LIMIT_KEYS.maxBodyBytes` = "GYRE_HTTP_MAX_BODY_BYTES": each limit's Config key. */
+export const HTTP_LIMIT_KEYS = Object.fromEntries(
+  Object.keys(defaultHttpLimits).map((k) => [k, `GYRE_HTTP_${k.replace(/[A-Z]/g, (c) => `_${c}`).toUpperCase()}`])
+) as Record<keyof HttpLimits, string>
+
+/** `HttpLimits` as Config (`HTTP_LIMIT_KEYS`), each one its default when unset. */
+export const HttpLimitsConfig = Config.all(
+  Object.fromEntries(
+    Object.entries(defaultHttpLimits).map(([k, v]) => [k, Config.Int(HTTP_LIMIT_KEYS[k as keyof HttpLimits]).pipe(Config.withDefault(v))])
+  ) as { readonly [K in keyof HttpLimits]: Config.Config<number> }
+)
+
 export interface HttpServerOptions<S> {
   readonly host: string
   readonly port: number
+  /** Over `HttpLimitsConfig` (the environment, else the defaults). */
   readonly limits?: Partial<HttpLimits>
   readonly probes?: Readonly<Record<string, Probe>>
   /** The handlers of a percent-decoded path. */
@@ -209,7 +222,7 @@ const clientErrorResponse = (code: string | undefined) => {
 
 /** Listens until the scope closes; `errors` counts the requests answered with an error, `defects` those that hit a bug (500). */
 export const serveHttp = Effect.fn("Gateway.serveHttp")(function* <S>(options: HttpServerOptions<S>) {
-  const limits: HttpLimits = { ...defaultHttpLimits, ...options.limits }
+  const limits: HttpLimits = { ...(yield* HttpLimitsConfig), ...options.limits }
   const state: ServerState = { errors: 0, defects: 0 }
   const budget = byteBudget(limits.maxBufferedBytes)
   const handle = dispatch(options, limits, budget, state)
