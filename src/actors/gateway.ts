@@ -91,7 +91,7 @@ export const gateway = (config: GatewayConfig = {}) =>
               finishedAt: Date.now(),
               toolCalls
             })
-            recent.add(Date.now() - call.startedAt, result)
+            recent.add(performance.now() - call.receivedAt, result)
             return result
           })
 

@@ -29,7 +29,10 @@ export interface HttpCall<S> {
   readonly req: http.IncomingMessage
   readonly res: http.ServerResponse
   readonly clientGone: Deferred.Deferred<void>
+  /** `Date.now()` at arrival (for timestamps). */
   readonly startedAt: number
+  /** `performance.now()` at arrival (for durations). */
+  readonly receivedAt: number
   /** The request's body as JSON, within the server's limits. */
   readonly json: Effect.Effect<unknown, ApiError>
 }
@@ -171,6 +174,7 @@ const dispatch = <S>(options: HttpServerOptions<S>, limits: HttpLimits, budget: 
   const perSession = inFlightCounter<S>(limits.maxRequestsPerSession)
   return (req: http.IncomingMessage, res: http.ServerResponse) => {
     const startedAt = Date.now()
+    const receivedAt = performance.now()
     const path = pathOf(req.url)
     let allowed = ""
     return Effect.gen(function* () {
@@ -194,7 +198,7 @@ const dispatch = <S>(options: HttpServerOptions<S>, limits: HttpLimits, budget: 
         if (!res.writableFinished) Deferred.doneUnsafe(clientGone, Effect.void)
       })
       const json = readJsonBody(req, res, limits, budget, startedAt)
-      yield* handler({ session, req, res, clientGone, startedAt, json }).pipe(Effect.ensuring(perSession.leave(session)))
+      yield* handler({ session, req, res, clientGone, startedAt, receivedAt, json }).pipe(Effect.ensuring(perSession.leave(session)))
     }).pipe(
       Effect.catchCause((cause) => {
         const failure = cause.reasons.find((r) => r._tag === "Fail")

@@ -50,6 +50,7 @@ export const RecentCalls = Schema.Struct({
   workerP50Ms: Schema.Number,
   /** Per call, round trip minus time inside the worker: what HTTP, the gateway and NATS add. */
   overheadP50Ms: Schema.Number,
+  overheadP99Ms: Schema.Number,
   promptTokens: NonNegativeInt,
   /** Prompt tokens the worker found cached (not prefilled again). */
   cachedTokens: NonNegativeInt,
