@@ -159,7 +159,8 @@ const caseOf = (key: string) =>
       return { bytes: Buffer.concat([Buffer.from(head, "latin1"), payload]), complete }
     })
 
-interface Served {
+export interface Served {
+  readonly pid: number
   readonly baseUrl: string
   readonly port: number
   readonly key: string
@@ -168,8 +169,8 @@ interface Served {
   readonly stop: () => Promise<void>
 }
 
-/** `gyre serve` on a fresh tiny checkpoint, short body and header deadlines (so incomplete cases end fast). */
-const startServe = async (dir: string): Promise<Served> => {
+/** `gyre serve` on a fresh tiny checkpoint in `dir`, short body and header deadlines (so incomplete cases end fast). */
+export const startServe = async (dir: string): Promise<Served> => {
   const checkpoint = await writeCheckpoint(path.join(dir, "ckpt"), 13)
   const child = spawn(process.execPath, [path.join(repoRoot, "bin", "gyre.js"), "serve", "--checkpoint", checkpoint, "--port", "0", "--max-tokens", "6", "--kv-blocks", "512"], {
     cwd: repoRoot,
@@ -192,6 +193,7 @@ const startServe = async (dir: string): Promise<Served> => {
     child.once("exit", (code) => reject(new Error(`gyre serve exited (${code}) before ready; stderr:\n${stderr}`)))
   })
   return {
+    pid: child.pid!,
     baseUrl: ready.baseUrl!,
     port: Number(new URL(ready.baseUrl!).port),
     key: ready.key!,
