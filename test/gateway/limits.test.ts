@@ -89,6 +89,19 @@ describe("gateway HTTP limits", () => {
     expect(out.status.errors).toBeGreaterThanOrEqual(10)
   })
 
+  it("answers a prompt too big for one NATS message with a 413 at once when the gateway does not know the context", async () => {
+    const out = await withSystem("gw-payload", Effect.gen(function* () {
+      const { baseUrl } = yield* serve({ checkpoint, workers: 2 })
+      const port = portOf(baseUrl)
+      const started = Date.now()
+      const big = yield* send(port, httpRequest("POST", "/v1/completions", auth, JSON.stringify({ model: "gyre", prompt: "z".repeat(400_000), max_tokens: 2 })), 60_000)
+      return { big, ms: Date.now() - started, afterwards: yield* send(port, httpRequest("POST", "/v1/chat/completions", auth, chat("hello"))) }
+    }))
+    expect([out.big.status, code(out.big)]).toEqual([413, "request_too_large"])
+    expect(out.ms).toBeLessThan(5000) // not retried on the other worker
+    expect(out.afterwards.status).toBe(200)
+  })
+
   it("cuts slow bodies and headers, and bounds buffered bytes, requests per key and connections", async () => {
     const out = await withSystem("gw-slow", Effect.gen(function* () {
       const { baseUrl } = yield* serve({ checkpoint, workers: 1, gateway: { limits } })
