@@ -5,6 +5,7 @@
  * answered with its OpenAI-format error (or the connection is cut) and the gateway goes on
  * serving; /health and /ready tell whether a worker is there.
  */
+import { monitorEventLoopDelay } from "node:perf_hooks"
 import { Effect } from "effect"
 import { describe, expect, it } from "vitest"
 import type { HttpLimits } from "../../src/gateway/http.ts"
@@ -100,6 +101,22 @@ describe("gateway HTTP limits", () => {
     expect([out.big.status, code(out.big)]).toEqual([413, "request_too_large"])
     expect(out.ms).toBeLessThan(5000) // not retried on the other worker
     expect(out.afterwards.status).toBe(200)
+  })
+
+  it("keeps the event loop going while it refuses concurrent 12 MB prompts over the context", async () => {
+    const out = await withSystem("gw-big", Effect.gen(function* () {
+      const { baseUrl } = yield* serve({ checkpoint, workers: 1, gateway: { maxContextTokens: 4096 } })
+      const port = portOf(baseUrl)
+      const body = chat("w".repeat(12 * 1024 * 1024))
+      const lag = monitorEventLoopDelay({ resolution: 10 })
+      lag.enable()
+      const started = Date.now()
+      const answers = yield* Effect.promise(() => Promise.all(Array.from({ length: 4 }, () => rawRequest(port, httpRequest("POST", "/v1/chat/completions", auth, body), { timeoutMs: 60_000 }))))
+      lag.disable()
+      return { answers, ms: Date.now() - started, maxLagMs: lag.max / 1e6 }
+    }))
+    expect(out.answers.map((a) => [a.status, code(a)])).toEqual(Array.from({ length: 4 }, () => [400, "context_length_exceeded"]))
+    expect(out.maxLagMs).toBeLessThan(2000) // was ~16 s for one 60 MB prompt before the bounds
   })
 
   it("cuts slow bodies and headers, and bounds buffered bytes, requests per key and connections", async () => {
