@@ -135,7 +135,7 @@ export const gateway = (config: GatewayConfig = {}) =>
               return { routed }
             }),
           Status: () =>
-            Effect.sync(() => ({ baseUrl, openExecutions: sessions.size, calls: recorder.calls, errors: server.errors, recent: recent.figures() }))
+            Effect.sync(() => ({ baseUrl, openExecutions: sessions.size, calls: recorder.calls, errors: server.errors, internalErrors: server.defects, recent: recent.figures() }))
         }
         return handlers
       })

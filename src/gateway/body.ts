@@ -26,7 +26,6 @@ export interface ByteBudget {
   /** Takes `n` bytes; false (nothing taken) when that would go over the budget. */
   readonly take: (n: number) => boolean
   readonly give: (n: number) => void
-  readonly used: () => number
 }
 
 export const byteBudget = (limit: number): ByteBudget => {
@@ -39,8 +38,7 @@ export const byteBudget = (limit: number): ByteBudget => {
     },
     give: (n) => {
       used = Math.max(0, used - n)
-    },
-    used: () => used
+    }
   }
 }
 

@@ -11,7 +11,8 @@
  *
  * Order of checks, each with its own status: malformed URL 400, a probe (`/health`,
  * `/ready`: no key), unknown path 404, wrong method 405 (with `Allow`), no or bad key 401,
- * too many requests in flight for the key 429, then the handler. Bounded by `HttpLimits`:
+ * too many requests in flight for the key 429, then the handler. Bounded by `HttpLimits`
+ * (each one from the caller, else its Config key `GYRE_HTTP_*`, else its default):
  * connections (beyond: refused), header time (408 by Node), body size, time and total bytes,
  * JSON complexity. On scope close the server stops accepting, lets calls in flight finish
  * (up to 30 s), then closes every connection.
@@ -285,8 +286,6 @@ export const serveHttp = Effect.fn("Gateway.serveHttp")(function* <S>(options: H
     },
     get defects() {
       return state.defects
-    },
-    /** Bytes of request bodies held now. */
-    bufferedBytes: budget.used
+    }
   }
 })

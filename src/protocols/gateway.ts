@@ -63,6 +63,8 @@ export const GatewayStatus = Schema.Struct({
   openExecutions: NonNegativeInt,
   calls: NonNegativeInt,
   errors: NonNegativeInt,
+  /** Requests answered 500 because of a bug (logged with their cause). */
+  internalErrors: NonNegativeInt,
   recent: RecentCalls
 })
 

@@ -88,6 +88,7 @@ describe("gateway HTTP limits", () => {
     expect(out.health.status).toBe(200)
     expect(jsonOf(out.ready)).toMatchObject({ status: "ready", nats: true, workers: 1 })
     expect(out.status.errors).toBeGreaterThanOrEqual(10)
+    expect(out.status.internalErrors).toBe(0)
   })
 
   it("answers a prompt too big for one NATS message with a 413 at once when the gateway does not know the context", async () => {
