@@ -68,7 +68,8 @@ const logprobsOf = (tokens: ArrayLike<number>, logprobs: ArrayLike<number>): Arr
 
 /**
  * Fewer tokens than the chat template can render `messages` in: the byte-level tokenizer
- * gives each byte of text a token, and each message at least its role and end markers.
+ * (`../engine/tokenizer.ts`) gives each byte of text a token, and each message at least its
+ * role and end markers. A tokenizer with merges (BPE) needs bytes / its longest token here.
  */
 const chatTokensAtLeast = (messages: ReadonlyArray<ChatMessage>): number => {
   let n = 2 // begin-of-text, then the assistant marker that ends the prompt
