@@ -7,15 +7,30 @@
  * order, the same prompts (rebuilt from the call records), the same number of output tokens,
  * the same concurrency, so both sides have the same prefix-cache opportunities. Tool latency
  * is 0 so the harnesses call back to back. Model: the `tiny` preset, randomly initialised.
+ *
+ * `actor_over_direct` is end-to-end generated tokens per second of the two paths: besides
+ * the gateway and NATS it includes the harness processes' own time between calls (starting,
+ * rendering history, parsing answers), which the direct peer does not have (it replays the
+ * calls back to back); it is not the gateway's overhead. That is measured apart, first: the
+ * gateway phase sends `BENCH_GATEWAY_CALLS` sequential chat calls over keep-alive HTTP to a
+ * gateway in this process while the worker runs in a child `gyre node`, so this process's CPU
+ * is the gateway's plus its HTTP client's: `gateway_overhead_p50_ms` / `_p99_ms` are round trip
+ * minus time inside the worker (the gateway's own window: HTTP, rendering, routing, NATS both
+ * ways, the record's JetStream ack), `gateway_cpu_ms_per_call` this process's CPU per call,
+ * beside `raw_nats_p50_ms` / `_p99_ms` / `raw_nats_cpu_ms_per_call`: a plain NATS request and
+ * reply of the same sizes (the HTTP request and response bodies) on the same server.
  * Prints a table and, last, one JSON line. Not a test: nothing here is asserted.
  */
+import { spawn } from "node:child_process"
+import * as http from "node:http"
+import * as readline from "node:readline"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
-import { Effect, Layer } from "effect"
+import { Effect, Layer, Schedule } from "effect"
 import { makeBatcher } from "../src/serving/batcher.ts"
 import { gateway } from "../src/actors/gateway.ts"
-import { GatewayProtocol } from "../src/protocols/gateway.ts"
+import { GatewayProtocol, apiKeyDigest, newApiKey } from "../src/protocols/gateway.ts"
 import { HarnessRunnerProtocol } from "../src/protocols/harness.ts"
 import { makeHarnessRunner } from "../src/actors/harness-runner.ts"
 import { rolloutWorker } from "../src/actors/rollout-worker.ts"
@@ -23,7 +38,7 @@ import { readTrajectories } from "../src/protocols/trajectories.ts"
 import { loadCheckpoint, saveCheckpoint } from "../src/engine/checkpoint.ts"
 import { Engine } from "../src/engine/engine.ts"
 import { presets } from "../src/engine/presets.ts"
-import { Nats } from "../src/runtime/nats.ts"
+import { Nats, connectTo } from "../src/runtime/nats.ts"
 import { address } from "../src/runtime/names.ts"
 import { repoRoot } from "../src/runtime/nats-server.ts"
 import { startNode } from "../src/runtime/node.ts"
@@ -33,6 +48,8 @@ const EXECUTIONS = Number(process.env.BENCH_EXECUTIONS ?? 8)
 const HORIZON = Number(process.env.BENCH_HORIZON ?? 32)
 const MAX_BATCH = 64
 const toyEnv = { TOY_STEPS: String(HORIZON), TOY_TOOL_MS: "0", TOY_MAX_TOKENS: "24", TOY_TEMPERATURE: "1" }
+
+const GATEWAY_CALLS = Number(process.env.BENCH_GATEWAY_CALLS ?? 400)
 
 interface ReplayCall {
   readonly prompt: Int32Array
@@ -80,6 +97,97 @@ const actorPath = Effect.gen(function* () {
   return { seconds, recent: status.recent, replay }
 })
 
+const quantile = (xs: ReadonlyArray<number>, q: number) => {
+  const s = [...xs].sort((a, b) => a - b)
+  return s[Math.min(s.length - 1, Math.round((s.length - 1) * q))] ?? 0
+}
+const cpuMs = (since: NodeJS.CpuUsage) => {
+  const d = process.cpuUsage(since)
+  return (d.user + d.system) / 1000
+}
+
+/** A worker in a child `gyre node` on this system's server; resolves once it serves. */
+const childWorker = (servers: string, run: string) =>
+  Effect.acquireRelease(
+    Effect.promise(
+      () =>
+        new Promise<ReturnType<typeof spawn>>((resolve, reject) => {
+          const child = spawn(process.execPath, [path.join(repoRoot, "bin", "gyre.js"), "node", "--name", "w", "--run", run, "--load", path.join(repoRoot, "bench", "rollout-worker-node.ts"), "--spawn", "rollout-worker/w.0"], {
+            env: { ...process.env, NATS_URL: servers, BENCH_CHECKPOINT: checkpoint },
+            stdio: ["ignore", "pipe", "inherit"]
+          })
+          readline.createInterface({ input: child.stdout! }).on("line", (line) => line.includes('"ready"') && resolve(child))
+          child.once("exit", (code) => reject(new Error(`worker node exited with ${code}`)))
+        })
+    ),
+    (child) => Effect.sync(() => child.kill("SIGKILL"))
+  )
+
+/** POSTs `body` over a keep-alive connection; the answer's body. */
+const post = (agent: http.Agent, port: number, key: string, body: string) =>
+  new Promise<string>((resolve, reject) => {
+    const req = http.request({ host: "127.0.0.1", port, path: "/v1/chat/completions", method: "POST", agent, headers: { authorization: `Bearer ${key}`, "content-type": "application/json", "content-length": Buffer.byteLength(body) } }, (res) => {
+      let text = ""
+      res.setEncoding("utf8")
+      res.on("data", (d: string) => (text += d))
+      res.on("end", () => (res.statusCode === 200 ? resolve(text) : reject(new Error(`status ${res.statusCode}: ${text}`))))
+    })
+    req.on("error", reject)
+    req.end(body)
+  })
+
+/** The gateway's own cost per call, and a raw NATS request of the same sizes beside it. */
+const gatewayPhase = Effect.gen(function* () {
+  const system = yield* ActorSystem
+  yield* childWorker(system.nats.servers, system.run)
+  const node = yield* startNode({ name: "gw", types: [gateway({ port: 0 })] })
+  yield* node.spawn("gateway", "main")
+  const gw = refOf(GatewayProtocol, address("gateway", "main"))
+  const key = newApiKey()
+  const { baseUrl } = yield* system.ask(gw, "OpenExecution", { keyDigest: apiKeyDigest(key), task: "bench", execution: "bench-gw", defaultRole: "main" })
+  const port = Number(new URL(baseUrl).port)
+  const agent = new http.Agent({ keepAlive: true, maxSockets: 1 })
+  const body = JSON.stringify({ model: "gyre", messages: [{ role: "user", content: "Write the next step of the plan. ".repeat(8) }], max_tokens: 8, temperature: 0 })
+  let answer = ""
+  const calls = (n: number) =>
+    Effect.promise(async () => {
+      for (let i = 0; i < n; i++) answer = await post(agent, port, key, body)
+    })
+  yield* Effect.retry(calls(20), { times: 50, schedule: Schedule.spaced("200 millis") }) // warm-up: also waits for the worker to be routable
+  const cpu0 = process.cpuUsage()
+  yield* calls(GATEWAY_CALLS)
+  const gatewayCpu = cpuMs(cpu0) / GATEWAY_CALLS
+  const { recent } = yield* system.ask(gw, "Status", undefined)
+  agent.destroy()
+  // A raw request and reply of the same sizes on the same server, the responder on its own connection.
+  const responder = yield* connectTo(system.nats.servers, { name: "bench-responder" })
+  const reply = new TextEncoder().encode(answer)
+  responder.subscribe("bench.raw", { callback: (_e, m) => void m.respond(reply) })
+  yield* Effect.promise(() => responder.flush())
+  const request = new TextEncoder().encode(body)
+  const rawMs: Array<number> = []
+  const rawCpu0 = process.cpuUsage()
+  yield* Effect.promise(async () => {
+    for (let i = 0; i < GATEWAY_CALLS; i++) {
+      const t = performance.now()
+      await system.nats.nc.request("bench.raw", request, { timeout: 5000 })
+      rawMs.push(performance.now() - t)
+    }
+  })
+  return {
+    overheadP50: recent.overheadP50Ms,
+    overheadP99: recent.overheadP99Ms,
+    roundTripP50: recent.roundTripP50Ms,
+    workerP50: recent.workerP50Ms,
+    gatewayCpu,
+    rawP50: quantile(rawMs, 0.5),
+    rawP99: quantile(rawMs, 0.99),
+    rawCpu: cpuMs(rawCpu0) / GATEWAY_CALLS,
+    requestBytes: request.length,
+    replyBytes: reply.length
+  }
+})
+
 /** The same calls through the engine's batcher in-process, one fiber per execution. */
 const directPath = (replay: ReadonlyArray<ReadonlyArray<ReplayCall>>) =>
   Effect.gen(function* () {
@@ -121,7 +229,9 @@ const directPath = (replay: ReadonlyArray<ReadonlyArray<ReplayCall>>) =>
 const program = Effect.gen(function* () {
   const engine = yield* Engine
   yield* saveCheckpoint(checkpoint, yield* engine.createModel(presets.tiny, { seed: 1 }))
-  const actor = yield* Effect.scoped(actorPath.pipe(Effect.provide(ActorSystem.layer({ run: "bench-rollout" }).pipe(Layer.provideMerge(Nats.layer({}))))))
+  const systemOf = (run: string) => ActorSystem.layer({ run }).pipe(Layer.provideMerge(Nats.layer({})))
+  const gw = yield* Effect.scoped(gatewayPhase.pipe(Effect.provide(systemOf("bench-gateway"))))
+  const actor = yield* Effect.scoped(actorPath.pipe(Effect.provide(systemOf("bench-rollout"))))
   const direct = yield* Effect.scoped(directPath(actor.replay))
   const r = actor.recent
   const result = {
@@ -130,7 +240,17 @@ const program = Effect.gen(function* () {
     calls: r.calls,
     calls_per_s: +(r.calls / actor.seconds).toFixed(2),
     gen_tokens_per_s: Math.round(r.generatedTokens / actor.seconds),
-    gateway_overhead_p50_ms: +r.overheadP50Ms.toFixed(2),
+    gateway_overhead_p50_ms: +gw.overheadP50.toFixed(3),
+    gateway_overhead_p99_ms: +gw.overheadP99.toFixed(3),
+    gateway_cpu_ms_per_call: +gw.gatewayCpu.toFixed(3),
+    gateway_round_trip_p50_ms: +gw.roundTripP50.toFixed(3),
+    gateway_worker_p50_ms: +gw.workerP50.toFixed(3),
+    raw_nats_p50_ms: +gw.rawP50.toFixed(3),
+    raw_nats_p99_ms: +gw.rawP99.toFixed(3),
+    raw_nats_cpu_ms_per_call: +gw.rawCpu.toFixed(3),
+    raw_nats_request_bytes: gw.requestBytes,
+    raw_nats_reply_bytes: gw.replyBytes,
+    rollout_overhead_p50_ms: +r.overheadP50Ms.toFixed(2),
     round_trip_p50_ms: +r.roundTripP50Ms.toFixed(2),
     worker_p50_ms: +r.workerP50Ms.toFixed(2),
     compute_p50_ms: +r.computeP50Ms.toFixed(2),
@@ -144,7 +264,10 @@ const program = Effect.gen(function* () {
   console.log(["path".padEnd(12), "seconds".padStart(8), "calls".padStart(6), "gen tok".padStart(8), "gen tok/s".padStart(10)].join(" "))
   console.log(["actors".padEnd(12), result.actor_seconds.toFixed(2).padStart(8), String(r.calls).padStart(6), String(r.generatedTokens).padStart(8), String(result.gen_tokens_per_s).padStart(10)].join(" "))
   console.log(["direct".padEnd(12), result.direct_seconds.toFixed(2).padStart(8), String(r.calls).padStart(6), String(direct.generated).padStart(8), String(result.direct_gen_tokens_per_s).padStart(10)].join(" "))
-  console.log(`actors / direct: ${result.actor_over_direct}; gateway overhead p50 ${result.gateway_overhead_p50_ms} ms (round trip ${result.round_trip_p50_ms} - in worker ${result.worker_p50_ms}); prefill saved ${result.prefill_tokens_saved_ratio}`)
+  console.log(`actors / direct: ${result.actor_over_direct} (end to end, harness time between calls included); prefill saved ${result.prefill_tokens_saved_ratio}`)
+  console.log(
+    `gateway alone (${GATEWAY_CALLS} sequential calls, worker in a child node): overhead p50 ${result.gateway_overhead_p50_ms} ms, p99 ${result.gateway_overhead_p99_ms} ms, CPU ${result.gateway_cpu_ms_per_call} ms/call (gateway + client); raw NATS request of the same sizes: p50 ${result.raw_nats_p50_ms} ms, p99 ${result.raw_nats_p99_ms} ms, CPU ${result.raw_nats_cpu_ms_per_call} ms`
+  )
   console.log(JSON.stringify(result))
 })
 

@@ -17,11 +17,12 @@ import * as Actor from "../runtime/actor.ts"
 import { makeCallRecorder } from "../gateway/call-recorder.ts"
 import { makeCallRouter } from "../gateway/call-router.ts"
 import { openAiRoutes, type Generate } from "../gateway/endpoints.ts"
-import { serveHttp } from "../gateway/http.ts"
+import { serveHttp, type HttpLimits } from "../gateway/http.ts"
 import { recentCalls } from "../gateway/recent-calls.ts"
 import { makeSessions, roleOf } from "../gateway/sessions.ts"
 import { watchWorkers } from "../gateway/worker-directory.ts"
 import { GatewayProtocol, UnknownExecution } from "../protocols/gateway.ts"
+import { readiness } from "../gateway/probes.ts"
 import { ensureTrajectoryStream } from "../protocols/layout.ts"
 
 export interface GatewayConfig {
@@ -35,8 +36,10 @@ export interface GatewayConfig {
   readonly model?: string
   /** `max_tokens` when a request gives none (default 512). */
   readonly defaultMaxTokens?: number
-  /** Largest request body (default 64 MiB). */
-  readonly maxBodyBytes?: number
+  /** Bounds of the HTTP face (`defaultHttpLimits` in `../gateway/http.ts` for each one left out). */
+  readonly limits?: Partial<HttpLimits>
+  /** Longest prompt the workers take, tokens: a longer one is a 400 at once (default: the workers decide). */
+  readonly maxContextTokens?: number
   /** A worker whose registry entry has not changed for this long is given up (default 3000). */
   readonly workerDeadAfterMs?: number
   /** Workers tried per call before a 503 (default 5). */
@@ -88,7 +91,7 @@ export const gateway = (config: GatewayConfig = {}) =>
               finishedAt: Date.now(),
               toolCalls
             })
-            recent.add(Date.now() - call.startedAt, result)
+            recent.add(performance.now() - call.receivedAt, result)
             return result
           })
 
@@ -97,12 +100,14 @@ export const gateway = (config: GatewayConfig = {}) =>
         const server = yield* serveHttp({
           host,
           port: config.port ?? 0,
+          ...(config.limits === undefined ? {} : { limits: config.limits }),
+          probes: readiness(system, directory),
           authenticate: sessions.authenticate,
           routeOf: openAiRoutes({
             model,
             servingSince: Math.floor(Date.now() / 1000),
             defaultMaxTokens: config.defaultMaxTokens ?? 512,
-            maxBodyBytes: config.maxBodyBytes ?? 64 * 1024 * 1024,
+            maxContextTokens: config.maxContextTokens,
             generate
           })
         })
@@ -110,11 +115,7 @@ export const gateway = (config: GatewayConfig = {}) =>
         yield* Effect.logInfo(`gateway ${ctx.address.id}: serving ${baseUrl} (model ${model})`)
 
         const handlers: Actor.Handlers<RpcGroup.Rpcs<typeof GatewayProtocol>> = {
-          OpenExecution: (request) =>
-            Effect.sync(() => {
-              sessions.open(request)
-              return { baseUrl }
-            }),
+          OpenExecution: (request) => sessions.open(request).pipe(Effect.as({ baseUrl })),
           CloseExecution: ({ execution }) =>
             Effect.gen(function* () {
               const session = sessions.close(execution)
@@ -134,7 +135,7 @@ export const gateway = (config: GatewayConfig = {}) =>
               return { routed }
             }),
           Status: () =>
-            Effect.sync(() => ({ baseUrl, openExecutions: sessions.size, calls: recorder.calls, errors: server.errors, recent: recent.figures() }))
+            Effect.sync(() => ({ baseUrl, openExecutions: sessions.size, calls: recorder.calls, errors: server.errors, internalErrors: server.defects, recent: recent.figures() }))
         }
         return handlers
       })

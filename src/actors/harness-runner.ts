@@ -19,7 +19,6 @@
  * larger so that `Status` and a duplicate `RunExecution` (same execution id: it joins the
  * running one, or gets the recent outcome) are answered while the runner is full.
  */
-import { randomBytes } from "node:crypto"
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
 import { Deferred, Duration, Effect, Exit, Ref, Schedule, Schema, Semaphore } from "effect"
@@ -28,7 +27,7 @@ import { messageOf, TransportError } from "../runtime/errors.ts"
 import { formatAddress, type ActorAddress } from "../runtime/names.ts"
 import { refOf } from "../runtime/system.ts"
 import { ExecutionOutcome } from "../tree/outcome.ts"
-import { GatewayProtocol } from "../protocols/gateway.ts"
+import { GatewayProtocol, apiKeyDigest, newApiKey } from "../protocols/gateway.ts"
 import { HarnessRunnerProtocol, UnknownTask, type RunExecution } from "../protocols/harness.ts"
 import { ensureTrajectoryStream, rlLayout } from "../protocols/layout.ts"
 import { markExecutionStart } from "../protocols/trajectories.ts"
@@ -168,7 +167,7 @@ export const makeHarnessRunner = (config: HarnessRunnerConfig) => {
 
         /** Opens the execution at the gateway: its base URL, or why not. */
         const open = (key: string, taskName: string, execution: string) =>
-          system.ask(gateway, "OpenExecution", { key, task: taskName, execution, defaultRole: "main" }, { timeoutMs: gatewayTimeoutMs }).pipe(
+          system.ask(gateway, "OpenExecution", { keyDigest: apiKeyDigest(key), task: taskName, execution, defaultRole: "main" }, { timeoutMs: gatewayTimeoutMs }).pipe(
             Effect.retry({ times: 2, schedule: Schedule.exponential(Duration.millis(200)) }),
             Effect.map((r) => ({ ok: true as const, baseUrl: r.baseUrl })),
             Effect.catch((e) => Effect.succeed({ ok: false as const, reason: `gateway ${formatAddress(config.gateway)}: ${describeError(e)}` }))
@@ -201,7 +200,7 @@ export const makeHarnessRunner = (config: HarnessRunnerConfig) => {
             })
             const env = { ...baseEnv(), ...task.env, ...req.env, GYRE_TASK_ID: task.id, GYRE_WORKSPACE: workspace, GYRE_SUITE_DIR: suite.dir }
 
-            const key = `gyre-${randomBytes(24).toString("hex")}`
+            const key = newApiKey()
             // Before any call of this run of it is recorded (a run again after a runner died starts the execution afresh).
             yield* markExecutionStart(system, req.execution, `${formatAddress(ctx.address)}#${ctx.incarnation}`).pipe(
               Effect.retry({ times: 9, schedule: Schedule.exponential(Duration.millis(100)) }),

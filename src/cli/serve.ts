@@ -14,11 +14,11 @@ import { join } from "node:path"
 import { nuid } from "@nats-io/transport-node"
 import { Deferred, Effect, Layer } from "effect"
 import { gateway } from "../actors/gateway.ts"
-import { GatewayProtocol } from "../protocols/gateway.ts"
+import { GatewayProtocol, apiKeyDigest, newApiKey } from "../protocols/gateway.ts"
 import { rlLayout } from "../protocols/layout.ts"
 import { rolloutWorker } from "../actors/rollout-worker.ts"
 import { workerDevice } from "../serving/rollout-role.ts"
-import { CONFIG_FILE, MODEL_FILE } from "../engine/checkpoint.ts"
+import { CONFIG_FILE, MODEL_FILE, readConfig } from "../engine/checkpoint.ts"
 import { Engine } from "../engine/engine.ts"
 import { Nats, natsOptionsFromEnv } from "../runtime/nats.ts"
 import { address } from "../runtime/names.ts"
@@ -55,19 +55,21 @@ export const command: Command<typeof flags> = {
       const system = yield* ActorSystem
       const { backend, devices } = yield* Engine
       const workers = Array.from({ length: f.devices }, (_, i) => `${f.node}.${backend}${i}`)
+      // The workers' context limit (model positions, KV blocks of 16 tokens): longer prompts are a 400 at the gateway.
+      const maxContextTokens = Math.min((yield* readConfig(f.checkpoint)).max_position_embeddings, f["kv-blocks"] * 16)
       const node = yield* startNode({
         name: f.node,
         types: [
           rolloutWorker({ checkpoint: f.checkpoint, numBlocks: f["kv-blocks"], maxBatch: f["max-batch"] }),
-          gateway({ host: f.host, port: f.port, model: f.model, defaultMaxTokens: f["max-tokens"] })
+          gateway({ host: f.host, port: f.port, model: f.model, defaultMaxTokens: f["max-tokens"], maxContextTokens })
         ]
       })
       for (const id of workers) yield* node.spawn("rollout-worker", id) // each on workerDevice(id): i mod devices
       yield* node.spawn("gateway", "main")
-      const key = `gyre-${nuid.next()}${nuid.next()}`
+      const key = newApiKey() // CSPRNG, unrelated to the execution id; only its digest leaves this process
       const execution = `serve-${nuid.next()}`
       const { baseUrl } = yield* system.ask(refOf(GatewayProtocol, address("gateway", "main")), "OpenExecution", {
-        key,
+        keyDigest: apiKeyDigest(key),
         task: "serve",
         execution,
         defaultRole: "main"
@@ -88,6 +90,9 @@ export const command: Command<typeof flags> = {
       yield* node.drain
       console.log(JSON.stringify({ event: "drained" }))
     })
+    // Last resort: an exception that escaped every handler is logged and the server goes on.
+    process.on("uncaughtException", (e) => console.error(`gyre serve: uncaught exception (still serving): ${e instanceof Error ? (e.stack ?? e.message) : String(e)}`))
+    process.on("unhandledRejection", (e) => console.error(`gyre serve: unhandled rejection (still serving): ${e instanceof Error ? (e.stack ?? e.message) : String(e)}`))
     const layer = Layer.merge(ActorSystem.layer({ run: f.run }), Engine.layer).pipe(Layer.provideMerge(Nats.layer({ ...env, storeDir })))
     await Effect.runPromise(Effect.scoped(program).pipe(Effect.provide(layer)))
     return 0

@@ -27,7 +27,7 @@ import { parseAddress } from "../runtime/names.ts"
 import { refOf, type ActorSystemShape } from "../runtime/system.ts"
 import { digestOf } from "../tree/hash.ts"
 import { rlLayout } from "../protocols/layout.ts"
-import { apiError, type ApiError } from "../openai/openai.ts"
+import { apiError, contextLengthExceeded, type ApiError } from "../openai/openai.ts"
 import { RolloutWorkerProtocol, TokenChunk, type FinishReason, type GenerateResult, type SamplingParams, type StepTokens } from "../protocols/rollout.ts"
 import type { WorkerDirectory } from "./worker-directory.ts"
 
@@ -82,6 +82,7 @@ type Attempt =
   | { readonly _tag: "done"; readonly result: GenerateResult }
   | { readonly _tag: "failed"; readonly reason: string; readonly partial: StepTokens }
   | { readonly _tag: "tooLong"; readonly tokens: number; readonly limit: number }
+  | { readonly _tag: "tooBig"; readonly tokens: number }
 
 const decodeChunk = Schema.decodeUnknownOption(TokenChunk)
 
@@ -196,6 +197,8 @@ export const makeCallRouter = (system: ActorSystemShape, directory: WorkerDirect
         Effect.map((result): Attempt => ({ _tag: "done", result })),
         Effect.catch((e): Effect.Effect<Attempt> => {
           if (e._tag === "ContextTooLong") return Effect.succeed({ _tag: "tooLong", tokens: e.tokens, limit: e.limit })
+          // Too big for one NATS message: the same on every worker, so not retried.
+          if (e._tag === "TransportError" && /max_payload/.test(e.message)) return Effect.succeed<Attempt>({ _tag: "tooBig", tokens: full.length })
           const partial = { tokens: Int32Array.from(streamed.tokens), logprobs: Float32Array.from(streamed.logprobs), versions: Int32Array.from(streamed.versions) }
           const failed = Effect.succeed<Attempt>({ _tag: "failed", reason: e._tag, partial })
           // A worker that is still there may still be generating: stop it (best effort).
@@ -247,10 +250,13 @@ export const makeCallRouter = (system: ActorSystemShape, directory: WorkerDirect
         const { outcome, request } = yield* attempt(worker, req, full, sampling)
         if (outcome._tag === "tooLong") {
           if (out.tokens.length > 0) return finished("length")
+          return yield* Effect.fail(contextLengthExceeded(outcome.limit, outcome.tokens, "messages"))
+        }
+        if (outcome._tag === "tooBig") {
           return yield* Effect.fail(
-            apiError(400, `This model's maximum context length is ${outcome.limit} tokens. However, your request has ${outcome.tokens} prompt tokens.`, {
+            apiError(413, `The prompt (${outcome.tokens} tokens) does not fit in one NATS message (the server's max_payload); shorten it or raise max_payload.`, {
               param: "messages",
-              code: "context_length_exceeded"
+              code: "request_too_large"
             })
           )
         }

@@ -19,6 +19,7 @@ import {
   CompletionRequest,
   apiError,
   chatChunk,
+  contextLengthExceeded,
   chatCompletion,
   completion,
   decodeBody,
@@ -31,9 +32,10 @@ import {
   type TokenLogprob,
   type Usage
 } from "../openai/openai.ts"
+import type { ChatMessage } from "../openai/messages.ts"
 import type { SamplingParams, StepTokens } from "../protocols/rollout.ts"
 import type { CallResult } from "./call-router.ts"
-import { eventStream, readJsonBody, sendJson, type HttpCall, type Methods } from "./http.ts"
+import { eventStream, sendJson, type HttpCall, type Methods } from "./http.ts"
 import type { Session } from "./sessions.ts"
 
 export type GatewayCall = HttpCall<Session>
@@ -56,12 +58,30 @@ export interface EndpointsOptions {
   /** Unix seconds the model has been served since (for /v1/models). */
   readonly servingSince: number
   readonly defaultMaxTokens: number
-  readonly maxBodyBytes: number
+  /** Longest prompt the workers take (tokens); a longer one is a 400 before it is routed. Unknown: the worker decides. */
+  readonly maxContextTokens?: number | undefined
   readonly generate: Generate
 }
 
 const logprobsOf = (tokens: ArrayLike<number>, logprobs: ArrayLike<number>): Array<TokenLogprob> =>
   Array.from(tokens, (t, i) => ({ token: tokenText(t), logprob: logprobs[i]!, bytes: t < 256 ? [t] : [], top_logprobs: [] }))
+
+/**
+ * Fewer tokens than the chat template can render `messages` in: the byte-level tokenizer
+ * (`../engine/tokenizer.ts`) gives each byte of text a token, and each message at least its
+ * role and end markers. A tokenizer with merges (BPE) needs bytes / its longest token here.
+ */
+const chatTokensAtLeast = (messages: ReadonlyArray<ChatMessage>): number => {
+  let n = 2 // begin-of-text, then the assistant marker that ends the prompt
+  for (const m of messages) {
+    n += 2
+    if (m.role === "assistant") continue // may render from remembered tokens
+    const c = m.content
+    if (typeof c === "string") n += Buffer.byteLength(c)
+    else for (const part of c) n += Buffer.byteLength(part.text)
+  }
+  return n
+}
 
 const stopsOf = (stop: string | ReadonlyArray<string> | null | undefined): Array<string> =>
   (stop === null || stop === undefined ? [] : typeof stop === "string" ? [stop] : stop).filter((s) => s !== "")
@@ -69,6 +89,12 @@ const stopsOf = (stop: string | ReadonlyArray<string> | null | undefined): Array
 /** The routes of the OpenAI API, by path. */
 export const openAiRoutes = (options: EndpointsOptions) => {
   const { model, servingSince, generate } = options
+
+  /** Fails at once when the prompt cannot fit: before tokenising (`atLeast`) and after. */
+  const checkLength = (tokens: number, param: string, atLeast: boolean) => {
+    const limit = options.maxContextTokens
+    return limit !== undefined && tokens >= limit ? Effect.fail(contextLengthExceeded(limit, tokens, param, atLeast)) : Effect.void
+  }
 
   const unknownModel = (name: string) =>
     apiError(404, `The model '${name}' does not exist. This gateway serves '${model}'.`, { param: "model", code: "model_not_found" })
@@ -90,9 +116,11 @@ export const openAiRoutes = (options: EndpointsOptions) => {
       const req = yield* decodeBody(ChatCompletionRequest, body)
       if (req.model !== model) return yield* Effect.fail(unknownModel(req.model))
       const messages = yield* decodeMessages(body)
+      yield* checkLength(chatTokensAtLeast(messages), "messages", true)
       const tools = req.tools ?? []
       const withTools = tools.length > 0 && req.tool_choice !== "none"
       const prompt = renderChat(messages, tools, call.session.turns)
+      yield* checkLength(prompt.length, "messages", false)
       const stops = stopsOf(req.stop)
       const sampling = samplingOf(req, req.max_completion_tokens, [...(req.ignore_eos === true ? [] : [[special.end], [special.eos]]), ...stops.map(encode)])
       const id = `chatcmpl-${nuid.next()}`
@@ -145,10 +173,10 @@ export const openAiRoutes = (options: EndpointsOptions) => {
       if (req.model !== model) return yield* Effect.fail(unknownModel(req.model))
       const p = req.prompt
       const first = Array.isArray(p) ? p[0] : p
-      const prompt =
-        typeof first === "string"
-          ? Int32Array.from([special.bos, ...encode(first)])
-          : Int32Array.from(Array.isArray(first) ? (first as ReadonlyArray<number>) : (p as ReadonlyArray<number>))
+      const ids = typeof first === "string" ? undefined : Array.isArray(first) ? (first as ReadonlyArray<number>) : (p as ReadonlyArray<number>)
+      // Exact before tokenising: one token per byte of text.
+      yield* checkLength(ids === undefined ? 1 + Buffer.byteLength(first as string) : ids.length, "prompt", false)
+      const prompt = ids === undefined ? Int32Array.from([special.bos, ...encode(first as string)]) : Int32Array.from(ids)
       const bad = prompt.findIndex((t) => t >= VOCAB_SIZE)
       if (bad >= 0) return yield* Effect.fail(apiError(400, `Invalid token id ${prompt[bad]} in 'prompt': ids are below ${VOCAB_SIZE}.`, { param: "prompt" }))
       const stops = stopsOf(req.stop)
@@ -185,7 +213,7 @@ export const openAiRoutes = (options: EndpointsOptions) => {
     })
 
   const withBody = (handler: (call: GatewayCall, body: unknown) => Effect.Effect<void, ApiError>) => (call: GatewayCall) =>
-    readJsonBody(call.req, options.maxBodyBytes).pipe(Effect.flatMap((body) => handler(call, body)))
+    call.json.pipe(Effect.flatMap((body) => handler(call, body)))
 
   const routes: Record<string, Methods<Session>> = {
     "/v1/chat/completions": { POST: withBody(chat) },
@@ -193,9 +221,9 @@ export const openAiRoutes = (options: EndpointsOptions) => {
     "/v1/models": { GET: (call) => Effect.sync(() => sendJson(call.res, 200, modelList(model, servingSince))) }
   }
   return (path: string): Methods<Session> | undefined => {
-    if (routes[path] !== undefined) return routes[path]
+    if (Object.hasOwn(routes, path)) return routes[path]
     if (path.startsWith("/v1/models/")) {
-      const name = decodeURIComponent(path.slice("/v1/models/".length))
+      const name = path.slice("/v1/models/".length)
       return { GET: (call) => (name === model ? Effect.sync(() => sendJson(call.res, 200, modelList(model, servingSince).data[0])) : Effect.fail(unknownModel(name))) }
     }
     return undefined

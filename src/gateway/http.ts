@@ -2,17 +2,27 @@
  * The gateway's HTTP plumbing, free of what it serves: a server whose requests run as fibers
  * of the caller's scope, dispatched by path and method, authenticated by a caller-given
  * function, failures answered in the OpenAI error format (an `ApiError`, anything else a 500);
- * JSON bodies read within a size limit; JSON and server-sent-event responses.
+ * JSON bodies read within bounds (`./body.ts`); JSON and server-sent-event responses.
  *
- * Order of checks, each with its own status: unknown path 404, wrong method 405 (with
- * `Allow`), no or bad key 401, then the handler. On scope close the server stops accepting,
- * lets calls in flight finish (up to 30 s), then closes every connection.
+ * Every input is total: the request target is split and percent-decoded here (a malformed
+ * one is a 400 `invalid_url`, never a throw), a request the parser rejects (bad request
+ * line, oversized headers) is answered by `clientError`, and whatever a handler throws is a
+ * 500 for that request only; a socket or response error is logged, never thrown.
+ *
+ * Order of checks, each with its own status: malformed URL 400, a probe (`/health`,
+ * `/ready`: no key), unknown path 404, wrong method 405 (with `Allow`), no or bad key 401,
+ * too many requests in flight for the key 429, then the handler. Bounded by `HttpLimits`
+ * (each one from the caller, else its Config key `GYRE_HTTP_*`, else its default):
+ * connections (beyond: refused), header time (408 by Node), body size, time and total bytes,
+ * JSON complexity. On scope close the server stops accepting, lets calls in flight finish
+ * (up to 30 s), then closes every connection.
  */
 import * as http from "node:http"
 import type { AddressInfo } from "node:net"
-import { Deferred, Effect, FiberSet } from "effect"
+import { Config, Deferred, Effect, FiberSet } from "effect"
 import { TransportError } from "../runtime/errors.ts"
 import { ApiError, apiError, errorBody } from "../openai/openai.ts"
+import { byteBudget, readJsonBody, type BodyLimits, type ByteBudget } from "./body.ts"
 
 /** One authenticated request; `clientGone` completes when the client hangs up before the end. */
 export interface HttpCall<S> {
@@ -20,21 +30,67 @@ export interface HttpCall<S> {
   readonly req: http.IncomingMessage
   readonly res: http.ServerResponse
   readonly clientGone: Deferred.Deferred<void>
+  /** `Date.now()` at arrival (for timestamps). */
   readonly startedAt: number
+  /** `performance.now()` at arrival (for durations). */
+  readonly receivedAt: number
+  /** The request's body as JSON, within the server's limits. */
+  readonly json: Effect.Effect<unknown, ApiError>
 }
 
 /** The handlers of one path, by HTTP method. */
 export type Methods<S> = Partial<Record<string, (call: HttpCall<S>) => Effect.Effect<void, ApiError>>>
 
+/** An unauthenticated GET path answering a status and a JSON body (health and readiness). */
+export type Probe = Effect.Effect<{ readonly status: number; readonly body: unknown }>
+
+export interface HttpLimits extends BodyLimits {
+  /** Bytes of request bodies held by all requests together. */
+  readonly maxBufferedBytes: number
+  /** Open connections; more are refused. */
+  readonly maxConnections: number
+  /** Requests in flight per session (API key); more are answered 429. */
+  readonly maxRequestsPerSession: number
+  /** How long the request line and headers may take to arrive. */
+  readonly headersTimeoutMs: number
+}
+
+export const defaultHttpLimits: HttpLimits = {
+  maxBodyBytes: 16 * 1024 * 1024,
+  bodyTimeoutMs: 30_000,
+  maxJsonDepth: 64,
+  maxJsonContainers: 200_000,
+  maxBufferedBytes: 256 * 1024 * 1024,
+  maxConnections: 1024,
+  maxRequestsPerSession: 64,
+  headersTimeoutMs: 10_000
+}
+
+/** `HTTP_LIMIT_KEYS.maxBodyBytes` = "GYRE_HTTP_MAX_BODY_BYTES": each limit's Config key. */
+export const HTTP_LIMIT_KEYS = Object.fromEntries(
+  Object.keys(defaultHttpLimits).map((k) => [k, `GYRE_HTTP_${k.replace(/[A-Z]/g, (c) => `_${c}`).toUpperCase()}`])
+) as Record<keyof HttpLimits, string>
+
+/** `HttpLimits` as Config (`HTTP_LIMIT_KEYS`), each one its default when unset. */
+export const HttpLimitsConfig = Config.all(
+  Object.fromEntries(
+    Object.entries(defaultHttpLimits).map(([k, v]) => [k, Config.Int(HTTP_LIMIT_KEYS[k as keyof HttpLimits]).pipe(Config.withDefault(v))])
+  ) as { readonly [K in keyof HttpLimits]: Config.Config<number> }
+)
+
 export interface HttpServerOptions<S> {
   readonly host: string
   readonly port: number
+  /** Over `HttpLimitsConfig` (the environment, else the defaults). */
+  readonly limits?: Partial<HttpLimits>
+  readonly probes?: Readonly<Record<string, Probe>>
+  /** The handlers of a percent-decoded path. */
   readonly routeOf: (path: string) => Methods<S> | undefined
   readonly authenticate: (req: http.IncomingMessage) => Effect.Effect<S, ApiError>
 }
 
 export const sendJson = (res: http.ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}) => {
-  if (res.destroyed || res.writableEnded) return
+  if (res.destroyed || res.writableEnded || res.headersSent) return
   const text = JSON.stringify(body)
   res.writeHead(status, { "content-type": "application/json", "content-length": String(Buffer.byteLength(text)), ...headers })
   res.end(text)
@@ -61,94 +117,158 @@ export const eventStream = (res: http.ServerResponse) => {
   }
 }
 
-const readBody = (req: http.IncomingMessage, limit: number) =>
-  Effect.callback<Buffer, ApiError>((resume) => {
-    const tooLarge = () => apiError(413, `Request body is larger than ${limit} bytes.`, { code: "request_too_large" })
-    if (Number(req.headers["content-length"] ?? 0) > limit) return resume(Effect.fail(tooLarge()))
-    const chunks: Array<Buffer> = []
-    let size = 0
-    let over = false
-    req.on("data", (c: Buffer) => {
-      size += c.length
-      if (size > limit && !over) {
-        over = true
-        resume(Effect.fail(tooLarge()))
-      } else if (!over) chunks.push(c)
-    })
-    req.on("end", () => {
-      if (!over) resume(Effect.succeed(Buffer.concat(chunks)))
-    })
-    req.on("error", (e) => resume(Effect.fail(apiError(400, `Could not read the request body: ${e.message}`))))
-  })
+/** The path of a request target (`/a/b?q` -> `/a/b`, trailing slashes dropped), percent-decoded; undefined when malformed. */
+export const pathOf = (target: string | undefined): string | undefined => {
+  const raw = (target ?? "/").split(/[?#]/, 1)[0]!
+  if (!raw.startsWith("/")) return undefined
+  let path: string
+  try {
+    path = decodeURIComponent(raw)
+  } catch {
+    return undefined
+  }
+  return path.length > 1 ? path.replace(/\/+$/, "") || "/" : path
+}
 
-const parseJson = (bytes: Buffer) =>
-  Effect.try({
-    try: () => JSON.parse(bytes.toString("utf8")) as unknown,
-    catch: (e) =>
-      apiError(400, `We could not parse the JSON body of your request (${e instanceof Error ? e.message : String(e)}). The body must be a JSON object.`, {
-        code: "invalid_json"
-      })
-  })
-
-/** The request's body parsed as JSON, at most `limit` bytes (413 beyond). */
-export const readJsonBody = (req: http.IncomingMessage, limit: number) => readBody(req, limit).pipe(Effect.flatMap(parseJson))
+/** Statuses after which the connection is closed: the rest of the body is not read. */
+const closing = new Set([408, 413, 503])
 
 /** Answers a failed request: an `ApiError` as is, anything else as a 500; mid-stream as a last event. */
-const answerFailure = (res: http.ServerResponse, error: ApiError, allowed: string) => {
+const answerFailure = (req: http.IncomingMessage, res: http.ServerResponse, error: ApiError, allowed: string) => {
   if (res.writableEnded || res.destroyed) return
   if (res.headersSent) {
     res.end(`data: ${JSON.stringify(errorBody(error))}\n\n`)
     return
   }
-  const headers: Record<string, string> = error.status === 413 ? { connection: "close" } : error.status === 405 ? { allow: allowed } : {}
+  const close = closing.has(error.status) && !req.complete
+  const headers: Record<string, string> = close ? { connection: "close" } : error.status === 405 ? { allow: allowed } : error.status === 429 ? { "retry-after": "1" } : {}
+  if (close) res.once("finish", () => req.socket.destroy())
   sendJson(res, error.status, errorBody(error), headers)
 }
 
-const dispatch = <S>(options: HttpServerOptions<S>, counts: { errors: number }) => (req: http.IncomingMessage, res: http.ServerResponse) => {
-  const startedAt = Date.now()
-  const url = new URL(req.url ?? "/", "http://gateway")
-  const path = url.pathname.length > 1 ? url.pathname.replace(/\/+$/, "") : url.pathname
-  const route = options.routeOf(path)
-  const allowed = Object.keys(route ?? {}).join(", ")
-  return Effect.gen(function* () {
-    if (route === undefined) return yield* Effect.fail(apiError(404, `Unknown request URL: ${req.method} ${path}.`, { code: "unknown_url" }))
-    const handler = route[req.method ?? ""]
-    if (handler === undefined) {
-      return yield* Effect.fail(apiError(405, `Method ${req.method} is not allowed on ${path}; use ${allowed}.`, { code: "method_not_allowed" }))
-    }
-    const session = yield* options.authenticate(req)
-    const clientGone = yield* Deferred.make<void>()
-    res.on("close", () => {
-      if (!res.writableFinished) Deferred.doneUnsafe(clientGone, Effect.void)
-    })
-    yield* handler({ session, req, res, clientGone, startedAt })
-  }).pipe(
-    Effect.catchCause((cause) => {
-      const failure = cause.reasons.find((r) => r._tag === "Fail")
-      const error = failure !== undefined && failure.error instanceof ApiError ? failure.error : apiError(500, `Internal error: ${String(cause).slice(0, 500)}`)
-      return Effect.sync(() => {
-        counts.errors++
-        answerFailure(res, error, allowed)
+/** Requests in flight per session. */
+const inFlightCounter = <S>(limit: number) => {
+  const counts = new Map<S, number>()
+  return {
+    enter: (s: S) =>
+      Effect.suspend(() => {
+        const n = counts.get(s) ?? 0
+        if (n >= limit) return Effect.fail(apiError(429, `This key has ${limit} requests in flight already; wait for one to finish.`, { code: "rate_limit_exceeded", type: "requests" }))
+        counts.set(s, n + 1)
+        return Effect.void
+      }),
+    leave: (s: S) =>
+      Effect.sync(() => {
+        const n = (counts.get(s) ?? 1) - 1
+        if (n <= 0) counts.delete(s)
+        else counts.set(s, n)
       })
-    })
-  )
+  }
 }
 
-/** Listens until the scope closes; `errors` counts the requests answered with an error. */
+interface ServerState {
+  errors: number
+  defects: number
+}
+
+const dispatch = <S>(options: HttpServerOptions<S>, limits: HttpLimits, budget: ByteBudget, state: ServerState) => {
+  const perSession = inFlightCounter<S>(limits.maxRequestsPerSession)
+  return (req: http.IncomingMessage, res: http.ServerResponse) => {
+    const startedAt = Date.now()
+    const receivedAt = performance.now()
+    const path = pathOf(req.url)
+    let allowed = ""
+    return Effect.gen(function* () {
+      if (path === undefined) return yield* Effect.fail(apiError(400, "The request URL is malformed (bad percent-encoding or not a path).", { code: "invalid_url" }))
+      const probe = options.probes !== undefined && Object.hasOwn(options.probes, path) ? options.probes[path] : undefined
+      if (probe !== undefined && (req.method === "GET" || req.method === "HEAD")) {
+        const { status, body } = yield* probe
+        return sendJson(res, status, body)
+      }
+      const route = options.routeOf(path)
+      if (route === undefined) return yield* Effect.fail(apiError(404, `Unknown request URL: ${req.method} ${path.slice(0, 200)}.`, { code: "unknown_url" }))
+      allowed = Object.keys(route).join(", ")
+      const handler = Object.hasOwn(route, req.method ?? "") ? route[req.method!] : undefined
+      if (handler === undefined) {
+        return yield* Effect.fail(apiError(405, `Method ${req.method} is not allowed on ${path}; use ${allowed}.`, { code: "method_not_allowed" }))
+      }
+      const session = yield* options.authenticate(req)
+      yield* perSession.enter(session)
+      const clientGone = yield* Deferred.make<void>()
+      res.on("close", () => {
+        if (!res.writableFinished) Deferred.doneUnsafe(clientGone, Effect.void)
+      })
+      const json = readJsonBody(req, res, limits, budget, startedAt)
+      yield* handler({ session, req, res, clientGone, startedAt, receivedAt, json }).pipe(Effect.ensuring(perSession.leave(session)))
+    }).pipe(
+      Effect.catchCause((cause) => {
+        const failure = cause.reasons.find((r) => r._tag === "Fail")
+        const known = failure !== undefined && failure.error instanceof ApiError
+        const error = known ? (failure.error as ApiError) : apiError(500, "Internal error while serving the request.", { code: "internal_error" })
+        return Effect.gen(function* () {
+          state.errors++
+          if (!known && !cause.reasons.every((r) => r._tag === "Interrupt")) {
+            state.defects++
+            yield* Effect.logError(`gateway: ${req.method} ${String(req.url).slice(0, 200)} failed`, cause)
+          }
+          answerFailure(req, res, error, allowed)
+        })
+      })
+    )
+  }
+}
+
+/** The raw answer to a request the HTTP parser rejected (it never reaches `dispatch`). */
+const clientErrorResponse = (code: string | undefined) => {
+  const [status, text] = code === "HPE_HEADER_OVERFLOW" ? [431, "Request Header Fields Too Large"] : code === "ERR_HTTP_REQUEST_TIMEOUT" ? [408, "Request Timeout"] : [400, "Bad Request"]
+  const body = JSON.stringify(errorBody(apiError(status, `${text}: the request could not be parsed.`, { code: "bad_request" })))
+  return `HTTP/1.1 ${status} ${text}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`
+}
+
+/** Listens until the scope closes; `errors` counts the requests answered with an error, `defects` those that hit a bug (500). */
 export const serveHttp = Effect.fn("Gateway.serveHttp")(function* <S>(options: HttpServerOptions<S>) {
-  const counts = { errors: 0 }
-  const handle = dispatch(options, counts)
+  const limits: HttpLimits = { ...(yield* HttpLimitsConfig), ...options.limits }
+  const state: ServerState = { errors: 0, defects: 0 }
+  const budget = byteBudget(limits.maxBufferedBytes)
+  const handle = dispatch(options, limits, budget, state)
   const fork = yield* FiberSet.makeRuntime<never, void, never>()
+  const logError = (what: string) => (e: unknown) => Effect.runFork(Effect.logWarning(`gateway http: ${what}: ${e instanceof Error ? e.message : String(e)}`))
   let open = 0
-  const server = http.createServer((req, res) => {
-    open++
-    res.on("close", () => open--)
-    fork(handle(req, res))
+  const server = http.createServer(
+    {
+      headersTimeout: limits.headersTimeoutMs,
+      requestTimeout: Math.max(limits.headersTimeoutMs, limits.bodyTimeoutMs) + 5000, // a backstop: body.ts cuts bodies first
+      connectionsCheckingInterval: 1000
+    },
+    (req, res) => {
+      open++
+      res.once("close", () => open--)
+      req.on("error", () => {}) // reported to the body reader; never an uncaught 'error' event
+      res.on("error", logError("response"))
+      try {
+        fork(handle(req, res))
+      } catch (e) {
+        // Last resort: whatever escaped is this request's 500, and the server goes on.
+        state.defects++
+        logError("request")(e)
+        if (!res.headersSent && !res.destroyed) sendJson(res, 500, errorBody(apiError(500, "Internal error while serving the request.", { code: "internal_error" })))
+        else res.destroy()
+      }
+    }
+  )
+  server.maxConnections = limits.maxConnections
+  server.on("clientError", (err: NodeJS.ErrnoException, socket) => {
+    if (socket.writable && !socket.destroyed) socket.end(clientErrorResponse(err.code))
+    else socket.destroy()
   })
+  server.on("connection", (socket) => socket.on("error", () => {}))
   const port = yield* Effect.acquireRelease(
     Effect.callback<number, TransportError>((resume) => {
       server.once("error", (e) => resume(Effect.fail(new TransportError({ operation: `listen on ${options.host}:${options.port}`, message: e.message }))))
-      server.listen(options.port, options.host, () => resume(Effect.succeed((server.address() as AddressInfo).port)))
+      server.listen(options.port, options.host, () => {
+        server.on("error", logError("server"))
+        resume(Effect.succeed((server.address() as AddressInfo).port))
+      })
     }),
     () =>
       Effect.gen(function* () {
@@ -162,7 +282,10 @@ export const serveHttp = Effect.fn("Gateway.serveHttp")(function* <S>(options: H
   return {
     port,
     get errors() {
-      return counts.errors
+      return state.errors
+    },
+    get defects() {
+      return state.defects
     }
   }
 })

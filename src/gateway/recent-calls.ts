@@ -1,6 +1,6 @@
 /**
  * The gateway's window of its most recent calls: round trip, engine compute and tokens per
- * call, summarised as medians and sums for `Status` (and `bench:rollout`).
+ * call, summarised as medians (and the overhead's 99th percentile) and sums for `Status` (and `bench:rollout`).
  */
 import type { RecentCalls } from "../protocols/gateway.ts"
 
@@ -13,12 +13,15 @@ interface Row {
   readonly generatedTokens: number
 }
 
-const median = (xs: Array<number>): number => {
+/** The q-quantile (0..1), linearly interpolated; 0 for none. */
+const quantile = (xs: Array<number>, q: number): number => {
   if (xs.length === 0) return 0
   const s = xs.sort((a, b) => a - b)
-  const mid = s.length >> 1
-  return s.length % 2 === 1 ? s[mid]! : (s[mid - 1]! + s[mid]!) / 2
+  const at = (s.length - 1) * q
+  const lo = Math.floor(at)
+  return s[lo]! + (s[Math.min(lo + 1, s.length - 1)]! - s[lo]!) * (at - lo)
 }
+const median = (xs: Array<number>) => quantile(xs, 0.5)
 
 export const recentCalls = (capacity = 4096) => {
   const rows: Array<Row> = []
@@ -39,6 +42,7 @@ export const recentCalls = (capacity = 4096) => {
       computeP50Ms: median(rows.map((r) => r.computeMs)),
       workerP50Ms: median(rows.map((r) => r.workerMs)),
       overheadP50Ms: median(rows.map((r) => r.roundTripMs - r.workerMs)),
+      overheadP99Ms: quantile(rows.map((r) => r.roundTripMs - r.workerMs), 0.99),
       promptTokens: rows.reduce((a, r) => a + r.promptTokens, 0),
       cachedTokens: rows.reduce((a, r) => a + r.cachedTokens, 0),
       generatedTokens: rows.reduce((a, r) => a + r.generatedTokens, 0)

@@ -31,6 +31,13 @@ export const apiError = (status: number, message: string, options: { readonly pa
     code: options.code ?? null
   })
 
+/** The 400 of a prompt at or over the context limit (OpenAI's wording and code). */
+export const contextLengthExceeded = (limit: number, tokens: number, param: string, atLeast = false) =>
+  apiError(400, `This model's maximum context length is ${limit} tokens. However, your request has ${atLeast ? "at least " : ""}${tokens} prompt tokens.`, {
+    param,
+    code: "context_length_exceeded"
+  })
+
 export const errorBody = (e: ApiError) => ({ error: { message: e.message, type: e.type, param: e.param, code: e.code } })
 
 const NonNegativeInt = Schema.Int.check(Schema.isGreaterThanOrEqualTo(0))

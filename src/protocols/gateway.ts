@@ -4,13 +4,36 @@
  * The harness runner registers each execution's bearer key (`OpenExecution`) before it hands
  * the key to the harness, so the gateway knows which execution, task and role every model
  * call belongs to; `CloseExecution` revokes it.
+ *
+ * API keys: `newApiKey()` draws 192 bits from the CSPRNG (nothing in them comes from an id).
+ * The key itself never travels on NATS, so it is never in the journal (which copies every
+ * ask): `OpenExecution` carries `keyDigest`, an HMAC-SHA256 of the key under a fixed
+ * domain-separation key, and the gateway keeps only digests and compares that of each
+ * request's bearer key. A digest opens one execution only, and an open execution cannot be
+ * re-opened with another digest (`ExecutionConflict`); re-opening with the same one is a no-op
+ * (a retried ask).
  */
+import { createHmac, randomBytes } from "node:crypto"
 import { Schema } from "effect"
 import { Rpc, RpcGroup } from "effect/rpc"
 import { Role } from "../tree/role.ts"
 import { ExecutionId } from "./layout.ts"
 
 const NonNegativeInt = Schema.Int.check(Schema.isGreaterThanOrEqualTo(0))
+
+/** A fresh API key: 192 bits from the CSPRNG, hex. */
+export const newApiKey = (): string => `gyre-${randomBytes(24).toString("hex")}`
+
+/** The digest a key is registered and looked up by (hex HMAC-SHA256). */
+export const apiKeyDigest = (key: string): string => createHmac("sha256", "gyre/api-key/v1").update(key).digest("hex")
+
+const KeyDigest = Schema.String.check(Schema.isPattern(/^[0-9a-f]{64}$/))
+
+/** `OpenExecution` refused: the execution is open under another key, or the key names another execution. */
+export class ExecutionConflict extends Schema.TaggedError<ExecutionConflict>()("ExecutionConflict", {
+  execution: Schema.String,
+  reason: Schema.String
+}) {}
 
 export class UnknownExecution extends Schema.TaggedError<UnknownExecution>()("UnknownExecution", {
   execution: Schema.String
@@ -27,6 +50,7 @@ export const RecentCalls = Schema.Struct({
   workerP50Ms: Schema.Number,
   /** Per call, round trip minus time inside the worker: what HTTP, the gateway and NATS add. */
   overheadP50Ms: Schema.Number,
+  overheadP99Ms: Schema.Number,
   promptTokens: NonNegativeInt,
   /** Prompt tokens the worker found cached (not prefilled again). */
   cachedTokens: NonNegativeInt,
@@ -39,20 +63,24 @@ export const GatewayStatus = Schema.Struct({
   openExecutions: NonNegativeInt,
   calls: NonNegativeInt,
   errors: NonNegativeInt,
+  /** Requests answered 500 because of a bug (logged with their cause). */
+  internalErrors: NonNegativeInt,
   recent: RecentCalls
 })
 
 export const GatewayProtocol = RpcGroup.make(
-  /** Registers the bearer key of an execution; returns the OpenAI base URL to hand the harness. */
+  /** Registers the bearer key of an execution (by its digest); returns the OpenAI base URL to hand the harness. */
   Rpc.make("OpenExecution", {
     payload: {
-      key: Schema.String.check(Schema.isMinLength(16)),
+      /** `apiKeyDigest(key)`: the key itself never goes on the wire (nor into the journal). */
+      keyDigest: KeyDigest,
       task: Schema.NonEmptyString,
       execution: ExecutionId,
       /** Role of calls that do not name one in the `X-Gyre-Role` header. */
       defaultRole: Role
     },
-    success: Schema.Struct({ baseUrl: Schema.String })
+    success: Schema.Struct({ baseUrl: Schema.String }),
+    error: ExecutionConflict
   }),
   /** Revokes the key, frees the execution's cached context on its worker, drops its encoder. */
   Rpc.make("CloseExecution", {

@@ -21,6 +21,7 @@ import { Engine } from "../../src/engine/engine.ts"
 import { presets } from "../../src/engine/presets.ts"
 import { DeviceProtocol, type SwitchResult } from "../../src/protocols/device.ts"
 import { rlLayout } from "../../src/protocols/layout.ts"
+import { apiKeyDigest } from "../../src/protocols/gateway.ts"
 import { parseAddress } from "../../src/runtime/names.ts"
 import { nodeRef, startNode } from "../../src/runtime/node.ts"
 import { ActorSystem, refOf } from "../../src/runtime/system.ts"
@@ -127,7 +128,7 @@ const waitReady = (key: string) =>
 const workload = (hosting: Hosting, during: Effect.Effect<SwitchResult | undefined, unknown, ActorSystem>) =>
   Effect.gen(function* () {
     const system = yield* ActorSystem
-    for (const x of EXECUTIONS) yield* system.ask(gatewayRef, "OpenExecution", { key: keyOf(x), task: "t", execution: x, defaultRole: "main" })
+    for (const x of EXECUTIONS) yield* system.ask(gatewayRef, "OpenExecution", { keyDigest: apiKeyDigest(keyOf(x)), task: "t", execution: x, defaultRole: "main" })
     const clients = Object.fromEntries(EXECUTIONS.map((x) => [x, new OpenAI({ baseURL: hosting.baseUrl, apiKey: keyOf(x), maxRetries: 0, timeout: 60_000 })]))
     const history: Record<string, Array<Message>> = Object.fromEntries(EXECUTIONS.map((x, i) => [x, [{ role: "user", content: `Task ${i}: begin.` }]]))
     const calls: Record<string, Array<CallSeen>> = Object.fromEntries(EXECUTIONS.map((x) => [x, []]))
@@ -313,7 +314,7 @@ describe("role switch (device actors)", () => {
           const back = yield* system.ask(ref, "SwitchRole", { role: "rollout", destinations: [], version: 4 })
           const load = yield* system.ask(ref, "Status", undefined)
           const client = new OpenAI({ baseURL: hosting.baseUrl, apiKey: keyOf("y"), maxRetries: 0 })
-          yield* system.ask(gatewayRef, "OpenExecution", { key: keyOf("y"), task: "t", execution: "y", defaultRole: "main" })
+          yield* system.ask(gatewayRef, "OpenExecution", { keyDigest: apiKeyDigest(keyOf("y")), task: "t", execution: "y", defaultRole: "main" })
           yield* Effect.sleep(Duration.millis(500)) // the gateway sees the device in rollout again
           const call = yield* chat(client, [{ role: "user", content: "Hello again." }], 1, 8, false)
           return { out, again, noRole, told, refusedWeights, back, load, call }

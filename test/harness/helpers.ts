@@ -69,7 +69,7 @@ export const startChatServer = (answer: (messages: ReadonlyArray<ToyMessage>, in
 
 /** What the stand-in gateway saw. */
 export interface GatewayLog {
-  readonly opened: Array<{ key: string; task: string; execution: string; defaultRole: string }>
+  readonly opened: Array<{ keyDigest: string; task: string; execution: string; defaultRole: string }>
   readonly closed: Array<string>
 }
 
@@ -100,7 +100,8 @@ export const fakeGateway = (baseUrl: string, log: GatewayLog) =>
             openExecutions: log.opened.length - log.closed.length,
             calls: 0,
             errors: 0,
-            recent: { calls: 0, roundTripP50Ms: 0, computeP50Ms: 0, workerP50Ms: 0, overheadP50Ms: 0, promptTokens: 0, cachedTokens: 0, generatedTokens: 0 }
+            internalErrors: 0,
+            recent: { calls: 0, roundTripP50Ms: 0, computeP50Ms: 0, workerP50Ms: 0, overheadP50Ms: 0, overheadP99Ms: 0, promptTokens: 0, cachedTokens: 0, generatedTokens: 0 }
           })
       })
   })

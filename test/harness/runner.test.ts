@@ -8,6 +8,7 @@ import * as path from "node:path"
 import { Effect, Exit, Fiber } from "effect"
 import { describe, expect, it } from "vitest"
 import { rlLayout } from "../../src/protocols/layout.ts"
+import { apiKeyDigest } from "../../src/protocols/gateway.ts"
 import { ActorSystem } from "../../src/runtime/system.ts"
 import { oracleReply } from "../../suites/toy/world.mjs"
 import { withSystem } from "../runtime/harness.ts"
@@ -34,10 +35,11 @@ describe("harness runner", () => {
       expect(result.stored).toEqual(result.outcome)
       expect(result.log.opened).toHaveLength(2)
       expect(result.log.opened[0]).toMatchObject({ task: "toy/train-5", execution: result.req.execution, defaultRole: "main" })
-      const key = result.log.opened[0]!.key
+      const key = server.requests[0]!.key
       expect(key.length).toBeGreaterThanOrEqual(32)
       expect(server.requests.length).toBeGreaterThan(24)
-      expect(new Set(server.requests.map((r) => r.key))).toEqual(new Set([key, result.log.opened[1]!.key]))
+      // The gateway is given each key's digest only; the harness got the key itself.
+      expect(new Set(server.requests.map((r) => apiKeyDigest(r.key)))).toEqual(new Set(result.log.opened.map((o) => o.keyDigest)))
       expect(result.log.closed[0]).toBe(result.req.execution)
       expect(result.dirLeft).toBe(false)
       expect(result.partial).toMatchObject({ ended: "timed-out", evaluation: "scored" })
@@ -57,9 +59,10 @@ describe("harness runner", () => {
       return { outcome, log, dir, env: JSON.parse(fs.readFileSync(path.join(dir, "workspace", "env.json"), "utf8")) }
     }))
     const workspace = path.join(result.dir, "workspace")
+    expect(apiKeyDigest(result.env.key)).toBe(result.log.opened[0]!.keyDigest)
     expect(result.env).toEqual({
       base: "http://127.0.0.1:1/v1",
-      key: result.log.opened[0]!.key,
+      key: result.env.key,
       task: "series-8",
       workspace,
       suiteDir: expect.stringMatching(/fixtures\/suites\/behaviours$/),

@@ -11,7 +11,7 @@ import { saveCheckpoint } from "../../src/engine/checkpoint.ts"
 import { Engine } from "../../src/engine/engine.ts"
 import { presets } from "../../src/engine/presets.ts"
 import { gateway, type GatewayConfig } from "../../src/actors/gateway.ts"
-import { GatewayProtocol } from "../../src/protocols/gateway.ts"
+import { GatewayProtocol, apiKeyDigest } from "../../src/protocols/gateway.ts"
 import { rlLayout } from "../../src/protocols/layout.ts"
 import { rolloutWorker } from "../../src/actors/rollout-worker.ts"
 import type { RolloutConfig } from "../../src/serving/rollout-role.ts"
@@ -72,7 +72,7 @@ export const serve = (options: {
     for (let i = 0; i < options.workers; i++) yield* node.spawn("rollout-worker", `${name}.cpu${i}`)
     yield* node.spawn("gateway", "main")
     const execution = options.execution ?? "exec-1"
-    const { baseUrl } = yield* system.ask(gatewayRef, "OpenExecution", { key: KEY, task: "t1", execution, defaultRole: "main" })
+    const { baseUrl } = yield* system.ask(gatewayRef, "OpenExecution", { keyDigest: apiKeyDigest(KEY), task: "t1", execution, defaultRole: "main" })
     return { node, baseUrl, execution }
   }).pipe(Effect.provide(Layer.merge(Engine.layer, Logger.layer([]))))
 

@@ -134,7 +134,7 @@ describe("gateway (OpenAI API) with a rollout worker", () => {
 
   it("answers bad requests with OpenAI-format errors and the right status", async () => {
     const out = await withSystem("gw-err", Effect.gen(function* () {
-      const { baseUrl } = yield* serve({ checkpoint, workers: 1, worker: { maxContext: 256 }, gateway: { maxBodyBytes: 4096 } })
+      const { baseUrl } = yield* serve({ checkpoint, workers: 1, worker: { maxContext: 256 }, gateway: { limits: { maxBodyBytes: 4096 } } })
       const client = clientOf(baseUrl)
       const caught = (f: () => Promise<unknown>) =>
         promise(() => f().then(() => undefined, (e: unknown) => (e instanceof OpenAI.APIError ? { status: e.status, error: e.error as Record<string, unknown> } : { status: -1, error: { message: String(e) } })))
