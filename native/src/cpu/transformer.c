@@ -34,6 +34,16 @@ gyre_status be_model_get_weights(const be_model *m, float *host) {
   return GYRE_OK;
 }
 
+gyre_status be_model_set_range(be_model *m, int64_t offset, int64_t n, const float *host) {
+  memcpy(m->w + offset, host, sizeof(float) * (size_t)n);
+  return GYRE_OK;
+}
+
+gyre_status be_model_get_range(const be_model *m, int64_t offset, int64_t n, float *host) {
+  memcpy(host, m->w + offset, sizeof(float) * (size_t)n);
+  return GYRE_OK;
+}
+
 void be_model_free(be_model *m) {
   if (m == NULL) return;
   free(m->w);
