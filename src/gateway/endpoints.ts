@@ -6,14 +6,14 @@
  *   POST /v1/completions        a text or token-id prompt (no chat template)
  *   GET  /v1/models, /v1/models/<id>
  *
- * A chat request is rendered to tokens with the chat template (`../openai/chat.ts`, which
- * also remembers the execution's assistant turns token-exact); streamed text is only ever a
+ * A chat request is rendered to tokens with the model's chat format (`options.chat`: Gyre's
+ * byte-level template, `../openai/chat.ts`, or a checkpoint's own, `../openai/hf-chat.ts`;
+ * both use the execution's remembered assistant turns token-exact); streamed text is only ever a
  * prefix of the final text (stop strings and tool calls held back until decided).
  */
 import { nuid } from "@nats-io/transport-node"
 import { Effect } from "effect"
-import { encode, special, VOCAB_SIZE } from "../engine/tokenizer.ts"
-import { parseToolCalls, renderChat, tokenText, visibleText } from "../openai/chat.ts"
+import { type ChatFormat, gyreChat, parseToolCalls, tokenText, visibleText } from "../openai/chat.ts"
 import {
   ChatCompletionRequest,
   CompletionRequest,
@@ -58,10 +58,10 @@ export interface EndpointsOptions {
   readonly defaultMaxTokens: number
   readonly maxBodyBytes: number
   readonly generate: Generate
+  /** The model's tokenizer and chat template (default Gyre's byte-level ones). */
+  readonly chat?: ChatFormat
 }
 
-const logprobsOf = (tokens: ArrayLike<number>, logprobs: ArrayLike<number>): Array<TokenLogprob> =>
-  Array.from(tokens, (t, i) => ({ token: tokenText(t), logprob: logprobs[i]!, bytes: t < 256 ? [t] : [], top_logprobs: [] }))
 
 const stopsOf = (stop: string | ReadonlyArray<string> | null | undefined): Array<string> =>
   (stop === null || stop === undefined ? [] : typeof stop === "string" ? [stop] : stop).filter((s) => s !== "")
@@ -69,6 +69,13 @@ const stopsOf = (stop: string | ReadonlyArray<string> | null | undefined): Array
 /** The routes of the OpenAI API, by path. */
 export const openAiRoutes = (options: EndpointsOptions) => {
   const { model, servingSince, generate } = options
+  const chatFormat = options.chat ?? gyreChat
+  const { tokenizer } = chatFormat
+  const encode = (text: string) => tokenizer.encode(text)
+  const endOfTurn = chatFormat.stopIds.map((id) => [id])
+  const endOfText = chatFormat.eosIds.map((id) => [id])
+  const logprobsOf = (tokens: ArrayLike<number>, logprobs: ArrayLike<number>): Array<TokenLogprob> =>
+    Array.from(tokens, (t, i) => ({ token: tokenText(t, tokenizer), logprob: logprobs[i]!, bytes: tokenizer.tokenBytes(t), top_logprobs: [] }))
 
   const unknownModel = (name: string) =>
     apiError(404, `The model '${name}' does not exist. This gateway serves '${model}'.`, { param: "model", code: "model_not_found" })
@@ -92,9 +99,9 @@ export const openAiRoutes = (options: EndpointsOptions) => {
       const messages = yield* decodeMessages(body)
       const tools = req.tools ?? []
       const withTools = tools.length > 0 && req.tool_choice !== "none"
-      const prompt = renderChat(messages, tools, call.session.turns)
+      const prompt = chatFormat.render(messages, tools, call.session.turns)
       const stops = stopsOf(req.stop)
-      const sampling = samplingOf(req, req.max_completion_tokens, [...(req.ignore_eos === true ? [] : [[special.end], [special.eos]]), ...stops.map(encode)])
+      const sampling = samplingOf(req, req.max_completion_tokens, [...(req.ignore_eos === true ? [] : endOfTurn), ...stops.map(encode)])
       const id = `chatcmpl-${nuid.next()}`
       const created = Math.floor(call.startedAt / 1000)
       const wantLogprobs = req.logprobs === true
@@ -107,7 +114,7 @@ export const openAiRoutes = (options: EndpointsOptions) => {
           : (step: StepTokens) => {
               if (!stream.started) stream.send(chatChunk(id, created, model, { role: "assistant", content: "" }, null, null))
               seen.push(...step.tokens)
-              const text = visibleText(seen, stops, { final: false, holdToolCalls: withTools })
+              const text = visibleText(seen, stops, { final: false, holdToolCalls: withTools }, tokenizer)
               const lp = wantLogprobs ? logprobsOf(step.tokens, step.logprobs) : null
               if (text.length > emitted.length || lp !== null) {
                 stream.send(chatChunk(id, created, model, { content: text.slice(emitted.length) }, null, lp))
@@ -117,7 +124,7 @@ export const openAiRoutes = (options: EndpointsOptions) => {
       let message: { content: string | null; toolCalls: Array<{ id: string; type: "function"; function: { name: string; arguments: string } }> } = { content: null, toolCalls: [] }
       let finishReason: FinishReason = "stop"
       const result = yield* generate(call, id, prompt, sampling, onTokens, (r) => {
-        const text = visibleText(r.output, stops, { final: true, holdToolCalls: false })
+        const text = visibleText(r.output, stops, { final: true, holdToolCalls: false }, tokenizer)
         const parsed = withTools ? parseToolCalls(text) : { content: text, toolCalls: [] }
         const toolCalls = parsed.toolCalls.map((c) => ({ id: `call_${nuid.next()}`, type: "function" as const, function: { name: c.name, arguments: c.arguments } }))
         finishReason = toolCalls.length > 0 ? "tool_calls" : r.finishReason === "length" ? "length" : "stop"
@@ -147,12 +154,12 @@ export const openAiRoutes = (options: EndpointsOptions) => {
       const first = Array.isArray(p) ? p[0] : p
       const prompt =
         typeof first === "string"
-          ? Int32Array.from([special.bos, ...encode(first)])
+          ? Int32Array.from([...(chatFormat.bos === undefined ? [] : [chatFormat.bos]), ...encode(first)])
           : Int32Array.from(Array.isArray(first) ? (first as ReadonlyArray<number>) : (p as ReadonlyArray<number>))
-      const bad = prompt.findIndex((t) => t >= VOCAB_SIZE)
-      if (bad >= 0) return yield* Effect.fail(apiError(400, `Invalid token id ${prompt[bad]} in 'prompt': ids are below ${VOCAB_SIZE}.`, { param: "prompt" }))
+      const bad = prompt.findIndex((t) => t >= tokenizer.vocabSize)
+      if (bad >= 0) return yield* Effect.fail(apiError(400, `Invalid token id ${prompt[bad]} in 'prompt': ids are below ${tokenizer.vocabSize}.`, { param: "prompt" }))
       const stops = stopsOf(req.stop)
-      const sampling = samplingOf(req, undefined, [...(req.ignore_eos === true ? [] : [[special.eos]]), ...stops.map(encode)])
+      const sampling = samplingOf(req, undefined, [...(req.ignore_eos === true ? [] : endOfText), ...stops.map(encode)])
       const id = `cmpl-${nuid.next()}`
       const created = Math.floor(call.startedAt / 1000)
       const stream = req.stream === true ? eventStream(call.res) : undefined
@@ -164,7 +171,7 @@ export const openAiRoutes = (options: EndpointsOptions) => {
           ? undefined
           : (step: StepTokens) => {
               seen.push(...step.tokens)
-              const text = visibleText(seen, stops, { final: false, holdToolCalls: false })
+              const text = visibleText(seen, stops, { final: false, holdToolCalls: false }, tokenizer)
               if (text.length > emitted.length) {
                 stream.send(chunk(text.slice(emitted.length), null))
                 emitted = text
@@ -175,7 +182,7 @@ export const openAiRoutes = (options: EndpointsOptions) => {
         finishReason = r.finishReason === "length" ? "length" : "stop"
         return { finishReason, toolCalls: {} }
       })
-      const text = visibleText(result.output, stops, { final: true, holdToolCalls: false })
+      const text = visibleText(result.output, stops, { final: true, holdToolCalls: false }, tokenizer)
       const usage: Usage = usageOf(result.promptTokens, result.output.length, result.cachedTokens)
       if (stream === undefined) return sendJson(call.res, 200, completion(id, created, model, text, finishReason, usage))
       if (text.length > emitted.length && text.startsWith(emitted)) stream.send(chunk(text.slice(emitted.length), null))
