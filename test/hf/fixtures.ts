@@ -8,6 +8,9 @@
 import { spawnSync } from "node:child_process"
 import { mkdirSync, writeFileSync } from "node:fs"
 import { join } from "node:path"
+import { Effect } from "effect"
+import { Engine } from "../../src/engine/engine.ts"
+import { rng, runEngine } from "../engine/helpers.ts"
 
 /** GPT-2's bytes_to_unicode: the printable character standing for each byte. */
 export const byteChars = (): Array<string> => {
@@ -132,3 +135,42 @@ export const writeSafetensors = (dir: string, shards: ReadonlyArray<{ readonly f
   const run = spawnSync("python3", ["-c", writer, specPath], { encoding: "utf8" })
   if (run.status !== 0) throw new Error(`python3 safetensors writer: ${run.stderr}`)
 }
+
+export const smolConfig = {
+  vocab_size: byteLevelTokenizer().vocabSize,
+  hidden_size: 64,
+  intermediate_size: 128,
+  num_hidden_layers: 2,
+  num_attention_heads: 4,
+  num_key_value_heads: 2,
+  max_position_embeddings: 1024,
+  rms_norm_eps: 1e-5,
+  rope_theta: 10000,
+  tie_word_embeddings: true
+}
+
+/** A SmolLM2-shaped model directory (tied embeddings) with random BF16 weights in two shards and an index, tokenizer files, generation_config. */
+export const writeSmolModel = async (dir: string) => {
+  const tok = byteLevelTokenizer()
+  const layout = await runEngine(Effect.gen(function* () { return yield* (yield* Engine).layout(smolConfig) }))
+  const next = rng(11)
+  const tensors = layout.map((t) => ({
+    name: t.name,
+    shape: t.shape,
+    values: Float32Array.from({ length: t.shape.reduce((a, b) => a * b, 1) }, () => (t.name.endsWith("norm.weight") ? 1 : (next() - 0.5) * 0.4))
+  }))
+  const half = Math.ceil(tensors.length / 2)
+  const shards = [
+    { file: "model-00001-of-00002.safetensors", dtype: "BF16" as const, tensors: tensors.slice(0, half) },
+    { file: "model-00002-of-00002.safetensors", dtype: "BF16" as const, tensors: tensors.slice(half) }
+  ]
+  writeSafetensors(dir, shards)
+  const weight_map = Object.fromEntries(shards.flatMap((s) => s.tensors.map((t) => [t.name, s.file])))
+  writeFileSync(join(dir, "model.safetensors.index.json"), JSON.stringify({ metadata: {}, weight_map }))
+  writeFileSync(join(dir, "config.json"), JSON.stringify({ architectures: ["LlamaForCausalLM"], model_type: "llama", hidden_act: "silu", torch_dtype: "bfloat16", bos_token_id: tok.ids.endoftext, eos_token_id: tok.ids.endoftext, ...smolConfig }))
+  writeFileSync(join(dir, "generation_config.json"), JSON.stringify({ eos_token_id: [tok.ids.im_end, tok.ids.endoftext] }))
+  writeFileSync(join(dir, "tokenizer.json"), JSON.stringify(tok.json))
+  writeFileSync(join(dir, "tokenizer_config.json"), JSON.stringify({ bos_token: "<|endoftext|>", eos_token: "<|im_end|>", chat_template: smollm2Template }))
+  return dir
+}
+

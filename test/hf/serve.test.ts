@@ -6,59 +6,20 @@
  * tree from the records gives one path, the second call extending the first.
  */
 import { spawn } from "node:child_process"
-import { writeFileSync } from "node:fs"
 import * as path from "node:path"
 import * as readline from "node:readline"
 import { jetstream } from "@nats-io/jetstream"
 import { Effect, Schema } from "effect"
 import OpenAI from "openai"
 import { afterEach, describe, expect, it } from "vitest"
-import { Engine } from "../../src/engine/engine.ts"
 import { repoRoot } from "../../src/runtime/nats-server.ts"
 import { connectTo } from "../../src/runtime/nats.ts"
 import { DeltaDecoder } from "../../src/tree/decoder.ts"
 import { CallRecordJson } from "../../src/tree/record.ts"
-import { runEngine, rng } from "../engine/helpers.ts"
 import { tempDir } from "../rollout/fixtures.ts"
-import { byteLevelTokenizer, smollm2Template, writeSafetensors } from "./fixtures.ts"
+import { byteLevelTokenizer, writeSmolModel } from "./fixtures.ts"
 
 const tok = byteLevelTokenizer()
-const config = {
-  vocab_size: tok.vocabSize,
-  hidden_size: 64,
-  intermediate_size: 128,
-  num_hidden_layers: 2,
-  num_attention_heads: 4,
-  num_key_value_heads: 2,
-  max_position_embeddings: 1024,
-  rms_norm_eps: 1e-5,
-  rope_theta: 10000,
-  tie_word_embeddings: true
-}
-
-/** A SmolLM2-shaped model directory with random BF16 weights. */
-const writeModel = async (dir: string) => {
-  const layout = await runEngine(Effect.gen(function* () { return yield* (yield* Engine).layout(config) }))
-  const next = rng(11)
-  const tensors = layout.map((t) => ({
-    name: t.name,
-    shape: t.shape,
-    values: Float32Array.from({ length: t.shape.reduce((a, b) => a * b, 1) }, () => (t.name.endsWith("norm.weight") ? 1 : (next() - 0.5) * 0.4))
-  }))
-  const half = Math.ceil(tensors.length / 2)
-  const shards = [
-    { file: "model-00001-of-00002.safetensors", dtype: "BF16" as const, tensors: tensors.slice(0, half) },
-    { file: "model-00002-of-00002.safetensors", dtype: "BF16" as const, tensors: tensors.slice(half) }
-  ]
-  writeSafetensors(dir, shards)
-  const weight_map = Object.fromEntries(shards.flatMap((s) => s.tensors.map((t) => [t.name, s.file])))
-  writeFileSync(path.join(dir, "model.safetensors.index.json"), JSON.stringify({ metadata: {}, weight_map }))
-  writeFileSync(path.join(dir, "config.json"), JSON.stringify({ architectures: ["LlamaForCausalLM"], model_type: "llama", hidden_act: "silu", torch_dtype: "bfloat16", bos_token_id: tok.ids.endoftext, eos_token_id: tok.ids.endoftext, ...config }))
-  writeFileSync(path.join(dir, "generation_config.json"), JSON.stringify({ eos_token_id: [tok.ids.im_end, tok.ids.endoftext] }))
-  writeFileSync(path.join(dir, "tokenizer.json"), JSON.stringify(tok.json))
-  writeFileSync(path.join(dir, "tokenizer_config.json"), JSON.stringify({ bos_token: "<|endoftext|>", eos_token: "<|im_end|>", chat_template: smollm2Template }))
-  return dir
-}
 
 const killAfter: Array<() => void> = []
 afterEach(() => killAfter.splice(0).forEach((k) => k()))
@@ -111,7 +72,7 @@ const fetchRecords = (ready: Record<string, string>, n: number) =>
 
 describe("gyre serve on a Hugging Face model directory", () => {
   it("answers the openai client with the model's tokenizer and template; records are token-exact", async () => {
-    const dir = await writeModel(tempDir("gyre-hf-serve-"))
+    const dir = await writeSmolModel(tempDir("gyre-hf-serve-"))
     const { child, exited, event } = serve(dir)
     const ready = await event("ready")
     const client = new OpenAI({ baseURL: ready.baseUrl, apiKey: ready.key, maxRetries: 0 })
