@@ -53,6 +53,11 @@ extern "C" gyre_status be_model_get_weights(const be_model *m, float *host) {
   return ctx_sync(&m->ctx);
 }
 
+extern "C" float *be_model_host_weights(be_model *m) {
+  (void)m;
+  return NULL; /* device memory: tensors go through be_model_set_range */
+}
+
 extern "C" gyre_status be_model_set_range(be_model *m, int64_t offset, int64_t n, const float *host) {
   GYRE_CHECK(ctx_enter(&m->ctx));
   CU(cudaMemcpyAsync(m->w + offset, host, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice, m->ctx.stream));

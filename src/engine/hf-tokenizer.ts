@@ -39,9 +39,67 @@ export const readJsonFile = async (path: string): Promise<Record<string, unknown
 export const tokenString = (value: unknown): string | undefined =>
   typeof value === "string" ? value : typeof value === "object" && value !== null && typeof (value as { content?: unknown }).content === "string" ? (value as { content: string }).content : undefined
 
+interface ByteLevelPreTokenizer {
+  tokenizers?: ReadonlyArray<unknown>
+  byte_encoder?: Record<number, string>
+  add_prefix_space?: boolean
+  use_regex?: boolean
+  pattern?: RegExp
+  pre_tokenize_text?: (text: string) => Array<string>
+}
+
+/**
+ * Memoises the word -> byte-character mapping of the library's ByteLevel pre-tokenizers (in a
+ * Sequence too): the same regex split and the same mapping, remembered per word, because the
+ * mapping (a TextEncoder call and a join per word) is most of the library's encode time. The
+ * result is identical (test/hf/tokenizer.test.ts compares both, for both fixtures); other
+ * pre-tokenizers are left as they are.
+ */
+const memoiseByteLevel = (pre: ByteLevelPreTokenizer | null | undefined): void => {
+  if (pre === null || pre === undefined) return
+  if (Array.isArray(pre.tokenizers)) return pre.tokenizers.forEach((t) => memoiseByteLevel(t as ByteLevelPreTokenizer))
+  const { byte_encoder: map, pattern } = pre
+  if (pre.constructor?.name !== "ByteLevel" || map === undefined || pattern === undefined) return
+  const cache = new Map<string, string>()
+  const utf8 = new TextEncoder()
+  const mapped = (word: string) => {
+    let out = cache.get(word)
+    if (out === undefined) {
+      out = Array.from(utf8.encode(word), (b) => map[b]!).join("")
+      if (cache.size < 1 << 20) cache.set(word, out)
+    }
+    return out
+  }
+  pre.pre_tokenize_text = (text) => {
+    const t = pre.add_prefix_space === true && !text.startsWith(" ") ? ` ${text}` : text
+    return (pre.use_regex === false ? [t] : (t.match(pattern) ?? [])).map(mapped)
+  }
+}
+
+/**
+ * Memoises the library's BPE model per pre-token (a plain map instead of its LRU cache, which
+ * reorders on every hit): the model's output for one pre-token is a pure function of it.
+ */
+const memoiseBpe = (model: { constructor?: { name?: string }; encode?: (tokens: Array<string>) => Array<string> } | null): void => {
+  const encode = model?.encode?.bind(model)
+  if (model === null || encode === undefined || model.constructor?.name !== "BPE") return
+  const cache = new Map<string, Array<string>>()
+  model.encode = (tokens) =>
+    tokens.flatMap((token) => {
+      let out = cache.get(token)
+      if (out === undefined) {
+        out = encode([token])
+        if (cache.size < 1 << 20) cache.set(token, out)
+      }
+      return out
+    })
+}
+
 /** A `Tokenizer` over a parsed tokenizer.json and tokenizer_config.json. */
 export const hfTokenizer = (tokenizerJson: object, tokenizerConfig: object): Tokenizer => {
   const tok = new HfTokenizer(tokenizerJson, tokenizerConfig)
+  memoiseByteLevel(tok.pre_tokenizer as ByteLevelPreTokenizer | null)
+  memoiseBpe(tok.model as Parameters<typeof memoiseBpe>[0])
   const added = tok.get_added_tokens_decoder()
   const special = new Set([...added].filter(([, t]) => t.special).map(([id]) => id))
   const vocabSize = Math.max(...tok.get_vocab(true).values()) + 1

@@ -3,6 +3,7 @@
  * BPE, BPE with byte fallback) give the encodings their merges imply, round-trip any text,
  * and know their special tokens; the byte-level tokenizer of the presets keeps the interface.
  */
+import { Tokenizer as Library } from "@huggingface/tokenizers"
 import fc from "fast-check"
 import { describe, expect, it } from "vitest"
 import { hfTokenizer } from "../../src/engine/hf-tokenizer.ts"
@@ -23,6 +24,10 @@ describe("tokenizer.json", () => {
     expect(tok.decode([f.ids.im_start, f.ids.hello, f.ids.im_end], { skipSpecial: true })).toBe("hello")
     expect(tok.tokenBytes(f.ids.Ġworld)).toEqual(Array.from(Buffer.from(" world")))
     fc.assert(fc.property(fc.string({ unit: "grapheme", maxLength: 40 }), (s) => tok.decode(tok.encode(s)) === s), { numRuns: 300 })
+    // the memoised pre-tokenizer encodes exactly as the library does, in any order of texts
+    const library = new Library(f.json, {})
+    const texts = fc.array(fc.oneof(fc.string({ unit: "grapheme", maxLength: 30 }), fc.constantFrom("hello world", " to  hello\n\n", "<|im_end|>hello")), { maxLength: 6 })
+    fc.assert(fc.property(texts, (ts) => ts.every((t) => JSON.stringify(tok.encode(t)) === JSON.stringify(library.encode(t, { add_special_tokens: false }).ids))), { numRuns: 200 })
   })
 
   it("BPE with byte fallback: the ▁ prefix, bytes for unknown characters, round trips", () => {

@@ -1,7 +1,7 @@
 /* tensors.c - one parameter tensor in or out in a stored dtype (F32, F16, BF16): reading a
  * memory-mapped file range into the model, and writing the model's values rounded to 16 bits.
  * Conversions are exact into F32 and round to nearest even out of it. */
-#define _DEFAULT_SOURCE /* mmap, sysconf */
+#define _DEFAULT_SOURCE /* mmap, MAP_POPULATE, sysconf */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -68,13 +68,15 @@ static int64_t dtype_size(int32_t dtype) { return dtype == GYRE_F32 ? 4 : 2; }
 
 static const char *dtype_name(int32_t dtype) { return dtype == GYRE_F32 ? "F32" : dtype == GYRE_F16 ? "F16" : "BF16"; }
 
+/* Converts n elements (threads share the range; each element is independent). */
 static void to_f32(int32_t dtype, const uint8_t *src, int64_t n, float *dst) {
+  if (dtype == GYRE_F32) {
+    memcpy(dst, src, (size_t)n * 4);
+    return;
+  }
+#pragma omp parallel for schedule(static)
   for (int64_t k = 0; k < n; k++) {
     uint16_t h;
-    if (dtype == GYRE_F32) {
-      memcpy(&dst[k], src + 4 * k, 4);
-      continue;
-    }
     memcpy(&h, src + 2 * k, 2);
     dst[k] = dtype == GYRE_F16 ? f16_to_f32(h) : float_of((uint32_t)h << 16);
   }
@@ -117,8 +119,9 @@ gyre_status gyre_model_read_tensor(gyre_model *m, int32_t index, int32_t dtype, 
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return gyre_fail(GYRE_ERR_BAD_CHECKPOINT, "gyre_model_read_tensor: %s: %s", path, strerror(errno));
   off_t size = lseek(fd, 0, SEEK_END);
-  float *chunk = malloc(sizeof(float) * CHUNK);
-  gyre_status st = chunk == NULL ? gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "gyre_model_read_tensor: out of host memory") : GYRE_OK;
+  float *host = be_model_host_weights(m->be);
+  float *chunk = host != NULL ? NULL : malloc(sizeof(float) * CHUNK);
+  gyre_status st = host == NULL && chunk == NULL ? gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "gyre_model_read_tensor: out of host memory") : GYRE_OK;
   if (st == GYRE_OK && (size < 0 || offset + nbytes > (int64_t)size))
     st = gyre_fail(GYRE_ERR_BAD_CHECKPOINT, "gyre_model_read_tensor: %s is truncated: tensor '%s' needs bytes [%lld, %lld) of %lld",
                    path, p->name, (long long)offset, (long long)(offset + nbytes), (long long)size);
@@ -126,16 +129,20 @@ gyre_status gyre_model_read_tensor(gyre_model *m, int32_t index, int32_t dtype, 
   for (int64_t done = 0; st == GYRE_OK && done < numel; done += per_window) {
     int64_t count = numel - done < per_window ? numel - done : per_window;
     int64_t start = offset + done * width, base = start / page * page, span = start - base + count * width;
-    uint8_t *map = mmap(NULL, (size_t)span, PROT_READ, MAP_PRIVATE, fd, (off_t)base);
+    uint8_t *map = mmap(NULL, (size_t)span, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, (off_t)base);
     if (map == MAP_FAILED) {
       st = gyre_fail(GYRE_ERR_BAD_CHECKPOINT, "gyre_model_read_tensor: mmap %s: %s", path, strerror(errno));
       break;
     }
-    madvise(map, (size_t)span, MADV_SEQUENTIAL);
-    for (int64_t k = 0; st == GYRE_OK && k < count; k += CHUNK) {
-      int64_t n = count - k < CHUNK ? count - k : CHUNK;
-      to_f32(dtype, map + (start - base) + k * width, n, chunk);
-      st = be_model_set_range(m->be, p->offset + done + k, n, chunk);
+    const uint8_t *src = map + (start - base);
+    if (host != NULL) { /* host weights: converted in place */
+      to_f32(dtype, src, count, host + p->offset + done);
+    } else {
+      for (int64_t k = 0; st == GYRE_OK && k < count; k += CHUNK) {
+        int64_t n = count - k < CHUNK ? count - k : CHUNK;
+        to_f32(dtype, src + k * width, n, chunk);
+        st = be_model_set_range(m->be, p->offset + done + k, n, chunk);
+      }
     }
     munmap(map, (size_t)span);
   }
