@@ -25,7 +25,7 @@ import { Effect, Schema, type Scope } from "effect"
 import { type LlamaConfig, parseConfigJson, toConfigJson } from "./config.ts"
 import { Engine, type Model, type ModelOptions, type ParamTensor, type TensorSource } from "./engine.ts"
 import { EngineError, type NativeError } from "./native.ts"
-import { type Dtype, type TensorEntry, dtypeOfTorch, dtypes, encodeHeader, headerLength, isDtype, parseHeader } from "./safetensors.ts"
+import { type Dtype, type TensorEntry, dtypes, encodeHeader, headerLength, isDtype, parseHeader } from "./safetensors.ts"
 import { special } from "./tokenizer.ts"
 import type { Trainer } from "./trainer.ts"
 
@@ -137,7 +137,7 @@ const sourcesOf = (dir: string, config: LlamaConfig, layout: ReadonlyArray<Param
     for (const [name, { path }] of found) {
       if (!byName.has(name) && !ignored(name, config)) return yield* new CheckpointError({ path, message: `unexpected tensor '${name}' for this config` })
     }
-    const sources: Array<TensorSource & { readonly dtype_name: Dtype }> = []
+    const sources: Array<TensorSource & { readonly dtypeName: Dtype }> = []
     for (const t of byName.values()) {
       const hit = found.get(t.name)
       if (hit === undefined) return yield* new CheckpointError({ path: dir, message: `missing tensor '${t.name}'` })
@@ -146,15 +146,15 @@ const sourcesOf = (dir: string, config: LlamaConfig, layout: ReadonlyArray<Param
       if (entry.shape.length !== t.shape.length || entry.shape.some((n, i) => n !== t.shape[i])) {
         return yield* new CheckpointError({ path, message: `tensor '${t.name}' has shape [${entry.shape.join(", ")}]; expected [${t.shape.join(", ")}]` })
       }
-      sources.push({ index: t.index, dtype: dtypes[entry.dtype].code, dtype_name: entry.dtype, path, offset: entry.begin, bytes: entry.end - entry.begin })
+      sources.push({ index: t.index, dtype: dtypes[entry.dtype].code, dtypeName: entry.dtype, path, offset: entry.begin, bytes: entry.end - entry.begin })
     }
     return sources
   })
 
 /** The dtype most of the weights are stored in. */
-const mainDtype = (sources: ReadonlyArray<{ readonly dtype_name: Dtype; readonly bytes: number }>): Dtype => {
+const mainDtype = (sources: ReadonlyArray<{ readonly dtypeName: Dtype; readonly bytes: number }>): Dtype => {
   const total = new Map<Dtype, number>()
-  for (const s of sources) total.set(s.dtype_name, (total.get(s.dtype_name) ?? 0) + s.bytes)
+  for (const s of sources) total.set(s.dtypeName, (total.get(s.dtypeName) ?? 0) + s.bytes)
   return [...total].sort((a, b) => b[1] - a[1])[0]?.[0] ?? "F32"
 }
 
@@ -256,7 +256,7 @@ export const saveCheckpoint = (
 ): Effect.Effect<void, CheckpointError | NativeError> =>
   Effect.gen(function* () {
     const origin = model.origin
-    const dtype = options.dtype ?? (origin !== undefined && isDtype(origin.dtype) ? origin.dtype : dtypeOfTorch(origin?.configJson.torch_dtype) ?? "F32")
+    const dtype = options.dtype ?? (origin !== undefined && isDtype(origin.dtype) ? origin.dtype : "F32")
     yield* io(dir, () => mkdir(dir, { recursive: true }))
     const layout = yield* model.layout()
     const shards = planShards(layout, dtypes[dtype].bytes, options.maxShardBytes ?? DEFAULT_MAX_SHARD_BYTES)

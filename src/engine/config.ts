@@ -154,5 +154,6 @@ export const toConfigJson = (c: LlamaConfig, dtype: string, base: Readonly<Recor
   head_dim: headDim(c),
   ...c,
   rope_scaling: c.rope_scaling ?? null,
-  torch_dtype: dtype
+  torch_dtype: dtype,
+  ...("dtype" in base ? { dtype } : {}) // transformers 5's name for torch_dtype
 })

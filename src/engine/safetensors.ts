@@ -14,10 +14,6 @@ export const dtypes = { F32: { code: 0, bytes: 4, torch: "float32" }, F16: { cod
 export type Dtype = keyof typeof dtypes
 export const isDtype = (s: string): s is Dtype => s in dtypes
 
-/** HF's torch_dtype names of the stored dtypes. */
-export const dtypeOfTorch = (name: unknown): Dtype | undefined =>
-  (Object.keys(dtypes) as Array<Dtype>).find((d) => dtypes[d].torch === name)
-
 /** Bytes of the element types safetensors defines (for checking sizes of any entry). */
 const elementBytes: Record<string, number> = { F64: 8, F32: 4, F16: 2, BF16: 2, I64: 8, I32: 4, I16: 2, I8: 1, U8: 1, BOOL: 1, F8_E4M3: 1, F8_E5M2: 1 }
 
