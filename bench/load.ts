@@ -77,7 +77,7 @@ const readOnce = (dir: string): { readonly s: number; readonly cpu_s: number } =
 }
 
 /** A byte-level BPE tokenizer.json whose merges spell a few thousand generated words, and text of them. */
-export const tokenizerAndText = () => {
+const tokenizerAndText = () => {
   const keep = (b: number) => (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255)
   let extra = 0
   const chars = Array.from({ length: 256 }, (_, b) => String.fromCodePoint(keep(b) ? b : 256 + extra++))
@@ -183,4 +183,4 @@ const main = async () => {
 }
 
 if (args[0] === "--child-load") await childLoad(args[1]!)
-else if (args[0] !== "--no-main") await main()
+else await main()
