@@ -20,6 +20,10 @@ extern "C" gyre_status be_model_create(const param_layout *lay, be_model **out) 
   gyre_status st = host == NULL ? gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cuda: out of host memory") : GYRE_OK;
   if (st == GYRE_OK) st = ctx_open(&m->ctx, cuda_selected_device());
   if (st == GYRE_OK) st = dev_alloc((void **)&m->w, sizeof(float) * (size_t)lay->n_params, "model weights");
+  if (st == GYRE_OK) {
+    cudaError_t err = cudaMemsetAsync(m->w, 0, sizeof(float) * (size_t)lay->n_params, m->ctx.stream);
+    if (err != cudaSuccess) st = cuda_fail(err, "cudaMemsetAsync", "be_model_create");
+  }
   if (st == GYRE_OK) st = dev_alloc((void **)&m->rope_cos, sizeof(float) * 2 * table, "RoPE tables");
   if (st == GYRE_OK) {
     m->rope_sin = m->rope_cos + table;
@@ -46,6 +50,23 @@ extern "C" gyre_status be_model_set_weights(be_model *m, const float *host) {
 extern "C" gyre_status be_model_get_weights(const be_model *m, float *host) {
   GYRE_CHECK(ctx_enter(&m->ctx));
   CU(cudaMemcpyAsync(host, m->w, sizeof(float) * (size_t)m->lay->n_params, cudaMemcpyDeviceToHost, m->ctx.stream));
+  return ctx_sync(&m->ctx);
+}
+
+extern "C" float *be_model_host_weights(be_model *m) {
+  (void)m;
+  return NULL; /* device memory: tensors go through be_model_set_range */
+}
+
+extern "C" gyre_status be_model_set_range(be_model *m, int64_t offset, int64_t n, const float *host) {
+  GYRE_CHECK(ctx_enter(&m->ctx));
+  CU(cudaMemcpyAsync(m->w + offset, host, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice, m->ctx.stream));
+  return ctx_sync(&m->ctx);
+}
+
+extern "C" gyre_status be_model_get_range(const be_model *m, int64_t offset, int64_t n, float *host) {
+  GYRE_CHECK(ctx_enter(&m->ctx));
+  CU(cudaMemcpyAsync(host, m->w + offset, sizeof(float) * (size_t)n, cudaMemcpyDeviceToHost, m->ctx.stream));
   return ctx_sync(&m->ctx);
 }
 

@@ -57,7 +57,7 @@ extern "C" {
 #endif
 
 /* Bumped on any incompatible change of a signature, struct or buffer format below. */
-#define GYRE_ABI_VERSION 2 /* 2: gyre_loss_config.proximal_current */
+#define GYRE_ABI_VERSION 3 /* 2: gyre_loss_config.proximal_current; 3: RoPE scaling, tensor load/store */
 
 /* ------------------------------------------------------------------------------------ */
 /* Status codes and errors                                                               */
@@ -105,7 +105,17 @@ GYRE_API int32_t gyre_num_threads(void);
 /* ------------------------------------------------------------------------------------ */
 
 /* The fields of Hugging Face's LlamaConfig, with the same meaning. head_dim is
- * hidden_size / num_attention_heads and must be even (rotate-half RoPE). */
+ * hidden_size / num_attention_heads and must be even (rotate-half RoPE).
+ * RoPE scaling (LlamaConfig.rope_scaling), by rope_type:
+ *   GYRE_ROPE_DEFAULT  inv_freq_j = 1 / theta^(2j / head_dim); the rope_* fields are unused
+ *   GYRE_ROPE_LINEAR   inv_freq_j / rope_factor
+ *   GYRE_ROPE_LLAMA3   Llama 3.1's frequency-dependent scaling (transformers'
+ *                      _compute_llama3_parameters): wavelengths above
+ *                      rope_original_max_position_embeddings / rope_low_freq_factor are
+ *                      divided by rope_factor, those below .. / rope_high_freq_factor kept,
+ *                      the ones between interpolated smoothly. */
+typedef enum gyre_rope_type { GYRE_ROPE_DEFAULT = 0, GYRE_ROPE_LINEAR = 1, GYRE_ROPE_LLAMA3 = 2 } gyre_rope_type;
+
 typedef struct gyre_config {
   int32_t vocab_size;
   int32_t hidden_size;
@@ -117,6 +127,11 @@ typedef struct gyre_config {
   int32_t tie_word_embeddings;    /* 0 or 1: lm_head shares model.embed_tokens.weight */
   double rms_norm_eps;
   double rope_theta;
+  int32_t rope_type;              /* gyre_rope_type */
+  int32_t rope_original_max_position_embeddings; /* LLAMA3: > 0 */
+  double rope_factor;             /* LINEAR, LLAMA3: > 0 */
+  double rope_low_freq_factor;    /* LLAMA3: > 0 */
+  double rope_high_freq_factor;   /* LLAMA3: > rope_low_freq_factor */
 } gyre_config;
 
 /* GYRE_OK if the config is usable, else GYRE_ERR_INVALID_ARGUMENT naming the field. */
@@ -149,6 +164,26 @@ GYRE_API gyre_status gyre_model_create(const gyre_config *cfg, uint64_t seed, fl
  * with GYRE_ERR_BAD_CHECKPOINT and a message naming the problem. */
 GYRE_API gyre_status gyre_model_load(const gyre_config *cfg, const uint8_t *safetensors,
                                      size_t len, gyre_model **out);
+/* A model whose weights are all zero, to be filled tensor by tensor (gyre_model_read_tensor). */
+GYRE_API gyre_status gyre_model_create_zero(const gyre_config *cfg, gyre_model **out);
+
+/* Element types of stored tensors (safetensors' F32, F16, BF16); the model computes in F32. */
+typedef enum gyre_dtype { GYRE_F32 = 0, GYRE_F16 = 1, GYRE_BF16 = 2 } gyre_dtype;
+
+/* Sets tensor `index` of the layout (gyre_param_tensor) from `nbytes` bytes of the file at
+ * `path` starting at byte `offset`, elements of `dtype` converted to F32 (exactly: every F16
+ * and BF16 value is an F32 value). The range is memory-mapped, read once in order and
+ * unmapped as it is consumed, so the host never holds more than a bounded window of the
+ * file. nbytes must be the tensor's element count times the dtype's size. */
+GYRE_API gyre_status gyre_model_read_tensor(gyre_model *model, int32_t index, int32_t dtype,
+                                            const char *path, int64_t offset, int64_t nbytes);
+/* Copies tensor `index` out as `dtype` (F16 and BF16 rounded to nearest even; NaN stays
+ * NaN) into out[cap]; the size is the element count times the dtype's size. */
+GYRE_API gyre_status gyre_model_write_tensor(const gyre_model *model, int32_t index, int32_t dtype,
+                                             uint8_t *out, size_t cap);
+/* The RoPE inverse frequencies [head_dim / 2] the config rotates by (after scaling). */
+GYRE_API gyre_status gyre_rope_inv_freq(const gyre_config *cfg, float *out, int32_t n);
+
 /* Serialises the weights as a safetensors file (F32, HF names, metadata {"format":"pt"}). */
 GYRE_API gyre_status gyre_model_save(const gyre_model *model, uint8_t *out, size_t cap,
                                      size_t *len);

@@ -29,9 +29,15 @@ void be_set_num_threads(int32_t n);
 int32_t be_num_threads(void);
 
 /* ---- model weights (flat layout of internal.h) ---- */
+/* Weights start zeroed. */
 gyre_status be_model_create(const param_layout *layout, be_model **out);
 gyre_status be_model_set_weights(be_model *m, const float *host);
 gyre_status be_model_get_weights(const be_model *m, float *host);
+/* The weights' host memory when the backend keeps them there (CPU), else NULL (CUDA). */
+float *be_model_host_weights(be_model *m);
+/* Writes / reads n floats of the flat vector starting at `offset`. */
+gyre_status be_model_set_range(be_model *m, int64_t offset, int64_t n, const float *host);
+gyre_status be_model_get_range(const be_model *m, int64_t offset, int64_t n, float *host);
 void be_model_free(be_model *m);
 
 /* ---- KV block pool ---- */

@@ -45,6 +45,8 @@ typedef struct dims {
   int32_t tied;
   float eps;
   double rope_theta;
+  int32_t rope_type, rope_original_max_pos;
+  double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
 } dims;
 
 /* Offsets (in floats) of one layer's tensors in the flat parameter vector. q, k, v are
@@ -102,6 +104,8 @@ void init_weights(const param_layout *layout, uint64_t seed, float init_std, flo
 /* cos/sin tables [max_pos, hd/2] as Hugging Face computes them (inv_freq in F32, angles
  * rounded to F32, cos and sin in double); every backend rotates by these. */
 void rope_tables(float *cos_t, float *sin_t, const dims *d);
+/* inv_freq[hd/2] after the config's RoPE scaling (gyre.h), in F32 as transformers computes it. */
+void rope_inv_freq(float *inv_freq, const dims *d);
 
 /* ---- forest of a packed batch (common/forest.c) ---- */
 

@@ -21,6 +21,7 @@ import { serveHttp, type HttpLimits } from "../gateway/http.ts"
 import { recentCalls } from "../gateway/recent-calls.ts"
 import { makeSessions, roleOf } from "../gateway/sessions.ts"
 import { watchWorkers } from "../gateway/worker-directory.ts"
+import type { ChatFormat } from "../openai/chat.ts"
 import { GatewayProtocol, UnknownExecution } from "../protocols/gateway.ts"
 import { readiness } from "../gateway/probes.ts"
 import { ensureTrajectoryStream } from "../protocols/layout.ts"
@@ -48,6 +49,8 @@ export interface GatewayConfig {
   readonly workerWaitMs?: number
   /** Limit of one Generate ask (default 600,000). */
   readonly generateTimeoutMs?: number
+  /** The served model's tokenizer and chat template (default Gyre's; `chatFormatOf(checkpoint)`). */
+  readonly chat?: ChatFormat
 }
 
 /** The gateway actor type for a configuration. */
@@ -108,7 +111,8 @@ export const gateway = (config: GatewayConfig = {}) =>
             servingSince: Math.floor(Date.now() / 1000),
             defaultMaxTokens: config.defaultMaxTokens ?? 512,
             maxContextTokens: config.maxContextTokens,
-            generate
+            generate,
+            ...(config.chat === undefined ? {} : { chat: config.chat })
           })
         })
         const baseUrl = `http://${config.advertiseHost ?? host}:${server.port}/v1`

@@ -10,7 +10,14 @@
  *       betas 0.9 / 0.999, eps 1e-8, weight decay 0.01; gradient clipped to norm 1.0),
  *       continuing the checkpoint's optimizer state when it has one
  *   gyre engine generate --checkpoint DIR --prompt TEXT
- *       samples the assistant's reply to a one-message chat (byte-level tokenizer)
+ *       samples the assistant's reply to a one-message chat (the checkpoint's own tokenizer
+ *       and chat template when it has a tokenizer.json, else Gyre's byte-level ones)
+ *   gyre engine convert --checkpoint DIR --out DIR2 [--dtype BF16] [--max-shard-size 5GB]
+ *       rewrites a checkpoint (e.g. a Hugging Face one) with another dtype or shard size
+ *
+ * Checkpoints are Gyre's or Hugging Face Llama directories (`src/engine/checkpoint.ts`); what
+ * a command writes keeps the dtype it read (F32 for init) unless --dtype says otherwise, in
+ * shards of at most --max-shard-size.
  *
  * The backend (GYRE_BACKEND or automatic) is logged on stderr; results go to stdout.
  */
@@ -18,10 +25,33 @@ import { Effect, Layer, Logger, type Scope } from "effect"
 import { loadCheckpoint, restoreOptimizer, saveCheckpoint } from "../engine/checkpoint.ts"
 import { Engine } from "../engine/engine.ts"
 import { type PresetName, presetNames, presets } from "../engine/presets.ts"
-import { decode, special } from "../engine/tokenizer.ts"
-import { renderChat } from "../openai/chat.ts"
+import { dtypes, type Dtype } from "../engine/safetensors.ts"
+import { chatFormatOf } from "../openai/hf-chat.ts"
 import { adamwDefaults } from "../engine/trainer.ts"
 import { type FlagSpec, UsageError, parseFlags, type Command } from "./args.ts"
+
+/** Flags of the commands that write a checkpoint. */
+const saveFlags = {
+  dtype: { kind: "string", doc: "stored dtype of the output (default: the input's; init: F32)", choices: Object.keys(dtypes) },
+  "max-shard-size": { kind: "string", doc: "largest weight file before the next shard, e.g. 5GB, 500MB, 2000000 bytes", default: "5GB" }
+} as const satisfies FlagSpec
+
+const units: Record<string, number> = { "": 1, B: 1, KB: 1e3, MB: 1e6, GB: 1e9, KIB: 1024, MIB: 1024 ** 2, GIB: 1024 ** 3 }
+
+/** HF's max_shard_size: a byte count, or a number with KB/MB/GB (powers of 1000) or KiB/MiB/GiB. */
+export const parseShardSize = (text: string): number => {
+  const m = /^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$/.exec(text)
+  const unit = m === null ? undefined : units[m[2]!.toUpperCase()]
+  if (m === null || unit === undefined || !(Number(m[1]) * unit >= 1)) {
+    throw new UsageError(`gyre engine: --max-shard-size must be a size like 5GB, 500MB or 2000000, got '${text}'`)
+  }
+  return Math.floor(Number(m[1]) * unit)
+}
+
+const saveOptionsOf = (f: { readonly dtype?: string | undefined; readonly "max-shard-size": string }) => ({
+  ...(f.dtype === undefined ? {} : { dtype: f.dtype as Dtype }),
+  maxShardBytes: parseShardSize(f["max-shard-size"])
+})
 
 const subcommands = {
   init: {
@@ -29,7 +59,8 @@ const subcommands = {
     flags: {
       preset: { kind: "string", doc: "model preset", choices: presetNames, default: "tiny" },
       seed: { kind: "integer", doc: "initialisation seed", default: 0 },
-      out: { kind: "string", doc: "checkpoint directory to write", required: true }
+      out: { kind: "string", doc: "checkpoint directory to write", required: true },
+      ...saveFlags
     }
   },
   score: {
@@ -50,7 +81,8 @@ const subcommands = {
       beta2: { kind: "number", doc: "AdamW beta2", default: adamwDefaults.beta2 },
       eps: { kind: "number", doc: "AdamW eps", default: adamwDefaults.eps },
       "weight-decay": { kind: "number", doc: "AdamW decoupled weight decay", default: adamwDefaults.weightDecay },
-      "max-grad-norm": { kind: "number", doc: "global gradient-norm clip (0: none)", default: adamwDefaults.maxGradNorm }
+      "max-grad-norm": { kind: "number", doc: "global gradient-norm clip (0: none)", default: adamwDefaults.maxGradNorm },
+      ...saveFlags
     }
   },
   generate: {
@@ -62,6 +94,14 @@ const subcommands = {
       temperature: { kind: "number", doc: "sampling temperature (0: greedy)", default: 1 },
       "top-p": { kind: "number", doc: "nucleus sampling mass", default: 1 },
       seed: { kind: "integer", doc: "sampling seed", default: 0 }
+    }
+  },
+  convert: {
+    summary: "rewrite a checkpoint with another dtype or shard size",
+    flags: {
+      checkpoint: { kind: "string", doc: "checkpoint directory", required: true },
+      out: { kind: "string", doc: "checkpoint directory to write", required: true },
+      ...saveFlags
     }
   }
 } as const satisfies Record<string, { summary: string; flags: FlagSpec }>
@@ -103,7 +143,7 @@ const handlers: Record<Subcommand, (argv: ReadonlyArray<string>) => Promise<void
     const params = await run(
       Effect.gen(function* () {
         const model = yield* (yield* Engine).createModel(config, { seed: f.seed })
-        yield* saveCheckpoint(f.out, model)
+        yield* saveCheckpoint(f.out, model, undefined, saveOptionsOf(f))
         return model.paramCount
       })
     )
@@ -154,7 +194,7 @@ const handlers: Record<Subcommand, (argv: ReadonlyArray<string>) => Promise<void
           weightDecay: f["weight-decay"],
           maxGradNorm: f["max-grad-norm"]
         })
-        yield* saveCheckpoint(f.out, model, trainer)
+        yield* saveCheckpoint(f.out, model, trainer, saveOptionsOf(f))
         return { out: f.out, loss: stats.loss, grad_norm: gradNorm, step: yield* trainer.stepCount() }
       })
     )
@@ -162,10 +202,11 @@ const handlers: Record<Subcommand, (argv: ReadonlyArray<string>) => Promise<void
   },
   generate: async (argv) => {
     const f = parseFlags("engine generate", subcommands.generate.flags, argv)
+    const chat = await chatFormatOf(f.checkpoint)
     const text = await run(
       Effect.gen(function* () {
         const { model } = yield* loadCheckpoint(f.checkpoint)
-        const prompt = Array.from(renderChat([{ role: "user", content: f.prompt }], [], undefined))
+        const prompt = Array.from(chat.render([{ role: "user", content: f.prompt }], [], undefined))
         const limit = Math.min(f["max-tokens"], model.config.max_position_embeddings - prompt.length)
         const cache = yield* model.cache({ blockTokens: 16, numBlocks: Math.ceil((prompt.length + limit + 1) / 16) })
         const seq = yield* cache.create()
@@ -175,19 +216,31 @@ const handlers: Record<Subcommand, (argv: ReadonlyArray<string>) => Promise<void
         while (out.length < limit) {
           const r = yield* cache.forward([{ seq, tokens: next, sampling }], "none")
           const token = r.sampled![0]!
-          if (token === special.end || token === special.eos) break
+          if (chat.stopIds.includes(token)) break
           out.push(token)
           next = [token]
         }
-        return decode(out)
+        return chat.tokenizer.decode(out)
       })
     )
     console.log(text)
+  },
+  convert: async (argv) => {
+    const f = parseFlags("engine convert", subcommands.convert.flags, argv)
+    const options = saveOptionsOf(f)
+    const result = await run(
+      Effect.gen(function* () {
+        const { model } = yield* loadCheckpoint(f.checkpoint)
+        yield* saveCheckpoint(f.out, model, undefined, options)
+        return { out: f.out, dtype: options.dtype ?? model.origin?.dtype, params: model.paramCount }
+      })
+    )
+    console.log(JSON.stringify(result))
   }
 }
 
 export const command: Command = {
-  summary: "native engine: init | score | sft-step | generate (checkpoints, numerics)",
+  summary: "native engine: init | score | sft-step | generate | convert (checkpoints, numerics)",
   flags: {
     ...(Object.assign({}, ...Object.values(subcommands).map((s) => s.flags)) as FlagSpec),
     seed: { kind: "integer", doc: "init: initialisation seed; generate: sampling seed", default: 0 }

@@ -6,7 +6,7 @@
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { Effect, Layer } from "effect"
-import { CONFIG_FILE, MODEL_FILE } from "../engine/checkpoint.ts"
+import { CONFIG_FILE, INDEX_FILE, MODEL_FILE } from "../engine/checkpoint.ts"
 import { Engine } from "../engine/engine.ts"
 import { Nats, natsOptionsFromEnv } from "../runtime/nats.ts"
 import { repoRoot } from "../runtime/nats-server.ts"
@@ -37,8 +37,9 @@ export const parseEnv = (command: string, spec: string): Record<string, string> 
 
 /** Fails with a UsageError unless `dir` holds a checkpoint. */
 export const checkCheckpoint = (command: string, dir: string) => {
-  for (const file of [CONFIG_FILE, MODEL_FILE]) {
-    if (!fs.existsSync(path.join(dir, file))) throw new UsageError(`gyre ${command}: --checkpoint ${dir} has no ${file}`)
+  if (!fs.existsSync(path.join(dir, CONFIG_FILE))) throw new UsageError(`gyre ${command}: --checkpoint ${dir} has no ${CONFIG_FILE}`)
+  if (!fs.existsSync(path.join(dir, MODEL_FILE)) && !fs.existsSync(path.join(dir, INDEX_FILE))) {
+    throw new UsageError(`gyre ${command}: --checkpoint ${dir} has neither ${MODEL_FILE} nor ${INDEX_FILE}`)
   }
 }
 

@@ -15,6 +15,7 @@ import type { Engine } from "../engine/engine.ts"
 import { gateway } from "../actors/gateway.ts"
 import { makeHarnessRunner } from "../actors/harness-runner.ts"
 import { rolloutWorker } from "../actors/rollout-worker.ts"
+import { chatFormatOf } from "../openai/hf-chat.ts"
 import { HarnessRunnerProtocol } from "../protocols/harness.ts"
 import { address } from "../runtime/names.ts"
 import type { Nats } from "../runtime/nats.ts"
@@ -73,11 +74,12 @@ export const evaluate = (options: EvaluationOptions): Effect.Effect<Evaluation, 
       const system = yield* ActorSystem
       const workspaces = fs.mkdtempSync(path.join(os.tmpdir(), "gyre-eval-ws-"))
       yield* Effect.addFinalizer(() => Effect.sync(() => fs.rmSync(workspaces, { recursive: true, force: true })))
+      const chat = yield* Effect.promise(() => chatFormatOf(options.checkpoint))
       const node = yield* startNode({
         name: "eval",
         types: [
           rolloutWorker({ checkpoint: options.checkpoint, maxBatch: 64 }),
-          gateway({ port: 0 }),
+          gateway({ port: 0, chat }),
           makeHarnessRunner({
             suitesDir: options.suitesDir,
             gateway: address("gateway", "main"),

@@ -18,6 +18,7 @@ import { makeHarnessRunner } from "../actors/harness-runner.ts"
 import { makeScheduler, schedulerAddress } from "../actors/scheduler.ts"
 import { trainingRoleFor } from "../actors/trainer.ts"
 import { Engine } from "../engine/engine.ts"
+import { chatFormatOf } from "../openai/hf-chat.ts"
 import { type RunConfig } from "../protocols/run.ts"
 import { StepMetrics } from "../protocols/scheduler.ts"
 import { address, formatAddress } from "../runtime/names.ts"
@@ -62,12 +63,13 @@ export const hostRun = (o: HostRunOptions) =>
       const workspaces = fs.mkdtempSync(path.join(os.tmpdir(), "gyre-train-ws-"))
       yield* Effect.addFinalizer(() => Effect.sync(() => fs.rmSync(workspaces, { recursive: true, force: true })))
       const slots = o.config.policyConfig.slots_per_cell * o.devices
+      const chat = yield* Effect.promise(() => chatFormatOf(o.config.checkpoint))
       const scheduler = makeScheduler({ config: o.config, trainTasks: o.trainTasks, runners: ["harness-runner/main"] })
       const node = yield* startNode({
         name: "main",
         types: [
           device({ checkpoint: o.config.checkpoint, maxBatch: 64, scheduler: formatAddress(schedulerAddress), training: trainingRoleFor(o.config) }),
-          gateway({ port: 0 }),
+          gateway({ port: 0, chat }),
           makeHarnessRunner({
             suitesDir: o.suitesDir,
             gateway: address("gateway", "main"),

@@ -9,8 +9,6 @@
  * a JSON line `{"event":"ready",...}`, and serves until SIGINT or SIGTERM, on which it drains
  * (calls in flight finish) and prints `{"event":"drained"}`.
  */
-import { existsSync } from "node:fs"
-import { join } from "node:path"
 import { nuid } from "@nats-io/transport-node"
 import { Deferred, Effect, Layer } from "effect"
 import { gateway } from "../actors/gateway.ts"
@@ -18,16 +16,18 @@ import { GatewayProtocol, apiKeyDigest, newApiKey } from "../protocols/gateway.t
 import { rlLayout } from "../protocols/layout.ts"
 import { rolloutWorker } from "../actors/rollout-worker.ts"
 import { workerDevice } from "../serving/rollout-role.ts"
-import { CONFIG_FILE, MODEL_FILE, readConfig } from "../engine/checkpoint.ts"
+import { readConfig } from "../engine/checkpoint.ts"
 import { Engine } from "../engine/engine.ts"
+import { chatFormatOf } from "../openai/hf-chat.ts"
 import { Nats, natsOptionsFromEnv } from "../runtime/nats.ts"
 import { address } from "../runtime/names.ts"
 import { startNode } from "../runtime/node.ts"
 import { ActorSystem, refOf } from "../runtime/system.ts"
 import { UsageError, parseFlags, type Command } from "./args.ts"
+import { checkCheckpoint } from "./eval.ts"
 
 const flags = {
-  checkpoint: { kind: "string", doc: "checkpoint directory (config.json, model.safetensors)", required: true },
+  checkpoint: { kind: "string", doc: "checkpoint directory: Gyre's or a Hugging Face Llama one (config.json, safetensors, tokenizer.json)", required: true },
   port: { kind: "integer", doc: "HTTP port of the OpenAI API (0: any free port)", default: 8000 },
   host: { kind: "string", doc: "interface the HTTP server listens on", default: "127.0.0.1" },
   devices: { kind: "integer", doc: "rollout workers; worker i runs on device i mod the device count", default: 1 },
@@ -45,10 +45,9 @@ export const command: Command<typeof flags> = {
   flags,
   run: async (argv) => {
     const f = parseFlags("serve", flags, argv)
-    for (const file of [CONFIG_FILE, MODEL_FILE]) {
-      if (!existsSync(join(f.checkpoint, file))) throw new UsageError(`gyre serve: --checkpoint ${f.checkpoint} has no ${file}`)
-    }
+    checkCheckpoint("serve", f.checkpoint)
     if (f.devices < 1) throw new UsageError("gyre serve: --devices must be at least 1")
+    const chat = await chatFormatOf(f.checkpoint)
     const env = natsOptionsFromEnv("gyre-serve")
     const storeDir = f.store ?? env.storeDir
     const program = Effect.gen(function* () {
@@ -56,12 +55,12 @@ export const command: Command<typeof flags> = {
       const { backend, devices } = yield* Engine
       const workers = Array.from({ length: f.devices }, (_, i) => `${f.node}.${backend}${i}`)
       // The workers' context limit (model positions, KV blocks of 16 tokens): longer prompts are a 400 at the gateway.
-      const maxContextTokens = Math.min((yield* readConfig(f.checkpoint)).max_position_embeddings, f["kv-blocks"] * 16)
+      const maxContextTokens = Math.min((yield* readConfig(f.checkpoint)).config.max_position_embeddings, f["kv-blocks"] * 16)
       const node = yield* startNode({
         name: f.node,
         types: [
           rolloutWorker({ checkpoint: f.checkpoint, numBlocks: f["kv-blocks"], maxBatch: f["max-batch"] }),
-          gateway({ host: f.host, port: f.port, model: f.model, defaultMaxTokens: f["max-tokens"], maxContextTokens })
+          gateway({ host: f.host, port: f.port, model: f.model, defaultMaxTokens: f["max-tokens"], maxContextTokens, chat })
         ]
       })
       for (const id of workers) yield* node.spawn("rollout-worker", id) // each on workerDevice(id): i mod devices

@@ -1,15 +1,35 @@
 /**
  * The model configuration: the fields of Hugging Face's `LlamaConfig` that the engine reads,
- * with the same names and meaning, and the `config.json` a checkpoint carries.
+ * with the same names, meaning and defaults, and the `config.json` a checkpoint carries.
  *
- * `config.json` is written with the fields the `transformers` library expects for a
- * `LlamaForCausalLM` (so a Gyre checkpoint loads there); reading accepts any extra fields but
- * refuses features the engine does not implement (biases, RoPE scaling, another activation).
+ * Reading (`parseConfigJson`) takes a `config.json` of `LlamaForCausalLM` as the hub ships it:
+ * `head_dim` when present, `num_key_value_heads` (default: `num_attention_heads`),
+ * `tie_word_embeddings` (default false), `rope_theta` (default 10000), `rope_scaling` of types
+ * `linear` and `llama3` (also under `rope_parameters`, transformers 5), `bos_token_id` /
+ * `eos_token_id` as a number or a list. Anything the engine does not implement (another
+ * model_type or activation, biases, other RoPE types, sliding windows, a head_dim other than
+ * hidden_size / num_attention_heads) is refused with one line naming the field.
+ *
+ * Writing (`toConfigJson`) gives the fields `transformers` expects, so a Gyre checkpoint loads
+ * there unchanged; extra fields of the config it was read from are kept.
  */
 import { Schema } from "effect"
 
 const PositiveInt = Schema.Int.check(Schema.isGreaterThanOrEqualTo(1))
 const Positive = Schema.Number.check(Schema.isGreaterThan(0))
+
+/** `rope_scaling` the engine implements (gyre.h: gyre_rope_type). */
+export const RopeScaling = Schema.Union([
+  Schema.Struct({ rope_type: Schema.Literal("linear"), factor: Positive }),
+  Schema.Struct({
+    rope_type: Schema.Literal("llama3"),
+    factor: Positive,
+    low_freq_factor: Positive,
+    high_freq_factor: Positive,
+    original_max_position_embeddings: PositiveInt
+  })
+])
+export type RopeScaling = typeof RopeScaling.Type
 
 export const LlamaConfig = Schema.Struct({
   vocab_size: PositiveInt,
@@ -21,22 +41,30 @@ export const LlamaConfig = Schema.Struct({
   max_position_embeddings: PositiveInt,
   rms_norm_eps: Positive,
   rope_theta: Positive,
-  tie_word_embeddings: Schema.Boolean
+  tie_word_embeddings: Schema.Boolean,
+  rope_scaling: Schema.optional(RopeScaling)
 })
 export type LlamaConfig = typeof LlamaConfig.Type
 
-/** `config.json` as read: the engine's fields plus the optional ones it checks. */
+const TokenIds = Schema.NullOr(Schema.Union([Schema.Int, Schema.Array(Schema.Int)]))
+
+/** `config.json` as read: the engine's fields, with HF's optional ones. */
 const ConfigJson = Schema.Struct({
   ...LlamaConfig.fields,
-  num_key_value_heads: Schema.optional(PositiveInt),
+  num_key_value_heads: Schema.optional(Schema.NullOr(PositiveInt)),
   rope_theta: Schema.optional(Positive),
   tie_word_embeddings: Schema.optional(Schema.Boolean),
+  rms_norm_eps: Schema.optional(Positive),
+  rope_scaling: Schema.optional(Schema.Unknown),
+  rope_parameters: Schema.optional(Schema.Unknown),
   model_type: Schema.optional(Schema.String),
   hidden_act: Schema.optional(Schema.String),
   head_dim: Schema.optional(Schema.NullOr(PositiveInt)),
   attention_bias: Schema.optional(Schema.Boolean),
   mlp_bias: Schema.optional(Schema.Boolean),
-  rope_scaling: Schema.optional(Schema.Unknown)
+  sliding_window: Schema.optional(Schema.Unknown),
+  bos_token_id: Schema.optional(TokenIds),
+  eos_token_id: Schema.optional(TokenIds)
 })
 
 export const headDim = (c: LlamaConfig): number => c.hidden_size / c.num_attention_heads
@@ -45,23 +73,50 @@ export const headDim = (c: LlamaConfig): number => c.hidden_size / c.num_attenti
 export const kvBytesPerToken = (c: LlamaConfig): number =>
   2 * c.num_hidden_layers * c.num_key_value_heads * headDim(c) * 4
 
-/**
- * Parses a `config.json` value; the error names the offending field. Defaults as in
- * `LlamaConfig`: num_key_value_heads = num_attention_heads, rope_theta = 10000,
- * tie_word_embeddings = false.
- */
+/** A config.json field the engine cannot honour; the message is one line naming it. */
+export class ConfigRefused extends Error {}
+
+const refuse = (why: string): never => {
+  throw new ConfigRefused(`config.json: ${why}`)
+}
+
+/** One line of a schema decode error (its paths name the field). */
+const oneLine = (e: unknown) => (e instanceof Error ? e.message : String(e)).replace(/\s*\n\s*/g, "; ")
+
+const ropeOf = (c: typeof ConfigJson.Type): { theta: number | undefined; scaling: RopeScaling | undefined } => {
+  const field = c.rope_parameters !== undefined && c.rope_parameters !== null ? "rope_parameters" : "rope_scaling"
+  const raw = field === "rope_parameters" ? c.rope_parameters : c.rope_scaling
+  if (raw === undefined || raw === null) return { theta: c.rope_theta, scaling: undefined }
+  if (typeof raw !== "object" || Array.isArray(raw)) return refuse(`${field} must be an object or null`)
+  const r = raw as Record<string, unknown>
+  const type = r.rope_type ?? r.type ?? "default"
+  const theta = typeof r.rope_theta === "number" ? r.rope_theta : c.rope_theta
+  if (type === "default") return { theta, scaling: undefined }
+  if (type !== "linear" && type !== "llama3") return refuse(`${field}.rope_type '${String(type)}' is not supported (default, linear, llama3)`)
+  try {
+    return { theta, scaling: Schema.decodeUnknownSync(RopeScaling)({ ...r, rope_type: type }, { onExcessProperty: "ignore" }) }
+  } catch (e) {
+    return refuse(`${field} (${type}): ${oneLine(e)}`)
+  }
+}
+
+/** Parses a `config.json` value with HF's meanings and defaults (module comment). */
 export const parseConfigJson = (json: unknown): LlamaConfig => {
-  const c = Schema.decodeUnknownSync(ConfigJson)(json)
-  const refuse = (why: string) => {
-    throw new Error(`config.json: ${why}`)
+  let c: typeof ConfigJson.Type
+  try {
+    c = Schema.decodeUnknownSync(ConfigJson)(json)
+  } catch (e) {
+    return refuse(oneLine(e))
   }
   if (c.model_type !== undefined && c.model_type !== "llama") refuse(`model_type '${c.model_type}' is not 'llama'`)
   if (c.hidden_act !== undefined && c.hidden_act !== "silu") refuse(`hidden_act '${c.hidden_act}' is not 'silu'`)
-  if (c.attention_bias === true || c.mlp_bias === true) refuse("attention_bias / mlp_bias are not supported")
-  if (c.rope_scaling !== undefined && c.rope_scaling !== null) refuse("rope_scaling is not supported")
+  if (c.attention_bias === true) refuse("attention_bias true is not supported")
+  if (c.mlp_bias === true) refuse("mlp_bias true is not supported")
+  if (c.sliding_window !== undefined && c.sliding_window !== null) refuse("sliding_window is not supported")
   if (c.head_dim != null && c.head_dim * c.num_attention_heads !== c.hidden_size) {
-    refuse(`head_dim ${c.head_dim} x num_attention_heads ${c.num_attention_heads} != hidden_size ${c.hidden_size}`)
+    refuse(`head_dim ${c.head_dim} x num_attention_heads ${c.num_attention_heads} != hidden_size ${c.hidden_size} (not supported)`)
   }
+  const { theta, scaling } = ropeOf(c)
   return {
     vocab_size: c.vocab_size,
     hidden_size: c.hidden_size,
@@ -70,26 +125,35 @@ export const parseConfigJson = (json: unknown): LlamaConfig => {
     num_attention_heads: c.num_attention_heads,
     num_key_value_heads: c.num_key_value_heads ?? c.num_attention_heads,
     max_position_embeddings: c.max_position_embeddings,
-    rms_norm_eps: c.rms_norm_eps,
-    rope_theta: c.rope_theta ?? 10000,
-    tie_word_embeddings: c.tie_word_embeddings ?? false
+    rms_norm_eps: c.rms_norm_eps ?? 1e-6,
+    rope_theta: theta ?? 10000,
+    tie_word_embeddings: c.tie_word_embeddings ?? false,
+    ...(scaling === undefined ? {} : { rope_scaling: scaling })
   }
 }
 
-/** The `config.json` of a checkpoint (Hugging Face `LlamaForCausalLM`, F32). */
-export const toConfigJson = (c: LlamaConfig, extra: Readonly<Record<string, unknown>> = {}) => ({
+/** A token-id field that may be a number, a list or null, as a list. */
+export const tokenIdList = (value: unknown): Array<number> =>
+  typeof value === "number" ? [value] : Array.isArray(value) ? value.filter((v): v is number => typeof v === "number") : []
+
+/**
+ * The `config.json` of a checkpoint (Hugging Face `LlamaForCausalLM`): `base` (the file it was
+ * read from, if any) with the engine's fields and `torch_dtype` over it.
+ */
+export const toConfigJson = (c: LlamaConfig, dtype: string, base: Readonly<Record<string, unknown>> = {}) => ({
   architectures: ["LlamaForCausalLM"],
   model_type: "llama",
   hidden_act: "silu",
-  torch_dtype: "float32",
   attention_bias: false,
   attention_dropout: 0.0,
   mlp_bias: false,
-  rope_scaling: null,
   initializer_range: 0.02,
   pretraining_tp: 1,
   use_cache: true,
+  ...base,
   head_dim: headDim(c),
   ...c,
-  ...extra
+  rope_scaling: c.rope_scaling ?? null,
+  torch_dtype: dtype,
+  ...("dtype" in base ? { dtype } : {}) // transformers 5's name for torch_dtype
 })

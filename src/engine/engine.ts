@@ -22,8 +22,37 @@ export interface ParamTensor {
   readonly shape: ReadonlyArray<number>
 }
 
+const ropeTypes = { linear: 1, llama3: 2 } as const
+
 /** The C struct of a config. */
-export const cConfig = (c: LlamaConfig) => ({ ...c, tie_word_embeddings: c.tie_word_embeddings ? 1 : 0 })
+export const cConfig = ({ rope_scaling: r, ...c }: LlamaConfig) => ({
+  ...c,
+  tie_word_embeddings: c.tie_word_embeddings ? 1 : 0,
+  rope_type: r === undefined ? 0 : ropeTypes[r.rope_type],
+  rope_factor: r?.factor ?? 0,
+  rope_low_freq_factor: r?.rope_type === "llama3" ? r.low_freq_factor : 0,
+  rope_high_freq_factor: r?.rope_type === "llama3" ? r.high_freq_factor : 0,
+  rope_original_max_position_embeddings: r?.rope_type === "llama3" ? r.original_max_position_embeddings : 0
+})
+
+/** Where a tensor's stored bytes are: a range of a file, elements of `dtype` (gyre_dtype code). */
+export interface TensorSource {
+  /** Index in the layout (`Engine.layout`). */
+  readonly index: number
+  readonly dtype: number
+  readonly path: string
+  readonly offset: number
+  readonly bytes: number
+}
+
+/** The checkpoint a model was loaded from, which a save follows (dtype, config fields, tokenizer files). */
+export interface ModelOrigin {
+  readonly dir: string
+  /** The stored dtype ("F32", "F16", "BF16"). */
+  readonly dtype: string
+  /** The config.json it was read from. */
+  readonly configJson: Readonly<Record<string, unknown>>
+}
 
 /** A model's weights on one of the engine's devices. */
 export class Model {
@@ -33,8 +62,20 @@ export class Model {
     readonly config: LlamaConfig,
     readonly paramCount: number,
     /** Index of the device holding the weights (and the model's caches and trainers). */
-    readonly device: number
+    readonly device: number,
+    readonly origin?: ModelOrigin
   ) {}
+
+  /** The parameter layout of this model's config. */
+  layout(): Effect.Effect<ReadonlyArray<ParamTensor>, NativeError> {
+    return paramLayout(this.lib, this.config)
+  }
+
+  /** Tensor `index` of the layout as `bytes` bytes of gyre_dtype `dtype` (16-bit: rounded to nearest even). */
+  writeTensor(index: number, dtype: number, bytes: number): Effect.Effect<Uint8Array, NativeError> {
+    const out = new Uint8Array(bytes)
+    return this.lib.run("model_write_tensor", [this.ptr, index, dtype, out, bytes]).pipe(Effect.as(out))
+  }
 
   /** The weights as a safetensors file (HF names, F32). */
   save(): Effect.Effect<Uint8Array, NativeError> {
@@ -79,7 +120,7 @@ export class Model {
  */
 const acquire = (
   lib: NativeLibrary,
-  create: "model_create" | "model_load" | "cache_create" | "trainer_create",
+  create: "model_create" | "model_load" | "model_create_zero" | "cache_create" | "trainer_create",
   args: ReadonlyArray<unknown>,
   free: "model_free" | "cache_free" | "trainer_free",
   device?: number
@@ -114,6 +155,17 @@ export interface EngineShape {
   ) => Effect.Effect<Model, NativeError, Scope.Scope>
   /** A model from a safetensors file in memory (a checkpoint's model.safetensors) on `device`. */
   readonly loadModel: (config: LlamaConfig, safetensors: Uint8Array, options?: ModelOptions) => Effect.Effect<Model, NativeError, Scope.Scope>
+  /**
+   * A model read tensor by tensor from stored files (each range memory-mapped, converted to
+   * F32, read once); every tensor of the layout must have one source.
+   */
+  readonly readModel: (
+    config: LlamaConfig,
+    sources: ReadonlyArray<TensorSource>,
+    options?: ModelOptions & { readonly origin?: ModelOrigin }
+  ) => Effect.Effect<Model, NativeError, Scope.Scope>
+  /** The RoPE inverse frequencies the config rotates by (head_dim / 2 values, after scaling). */
+  readonly ropeInvFreq: (config: LlamaConfig) => Effect.Effect<Float32Array, NativeError>
   /** FNV-1a 64 of the bytes (the hand-off checksum). */
   readonly checksum: (bytes: Uint8Array) => Effect.Effect<bigint>
 }
@@ -147,7 +199,12 @@ const paramCount = (lib: NativeLibrary, config: LlamaConfig) => {
 const make = Effect.gen(function* () {
   const lib = yield* loadNative()
   yield* Effect.logInfo(`engine: ${lib.backend} backend (${lib.path}), devices: ${lib.devices.join("; ")}`)
-  const model = (config: LlamaConfig, create: "model_create" | "model_load", args: ReadonlyArray<unknown>, options: ModelOptions) =>
+  const model = (
+    config: LlamaConfig,
+    create: "model_create" | "model_load" | "model_create_zero",
+    args: ReadonlyArray<unknown>,
+    options: ModelOptions & { readonly origin?: ModelOrigin }
+  ) =>
     Effect.gen(function* () {
       const device = options.device ?? 0
       if (!Number.isSafeInteger(device)) {
@@ -155,7 +212,7 @@ const make = Effect.gen(function* () {
       }
       const count = yield* paramCount(lib, config)
       const ptr = yield* acquire(lib, create, [cConfig(config), ...args], "model_free", device)
-      return new Model(lib, ptr, config, count, device)
+      return new Model(lib, ptr, config, count, device, options.origin)
     })
   return {
     backend: lib.backend,
@@ -166,6 +223,17 @@ const make = Effect.gen(function* () {
     createModel: (config, options = {}) =>
       model(config, "model_create", [BigInt(options.seed ?? 0), options.initStd ?? 0.02], options),
     loadModel: (config, safetensors, options = {}) => model(config, "model_load", [safetensors, safetensors.length], options),
+    readModel: (config, sources, options = {}) =>
+      Effect.gen(function* () {
+        const m = yield* model(config, "model_create_zero", [], options)
+        for (const s of sources) yield* lib.run("model_read_tensor", [m.ptr, s.index, s.dtype, s.path, s.offset, s.bytes])
+        return m
+      }),
+    ropeInvFreq: (config) =>
+      Effect.suspend(() => {
+        const out = new Float32Array(Math.max(1, Math.floor(config.hidden_size / config.num_attention_heads / 2)))
+        return lib.runSync("rope_inv_freq", [cConfig(config), out, out.length]).pipe(Effect.as(out))
+      }),
     checksum: (bytes) => lib.value<bigint>("checksum", [bytes, bytes.length]).pipe(Effect.map(BigInt))
   } satisfies EngineShape
 })

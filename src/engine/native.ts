@@ -65,7 +65,12 @@ koffi.struct("gyre_config", {
   max_position_embeddings: "int32_t",
   tie_word_embeddings: "int32_t",
   rms_norm_eps: "double",
-  rope_theta: "double"
+  rope_theta: "double",
+  rope_type: "int32_t",
+  rope_original_max_position_embeddings: "int32_t",
+  rope_factor: "double",
+  rope_low_freq_factor: "double",
+  rope_high_freq_factor: "double"
 })
 koffi.struct("gyre_cache_stats", {
   block_tokens: "int32_t",
@@ -102,7 +107,7 @@ koffi.struct("gyre_train_stats", {
 koffi.struct("gyre_adamw", { lr: "float", beta1: "float", beta2: "float", eps: "float", weight_decay: "float", max_grad_norm: "float" })
 
 /** GYRE_ABI_VERSION of native/include/gyre.h that these prototypes and structs match. */
-const ABI_VERSION = 2
+const ABI_VERSION = 3
 
 const prototypes = {
   last_error: "size_t gyre_last_error(_Out_ uint8_t *buf, size_t cap)",
@@ -121,6 +126,11 @@ const prototypes = {
     "int32_t gyre_param_tensor(const gyre_config *cfg, int32_t index, _Out_ uint8_t *name, size_t cap, _Out_ int64_t *offset, _Out_ int32_t *rank, int64_t *shape)",
   model_create: "int32_t gyre_model_create(const gyre_config *cfg, uint64_t seed, float std, _Out_ gyre_model **out)",
   model_load: "int32_t gyre_model_load(const gyre_config *cfg, const uint8_t *buf, size_t len, _Out_ gyre_model **out)",
+  model_create_zero: "int32_t gyre_model_create_zero(const gyre_config *cfg, _Out_ gyre_model **out)",
+  model_read_tensor:
+    "int32_t gyre_model_read_tensor(gyre_model *m, int32_t index, int32_t dtype, const char *path, int64_t offset, int64_t nbytes)",
+  model_write_tensor: "int32_t gyre_model_write_tensor(const gyre_model *m, int32_t index, int32_t dtype, uint8_t *out, size_t cap)",
+  rope_inv_freq: "int32_t gyre_rope_inv_freq(const gyre_config *cfg, float *out, int32_t n)",
   model_save: "int32_t gyre_model_save(const gyre_model *m, uint8_t *out, size_t cap, _Out_ size_t *len)",
   model_get_weights: "int32_t gyre_model_get_weights(const gyre_model *m, float *out, int64_t n)",
   model_set_weights: "int32_t gyre_model_set_weights(gyre_model *m, const float *w, int64_t n)",

@@ -1,6 +1,7 @@
 /**
- * The byte-level tokenizer and its special tokens (the chat template over them is
- * `src/openai/chat.ts`).
+ * The `Tokenizer` interface every chat format encodes and decodes through, and Gyre's own
+ * byte-level tokenizer and its special tokens, used by the presets (the chat template over
+ * them is `src/openai/chat.ts`; a model's own `tokenizer.json` is `hf-tokenizer.ts`).
  *
  * Ids 0..255 are the bytes of the UTF-8 text, so text -> ids -> text round-trips exactly
  * (for any well-formed string). Ids 256..271 are special tokens, never produced by
@@ -58,4 +59,28 @@ export const decode = (ids: ReadonlyArray<number>, options: { readonly skipSpeci
   }
   flush()
   return out
+}
+
+/** Text <-> token ids of one model's vocabulary. */
+export interface Tokenizer {
+  readonly vocabSize: number
+  /** Ids of the text; special-token strings in it become their ids, nothing is added around it. */
+  readonly encode: (text: string) => Array<number>
+  /** Text of the ids; special tokens written out, or dropped with `skipSpecial`. */
+  readonly decode: (ids: ArrayLike<number>, options?: { readonly skipSpecial?: boolean }) => string
+  /** Whether the id is a special (control) token. */
+  readonly isSpecial: (id: number) => boolean
+  /** The UTF-8 bytes one token stands for, for log-prob listings (empty for special tokens). */
+  readonly tokenBytes: (id: number) => Array<number>
+}
+
+const specialIds: ReadonlySet<number> = new Set(Array.from({ length: VOCAB_SIZE - BYTE_TOKENS }, (_, i) => BYTE_TOKENS + i))
+
+/** The byte-level tokenizer as a `Tokenizer` (special-token names in text stay bytes). */
+export const byteTokenizer: Tokenizer = {
+  vocabSize: VOCAB_SIZE,
+  encode,
+  decode: (ids, options) => decode(Array.from(ids), options),
+  isSpecial: (id) => specialIds.has(id),
+  tokenBytes: (id) => (id >= 0 && id < BYTE_TOKENS ? [id] : [])
 }

@@ -6,14 +6,14 @@
  *   POST /v1/completions        a text or token-id prompt (no chat template)
  *   GET  /v1/models, /v1/models/<id>
  *
- * A chat request is rendered to tokens with the chat template (`../openai/chat.ts`, which
- * also remembers the execution's assistant turns token-exact); streamed text is only ever a
+ * A chat request is rendered to tokens with the model's chat format (`options.chat`: Gyre's
+ * byte-level template, `../openai/chat.ts`, or a checkpoint's own, `../openai/hf-chat.ts`;
+ * both use the execution's remembered assistant turns token-exact); streamed text is only ever a
  * prefix of the final text (stop strings and tool calls held back until decided).
  */
 import { nuid } from "@nats-io/transport-node"
 import { Effect } from "effect"
-import { encode, special, VOCAB_SIZE } from "../engine/tokenizer.ts"
-import { parseToolCalls, renderChat, tokenText, visibleText } from "../openai/chat.ts"
+import { type ChatFormat, gyreChat, parseToolCalls, tokenText, visibleText } from "../openai/chat.ts"
 import {
   ChatCompletionRequest,
   CompletionRequest,
@@ -61,10 +61,10 @@ export interface EndpointsOptions {
   /** Longest prompt the workers take (tokens); a longer one is a 400 before it is routed. Unknown: the worker decides. */
   readonly maxContextTokens?: number | undefined
   readonly generate: Generate
+  /** The model's tokenizer and chat template (default Gyre's byte-level ones). */
+  readonly chat?: ChatFormat
 }
 
-const logprobsOf = (tokens: ArrayLike<number>, logprobs: ArrayLike<number>): Array<TokenLogprob> =>
-  Array.from(tokens, (t, i) => ({ token: tokenText(t), logprob: logprobs[i]!, bytes: t < 256 ? [t] : [], top_logprobs: [] }))
 
 /**
  * Fewer tokens than the chat template can render `messages` in: the byte-level tokenizer
@@ -89,6 +89,13 @@ const stopsOf = (stop: string | ReadonlyArray<string> | null | undefined): Array
 /** The routes of the OpenAI API, by path. */
 export const openAiRoutes = (options: EndpointsOptions) => {
   const { model, servingSince, generate } = options
+  const chatFormat = options.chat ?? gyreChat
+  const { tokenizer } = chatFormat
+  const encode = (text: string) => tokenizer.encode(text)
+  const endOfTurn = chatFormat.stopIds.map((id) => [id])
+  const endOfText = chatFormat.eosIds.map((id) => [id])
+  const logprobsOf = (tokens: ArrayLike<number>, logprobs: ArrayLike<number>): Array<TokenLogprob> =>
+    Array.from(tokens, (t, i) => ({ token: tokenText(t, tokenizer), logprob: logprobs[i]!, bytes: tokenizer.tokenBytes(t), top_logprobs: [] }))
 
   /** Fails at once when the prompt cannot fit: before tokenising (`atLeast`) and after. */
   const checkLength = (tokens: number, param: string, atLeast: boolean) => {
@@ -119,10 +126,10 @@ export const openAiRoutes = (options: EndpointsOptions) => {
       yield* checkLength(chatTokensAtLeast(messages), "messages", true)
       const tools = req.tools ?? []
       const withTools = tools.length > 0 && req.tool_choice !== "none"
-      const prompt = renderChat(messages, tools, call.session.turns)
+      const prompt = chatFormat.render(messages, tools, call.session.turns)
       yield* checkLength(prompt.length, "messages", false)
       const stops = stopsOf(req.stop)
-      const sampling = samplingOf(req, req.max_completion_tokens, [...(req.ignore_eos === true ? [] : [[special.end], [special.eos]]), ...stops.map(encode)])
+      const sampling = samplingOf(req, req.max_completion_tokens, [...(req.ignore_eos === true ? [] : endOfTurn), ...stops.map(encode)])
       const id = `chatcmpl-${nuid.next()}`
       const created = Math.floor(call.startedAt / 1000)
       const wantLogprobs = req.logprobs === true
@@ -135,7 +142,7 @@ export const openAiRoutes = (options: EndpointsOptions) => {
           : (step: StepTokens) => {
               if (!stream.started) stream.send(chatChunk(id, created, model, { role: "assistant", content: "" }, null, null))
               seen.push(...step.tokens)
-              const text = visibleText(seen, stops, { final: false, holdToolCalls: withTools })
+              const text = visibleText(seen, stops, { final: false, holdToolCalls: withTools }, tokenizer)
               const lp = wantLogprobs ? logprobsOf(step.tokens, step.logprobs) : null
               if (text.length > emitted.length || lp !== null) {
                 stream.send(chatChunk(id, created, model, { content: text.slice(emitted.length) }, null, lp))
@@ -145,7 +152,7 @@ export const openAiRoutes = (options: EndpointsOptions) => {
       let message: { content: string | null; toolCalls: Array<{ id: string; type: "function"; function: { name: string; arguments: string } }> } = { content: null, toolCalls: [] }
       let finishReason: FinishReason = "stop"
       const result = yield* generate(call, id, prompt, sampling, onTokens, (r) => {
-        const text = visibleText(r.output, stops, { final: true, holdToolCalls: false })
+        const text = visibleText(r.output, stops, { final: true, holdToolCalls: false }, tokenizer)
         const parsed = withTools ? parseToolCalls(text) : { content: text, toolCalls: [] }
         const toolCalls = parsed.toolCalls.map((c) => ({ id: `call_${nuid.next()}`, type: "function" as const, function: { name: c.name, arguments: c.arguments } }))
         finishReason = toolCalls.length > 0 ? "tool_calls" : r.finishReason === "length" ? "length" : "stop"
@@ -173,14 +180,16 @@ export const openAiRoutes = (options: EndpointsOptions) => {
       if (req.model !== model) return yield* Effect.fail(unknownModel(req.model))
       const p = req.prompt
       const first = Array.isArray(p) ? p[0] : p
-      const ids = typeof first === "string" ? undefined : Array.isArray(first) ? (first as ReadonlyArray<number>) : (p as ReadonlyArray<number>)
-      // Exact before tokenising: one token per byte of text.
-      yield* checkLength(ids === undefined ? 1 + Buffer.byteLength(first as string) : ids.length, "prompt", false)
-      const prompt = ids === undefined ? Int32Array.from([special.bos, ...encode(first as string)]) : Int32Array.from(ids)
-      const bad = prompt.findIndex((t) => t >= VOCAB_SIZE)
-      if (bad >= 0) return yield* Effect.fail(apiError(400, `Invalid token id ${prompt[bad]} in 'prompt': ids are below ${VOCAB_SIZE}.`, { param: "prompt" }))
+      const prompt =
+        typeof first === "string"
+          ? Int32Array.from([...(chatFormat.bos === undefined ? [] : [chatFormat.bos]), ...encode(first)])
+          : Int32Array.from(Array.isArray(first) ? (first as ReadonlyArray<number>) : (p as ReadonlyArray<number>))
+      // Bodies are bounded (HTTP limits), so the text is tokenised before its length is checked.
+      yield* checkLength(prompt.length, "prompt", false)
+      const bad = prompt.findIndex((t) => t >= tokenizer.vocabSize)
+      if (bad >= 0) return yield* Effect.fail(apiError(400, `Invalid token id ${prompt[bad]} in 'prompt': ids are below ${tokenizer.vocabSize}.`, { param: "prompt" }))
       const stops = stopsOf(req.stop)
-      const sampling = samplingOf(req, undefined, [...(req.ignore_eos === true ? [] : [[special.eos]]), ...stops.map(encode)])
+      const sampling = samplingOf(req, undefined, [...(req.ignore_eos === true ? [] : endOfText), ...stops.map(encode)])
       const id = `cmpl-${nuid.next()}`
       const created = Math.floor(call.startedAt / 1000)
       const stream = req.stream === true ? eventStream(call.res) : undefined
@@ -192,7 +201,7 @@ export const openAiRoutes = (options: EndpointsOptions) => {
           ? undefined
           : (step: StepTokens) => {
               seen.push(...step.tokens)
-              const text = visibleText(seen, stops, { final: false, holdToolCalls: false })
+              const text = visibleText(seen, stops, { final: false, holdToolCalls: false }, tokenizer)
               if (text.length > emitted.length) {
                 stream.send(chunk(text.slice(emitted.length), null))
                 emitted = text
@@ -203,7 +212,7 @@ export const openAiRoutes = (options: EndpointsOptions) => {
         finishReason = r.finishReason === "length" ? "length" : "stop"
         return { finishReason, toolCalls: {} }
       })
-      const text = visibleText(result.output, stops, { final: true, holdToolCalls: false })
+      const text = visibleText(result.output, stops, { final: true, holdToolCalls: false }, tokenizer)
       const usage: Usage = usageOf(result.promptTokens, result.output.length, result.cachedTokens)
       if (stream === undefined) return sendJson(call.res, 200, completion(id, created, model, text, finishReason, usage))
       if (text.length > emitted.length && text.startsWith(emitted)) stream.send(chunk(text.slice(emitted.length), null))

@@ -2,7 +2,11 @@
  * Chat rendering and tool calls: OpenAI-style messages (`messages.ts`) -> prompt token ids,
  * and generated text -> content + tool calls.
  *
- * The chat template, Gyre's only one (over the byte-level tokenizer's special tokens,
+ * `ChatFormat` is what the gateway needs of a model: its tokenizer, how a request renders to
+ * prompt ids, and the ids that end its turn. Two implement it: `gyreChat` below (the presets)
+ * and a checkpoint's own tokenizer.json and Jinja chat_template (`hf-chat.ts`).
+ *
+ * Gyre's chat template (over the byte-level tokenizer's special tokens,
  * `src/engine/tokenizer.ts`): `<|bos|>`, then per message `<|role|>` content bytes `<|end|>`;
  * the prompt ends with `<|assistant|>`, and the model's turn ends at `<|end|>`. `developer`
  * messages render as `system`. When the request offers tools, a first `<|system|>` turn
@@ -24,8 +28,21 @@
  * with tool calls) or by the exact content string it returned (a turn without), and renders
  * a history message that matches a remembered turn with those tokens.
  */
-import { decode, encode, special } from "../engine/tokenizer.ts"
+import { byteTokenizer, encode, special, type Tokenizer } from "../engine/tokenizer.ts"
 import type { ChatMessage, MessageContent, ToolCall, ToolDefinition } from "./messages.ts"
+
+/** A model's chat face: tokenizer, template, end-of-turn ids. */
+export interface ChatFormat {
+  readonly tokenizer: Tokenizer
+  /** Prompt ids of a chat request, ending where the assistant's turn begins. */
+  readonly render: (messages: ReadonlyArray<ChatMessage>, tools: ReadonlyArray<ToolDefinition>, turns: AssistantTurns | undefined) => Int32Array
+  /** Ids that end the model's turn (chat generation stops at them unless ignore_eos). */
+  readonly stopIds: ReadonlyArray<number>
+  /** Ids that end a plain-text completion (its eos). */
+  readonly eosIds: ReadonlyArray<number>
+  /** The id a plain-text completion prompt starts with, if the model has one. */
+  readonly bos: number | undefined
+}
 
 export const TOOL_CALL_OPEN = "<tool_call>"
 export const TOOL_CALL_CLOSE = "</tool_call>"
@@ -47,7 +64,7 @@ export const toolsPrompt = (tools: ReadonlyArray<ToolDefinition>): string =>
   ].join("\n")
 
 /** The canonical text of a tool call the gateway did not generate itself. */
-const canonicalToolCall = (call: ToolCall): string => {
+export const canonicalToolCall = (call: ToolCall): string => {
   let args: unknown = call.function.arguments
   try {
     args = JSON.parse(call.function.arguments)
@@ -171,21 +188,25 @@ const parseCall = (json: string): { name: string; arguments: string } | undefine
   return undefined
 }
 
+/** Gyre's chat format: the byte-level tokenizer and the template above. */
+export const gyreChat: ChatFormat = { tokenizer: byteTokenizer, render: (m, t, turns) => renderChat(m, t, turns), stopIds: [special.end, special.eos], eosIds: [special.eos], bos: special.bos }
+
 /**
  * The text a client sees of generated tokens: special tokens dropped, and cut before the
  * first of the request's stop strings (as OpenAI returns it). With `final` false the text is
- * what may be streamed so far: a trailing partial UTF-8 character, a trailing prefix of a
- * stop string, and (with `holdToolCalls`) everything from a possible `<tool_call>` on are
- * held back, so streamed pieces always concatenate to a prefix of the final text.
+ * what may be streamed so far: a trailing partial UTF-8 character (decoded as U+FFFD), a
+ * trailing prefix of a stop string, and (with `holdToolCalls`) everything from a possible
+ * `<tool_call>` on are held back, so streamed pieces always concatenate to a prefix of the
+ * final text.
  */
 export const visibleText = (
   output: ArrayLike<number>,
   stops: ReadonlyArray<string>,
-  options: { readonly final: boolean; readonly holdToolCalls: boolean }
+  options: { readonly final: boolean; readonly holdToolCalls: boolean },
+  tokenizer: Tokenizer = byteTokenizer
 ): string => {
-  const bytes: Array<number> = []
-  for (let i = 0; i < output.length; i++) if (output[i]! < 256) bytes.push(output[i]!)
-  let text = new TextDecoder().decode(Uint8Array.from(bytes), { stream: !options.final })
+  let text = tokenizer.decode(output, { skipSpecial: true })
+  if (!options.final) text = text.replace(/\uFFFD+$/u, "")
   let cut = text.length
   for (const stop of stops) {
     const at = text.indexOf(stop)
@@ -217,4 +238,4 @@ export const visibleText = (
 }
 
 /** The text of one token for log-prob listings (a byte that is not UTF-8 on its own becomes U+FFFD). */
-export const tokenText = (id: number): string => decode([id])
+export const tokenText = (id: number, tokenizer: Tokenizer = byteTokenizer): string => tokenizer.decode([id])

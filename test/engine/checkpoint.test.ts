@@ -55,7 +55,7 @@ describe("checkpoints", () => {
     const header = JSON.parse(st.subarray(8, 8 + Number(st.readBigUInt64LE(0))).toString("utf8"))
     expect(header["model.layers.3.mlp.down_proj.weight"]).toMatchObject({ dtype: "F32", shape: [128, 384] })
     expect(header["lm_head.weight"]).toBeUndefined() // tied
-    expect(await runEngine(readConfig(dir))).toEqual(presets.tiny)
+    expect((await runEngine(readConfig(dir))).config).toEqual(presets.tiny)
   })
 
   it("refuses truncated, mismatched and malformed checkpoints with a clear error", async () => {
@@ -66,7 +66,7 @@ describe("checkpoints", () => {
     const cases: Array<[string, () => void, RegExp]> = [
       ["truncated", () => writeFileSync(join(dir, "model.safetensors"), model.subarray(0, model.length - 100)), /model\.safetensors.*truncated/],
       ["header cut", () => writeFileSync(join(dir, "model.safetensors"), model.subarray(0, 40)), /truncated: header claims/],
-      ["wrong shape", () => writeFileSync(join(dir, "config.json"), config.replace('"intermediate_size": 24', '"intermediate_size": 28')), /wrong shape; expected \[28, 16\]/],
+      ["wrong shape", () => writeFileSync(join(dir, "config.json"), config.replace('"intermediate_size": 24', '"intermediate_size": 28')), /has shape \[24, 16\]; expected \[28, 16\]/],
       ["missing tensor", () => writeFileSync(join(dir, "config.json"), config.replace('"num_hidden_layers": 2', '"num_hidden_layers": 3')), /missing tensor 'model.layers.2.input_layernorm.weight'/],
       ["extra tensor", () => writeFileSync(join(dir, "config.json"), config.replace('"num_hidden_layers": 2', '"num_hidden_layers": 1')), /unexpected tensor 'model.layers.1/],
       ["bad json", () => writeFileSync(join(dir, "config.json"), "{ not json"), /config\.json/],

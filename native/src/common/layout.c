@@ -34,6 +34,17 @@ gyre_status gyre_config_check(const gyre_config *c) {
     return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "config: tie_word_embeddings must be 0 or 1");
   if (!(c->rms_norm_eps > 0.0) || !(c->rope_theta > 0.0))
     return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "config: rms_norm_eps and rope_theta must be > 0");
+  if (c->rope_type != GYRE_ROPE_DEFAULT && c->rope_type != GYRE_ROPE_LINEAR && c->rope_type != GYRE_ROPE_LLAMA3)
+    return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "config: rope_type %d is not 0 (default), 1 (linear) or 2 (llama3)",
+                     (int)c->rope_type);
+  if (c->rope_type != GYRE_ROPE_DEFAULT && !(c->rope_factor > 0.0))
+    return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "config: rope_factor must be > 0, got %g", c->rope_factor);
+  if (c->rope_type == GYRE_ROPE_LLAMA3 &&
+      !(c->rope_low_freq_factor > 0.0 && c->rope_high_freq_factor > c->rope_low_freq_factor &&
+        c->rope_original_max_position_embeddings > 0))
+    return gyre_fail(GYRE_ERR_INVALID_ARGUMENT,
+                     "config: llama3 RoPE needs 0 < rope_low_freq_factor < rope_high_freq_factor and "
+                     "rope_original_max_position_embeddings > 0");
   return GYRE_OK;
 }
 
@@ -53,6 +64,11 @@ gyre_status dims_from_config(const gyre_config *c, dims *d) {
   d->tied = c->tie_word_embeddings;
   d->eps = (float)c->rms_norm_eps;
   d->rope_theta = c->rope_theta;
+  d->rope_type = c->rope_type;
+  d->rope_original_max_pos = c->rope_original_max_position_embeddings;
+  d->rope_factor = c->rope_factor;
+  d->rope_low_freq_factor = c->rope_low_freq_factor;
+  d->rope_high_freq_factor = c->rope_high_freq_factor;
   return GYRE_OK;
 }
 
@@ -168,5 +184,14 @@ gyre_status flat_check(const param_layout *layout, const void *handle, const voi
   if (n != layout->n_params)
     return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "%s: n = %lld but the model has %lld parameters", fn,
                      (long long)n, (long long)layout->n_params);
+  return GYRE_OK;
+}
+
+gyre_status gyre_rope_inv_freq(const gyre_config *cfg, float *out, int32_t n) {
+  dims d;
+  GYRE_CHECK(dims_from_config(cfg, &d));
+  if (out == NULL || n != d.hd / 2)
+    return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "gyre_rope_inv_freq: n = %d, head_dim / 2 is %d", (int)n, (int)(d.hd / 2));
+  rope_inv_freq(out, &d);
   return GYRE_OK;
 }

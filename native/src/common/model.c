@@ -41,7 +41,7 @@ void model_release(gyre_model *m) {
   free(m);
 }
 
-/* A model with uninitialised device weights. */
+/* A model with zeroed device weights. */
 static gyre_status model_new(const gyre_config *cfg, gyre_model **out) {
   if (out == NULL) return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "model: out is NULL");
   gyre_model *m = calloc(1, sizeof *m);
@@ -111,6 +111,10 @@ gyre_status gyre_model_load(const gyre_config *cfg, const uint8_t *safetensors, 
                             gyre_model **out) {
   buffer_args a = {safetensors, len};
   return model_from_host(cfg, out, fill_safetensors, &a);
+}
+
+gyre_status gyre_model_create_zero(const gyre_config *cfg, gyre_model **out) {
+  return model_new(cfg, out); /* backends create zeroed weights */
 }
 
 gyre_status gyre_model_save(const gyre_model *m, uint8_t *out, size_t cap, size_t *len) {

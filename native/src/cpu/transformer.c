@@ -1,6 +1,8 @@
 /* transformer.c - the CPU model's weights and the decoder layer forward (llm.c style). */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "gemm.h"
 #include "kernels.h"
@@ -12,7 +14,11 @@ gyre_status be_model_create(const param_layout *lay, be_model **out) {
   m->lay = lay;
   m->d = lay->d;
   size_t table = (size_t)m->d.max_pos * (m->d.hd / 2);
-  m->w = aligned_calloc(sizeof(float) * (size_t)lay->n_params);
+  /* Mapped, not memset: pages are zero until first written (a loaded model writes each once). */
+  m->w_bytes = sizeof(float) * (size_t)(lay->n_params > 0 ? lay->n_params : 1);
+  void *w = mmap(NULL, m->w_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  m->w = w == MAP_FAILED ? NULL : (float *)w;
+
   m->rope_cos = aligned_calloc(sizeof(float) * table);
   m->rope_sin = aligned_calloc(sizeof(float) * table);
   if (m->w == NULL || m->rope_cos == NULL || m->rope_sin == NULL) {
@@ -34,9 +40,21 @@ gyre_status be_model_get_weights(const be_model *m, float *host) {
   return GYRE_OK;
 }
 
+float *be_model_host_weights(be_model *m) { return m->w; }
+
+gyre_status be_model_set_range(be_model *m, int64_t offset, int64_t n, const float *host) {
+  memcpy(m->w + offset, host, sizeof(float) * (size_t)n);
+  return GYRE_OK;
+}
+
+gyre_status be_model_get_range(const be_model *m, int64_t offset, int64_t n, float *host) {
+  memcpy(host, m->w + offset, sizeof(float) * (size_t)n);
+  return GYRE_OK;
+}
+
 void be_model_free(be_model *m) {
   if (m == NULL) return;
-  free(m->w);
+  if (m->w != NULL) munmap(m->w, m->w_bytes);
   free(m->rope_cos);
   free(m->rope_sin);
   free(m);

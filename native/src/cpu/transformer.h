@@ -9,7 +9,8 @@
 struct be_model {
   const param_layout *lay; /* owned by the gyre_model */
   dims d;
-  float *w;                /* flat parameters */
+  float *w;                /* flat parameters (an anonymous mapping: zero until written) */
+  size_t w_bytes;          /* its length */
   float *rope_cos, *rope_sin; /* [max_pos, hd/2] */
 };
 
