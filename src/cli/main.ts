@@ -15,7 +15,8 @@ const commands: Record<string, () => Promise<{ readonly command: Command }>> = {
   demo: () => import("./demo.ts"),
   serve: () => import("./serve.ts"),
   eval: () => import("./eval.ts"),
-  train: () => import("./train.ts")
+  train: () => import("./train.ts"),
+  auth: () => import("./auth.ts")
 }
 
 const printHelp = async () => {
