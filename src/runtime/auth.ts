@@ -7,7 +7,8 @@
  * secret), one seed file `<user>.nk` per user (mode 0600: the credential a client presents,
  * `NATS_NKEY`), and `users.json` (each user's roles and public key). Every user gets its own
  * reply-inbox prefix `_I.<user>` and may subscribe only there, so no user reads another's
- * replies. There is no `no_auth_user`: an anonymous connection is refused. TLS is optional
+ * replies; a user may answer a request it received (`allow_responses`) but publish to no
+ * other inbox. There is no `no_auth_user`: an anonymous connection is refused. TLS is optional
  * (`tls { cert_file, key_file }` in the same block when a certificate is given).
  */
 import * as fs from "node:fs"
@@ -53,6 +54,7 @@ const renderUser = (publicKey: string, u: UserSpec) =>
     `    { nkey: ${publicKey}, permissions: {`,
     `        publish: { allow: ${list(u.permissions.publish.allow)}, deny: ${list(u.permissions.publish.deny)} }`,
     `        subscribe: { allow: ${list([...u.permissions.subscribe.allow, `${inboxPrefix(u.name)}.>`])}, deny: ${list(u.permissions.subscribe.deny)} }`,
+    `        allow_responses: true`,
     `    } }`
   ].join("\n")
 
