@@ -65,10 +65,8 @@ const reader = (run: string): Grant => ({
       `$JS.API.DIRECT.GET.${s}.>`,
       `$JS.API.CONSUMER.CREATE.${s}`,
       `$JS.API.CONSUMER.CREATE.${s}.>`,
-      `$JS.API.CONSUMER.DURABLE.CREATE.${s}.*`,
       `$JS.API.CONSUMER.INFO.${s}.*`,
-      `$JS.API.CONSUMER.MSG.NEXT.${s}.*`,
-      `$JS.API.CONSUMER.DELETE.${s}.*`
+      `$JS.API.CONSUMER.MSG.NEXT.${s}.*`
     ]),
     "$JS.ACK.>",
     "$JS.FC.>"
@@ -83,6 +81,8 @@ const host = (run: string, kinds: (typeof KINDS)[Role]): Grant => {
   return {
     pub: [
       ...streamsOf(run).map((s) => `$JS.API.STREAM.CREATE.${s}`),
+      // Durable consumers (an actor's tells, a step's micro-batches) are made and removed by hosts only.
+      ...storedOf(run).flatMap((s) => [`$JS.API.CONSUMER.DURABLE.CREATE.${s}.*`, `$JS.API.CONSUMER.DELETE.${s}.*`]),
       ...["registry", "state"].flatMap((n) => [`$JS.API.STREAM.CREATE.${kvStream(run, n)}`, `$KV.${bucket(run, n)}.>`]),
       `${base}.sys.>`,
       ...own("asked"),

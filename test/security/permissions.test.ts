@@ -97,6 +97,7 @@ describe("per-role NATS permissions", () => {
     await attempt("observer joins the workers' queue group", subscribeRefused("observer", `${base}.ask.rollout-worker.>`))
     await attempt("gateway answers the harness runner's asks", subscribeRefused("gateway", `${base}.ask.harness-runner.main`))
     await attempt("scheduler answers the gateway's asks", subscribeRefused("scheduler", `${base}.ask.gateway.main`))
+    await attempt("observer deletes an actor's durable consumer", publishRefused("observer", `$JS.API.CONSUMER.DELETE.GYRE_${RUN}_JOURNAL.ledger__l1`))
     await attempt("gateway reads another user's replies", subscribeRefused("gateway", "_I.harness-runner.>"))
     await attempt("observer reads every inbox", subscribeRefused("observer", "_INBOX.>"))
     for (const user of ["rollout-worker", "trainer", "scheduler", "gateway", "harness-runner", "observer", "actor-host", "train"]) {
