@@ -15,6 +15,14 @@
  * kept capped (`harness.log`, `scorer.log` beside the workspace); the execution's directory
  * is removed unless the keep policy says otherwise.
  *
+ * The harness gets no NATS credentials and none of the runner's environment (only `INHERITED`,
+ * `HOME` set to the execution's own `home`); a `RunExecution.env` naming a loader, shell
+ * start-up or credential variable (`FORBIDDEN_ENV`: `LD_*`, `BASH_ENV`, `NODE_OPTIONS`, ...)
+ * is refused with `ForbiddenEnvironment`. With `runAs` (or `GYRE_HARNESS_UID`/`GYRE_HARNESS_GID`,
+ * e.g. 65534 for nobody; recommended when the runner is root) harness and scorer run as that
+ * user, the execution directory handed to it, so a harness cannot read the runner's
+ * `/proc/<pid>/environ` or its files.
+ *
  * At most `capacity` executions run at once (a semaphore); the actor's handler concurrency is
  * larger so that `Status` and a duplicate `RunExecution` (same execution id: it joins the
  * running one, or gets the recent outcome) are answered while the runner is full.
@@ -28,7 +36,7 @@ import { formatAddress, type ActorAddress } from "../runtime/names.ts"
 import { refOf } from "../runtime/system.ts"
 import { ExecutionOutcome } from "../tree/outcome.ts"
 import { GatewayProtocol, apiKeyDigest, newApiKey } from "../protocols/gateway.ts"
-import { HarnessRunnerProtocol, UnknownTask, type RunExecution } from "../protocols/harness.ts"
+import { ForbiddenEnvironment, HarnessRunnerProtocol, UnknownTask, type RunExecution } from "../protocols/harness.ts"
 import { ensureTrajectoryStream, rlLayout } from "../protocols/layout.ts"
 import { markExecutionStart } from "../protocols/trajectories.ts"
 import { describeEnd, runInGroup, type GroupResult } from "../harness/process-group.ts"
@@ -59,6 +67,8 @@ export interface HarnessRunnerConfig {
   readonly gatewayTimeoutMs?: number
   /** Pause between scorer attempts (default 200 ms). */
   readonly evaluationBackoffMs?: number
+  /** Run harnesses and scorers as this user (default GYRE_HARNESS_UID/GYRE_HARNESS_GID, else as the runner). */
+  readonly runAs?: { readonly uid: number; readonly gid: number }
 }
 
 const Counts = Schema.Struct({ running: Schema.Number, finished: Schema.Number, dropped: Schema.Number })
@@ -71,6 +81,28 @@ const ScorerReport = Schema.Struct({
 
 /** Environment variables a harness or scorer inherits from the runner (no NATS credentials). */
 const INHERITED = ["PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR", "SHELL", "TERM"]
+
+/** Variables a request may not set: dynamic loaders, shell and interpreter start-up, credentials, the runner's own. */
+export const FORBIDDEN_ENV =
+  /^(LD_.*|DYLD_.*|BASH_ENV|ENV|BASH_FUNC_.*|SHELLOPTS|BASHOPTS|PS4|PROMPT_COMMAND|IFS|NODE_OPTIONS|NODE_PATH|NODE_EXTRA_CA_CERTS|PYTHONSTARTUP|PYTHONPATH|PYTHONHOME|PERL5OPT|PERL5LIB|RUBYOPT|RUBYLIB|JAVA_TOOL_OPTIONS|GIT_.*|NATS_.*|GYRE_.*|OPENAI_.*|PATH|HOME)$/
+
+/** The user harnesses run as: `GYRE_HARNESS_UID` (and `GYRE_HARNESS_GID`, default the uid), if set. */
+const runAsFromEnv = (): { uid: number; gid: number } | undefined => {
+  const uid = Number(process.env.GYRE_HARNESS_UID ?? "")
+  if (process.env.GYRE_HARNESS_UID === undefined || !Number.isInteger(uid) || uid < 0) return undefined
+  const gid = Number(process.env.GYRE_HARNESS_GID ?? uid)
+  return { uid, gid: Number.isInteger(gid) && gid >= 0 ? gid : uid }
+}
+
+/** Hands `dir` and everything in it to `user`. */
+const chownTree = async (dir: string, user: { uid: number; gid: number }): Promise<void> => {
+  await fs.chown(dir, user.uid, user.gid)
+  for (const entry of await fs.readdir(dir, { withFileTypes: true })) {
+    const p = path.join(dir, entry.name)
+    if (entry.isDirectory()) await chownTree(p, user)
+    else await fs.lchown(p, user.uid, user.gid)
+  }
+}
 
 const baseEnv = (): Record<string, string> => {
   const env: Record<string, string> = {}
@@ -114,6 +146,7 @@ export const makeHarnessRunner = (config: HarnessRunnerConfig) => {
   const gatewayTimeoutMs = config.gatewayTimeoutMs ?? 10_000
   const backoffMs = config.evaluationBackoffMs ?? 200
   const gateway = refOf(GatewayProtocol, config.gateway)
+  const runAs = config.runAs ?? runAsFromEnv()
 
   return Actor.make({
     kind: "harness-runner",
@@ -137,7 +170,7 @@ export const makeHarnessRunner = (config: HarnessRunnerConfig) => {
         const count = (f: (c: typeof Counts.Type) => typeof Counts.Type) => Ref.update(ctx.state, f).pipe(Effect.andThen(report))
 
         const run = (program: SuiteProgram, cwd: string, env: Record<string, string>, timeoutMs: number) =>
-          Effect.promise((signal) => runInGroup({ command: program.command, cwd, env, timeoutMs, graceMs, outputCapBytes }, signal))
+          Effect.promise((signal) => runInGroup({ command: program.command, cwd, env, timeoutMs, graceMs, outputCapBytes, uid: runAs?.uid, gid: runAs?.gid }, signal))
 
         const writeLog = (file: string, title: string, r: GroupResult) =>
           Effect.promise(() =>
@@ -197,8 +230,10 @@ export const makeHarnessRunner = (config: HarnessRunnerConfig) => {
               await fs.mkdir(dir, { recursive: true })
               if (task.template !== undefined) await fs.cp(task.template, workspace, { recursive: true })
               else await fs.mkdir(workspace)
+              await fs.mkdir(path.join(dir, "home"))
+              if (runAs !== undefined) await chownTree(dir, runAs)
             })
-            const env = { ...baseEnv(), ...task.env, ...req.env, GYRE_TASK_ID: task.id, GYRE_WORKSPACE: workspace, GYRE_SUITE_DIR: suite.dir }
+            const env = { ...baseEnv(), ...task.env, ...req.env, HOME: path.join(dir, "home"), GYRE_TASK_ID: task.id, GYRE_WORKSPACE: workspace, GYRE_SUITE_DIR: suite.dir }
 
             const key = newApiKey()
             // Before any call of this run of it is recorded (a run again after a runner died starts the execution afresh).
@@ -239,6 +274,10 @@ export const makeHarnessRunner = (config: HarnessRunnerConfig) => {
 
         const RunExecution = (req: RunExecution) =>
           Effect.gen(function* () {
+            const forbidden = Object.keys(req.env).filter((name) => FORBIDDEN_ENV.test(name))
+            if (forbidden.length > 0) {
+              return yield* new ForbiddenEnvironment({ names: forbidden, reason: `a request may not set ${forbidden.join(", ")} (loader, start-up, credential or runner variables)` })
+            }
             const known = recent.get(req.execution)
             if (known !== undefined) return known
             const running = inFlight.get(req.execution)

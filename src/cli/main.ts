@@ -16,7 +16,8 @@ const commands: Record<string, () => Promise<{ readonly command: Command }>> = {
   serve: () => import("./serve.ts"),
   eval: () => import("./eval.ts"),
   train: () => import("./train.ts"),
-  replay: () => import("./replay.ts")
+  replay: () => import("./replay.ts"),
+  auth: () => import("./auth.ts")
 }
 
 const printHelp = async () => {

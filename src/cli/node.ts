@@ -1,7 +1,9 @@
 /**
  * `gyre node`: hosts actors on this machine.
  *
- * Connects to NATS_URL (or starts the embedded nats-server when unset), joins run `--run`,
+ * Connects to NATS_URL (or starts the embedded nats-server when unset: supervised, its store
+ * kept in `--store` or `.gyre/nats/<run>.<name>`, admitting only the users of `.gyre/auth`;
+ * see `auth.ts`), joins run `--run`,
  * loads actor types from `--load` modules (each exports actor types: any export that is an
  * `ActorType`), spawns `--spawn` actors, and serves spawn requests until SIGTERM or SIGINT,
  * on which it drains: in-flight messages finish, buffered ones go back to JetStream.
@@ -20,7 +22,7 @@
 import * as path from "node:path"
 import { pathToFileURL } from "node:url"
 import * as os from "node:os"
-import { Effect, Layer, Deferred, Schedule } from "effect"
+import { Effect, Layer, Schedule } from "effect"
 import { device } from "../actors/device.ts"
 import { schedulerAddress } from "../actors/scheduler.ts"
 import { trainingRoleFor } from "../actors/trainer.ts"
@@ -35,6 +37,8 @@ import { formatAddress, parseAddress } from "../runtime/names.ts"
 import { startNode } from "../runtime/node.ts"
 import { ActorSystem } from "../runtime/system.ts"
 import { UsageError, parseFlags, type Command } from "./args.ts"
+import { embeddedNats } from "./auth.ts"
+import { serveUntilStopped } from "./lifetime.ts"
 
 const flags = {
   name: { kind: "string", doc: "node name (unique in the run)", default: os.hostname().replace(/[^A-Za-z0-9_-]/g, "-") },
@@ -46,6 +50,7 @@ const flags = {
   "dead-after-ms": { kind: "integer", doc: "silence after which an actor is declared dead (default GYRE_DEAD_AFTER_MS or 5000)" },
   "ack-wait-ms": { kind: "integer", doc: "JetStream ack wait of actor consumers (default GYRE_ACK_WAIT_MS or 10000)" },
   devices: { kind: "integer", doc: "host this many device actors of the training run --run (its configuration read from the run's journal)", default: 0 },
+  store: { kind: "string", doc: "store directory of the embedded nats-server (default .gyre/nats/<run>.<name>, kept across restarts)" },
   "metrics-port": { kind: "integer", doc: "serve Prometheus /metrics on 127.0.0.1 at this port, 0 = any free one (default GYRE_METRICS_PORT or off)" }
 } as const
 
@@ -109,26 +114,24 @@ export const command: Command<typeof flags> = {
       })
       for (const a of spawns) yield* node.spawn(a.kind, a.id)
       if (devices !== undefined) for (let i = 0; i < f.devices; i++) yield* node.spawn(DEVICE_KIND, `${f.name}.${devices.backend}${i}`)
-      const stop = yield* Deferred.make<void>()
-      const onSignal = () => Effect.runFork(Deferred.succeed(stop, undefined))
-      process.once("SIGTERM", onSignal)
-      process.once("SIGINT", onSignal)
       yield* status({
         event: "ready",
         node: f.name,
         run: f.run,
         nats: system.nats.servers,
         embedded: system.nats.embedded,
+        ...(system.nats.server !== undefined ? { natsPid: system.nats.server.pid, store: system.nats.server.storeDir } : {}),
         types: hosted.map((t) => t.kind),
         ...(node.metricsUrl !== undefined ? { metrics: node.metricsUrl } : {})
       })
       yield* Effect.logInfo(`node ${f.name} serving run ${f.run} on ${system.nats.servers}`)
-      yield* Deferred.await(stop)
-      yield* node.drain
+      yield* serveUntilStopped(system.nats, node.drain)
       yield* status({ event: "drained", node: f.name })
     })
+    const kinds = [...types.map((t) => t.kind), ...(f.devices > 0 ? [DEVICE_KIND] : [])]
+    const nats = await Effect.runPromise(embeddedNats({ name: `gyre-node-${f.name}`, run: f.run, node: f.name, kinds, store: f.store }))
     const layer = Layer.merge(ActorSystem.layer({ run: f.run }), Engine.layer).pipe(
-      Layer.provideMerge(Nats.layerFromConfig(`gyre-node-${f.name}`)),
+      Layer.provideMerge(Nats.layer(nats)),
       Layer.provideMerge(observabilityLayer(`gyre-node-${f.name}`))
     )
     await Effect.runPromise(Effect.scoped(program).pipe(Effect.provide(layer)))

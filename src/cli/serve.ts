@@ -1,16 +1,18 @@
 /**
  * `gyre serve`: an OpenAI-compatible endpoint for a Gyre checkpoint, every call recorded.
  *
- * The embedded default: a private nats-server (its store in `--store`, else a temporary
- * directory removed at exit; or NATS_URL), one node hosting `--devices`
+ * The embedded default: a private, supervised nats-server (its store in `--store`, else
+ * `.gyre/nats/<run>.<node>`, kept across restarts; users from `.gyre/auth`, see `auth.ts`; or
+ * NATS_URL), one node hosting `--devices`
  * rollout workers (`rollout-worker/<node>.<backend><i>`, worker i on engine device i modulo the
  * device count) and the gateway on `--port`. It
  * opens one execution, prints the base URL, the API key and where the call records go, then
  * a JSON line `{"event":"ready",...}`, and serves until SIGINT or SIGTERM, on which it drains
- * (calls in flight finish) and prints `{"event":"drained"}`.
+ * (calls in flight finish) and prints `{"event":"drained"}`; it exits 1 with the reason when
+ * NATS stays unreachable (`lifetime.ts`).
  */
 import { nuid } from "@nats-io/transport-node"
-import { Deferred, Effect, Layer } from "effect"
+import { Effect, Layer } from "effect"
 import { gateway } from "../actors/gateway.ts"
 import { GatewayProtocol, apiKeyDigest, newApiKey } from "../protocols/gateway.ts"
 import { rlLayout } from "../protocols/layout.ts"
@@ -19,12 +21,14 @@ import { workerDevice } from "../serving/rollout-role.ts"
 import { readConfig } from "../engine/checkpoint.ts"
 import { Engine } from "../engine/engine.ts"
 import { chatFormatOf } from "../openai/hf-chat.ts"
-import { Nats, natsOptionsFromEnv } from "../runtime/nats.ts"
+import { Nats } from "../runtime/nats.ts"
 import { address } from "../runtime/names.ts"
 import { startNode } from "../runtime/node.ts"
 import { ActorSystem, refOf } from "../runtime/system.ts"
 import { UsageError, parseFlags, type Command } from "./args.ts"
 import { checkCheckpoint } from "./eval.ts"
+import { embeddedNats } from "./auth.ts"
+import { serveUntilStopped } from "./lifetime.ts"
 
 const flags = {
   checkpoint: { kind: "string", doc: "checkpoint directory: Gyre's or a Hugging Face Llama one (config.json, safetensors, tokenizer.json)", required: true },
@@ -34,7 +38,7 @@ const flags = {
   model: { kind: "string", doc: "model id served", default: "gyre" },
   run: { kind: "string", doc: "run id (names the streams the calls are recorded on)", default: `serve-${Date.now().toString(36)}` },
   node: { kind: "string", doc: "node name", default: "serve" },
-  store: { kind: "string", doc: "JetStream store directory of the embedded nats-server (keeps the records; default: a temporary one)" },
+  store: { kind: "string", doc: "JetStream store directory of the embedded nats-server (default .gyre/nats/<run>.<node>, kept across restarts)" },
   "kv-blocks": { kind: "integer", doc: "KV-cache blocks of 16 tokens per worker", default: 4096 },
   "max-batch": { kind: "integer", doc: "generations batched at once per worker", default: 32 },
   "max-tokens": { kind: "integer", doc: "max_tokens of requests that give none", default: 512 }
@@ -48,8 +52,7 @@ export const command: Command<typeof flags> = {
     checkCheckpoint("serve", f.checkpoint)
     if (f.devices < 1) throw new UsageError("gyre serve: --devices must be at least 1")
     const chat = await chatFormatOf(f.checkpoint)
-    const env = natsOptionsFromEnv("gyre-serve")
-    const storeDir = f.store ?? env.storeDir
+    const nats = await Effect.runPromise(embeddedNats({ name: "gyre-serve", run: f.run, node: f.node, kinds: ["rollout-worker", "gateway"], store: f.store }))
     const program = Effect.gen(function* () {
       const system = yield* ActorSystem
       const { backend, devices } = yield* Engine
@@ -78,21 +81,16 @@ export const command: Command<typeof flags> = {
       console.log(`API key:         ${key}`)
       const onDevices = workers.map((id) => workerDevice(id, devices.length)).join(", ")
       console.log(`model:           ${f.model} (${f.checkpoint}, ${f.devices} ${backend} worker${f.devices === 1 ? "" : "s"} on device${f.devices === 1 ? "" : "s"} ${onDevices})`)
-      const where = system.nats.embedded ? (storeDir === undefined ? " (temporary store: --store DIR keeps them)" : ` (store ${storeDir})`) : ""
+      const where = system.nats.server !== undefined ? ` (store ${system.nats.server.storeDir})` : ""
       console.log(`call records:    stream ${names.trajectoryStream}, subject ${names.calls(execution)} on ${system.nats.servers}${where}`)
       console.log(JSON.stringify({ event: "ready", baseUrl, key, model: f.model, run: system.run, execution, nats: system.nats.servers, records: names.calls(execution) }))
-      const stop = yield* Deferred.make<void>()
-      const onSignal = () => Effect.runFork(Deferred.succeed(stop, undefined))
-      process.once("SIGTERM", onSignal)
-      process.once("SIGINT", onSignal)
-      yield* Deferred.await(stop)
-      yield* node.drain
+      yield* serveUntilStopped(system.nats, node.drain)
       console.log(JSON.stringify({ event: "drained" }))
     })
     // Last resort: an exception that escaped every handler is logged and the server goes on.
     process.on("uncaughtException", (e) => console.error(`gyre serve: uncaught exception (still serving): ${e instanceof Error ? (e.stack ?? e.message) : String(e)}`))
     process.on("unhandledRejection", (e) => console.error(`gyre serve: unhandled rejection (still serving): ${e instanceof Error ? (e.stack ?? e.message) : String(e)}`))
-    const layer = Layer.merge(ActorSystem.layer({ run: f.run }), Engine.layer).pipe(Layer.provideMerge(Nats.layer({ ...env, storeDir })))
+    const layer = Layer.merge(ActorSystem.layer({ run: f.run }), Engine.layer).pipe(Layer.provideMerge(Nats.layer(nats)))
     await Effect.runPromise(Effect.scoped(program).pipe(Effect.provide(layer)))
     return 0
   }

@@ -6,9 +6,13 @@
  * when the leader exits the group gets SIGKILL, so nothing a harness left behind outlives
  * it. Its stdout and stderr are read as they come (a flooding child never blocks on a full
  * pipe) and kept as head and tail of at most `outputCapBytes` each, with the bytes dropped
- * between them counted: memory stays bounded whatever the child prints.
+ * between them counted: memory stays bounded whatever the child prints. The group is
+ * registered with the parent-death watchdog (`child-watchdog.ts`) while it runs, so it is
+ * killed even when this process dies with SIGKILL. With `uid`/`gid` the command runs as that
+ * user (a runner running as root gives harnesses an unprivileged uid).
  */
 import { spawn } from "node:child_process"
+import { guard } from "../runtime/child-watchdog.ts"
 
 export interface GroupCommand {
   readonly command: ReadonlyArray<string>
@@ -19,6 +23,9 @@ export interface GroupCommand {
   readonly graceMs: number
   /** Bytes kept of each of stdout and stderr (half from the start, half from the end). */
   readonly outputCapBytes: number
+  /** Run as this user and group (needs root). */
+  readonly uid?: number | undefined
+  readonly gid?: number | undefined
 }
 
 export interface GroupResult {
@@ -94,8 +101,11 @@ export const runInGroup = (cmd: GroupCommand, signal?: AbortSignal): Promise<Gro
       cwd: cmd.cwd,
       env: cmd.env,
       detached: true,
-      stdio: ["ignore", "pipe", "pipe"]
+      stdio: ["ignore", "pipe", "pipe"],
+      ...(cmd.uid !== undefined ? { uid: cmd.uid } : {}),
+      ...(cmd.gid !== undefined ? { gid: cmd.gid } : {})
     })
+    const release = child.pid !== undefined ? guard(child.pid, true) : () => undefined
     child.stdout.on("data", (d: Buffer) => out.push(d))
     child.stderr.on("data", (d: Buffer) => err.push(d))
 
@@ -103,6 +113,7 @@ export const runInGroup = (cmd: GroupCommand, signal?: AbortSignal): Promise<Gro
     const finish = () => {
       if (finished) return
       finished = true
+      release()
       timers.forEach(clearTimeout)
       signal?.removeEventListener("abort", onAbort)
       resolve({

@@ -42,6 +42,12 @@ export class UnknownTask extends Schema.TaggedError<UnknownTask>()("UnknownTask"
   reason: Schema.String
 }) {}
 
+/** `RunExecution.env` names a variable a harness may not be given (loader, shell start-up, credentials, the runner's own). */
+export class ForbiddenEnvironment extends Schema.TaggedError<ForbiddenEnvironment>()("ForbiddenEnvironment", {
+  names: Schema.Array(Schema.String),
+  reason: Schema.String
+}) {}
+
 export const RunnerStatus = Schema.Struct({
   running: NonNegativeInt,
   capacity: NonNegativeInt,
@@ -51,6 +57,6 @@ export const RunnerStatus = Schema.Struct({
 })
 
 export const HarnessRunnerProtocol = RpcGroup.make(
-  Rpc.make("RunExecution", { payload: RunExecution, success: ExecutionOutcome, error: UnknownTask }),
+  Rpc.make("RunExecution", { payload: RunExecution, success: ExecutionOutcome, error: Schema.Union([UnknownTask, ForbiddenEnvironment]) }),
   Rpc.make("Status", { success: RunnerStatus })
 )

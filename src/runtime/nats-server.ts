@@ -1,6 +1,13 @@
 /**
- * The embedded nats-server: a child process with JetStream on, listening on loopback at a
- * random free port, its store in a given or temporary directory, stopped when its scope closes.
+ * The embedded nats-server: a supervised child process with JetStream on, listening on
+ * loopback, its store in a given or temporary directory, stopped when its scope closes.
+ *
+ * Supervised: when the server dies while its scope is open it is started again on the same
+ * store, port and configuration (backoff 200 ms doubling to 2 s), so clients reconnect to the
+ * same URL and find every acknowledged message. It never outlives this process (the
+ * parent-death watchdog, `child-watchdog.ts`), and a store directory is used by one server at
+ * a time: `gyre.lock` in the store names the owning process and its server; a live owner is
+ * refused, a dead owner's server (being killed by its watchdog) is waited for.
  *
  * The binary is found by `findNatsServer` ($GYRE_NATS_SERVER, then `.gyre/bin/nats-server`
  * that `scripts/nats-server.sh` fetches, then PATH). The server picks its own port (`-1`) and
@@ -12,7 +19,8 @@ import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { fileURLToPath } from "node:url"
-import { Effect, Schema, Scope } from "effect"
+import { Duration, Effect, Ref, Schedule, Schema, Scope } from "effect"
+import { guard } from "./child-watchdog.ts"
 
 export class NatsServerError extends Schema.TaggedError<NatsServerError>()("NatsServerError", {
   message: Schema.String
@@ -61,15 +69,20 @@ export interface EmbeddedServerOptions {
   readonly storeDir?: string
   /** How long to wait for the server to accept connections. */
   readonly readyTimeoutMs?: number
-  /** Port to listen on; a free one the server picks when absent (a restart on the same store and port is a server restart). */
+  /** Port to listen on; a free one the server picks when absent. */
   readonly port?: number
+  /** More configuration text (authorization, tls blocks), appended as is. */
+  readonly extraConfig?: string
 }
 
 export interface EmbeddedServer {
   readonly url: string
   readonly version: string
   readonly storeDir: string
+  /** Pid of the server now running (it changes when the supervisor restarts it). */
   readonly pid: number
+  /** Times the supervisor restarted the server. */
+  readonly restarts: number
 }
 
 const waitForPortsFile = (dir: string, child: ChildProcess, timeoutMs: number, log: () => string) =>
@@ -81,7 +94,7 @@ const waitForPortsFile = (dir: string, child: ChildProcess, timeoutMs: number, l
         resume(Effect.fail(new NatsServerError({ message: `nats-server exited (${child.exitCode ?? child.signalCode}) before it was ready:\n${log()}` })))
         return
       }
-      const file = fs.readdirSync(dir).find((f) => f.endsWith(".ports"))
+      const file = fs.readdirSync(dir).find((f) => f.endsWith(`_${child.pid}.ports`))
       if (file !== undefined) {
         try {
           const ports = JSON.parse(fs.readFileSync(path.join(dir, file), "utf8")) as { nats?: ReadonlyArray<string> }
@@ -114,7 +127,59 @@ const stopChild = (child: ChildProcess) =>
     child.kill("SIGTERM")
   })
 
-/** Starts a nats-server child process for the lifetime of the current scope. */
+
+const alive = (pid: number | undefined): boolean => {
+  if (pid === undefined || pid <= 0) return false
+  try {
+    process.kill(pid, 0)
+    return true
+  } catch (e) {
+    return (e as NodeJS.ErrnoException).code === "EPERM"
+  }
+}
+
+const isNatsServer = (pid: number | undefined) => {
+  try {
+    return alive(pid) && fs.readFileSync(`/proc/${pid}/cmdline`, "utf8").includes("nats-server")
+  } catch {
+    return alive(pid)
+  }
+}
+
+interface StoreLock {
+  readonly owner: number
+  readonly server?: number
+}
+
+/** Takes `<store>/gyre.lock` for this process (see the module doc); released with the scope. */
+const lockStore = (storeDir: string) =>
+  Effect.acquireRelease(
+    Effect.gen(function* () {
+      const file = path.join(storeDir, "gyre.lock")
+      const read = (): StoreLock | undefined => {
+        try {
+          return JSON.parse(fs.readFileSync(file, "utf8")) as StoreLock
+        } catch {
+          return undefined
+        }
+      }
+      const held = read()
+      if (held !== undefined && held.owner !== process.pid && alive(held.owner)) {
+        return yield* new NatsServerError({ message: `store ${storeDir} is in use by process ${held.owner} (its lock: ${file})` })
+      }
+      const deadline = Date.now() + 10_000
+      while (held !== undefined && isNatsServer(held.server)) {
+        if (Date.now() > deadline) return yield* new NatsServerError({ message: `store ${storeDir}: the nats-server ${held.server} of a dead process still runs` })
+        yield* Effect.sleep(Duration.millis(50))
+      }
+      const write = (lock: StoreLock) => fs.writeFileSync(file, JSON.stringify(lock))
+      write({ owner: process.pid })
+      return { write, file }
+    }),
+    (lock) => Effect.sync(() => fs.rmSync(lock.file, { force: true }))
+  )
+
+/** Starts a supervised nats-server child process for the lifetime of the current scope. */
 export const startEmbeddedServer = (
   options: EmbeddedServerOptions = {}
 ): Effect.Effect<EmbeddedServer, NatsServerError, Scope.Scope> =>
@@ -128,32 +193,79 @@ export const startEmbeddedServer = (
       Effect.sync(() => fs.mkdtempSync(path.join(os.tmpdir(), "gyre-nats-"))),
       (dir) => Effect.sync(() => fs.rmSync(dir, { recursive: true, force: true }))
     )
-    const storeDir = options.storeDir ?? path.join(tempDir, "store")
+    const storeDir = path.resolve(options.storeDir ?? path.join(tempDir, "store"))
     fs.mkdirSync(storeDir, { recursive: true })
+    const lock = yield* lockStore(storeDir)
     const syncAlways = version.major > 2 || (version.major === 2 && version.minor >= 10)
     if (!syncAlways) {
       yield* Effect.logWarning(`${version.text} is older than 2.10: running without sync_interval: always`)
     }
-    const config = [
-      `listen: 127.0.0.1:${options.port ?? -1}`,
-      `ports_file_dir: ${JSON.stringify(tempDir)}`,
-      `jetstream { store_dir: ${JSON.stringify(storeDir)}${syncAlways ? ", sync_interval: always" : ""} }`
-    ].join("\n")
     const configFile = path.join(tempDir, "nats.conf")
-    fs.writeFileSync(configFile, config)
+    const writeConfig = (port: number) =>
+      fs.writeFileSync(
+        configFile,
+        [
+          `listen: 127.0.0.1:${port}`,
+          `ports_file_dir: ${JSON.stringify(tempDir)}`,
+          `jetstream { store_dir: ${JSON.stringify(storeDir)}${syncAlways ? ", sync_interval: always" : ""} }`,
+          options.extraConfig ?? ""
+        ].join("\n"),
+        { mode: 0o600 }
+      )
+    writeConfig(options.port ?? -1)
     let output = ""
-    const child = yield* Effect.acquireRelease(
+    const closing = yield* Ref.make(false)
+    const launch = Effect.acquireRelease(
       Effect.sync(() => {
         const c = spawn(binary, ["-c", configFile], { stdio: ["ignore", "pipe", "pipe"] })
+        const release = c.pid !== undefined ? guard(c.pid) : () => undefined
+        c.once("exit", release)
         const keep = (chunk: Buffer) => {
           output = (output + chunk.toString()).slice(-8192)
         }
         c.stdout?.on("data", keep)
         c.stderr?.on("data", keep)
+        if (c.pid !== undefined) lock.write({ owner: process.pid, server: c.pid })
         return c
       }),
-      stopChild
+      (c) => Ref.set(closing, true).pipe(Effect.andThen(stopChild(c)))
     )
-    const url = yield* waitForPortsFile(tempDir, child, options.readyTimeoutMs ?? 10_000, () => output)
-    return { url, version: version.text, storeDir, pid: child.pid ?? -1 }
+    const ready = (c: ChildProcess) =>
+      waitForPortsFile(tempDir, c, options.readyTimeoutMs ?? 10_000, () => output).pipe(Effect.tapError(() => stopChild(c)))
+    let child = yield* launch
+    const url = yield* ready(child)
+    writeConfig(Number(new URL(url).port))
+    let restarts = 0
+    const exited = (c: ChildProcess) =>
+      Effect.callback<string>((resume) => {
+        if (c.exitCode !== null || c.signalCode !== null) return resume(Effect.succeed(String(c.exitCode ?? c.signalCode)))
+        c.once("exit", (code, signal) => resume(Effect.succeed(String(code ?? signal))))
+      })
+    const restart = Effect.gen(function* () {
+      const c = yield* launch
+      yield* ready(c)
+      child = c
+      restarts += 1
+      yield* Effect.logInfo(`nats-server restarted on ${url} (store ${storeDir}), pid ${c.pid}`)
+    }).pipe(Effect.retry(Schedule.min([Schedule.exponential("200 millis"), Schedule.spaced("2 seconds")])))
+    const supervise = Effect.gen(function* () {
+      while (true) {
+        const how = yield* exited(child)
+        if (yield* Ref.get(closing)) return
+        yield* Effect.logWarning(`nats-server ${child.pid} exited (${how}); restarting it on the same store:\n${output.slice(-1000)}`)
+        yield* restart
+      }
+    })
+    yield* Effect.forkScoped(supervise)
+    return {
+      url,
+      version: version.text,
+      storeDir,
+      get pid() {
+        return child.pid ?? -1
+      },
+      get restarts() {
+        return restarts
+      }
+    }
   })

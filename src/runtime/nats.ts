@@ -3,18 +3,34 @@
  * and KV manager, for the lifetime of a scope.
  *
  * Where the connection goes: `NATS_URL` (comma-separated URLs of a server or cluster) and an
- * optional `NATS_CREDS` credentials file connect to an existing system; with no URL the
- * embedded default starts a private nats-server (`nats-server.ts`) for the same scope.
+ * optional credential (`NATS_CREDS`, a JWT `.creds` file; or `NATS_NKEY`, an nkey seed file
+ * that `gyre auth init` writes, its user named by the file) connect to an existing system;
+ * `NATS_TLS_CA` trusts a TLS server's CA. With no URL the embedded default starts a private,
+ * supervised nats-server (`nats-server.ts`) for the same scope; `auth` makes it require the
+ * users of a credentials directory (`auth.ts`) and connects as one of them.
+ *
+ * `lost` fails with `NatsUnavailable` once the connection has been down for `goneMs` on end
+ * (`GYRE_NATS_GONE_MS`, default 30 s): a long-running command races it against its work and
+ * exits non-zero with the reason instead of half-serving. Closing the scope drains the
+ * connections, or closes them after 2 s when the server is gone.
  */
 import * as fs from "node:fs"
+import * as path from "node:path"
 import { connect, credsAuthenticator, type NatsConnection } from "@nats-io/transport-node"
 import { jetstream, jetstreamManager, type JetStreamClient, type JetStreamManager } from "@nats-io/jetstream"
 import { Kvm } from "@nats-io/kv"
-import { Config, Context, Effect, Layer, Option, Schema } from "effect"
-import { startEmbeddedServer } from "./nats-server.ts"
+import { Config, Context, Deferred, Duration, Effect, Layer, Option, Schema } from "effect"
+import { clientAuth, seedFile, serverConfigOf } from "./auth.ts"
+import { startEmbeddedServer, type EmbeddedServer } from "./nats-server.ts"
 
 export class NatsConnectError extends Schema.TaggedError<NatsConnectError>()("NatsConnectError", {
   servers: Schema.String,
+  message: Schema.String
+}) {}
+
+export class NatsUnavailable extends Schema.TaggedError<NatsUnavailable>()("NatsUnavailable", {
+  servers: Schema.String,
+  downMs: Schema.Number,
   message: Schema.String
 }) {}
 
@@ -23,6 +39,14 @@ export interface NatsOptions {
   readonly url?: string | undefined
   /** Credentials (.creds) file for an existing server. */
   readonly credsFile?: string | undefined
+  /** Nkey seed file (`<user>.nk` of `gyre auth init`) for an existing server. */
+  readonly nkeyFile?: string | undefined
+  /** CA certificate file of a TLS server. */
+  readonly tlsCaFile?: string | undefined
+  /** The embedded server requires the users of credentials directory `dir`; this process connects as `user`. */
+  readonly auth?: { readonly dir: string; readonly user: string } | undefined
+  /** How long the connection may be down before `lost` fails (default 30 s). */
+  readonly goneMs?: number | undefined
   /** Store directory of the embedded server (a temporary directory when absent). */
   readonly storeDir?: string | undefined
   /** Connection name shown by server monitoring. */
@@ -36,8 +60,15 @@ const setting = (name: string) =>
     Config.map((o) => Option.getOrUndefined(Option.filter(o, (v) => v !== "")))
   )
 
-/** Where to connect, as `Config`: NATS_URL, NATS_CREDS, GYRE_NATS_STORE. */
-export const NatsSettings = Config.all({ url: setting("NATS_URL"), credsFile: setting("NATS_CREDS"), storeDir: setting("GYRE_NATS_STORE") })
+/** Where to connect, as `Config`: NATS_URL, NATS_CREDS, NATS_NKEY, NATS_TLS_CA, GYRE_NATS_STORE, GYRE_NATS_GONE_MS. */
+export const NatsSettings = Config.all({
+  url: setting("NATS_URL"),
+  credsFile: setting("NATS_CREDS"),
+  nkeyFile: setting("NATS_NKEY"),
+  tlsCaFile: setting("NATS_TLS_CA"),
+  storeDir: setting("GYRE_NATS_STORE"),
+  goneMs: Config.schema(Schema.Int.pipe(Schema.check(Schema.isGreaterThan(0))), "GYRE_NATS_GONE_MS").pipe(Config.withDefault(30_000))
+})
 
 /** `NatsSettings` read now from the environment, for callers outside an Effect. */
 export const natsOptionsFromEnv = (name?: string): NatsOptions => ({ ...Effect.runSync(NatsSettings), name })
@@ -59,6 +90,17 @@ export interface NatsShape {
   readonly embedded: boolean
   /** The server's version string, as it reports it (e.g. "2.10.27"). */
   readonly serverVersion: string
+  /** The embedded server, when this scope started one. */
+  readonly server: EmbeddedServer | undefined
+  /** Fails once the connection has been down for `goneMs` on end; never succeeds. */
+  readonly lost: Effect.Effect<never, NatsUnavailable>
+}
+
+/** How this process authenticates: a creds file, an nkey seed file (its user named by the file), or none. */
+const authOf = (options: NatsOptions) => {
+  const nkey = options.auth !== undefined ? seedFile(options.auth.dir, options.auth.user) : options.nkeyFile
+  if (nkey !== undefined) return clientAuth(nkey, options.auth?.user ?? path.basename(nkey).replace(/\.nk$/, ""))
+  return options.credsFile ? { authenticator: credsAuthenticator(fs.readFileSync(options.credsFile)) } : {}
 }
 
 /** Connects to `servers` for the lifetime of the scope; the connection is drained on close. */
@@ -70,19 +112,54 @@ export const connectTo = (servers: string, options: NatsOptions) =>
           servers: servers.split(",").map((s) => s.trim()).filter((s) => s !== ""),
           name: options.name,
           maxReconnectAttempts: -1,
-          ...(options.credsFile ? { authenticator: credsAuthenticator(fs.readFileSync(options.credsFile)) } : {})
+          ...(options.tlsCaFile !== undefined ? { tls: { caFile: options.tlsCaFile } } : {}),
+          ...authOf(options)
         }),
       catch: (e) => new NatsConnectError({ servers, message: e instanceof Error ? e.message : String(e) })
     }),
-    (nc) => Effect.promise(() => nc.drain().catch(() => nc.close()))
+    (nc) =>
+      Effect.promise(() => nc.drain()).pipe(
+        Effect.timeout(Duration.seconds(2)),
+        Effect.catchCause(() => Effect.promise(() => nc.close().catch(() => undefined)))
+      )
   )
+
+/** `lost` of `NatsShape`: a timer runs while the connection is down and fails it at `goneMs`. */
+const watchLoss = (nc: NatsConnection, servers: string, goneMs: number) =>
+  Effect.gen(function* () {
+    const lost = Deferred.makeUnsafe<never, NatsUnavailable>()
+    let timer: ReturnType<typeof setTimeout> | undefined
+    const down = (since: number) => {
+      timer ??= setTimeout(() => {
+        const downMs = Date.now() - since
+        Deferred.doneUnsafe(lost, Effect.fail(new NatsUnavailable({ servers, downMs, message: `NATS at ${servers} unreachable for ${downMs} ms (limit GYRE_NATS_GONE_MS=${goneMs})` })))
+      }, goneMs)
+    }
+    const up = () => {
+      clearTimeout(timer)
+      timer = undefined
+    }
+    void (async () => {
+      for await (const s of nc.status()) {
+        if (s.type === "disconnect") down(Date.now())
+        else if (s.type === "reconnect") up()
+      }
+    })().catch(() => undefined)
+    void nc.closed().then(() => up())
+    yield* Effect.addFinalizer(() => Effect.sync(up))
+    return Deferred.await(lost)
+  })
 
 const make = (options: NatsOptions) =>
   Effect.gen(function* () {
     const embedded = options.url === undefined
-    const servers = embedded
-      ? (yield* startEmbeddedServer(options.storeDir !== undefined ? { storeDir: options.storeDir } : {})).url
-      : options.url!
+    const server = embedded
+      ? yield* startEmbeddedServer({
+          ...(options.storeDir !== undefined ? { storeDir: options.storeDir } : {}),
+          ...(options.auth !== undefined ? { extraConfig: serverConfigOf(options.auth.dir) } : {})
+        })
+      : undefined
+    const servers = server?.url ?? options.url!
     const nc = yield* connectTo(servers, options)
     const journalNc = yield* connectTo(servers, { ...options, name: options.name === undefined ? undefined : `${options.name}-journal` })
     const jsm = yield* Effect.tryPromise({
@@ -97,7 +174,9 @@ const make = (options: NatsOptions) =>
       kvm: new Kvm(nc),
       servers,
       embedded,
-      serverVersion: nc.info?.version ?? "unknown"
+      serverVersion: nc.info?.version ?? "unknown",
+      server,
+      lost: yield* watchLoss(nc, servers, options.goneMs ?? 30_000)
     } satisfies NatsShape
   })
 

@@ -13,6 +13,7 @@ import { repoRoot } from "../../src/runtime/nats-server.ts"
 import { connectTo } from "../../src/runtime/nats.ts"
 import { jetstream } from "@nats-io/jetstream"
 import { CallRecordJson } from "../../src/tree/record.ts"
+import { seedFile } from "../../src/runtime/auth.ts"
 import { tempDir, writeCheckpoint } from "./fixtures.ts"
 
 const checkpoint = await writeCheckpoint(tempDir("gyre-serve-"), 3)
@@ -21,9 +22,12 @@ afterEach(() => killAfter.splice(0).forEach((k) => k()))
 
 describe("gyre serve", () => {
   it("serves a checkpoint to any OpenAI client, records the calls, and drains on SIGINT", async () => {
-    const child = spawn(process.execPath, [path.join(repoRoot, "bin", "gyre.js"), "serve", "--checkpoint", checkpoint, "--port", "0", "--devices", "2"], {
+    // The embedded server admits only the users of GYRE_AUTH_DIR: this test reads the records as the observer.
+    const authDir = path.join(tempDir("gyre-serve-auth-"), "auth")
+    const store = tempDir("gyre-serve-store-")
+    const child = spawn(process.execPath, [path.join(repoRoot, "bin", "gyre.js"), "serve", "--checkpoint", checkpoint, "--port", "0", "--devices", "2", "--store", store], {
       cwd: repoRoot,
-      env: { ...process.env, NATS_URL: "" },
+      env: { ...process.env, NATS_URL: "", GYRE_AUTH_DIR: authDir },
       stdio: ["ignore", "pipe", "pipe"]
     })
     killAfter.push(() => child.exitCode === null && child.kill("SIGKILL"))
@@ -61,7 +65,7 @@ describe("gyre serve", () => {
     const records = await Effect.runPromise(
       Effect.scoped(
         Effect.gen(function* () {
-          const nc = yield* connectTo(ready.nats!, {})
+          const nc = yield* connectTo(ready.nats!, { nkeyFile: seedFile(authDir, "observer") })
           return yield* Effect.promise(async () => {
             const consumer = await jetstream(nc).consumers.get(`GYRE_${ready.run}_TRAJECTORIES`, { filter_subjects: [ready.records!] })
             const batch = await consumer.fetch({ max_messages: 1, expires: 5000 })

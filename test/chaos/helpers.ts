@@ -1,0 +1,59 @@
+/**
+ * Chaos-test helpers: temporary directories, process liveness, a client system connected to
+ * a node's embedded server as one of the credentials directory's users, and the fault record
+ * the chaos suite's summary line is made of.
+ */
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+import { Duration, Effect, Layer, Scope } from "effect"
+import { Nats } from "../../src/runtime/nats.ts"
+import { seedFile } from "../../src/runtime/auth.ts"
+import { ActorSystem } from "../../src/runtime/system.ts"
+
+export const tempDir = (name: string) => fs.mkdtempSync(path.join(os.tmpdir(), `gyre-chaos-${name}-`))
+
+export const alive = (pid: number): boolean => {
+  try {
+    process.kill(pid, 0)
+    return true
+  } catch {
+    return false
+  }
+}
+
+/** Waits until `pid` is gone; its time in ms, or undefined after `timeoutMs`. */
+export const goneWithin = async (pid: number, timeoutMs: number): Promise<number | undefined> => {
+  const started = Date.now()
+  while (Date.now() - started < timeoutMs) {
+    if (!alive(pid)) return Date.now() - started
+    await new Promise((r) => setTimeout(r, 25))
+  }
+  return undefined
+}
+
+/** The system of `run` at `url`, connected as `user` of credentials directory `authDir` (none when absent). */
+export const clientLayer = (run: string, url: string, authDir?: string, user = "actor-host") =>
+  ActorSystem.layer({ run }).pipe(Layer.provideMerge(Nats.layer({ url, ...(authDir !== undefined ? { nkeyFile: seedFile(authDir, user) } : {}) })))
+
+/** Runs `effect` in the system of `run` at `url`. */
+export const asClient = <A, E>(run: string, url: string, authDir: string | undefined, effect: Effect.Effect<A, E, ActorSystem | Nats | Scope.Scope>) =>
+  Effect.runPromise(Effect.scoped(effect).pipe(Effect.provide(clientLayer(run, url, authDir))) as Effect.Effect<A, E>)
+
+export const sleep = (ms: number) => Effect.sleep(Duration.millis(ms))
+
+/** One injected fault and what the suite saw after it. */
+export interface FaultRecord {
+  readonly fault: string
+  readonly recovered: boolean
+  readonly recoveryS: number
+  readonly executionsLost: number
+}
+
+/** Where each chaos test appends its faults (the suite's summary reads them). */
+export const faultsFile = () => process.env.GYRE_CHAOS_FAULTS
+
+export const recordFault = (r: FaultRecord) => {
+  const file = faultsFile()
+  if (file !== undefined) fs.appendFileSync(file, `${JSON.stringify(r)}\n`)
+}

@@ -1,0 +1,76 @@
+/**
+ * `npm run test:chaos [-- --long]`: runs the chaos and security tests (test/chaos,
+ * test/security) with vitest and prints, as its last line, one JSON object of figures:
+ * `faults`, `recovered`, `recovery_p50_s`, `recovery_p99_s`, `executions_lost`,
+ * `trained_twice`, `fuzz_cases`, `crashes`, `permission_refusals`, `permission_attempts`.
+ *
+ * Each fault test appends what it injected and saw to `$GYRE_CHAOS_FAULTS`; the permission
+ * test writes its counts to `$GYRE_CHAOS_PERMISSIONS`. `--long` runs the fault tests
+ * `--rounds` times (default 3) for steadier percentiles. Fuzzing (test/chaos/http-fuzz.ts,
+ * subject-fuzz.ts) is counted when those files exist and write `$GYRE_CHAOS_FUZZ`; until then
+ * `fuzz_cases` and `crashes` are 0 and `notes` says so. `trained_twice` needs the run-level
+ * faults during `gyre train` (not built yet): null.
+ */
+import { spawnSync } from "node:child_process"
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+import { fileURLToPath } from "node:url"
+import type { FaultRecord } from "./helpers.ts"
+
+const here = path.dirname(fileURLToPath(import.meta.url))
+const root = path.resolve(here, "..", "..")
+const argv = process.argv.slice(2)
+const long = argv.includes("--long")
+const roundsAt = argv.indexOf("--rounds")
+const rounds = long ? Math.max(1, Number(roundsAt >= 0 ? argv[roundsAt + 1] : 3) || 3) : 1
+
+const dir = fs.mkdtempSync(path.join(os.tmpdir(), "gyre-chaos-run-"))
+const env = {
+  ...process.env,
+  GYRE_CHAOS_FAULTS: path.join(dir, "faults.jsonl"),
+  GYRE_CHAOS_PERMISSIONS: path.join(dir, "permissions.json"),
+  GYRE_CHAOS_FUZZ: path.join(dir, "fuzz.jsonl"),
+  ...(long ? { GYRE_CHAOS_LONG: "1" } : {})
+}
+const vitest = path.join(root, "node_modules", "vitest", "vitest.mjs")
+let failed = 0
+for (let round = 1; round <= rounds; round++) {
+  const targets = round === 1 ? ["test/chaos", "test/security"] : ["test/chaos"]
+  const r = spawnSync(process.execPath, [vitest, "run", ...targets], { cwd: root, env, stdio: "inherit" })
+  if (r.status !== 0) failed++
+}
+
+const lines = (file: string) => (fs.existsSync(file) ? fs.readFileSync(file, "utf8").split("\n").filter((l) => l.trim() !== "") : [])
+const faults = lines(env.GYRE_CHAOS_FAULTS).map((l) => JSON.parse(l) as FaultRecord)
+const permissions = fs.existsSync(env.GYRE_CHAOS_PERMISSIONS)
+  ? (JSON.parse(fs.readFileSync(env.GYRE_CHAOS_PERMISSIONS, "utf8")) as { permission_attempts: number; permission_refusals: number })
+  : { permission_attempts: 0, permission_refusals: 0 }
+const fuzz = lines(env.GYRE_CHAOS_FUZZ).map((l) => JSON.parse(l) as { cases: number; crashes: number })
+const fuzzFiles = ["http-fuzz.ts", "subject-fuzz.ts"].filter((f) => fs.existsSync(path.join(here, f)))
+
+const recoveries = faults.filter((f) => f.recovered).map((f) => f.recoveryS).sort((a, b) => a - b)
+const quantile = (q: number) => (recoveries.length === 0 ? null : Number(recoveries[Math.min(recoveries.length - 1, Math.ceil(q * recoveries.length) - 1)]!.toFixed(3)))
+const notes = [
+  ...(fuzzFiles.length < 2 ? [`fuzzing not on main yet (found: ${fuzzFiles.join(", ") || "none"}): fuzz_cases and crashes count 0`] : []),
+  "trained_twice needs run-level faults during gyre train (not built): null",
+  ...(failed > 0 ? [`${failed} of ${rounds} vitest rounds failed`] : [])
+]
+console.log(
+  JSON.stringify({
+    faults: faults.length,
+    recovered: faults.filter((f) => f.recovered).length,
+    recovery_p50_s: quantile(0.5),
+    recovery_p99_s: quantile(0.99),
+    executions_lost: faults.reduce((n, f) => n + f.executionsLost, 0),
+    trained_twice: null,
+    fuzz_cases: fuzz.reduce((n, f) => n + f.cases, 0),
+    crashes: fuzz.reduce((n, f) => n + f.crashes, 0),
+    permission_refusals: permissions.permission_refusals,
+    permission_attempts: permissions.permission_attempts,
+    by_fault: Object.fromEntries([...new Set(faults.map((f) => f.fault))].map((k) => [k, faults.filter((f) => f.fault === k).length])),
+    notes
+  })
+)
+fs.rmSync(dir, { recursive: true, force: true })
+process.exitCode = failed > 0 ? 1 : 0
