@@ -13,6 +13,7 @@ import { Effect, Schema } from "effect"
 import OpenAI from "openai"
 import { afterEach, describe, expect, it } from "vitest"
 import { repoRoot } from "../../src/runtime/nats-server.ts"
+import { seedFile } from "../../src/runtime/auth.ts"
 import { connectTo } from "../../src/runtime/nats.ts"
 import { DeltaDecoder } from "../../src/tree/decoder.ts"
 import { CallRecordJson } from "../../src/tree/record.ts"
@@ -25,10 +26,14 @@ const killAfter: Array<() => void> = []
 afterEach(() => killAfter.splice(0).forEach((k) => k()))
 
 /** `gyre serve` as a child process; resolves its JSON events by name. */
+// The embedded server admits only the users of GYRE_AUTH_DIR: the records are read as the observer.
+const authDir = path.join(tempDir("gyre-hf-auth-"), "auth")
+
 const serve = (checkpoint: string) => {
-  const child = spawn(process.execPath, [path.join(repoRoot, "bin", "gyre.js"), "serve", "--checkpoint", checkpoint, "--port", "0", "--model", "smol"], {
+  const args = ["serve", "--checkpoint", checkpoint, "--port", "0", "--model", "smol", "--store", tempDir("gyre-hf-store-")]
+  const child = spawn(process.execPath, [path.join(repoRoot, "bin", "gyre.js"), ...args], {
     cwd: repoRoot,
-    env: { ...process.env, NATS_URL: "" },
+    env: { ...process.env, NATS_URL: "", GYRE_AUTH_DIR: authDir },
     stdio: ["ignore", "pipe", "pipe"]
   })
   killAfter.push(() => child.exitCode === null && child.kill("SIGKILL"))
@@ -59,7 +64,7 @@ const fetchRecords = (ready: Record<string, string>, n: number) =>
   Effect.runPromise(
     Effect.scoped(
       Effect.gen(function* () {
-        const nc = yield* connectTo(ready.nats!, {})
+        const nc = yield* connectTo(ready.nats!, { nkeyFile: seedFile(authDir, "observer") })
         return yield* Effect.promise(async () => {
           const consumer = await jetstream(nc).consumers.get(`GYRE_${ready.run}_TRAJECTORIES`, { filter_subjects: [ready.records!] })
           const out = []
