@@ -4,7 +4,8 @@
  * forward + backward + AdamW) and the GFLOP/s each achieves, against a plain-PyTorch Llama
  * (bench/llama_torch.py) with the same config, thread count and batch on Debian's
  * python3-torch + libopenblas0-pthread (installed with apt-get when missing), plus the
- * machine's sgemm rate measured through that PyTorch. Prints a table, then one JSON line.
+ * machine's sgemm rate and memory bandwidth (STREAM triad and a read-only sum, the better of
+ * the two) measured through that PyTorch. Prints a table, then one JSON line.
  *
  *   npm run bench:engine [-- --presets tiny,small --threads N --quick]
  *
@@ -14,6 +15,11 @@
  * repeated runs, over two rounds (engine, PyTorch, engine, PyTorch) so that a burst of load
  * from other processes does not favour one side. decode_over_torch is the lower of the two
  * contexts' ratios. The peer runs with the engine's environment (OMP_WAIT_POLICY included).
+ *
+ * decode_4096_over_bw_bound: the decode step's time at context 4096 over the time its bytes
+ * take at the measured bandwidth; bytes per step = every matmul weight once (4 bytes each) +
+ * every sequence's K and V up to its position (2 x layers x kv heads x head_dim x the KV
+ * element size per key). Bandwidth is measured in every round, best kept, like the rates.
  */
 import { execFileSync, spawnSync } from "node:child_process"
 import { availableParallelism } from "node:os"
@@ -80,6 +86,10 @@ const matmulParams = (c: LlamaConfig) => {
 }
 /** Forward FLOPs of one token that attends to `keys` keys. */
 const tokenFlops = (c: LlamaConfig, keys: number) => 2 * matmulParams(c) + 4 * c.num_hidden_layers * c.hidden_size * keys
+
+/** Bytes one decode step of BATCH sequences moves at least, at `keys` keys each. */
+const decodeBytes = (c: LlamaConfig, keys: number) =>
+  4 * matmulParams(c) + BATCH * keys * 2 * c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size / c.num_attention_heads) * 4
 
 /* ---- ours ---- */
 
@@ -218,14 +228,23 @@ const main = Effect.gen(function* () {
   const engine = yield* Engine
   const peerProblem = ensurePeer()
   const sgemm = peerProblem === undefined ? peer(["sgemm", "--threads", String(threads), "--min-time", String(MIN_TIME)]).sgemm_gflops! : Number.NaN
+  let bandwidth = Number.NaN // bytes/s, best over the rounds
+  const measureBandwidth = () => {
+    if (peerProblem !== undefined) return
+    const r = peer(["stream", "--threads", String(threads), "--min-time", String(MIN_TIME / 2)])
+    bandwidth = Math.max(Number.isNaN(bandwidth) ? 0 : bandwidth, 1e9 * r.triad_gb_s!, 1e9 * r.read_gb_s!)
+  }
   const report: Record<string, unknown> = { backend: engine.backend, devices: engine.devices, threads, sgemm_gflops: round(sgemm) }
   const rows: Array<Array<string>> = []
+  /** Per preset: decode step seconds at 4096 and its bytes, set against the run's best bandwidth at the end. */
+  const decodeSteps4096: Array<{ name: string; entry: Record<string, unknown>; step_s: number; bytes: number }> = []
   for (const name of presetList) {
     const config = presets[name]
     let mine: Figures | undefined
     let theirs: Figures | undefined
     for (let r = 1; r <= ROUNDS; r++) {
       console.error(`bench: ${name}: engine (${engine.backend}, ${threads} threads), round ${r}/${ROUNDS}`)
+      measureBandwidth()
       mine = better(mine, figures(config, yield* Effect.scoped(ours(config))))
       if (peerProblem !== undefined) continue
       console.error(`bench: ${name}: PyTorch, round ${r}/${ROUNDS}`)
@@ -259,6 +278,7 @@ const main = Effect.gen(function* () {
       decode_512_over_torch: round(ratio(mine.decode512, theirs?.decode512)),
       decode_4096_over_torch: round(ratio(mine.decode4096, theirs?.decode4096)),
       decode_over_torch: round(Math.min(ratio(mine.decode512, theirs?.decode512), ratio(mine.decode4096, theirs?.decode4096))),
+      decode_4096_bytes_per_step: round(decodeBytes(config, CONTEXTS[1] + (DECODE_STEPS + 1) / 2), 4),
       train_over_torch: round(ratio(mine.train, theirs?.train)),
       prefill_frac_of_sgemm: round(mine.prefillGflops / sgemm),
       decode_512_frac_of_sgemm: round(mine.decode512Gflops / sgemm),
@@ -273,6 +293,8 @@ const main = Effect.gen(function* () {
     line("decode 16 @512", mine.decode512, mine.decode512Gflops, theirs?.decode512)
     line("decode 16 @4096", mine.decode4096, mine.decode4096Gflops, theirs?.decode4096)
     line("train 4x256", mine.train, mine.trainGflops, theirs?.train)
+    const bytes = Array.from({ length: DECODE_STEPS }, (_, s) => decodeBytes(config, CONTEXTS[1] + s + 1)).reduce((a, b) => a + b, 0) / DECODE_STEPS
+    decodeSteps4096.push({ name, entry, step_s: BATCH / mine.decode4096, bytes })
   }
   const header = ["preset", "figure", "tok/s", "torch tok/s", "ours/torch", "GFLOP/s", "of sgemm"]
   const widths = header.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i]!.length)))
@@ -281,6 +303,11 @@ const main = Effect.gen(function* () {
   if (peerProblem !== undefined) console.log(`PyTorch peer unavailable: ${peerProblem}`)
   console.log(fmt(header))
   for (const r of rows) console.log(fmt(r))
+  for (const d of decodeSteps4096) {
+    d.entry.decode_4096_over_bw_bound = round(d.step_s / (d.bytes / bandwidth))
+    console.log(`${d.name}: decode 16 @4096 moves ${(d.bytes / 1e6).toFixed(1)} MB a step in ${(1e3 * d.step_s).toFixed(1)} ms: ${(d.step_s / (d.bytes / bandwidth)).toFixed(2)}x its time at ${(bandwidth / 1e9).toFixed(1)} GB/s`)
+  }
+  report.stream_gb_s = round(bandwidth / 1e9)
   console.log(JSON.stringify(report))
 })
 

@@ -8,6 +8,7 @@ group are folded into the row dimension), the cheapest exact form on a CPU.
   llama_torch.py logits --checkpoint DIR --tokens 1,2,3     -> {"logits": [[...], ...]}
   llama_torch.py bench --config JSON --threads N [...]      -> timings as one JSON line
   llama_torch.py sgemm --threads N                          -> {"sgemm_gflops": g}
+  llama_torch.py stream --threads N                         -> {"triad_gb_s": t, "read_gb_s": r}
 
 Run with /usr/bin/python3 (Debian's python3-torch; with libopenblas0-pthread installed torch
 uses OpenBLAS).
@@ -223,6 +224,17 @@ def cmd_sgemm(args):
     print(json.dumps({"sgemm_gflops": 2 * n**3 / seconds / 1e9, "n": n, "threads": torch.get_num_threads()}))
 
 
+def cmd_stream(args):
+    """Memory bandwidth on arrays far larger than the caches: STREAM's triad a = b + s c
+    (3 x 4 bytes per element moved) and a read-only sum (4 bytes per element)."""
+    torch.set_num_threads(args.threads)
+    n = args.mib * 2**20 // 4
+    a, b, c = torch.zeros(n), torch.ones(n), torch.ones(n)
+    triad = timed(lambda: torch.add(b, c, alpha=3.0, out=a), args.min_time)
+    read = timed(lambda: torch.sum(b), args.min_time)
+    print(json.dumps({"triad_gb_s": 12 * n / triad / 1e9, "read_gb_s": 4 * n / read / 1e9, "mib": args.mib, "threads": torch.get_num_threads()}))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -243,8 +255,12 @@ def main():
     sg.add_argument("--threads", type=int, required=True)
     sg.add_argument("--n", type=int, default=1024)
     sg.add_argument("--min-time", type=float, default=1.0)
+    st = sub.add_parser("stream")
+    st.add_argument("--threads", type=int, required=True)
+    st.add_argument("--mib", type=int, default=256)
+    st.add_argument("--min-time", type=float, default=1.0)
     args = p.parse_args()
-    {"logits": cmd_logits, "bench": cmd_bench, "sgemm": cmd_sgemm}[args.cmd](args)
+    {"logits": cmd_logits, "bench": cmd_bench, "sgemm": cmd_sgemm, "stream": cmd_stream}[args.cmd](args)
 
 
 if __name__ == "__main__":

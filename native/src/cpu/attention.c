@@ -492,8 +492,14 @@ static void attend_grad_queries(int R, const float *const *q, const float *const
           memcpy(dr, &dp[r], sizeof dr);
           for (int u = 0; u < CHUNK; u++) ds[u] = u < visible ? fast_exp(sr[u] * scale - lse[r0 + r]) * (dr[u] - dsum[r0 + r]) : 0.0f;
           float *ar = acc + r * hd;
-          for (int u = 0; u < visible; u++)
-            for (int c = 0; c < hd; c++) ar[c] += ds[u] * krows[(size_t)u * run->ldkr + c];
+          int c = 0;
+          for (; c + CHUNK / 2 <= hd; c += CHUNK / 2) { /* 8 columns of dq in a register over the keys */
+            v8 a = load8(ar + c);
+            for (int u = 0; u < visible; u++) a += ds[u] * load8(krows + (size_t)u * run->ldkr + c);
+            memcpy(ar + c, &a, sizeof a);
+          }
+          for (; c < hd; c++)
+            for (int u = 0; u < visible; u++) ar[c] += ds[u] * krows[(size_t)u * run->ldkr + c];
         }
       }
     }
