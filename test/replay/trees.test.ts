@@ -27,7 +27,7 @@ beforeAll(() => {
   execFileSync("node", [gyre, ...args, ...warm], { stdio: "ignore", timeout: 280_000 })
 }, 300_000)
 
-describe("gyre replay --trees", () => {
+describe("gyre replay --trees", { timeout: 240_000 }, () => {
   it("passes on the real run: every tree and every planned micro-batch as the trainer recorded it", async () => {
     const r = await gyreCli(["replay", run, "--store", store, "--trees", "--json"])
     expect(r.code).toBe(0)
