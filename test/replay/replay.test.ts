@@ -40,7 +40,7 @@ const treeOf = (dir: string): Array<[string, number, number]> =>
       return [f, s.size, s.mtimeMs]
     })
 
-describe("gyre replay", () => {
+describe("gyre replay", { timeout: 180_000 }, () => {
   it("prints every entry of a stopped store in order, and leaves the store untouched", async () => {
     const before = treeOf(rec.store)
     const r = await gyreCli(["replay", rec.run, "--store", rec.store, "--json"])
