@@ -24,7 +24,7 @@ import { Nats, natsOptionsFromEnv } from "../runtime/nats.ts"
 import { address } from "../runtime/names.ts"
 import { startNode } from "../runtime/node.ts"
 import { ActorSystem, refOf } from "../runtime/system.ts"
-import { UsageError, parseFlags, type Command } from "./args.ts"
+import { UsageError, parseConfigured, type Command } from "./args.ts"
 
 const flags = {
   checkpoint: { kind: "string", doc: "checkpoint directory (config.json, model.safetensors)", required: true },
@@ -42,9 +42,10 @@ const flags = {
 
 export const command: Command<typeof flags> = {
   summary: "serve a checkpoint as an OpenAI-compatible endpoint, recording every call",
+  configured: true,
   flags,
   run: async (argv) => {
-    const f = parseFlags("serve", flags, argv)
+    const f = parseConfigured("serve", flags, argv)
     for (const file of [CONFIG_FILE, MODEL_FILE]) {
       if (!existsSync(join(f.checkpoint, file))) throw new UsageError(`gyre serve: --checkpoint ${f.checkpoint} has no ${file}`)
     }

@@ -25,7 +25,7 @@ import { auditRun } from "../replay/audit.ts"
 import { Nats, natsOptionsFromEnv } from "../runtime/nats.ts"
 import { repoRoot } from "../runtime/nats-server.ts"
 import { ActorSystem } from "../runtime/system.ts"
-import { UsageError, parseFlags, type Command, type Flags } from "./args.ts"
+import { UsageError, parseConfigured, type Command, type Flags } from "./args.ts"
 import { checkCheckpoint, parseEnv } from "./eval.ts"
 import { evaluate, parseTaskList } from "./evaluate.ts"
 import { hostRun, type RunProgress } from "./run-host.ts"
@@ -184,9 +184,10 @@ export const summaryLines = (s: TrainSummary): Array<string> => [
 
 export const command: Command<typeof trainFlags> = {
   summary: "train a policy with the elastic RL loop (held-out score before and after; --json: JSON last line)",
+  configured: true,
   flags: trainFlags,
   run: async (argv) => {
-    const f = parseFlags("train", trainFlags, argv)
+    const f = parseConfigured("train", trainFlags, argv)
     const summary = await Effect.runPromise(Effect.scoped(runTraining(f)))
     if (!f.json) for (const line of summaryLines(summary)) console.log(line)
     console.log(JSON.stringify(summary))
