@@ -121,7 +121,7 @@ const W = 760
 const LEFT = 150
 
 /** The role timeline of one run: a row per device, a segment per activity; `span` is the shared time axis. */
-const gantt = (r: RunReport, span: number): string => {
+const gantt = (r: RunReport, span: number, id?: string): string => {
   const row = 18
   const plot = W - LEFT - 20
   const x = (t: number) => LEFT + (t / Math.max(span, 1e-9)) * plot
@@ -134,8 +134,9 @@ const gantt = (r: RunReport, span: number): string => {
     )
     return `<text x="0" y="${y + row - 5}">${escape(c.device)}</text>${rects.join("")}`
   })
-  const ticks = Array.from({ length: 6 }, (_, i) => (span * i) / 5).map((t) => `<text x="${x(t).toFixed(1)}" y="${height - 5}" text-anchor="middle" fill="#555">${fmt(t, 0)} s</text>`)
-  return `<svg class="gantt" data-run="${escape(r.run)}" width="${W}" height="${height}" font-size="11">${rows.join("")}${ticks.join("")}</svg>`
+  const digits = span < 10 ? 1 : 0
+  const ticks = Array.from({ length: 6 }, (_, i) => (span * i) / 5).map((t) => `<text x="${x(t).toFixed(1)}" y="${height - 5}" text-anchor="middle" fill="#555">${t.toFixed(digits)} s</text>`)
+  return `<svg${id === undefined ? "" : ` id="${id}"`} class="gantt" data-run="${escape(r.run)}" width="${W}" height="${height}" font-size="11">${rows.join("")}${ticks.join("")}</svg>`
 }
 
 interface Series {
@@ -215,12 +216,13 @@ const handoffTable = (r: RunReport) =>
 const runSection = (r: RunReport, span: number) => `
 <h2>Role timeline</h2>
 <p class="legend">${(Object.keys(activityColour) as Array<Activity>).map((a) => `<span style="background:${activityColour[a]}"></span>${a}`).join(" ")}</p>
-${gantt(r, span)}
+${gantt(r, span, "chart-timeline")}
 <h2>Scores</h2>
 ${scoreChart(r)}
 <h2>Step durations</h2>
-${barChart("chart-step-durations", r.steps.map((s) => ({ key: String(s.step), parts: [{ name: "wait", value: s.waitMs / 1000 }, { name: "compute", value: s.computeMs / 1000 }, { name: "reduce", value: s.reduceMs / 1000 }, { name: "publish", value: s.publishMs / 1000 }] })), "s")}
-${table(["step", "StartStep to StepDone s", "devices", "micro-batches", "tokens trained", "mean score", "dedup ratio"], r.steps.map((s) => [s.step, s.seconds === undefined ? "n/a" : fmt(s.seconds, 2), s.devices, s.microBatches, s.tokensTrained, fmt(s.meanScore, 4), fmt(s.dedupRatio, 4)]), "steps")}
+<p>From the step's start (StartStep) to its end (StepDone), on the policy clock; the table splits the core trainer's time.</p>
+${barChart("chart-step-durations", r.steps.map((s) => ({ key: String(s.step), parts: [{ name: "step", value: s.seconds ?? 0 }] })), "s")}
+${table(["step", "seconds", "wait ms", "compute ms", "reduce ms", "publish ms", "devices", "micro-batches", "tokens trained", "mean score", "dedup ratio"], r.steps.map((s) => [s.step, s.seconds === undefined ? "n/a" : fmt(s.seconds, 2), fmt(s.waitMs, 1), fmt(s.computeMs, 1), fmt(s.reduceMs, 1), fmt(s.publishMs, 1), s.devices, s.microBatches, s.tokensTrained, fmt(s.meanScore, 4), fmt(s.dedupRatio, 4)]), "steps")}
 <h2>Staleness of trained tokens</h2>
 ${barChart("chart-staleness", r.staleness.map((n, i) => ({ key: `${i} behind`, parts: [{ name: "tokens", value: n }] })), "tokens")}
 <h2>Dedup ratio per step</h2>
