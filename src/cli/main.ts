@@ -18,6 +18,7 @@ const commands: Record<string, () => Promise<{ readonly command: Command }>> = {
   serve: () => import("./serve.ts"),
   eval: () => import("./eval.ts"),
   train: () => import("./train.ts"),
+  replay: () => import("./replay.ts"),
   runs: () => import("./runs.ts"),
   status: () => import("./status.ts"),
   report: () => import("./report.ts")

@@ -10,7 +10,7 @@ import type { JsMsg } from "@nats-io/jetstream"
 import { Effect, Schema, Stream } from "effect"
 import type { TransportError } from "../runtime/errors.ts"
 import { readStored } from "../runtime/stream-reader.ts"
-import type { ActorSystemShape } from "../runtime/system.ts"
+import type { JournalSource } from "../runtime/journal.ts"
 import { DeltaDecoder } from "../tree/decoder.ts"
 import { ExecutionOutcome } from "../tree/outcome.ts"
 import { CallRecordJson, type CallRecordRejected } from "../tree/record.ts"
@@ -74,7 +74,7 @@ const applyMessage = (
 
 /** Rebuilds the run's executions (or those in `only`) from what the trajectory stream holds now. */
 export const readTrajectories = (
-  system: ActorSystemShape,
+  system: JournalSource,
   only?: ReadonlySet<string>
 ): Effect.Effect<Trajectories, TransportError> =>
   Effect.gen(function* () {
@@ -101,7 +101,7 @@ export const readTrajectories = (
  * the caller has it). An execution with no records yet has an empty tree.
  */
 export const readExecution = (
-  system: ActorSystemShape,
+  system: JournalSource,
   execution: string
 ): Effect.Effect<{ readonly trajectory: ExecutionTrajectory; readonly malformed: ReadonlyArray<MalformedMessage> }, TransportError> =>
   Effect.gen(function* () {

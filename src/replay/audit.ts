@@ -9,8 +9,7 @@
  */
 import { Effect, Schema, Stream } from "effect"
 import type { TransportError } from "../runtime/errors.ts"
-import { readJournal } from "../runtime/journal.ts"
-import type { ActorSystemShape } from "../runtime/system.ts"
+import { readJournal, type JournalSource } from "../runtime/journal.ts"
 import { PolicyRecord, SchedulerProtocol, StepMetrics, SCHEDULER_KIND } from "../protocols/scheduler.ts"
 
 export interface RunAudit {
@@ -50,7 +49,7 @@ const decodeRecord = Schema.decodeUnknownExit(PolicyRecord)
 const decodeMetrics = Schema.decodeUnknownExit(StepMetrics)
 
 /** Reads the run's journal as it is now and counts. */
-export const auditRun = (system: ActorSystemShape, executionsPerStep: number): Effect.Effect<RunAudit, TransportError> =>
+export const auditRun = (system: JournalSource, executionsPerStep: number): Effect.Effect<RunAudit, TransportError> =>
   Effect.gen(function* () {
     const records = new Map<number, { readonly json: string; readonly record: PolicyRecord }>()
     const conflicting = new Set<number>()

@@ -33,9 +33,14 @@ export interface JournalEntry {
   readonly error: string | undefined
 }
 
+/** What reading a run's journal needs of a system: a reader with no actors (`gyre replay`) passes just these. */
+export type JournalSource = Pick<ActorSystemShape, "run" | "nats" | "layout">
+
 export interface ReadJournalOptions {
   /** First sequence to read (default 1), or the first time. */
   readonly from?: StartAt
+  /** Keep reading new messages until interrupted instead of ending at the last one. */
+  readonly follow?: boolean
   /** Protocols by actor kind, to decode payloads. */
   readonly protocols?: Readonly<Record<string, RpcGroup.RpcGroup<any>>>
 }
@@ -49,7 +54,7 @@ const classify = (prefix: string, subject: string) => {
 }
 
 /** Streams the journal of `system`'s run, decoded. */
-export const readJournal = (system: ActorSystemShape, options: ReadJournalOptions = {}): Stream.Stream<JournalEntry, TransportError> => {
+export const readJournal = (system: JournalSource, options: ReadJournalOptions = {}): Stream.Stream<JournalEntry, TransportError> => {
   const prefix = `gyre.${system.run}`
   const decodeEntry = (m: JsMsg): JournalEntry => {
     const where = classify(prefix, m.subject)
@@ -79,5 +84,5 @@ export const readJournal = (system: ActorSystemShape, options: ReadJournalOption
       error
     }
   }
-  return readStored(system.nats, system.layout.journalStream, options.from).pipe(Stream.map(decodeEntry))
+  return readStored(system.nats, system.layout.journalStream, options.from, undefined, options.follow).pipe(Stream.map(decodeEntry))
 }

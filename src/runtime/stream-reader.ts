@@ -2,7 +2,8 @@
  * Reads what a JetStream stream holds now, in order, from a sequence or a time, and ends:
  * an ordered consumer from the start point up to the stream's last sequence at the time of
  * the call (with `subject`, only that subject's messages, up to its last one). The journal
- * reader and the trajectory readers are all this plus a decoder.
+ * reader and the trajectory readers are all this plus a decoder. With `follow`, the read does
+ * not end at the last message: it waits for new ones until interrupted (`gyre replay --follow`).
  */
 import { DeliverPolicy, type JsMsg, type StoredMsg } from "@nats-io/jetstream"
 import { Effect, Stream } from "effect"
@@ -16,7 +17,8 @@ export const readStored = (
   nats: NatsShape,
   stream: string,
   from: StartAt = { seq: 1 },
-  subject?: string
+  subject?: string,
+  follow = false
 ): Stream.Stream<JsMsg, TransportError> =>
   Stream.unwrap(
     Effect.gen(function* () {
@@ -29,7 +31,7 @@ export const readStored = (
         },
         catch: (e) => new TransportError({ operation: `stream info ${stream}`, message: messageOf(e) })
       })
-      const empty = last === 0 || ("seq" in from ? from.seq > last : from.time.getTime() > lastTime)
+      const empty = !follow && (last === 0 || ("seq" in from ? from.seq > last : from.time.getTime() > lastTime))
       if (empty) return Stream.empty
       // A string (not an array) becomes the single `filter_subject` nats-server 2.9 knows.
       const filter = subject === undefined ? {} : { filter_subjects: subject }
@@ -53,7 +55,7 @@ export const readStored = (
             try {
               for await (const m of messages) {
                 yield m
-                if (m.seq >= last) break
+                if (!follow && m.seq >= last) break
               }
             } finally {
               await messages.close().catch(() => undefined)

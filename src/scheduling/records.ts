@@ -18,6 +18,7 @@ import { Effect, Schema, Stream } from "effect"
 import { TransportError, messageOf } from "../runtime/errors.ts"
 import { readLast, readStored } from "../runtime/stream-reader.ts"
 import type { ActorSystemShape } from "../runtime/system.ts"
+import type { JournalSource } from "../runtime/journal.ts"
 import { PolicyRecord } from "../protocols/scheduler.ts"
 import { RunConfig } from "../protocols/run.ts"
 import type { RunAudit } from "../replay/audit.ts"
@@ -49,7 +50,7 @@ const encodeRecord = Schema.encodeSync(RecordJson)
 const decodeRecord = Schema.decodeUnknownExit(RecordJson)
 const decodeConfig = Schema.decodeUnknownExit(Schema.fromJsonString(Schema.toCodecJson(RunConfig)))
 
-const subjects = (system: ActorSystemShape) => ({
+const subjects = (system: JournalSource) => ({
   config: system.layout.sys("run-config"),
   policy: system.layout.sys("policy"),
   done: system.layout.sys("run-done")
@@ -61,7 +62,7 @@ export interface StoredRecord {
 }
 
 /** Every policy record the journal holds now, in order. */
-export const readRecords = (system: ActorSystemShape): Effect.Effect<Array<StoredRecord>, TransportError | JournalDiverged> =>
+export const readRecords = (system: JournalSource): Effect.Effect<Array<StoredRecord>, TransportError | JournalDiverged> =>
   readStored(system.nats, system.layout.journalStream, undefined, subjects(system).policy).pipe(
     Stream.mapEffect((m) => {
       const decoded = decodeRecord(m.json())
@@ -104,7 +105,7 @@ export const recordWriter = (system: ActorSystemShape, lastSeq: number) => {
 }
 
 /** The run's configuration as journaled, or undefined while none is. */
-export const readRunConfig = (system: ActorSystemShape) =>
+export const readRunConfig = (system: JournalSource) =>
   readLast(system.nats, system.layout.journalStream, subjects(system).config).pipe(
     Effect.flatMap((m) => {
       if (m === undefined) return Effect.succeed(undefined)
@@ -132,7 +133,7 @@ export const journalRunConfig = Effect.fn("Scheduler.runConfig")(function* (syst
 })
 
 /** Whether the run's end is journaled. */
-export const runDoneJournaled = (system: ActorSystemShape) =>
+export const runDoneJournaled = (system: JournalSource) =>
   readLast(system.nats, system.layout.journalStream, subjects(system).done).pipe(Effect.map((m) => m !== undefined))
 
 export const journalRunDone = (system: ActorSystemShape, summary: RunSummary) =>

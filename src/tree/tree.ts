@@ -219,13 +219,24 @@ export class TrajectoryTree {
   }
   /** The tokens from the root down to and including `position`. */
   pathTokens(position: Position): Int32Array {
-    const out = new Int32Array(position.depth + 1)
+    return this.pathOf(position, new Int32Array(position.depth + 1), (node) => this.tokensOf(node))
+  }
+  /** The behaviour log-probs from the root down to and including `position` (training trees). */
+  pathLogprobs(position: Position): Float32Array {
+    return this.pathOf(position, new Float32Array(position.depth + 1), (node) => this.logprobsOf(node))
+  }
+  /** The policy versions from the root down to and including `position` (training trees). */
+  pathVersions(position: Position): Int32Array {
+    return this.pathOf(position, new Int32Array(position.depth + 1), (node) => this.versionsOf(node))
+  }
+
+  private pathOf<A extends Int32Array | Float32Array>(position: Position, out: A, of: (node: number) => A): A {
     let node = position.node
     let depth = position.depth
     while (depth >= 0) {
       node = this.ancestorAt(node, depth)
       const first = this.depthOf(node)
-      out.set(this.tokensOf(node).subarray(0, depth - first + 1), first)
+      out.set(of(node).subarray(0, depth - first + 1), first)
       depth = first - 1
     }
     return out

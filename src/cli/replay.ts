@@ -1,0 +1,138 @@
+/**
+ * `gyre replay RUN`: reads a run's log from the server that holds it (`NATS_URL`) or from a
+ * stopped embedded store (`--store DIR`, read through a private server on a copy), never
+ * touching it, and prints its entries (human lines, or `--json` lines), positioned and filtered.
+ * `--verify`, `--trees`, `--export DIR` and `--what-if POLICY` check, rebuild, export or re-run
+ * the run instead (src/replay/). Exit codes: 0 ok, 1 a check failed or the run cannot be read,
+ * 2 a bad flag.
+ */
+import { Cause, Duration, Effect, Fiber, Layer, Stream } from "effect"
+import { entryJson, entryLine, tagged } from "../replay/format.ts"
+import { verified, verifyRun, type Verification } from "../replay/verify.ts"
+import { openRun, parsePosition, readEntries, readerNats, type EntryFilter, type Position, type ReadOptions } from "../replay/read.ts"
+import type { JournalSource } from "../runtime/journal.ts"
+import { Nats, natsOptionsFromEnv } from "../runtime/nats.ts"
+import { UsageError, parseFlags, type Command, type Flags } from "./args.ts"
+
+const flags = {
+  run: { kind: "string", doc: "the run (or give it as the first word: gyre replay RUN)" },
+  store: { kind: "string", doc: "a stopped embedded store directory (default: the server at NATS_URL)" },
+  from: { kind: "string", doc: "first entry: a stream sequence, an ISO time, or step:K" },
+  to: { kind: "string", doc: "last entry: a stream sequence, an ISO time, or step:K (its StepDone)" },
+  last: { kind: "integer", doc: "only the last N entries that pass the filters" },
+  type: { kind: "string", doc: "entry types, comma-separated (an event tag, a request, a system event; policy = every record)" },
+  actor: { kind: "string", doc: "KIND or KIND/ID: tells and asks to it (and records naming it as a cell's device)" },
+  execution: { kind: "string", doc: "entries about one execution (b<batch>-x<n>)" },
+  follow: { kind: "boolean", doc: "keep printing new entries until interrupted", default: false },
+  pace: { kind: "string", doc: "original: wait between entries as the run did; instant: no wait", default: "instant", choices: ["original", "instant"] },
+  json: { kind: "boolean", doc: "JSON lines instead of human lines", default: false },
+  verify: { kind: "boolean", doc: "check the log's integrity, then replay its policy records through the run's policy (exit 1 on a divergence)", default: false },
+  "keep-going": { kind: "boolean", doc: "--verify: report every divergence, not only the first", default: false }
+} as const
+
+type ReplayFlags = Flags<typeof flags>
+
+const position = (name: string, text: string | undefined): Position | undefined => {
+  if (text === undefined) return undefined
+  const p = parsePosition(text)
+  if (p === undefined) throw new UsageError(`gyre replay: --${name} must be a sequence, an ISO time or step:K, got '${text}'`)
+  return p
+}
+
+/** The run named by the first word or `--run`, and the flags after it. */
+const parse = (argv: ReadonlyArray<string>): { readonly run: string; readonly f: ReplayFlags } => {
+  const named = argv[0] !== undefined && !argv[0].startsWith("--") ? argv[0] : undefined
+  const f = parseFlags("replay", flags, named === undefined ? argv : argv.slice(1))
+  const run = named ?? f.run
+  if (run === undefined) throw new UsageError("gyre replay: name the run (gyre replay RUN)")
+  if (f.last !== undefined && f.last < 1) throw new UsageError(`gyre replay: --last must be at least 1, got ${f.last}`)
+  if (f.actor !== undefined && !/^[A-Za-z0-9_-]+(\/[A-Za-z0-9_.-]+)?$/.test(f.actor)) throw new UsageError(`gyre replay: --actor must be KIND or KIND/ID, got '${f.actor}'`)
+  return { run, f }
+}
+
+const readOptions = (f: ReplayFlags): ReadOptions => {
+  const filter: EntryFilter = {
+    ...(f.type === undefined ? {} : { types: f.type.split(",").map((t) => t.trim()) }),
+    ...(f.actor === undefined ? {} : { actor: f.actor }),
+    ...(f.execution === undefined ? {} : { execution: f.execution })
+  }
+  const from = position("from", f.from)
+  const to = position("to", f.to)
+  return { filter, follow: f.follow, ...(from === undefined ? {} : { from }), ...(to === undefined ? {} : { to }), ...(f.last === undefined ? {} : { last: f.last }) }
+}
+
+/** Prints the entries, waiting between them as the run did under `--pace original`. */
+const show = (log: JournalSource, f: ReplayFlags) => {
+  let previous: number | undefined
+  return readEntries(log, readOptions(f)).pipe(
+    Stream.runForEach((e) =>
+      Effect.gen(function* () {
+        const t = e.time.getTime()
+        if (f.pace === "original" && previous !== undefined && t > previous) yield* Effect.sleep(Duration.millis(t - previous))
+        previous = t
+        console.log(f.json ? entryJson(e) : entryLine(e))
+      })
+    ),
+    Effect.as(0)
+  )
+}
+
+const verifyLines = (v: Verification): Array<string> => {
+  const lines = v.integrity.map((f) => `integrity ${f.check} at sequence ${f.seq}: ${f.message}`)
+  if (v.unverifiable !== undefined) lines.push(`not verified: ${v.unverifiable}`)
+  for (const d of v.divergences) {
+    lines.push(`divergence at sequence ${d.seq}, record #${d.index} (${d.what}): ${tagged(d.event)}`)
+    lines.push(`  expected: ${JSON.stringify(d.expected)}`, `  recorded: ${JSON.stringify(d.recorded)}`)
+    for (const x of d.diff) lines.push(`  ${x.path}: expected ${JSON.stringify(x.expected) ?? "(none)"}, recorded ${JSON.stringify(x.recorded) ?? "(none)"}`)
+  }
+  lines.push(`${verified(v) ? "verified" : "FAILED"}: ${v.records} policy records of ${v.entries} entries, ${v.integrity.length} integrity findings, ${v.divergences.length} divergences`)
+  return lines
+}
+
+const verify = (log: JournalSource, f: ReplayFlags) =>
+  Effect.map(verifyRun(log, f["keep-going"]), (v) => {
+    console.log(f.json ? JSON.stringify({ ok: verified(v), ...v }) : verifyLines(v).join("\n"))
+    return verified(v) ? 0 : 1
+  })
+
+/** The run's log, from `--store` or `NATS_URL`, for the lifetime of the scope. */
+export const withRunLog = <A, E>(run: string, store: string | undefined, use: (log: JournalSource) => Effect.Effect<A, E>) => {
+  const env = natsOptionsFromEnv("gyre-replay")
+  if (store === undefined && env.url === undefined) throw new UsageError("gyre replay: give --store DIR or set NATS_URL")
+  return Effect.gen(function* () {
+    const nats = yield* Nats
+    const opened = yield* openRun(nats, run).pipe(Effect.result)
+    if (opened._tag === "Success") return yield* use(opened.success)
+    const e = opened.failure
+    return yield* e._tag === "RunNotFound" ? failed(`no run '${e.run}' there (runs: ${e.known.join(", ") || "none"})`) : Effect.fail(e)
+  }).pipe(Effect.provide(Layer.fresh(readerNats({ store, url: env.url, credsFile: env.credsFile }))), Effect.scoped)
+}
+
+/** Prints one line for a failure the user can act on; exit code 1. */
+export const failed = (line: string) => Effect.sync(() => {
+  console.error(`gyre replay: ${line}`)
+  return 1
+})
+
+/** Runs `program` until it ends or the process is interrupted (Ctrl-C ends `--follow` cleanly). */
+const runInterruptibly = (program: Effect.Effect<number, unknown>) =>
+  new Promise<number>((resolve, reject) => {
+    const fiber = Effect.runFork(program)
+    const stop = () => void Effect.runFork(Fiber.interrupt(fiber))
+    process.once("SIGINT", stop)
+    fiber.addObserver((exit) => {
+      process.off("SIGINT", stop)
+      if (exit._tag === "Success") resolve(exit.value)
+      else if (exit.cause.reasons.every((r) => r._tag === "Interrupt")) resolve(0)
+      else reject(Cause.squash(exit.cause))
+    })
+  })
+
+export const command: Command<typeof flags> = {
+  summary: "read a run's log (NATS_URL or --store): print, filter, follow",
+  flags,
+  run: async (argv) => {
+    const { run, f } = parse(argv)
+    return runInterruptibly(withRunLog(run, f.store, (log) => (f.verify ? verify(log, f) : show(log, f))))
+  }
+}

@@ -1,0 +1,159 @@
+/**
+ * `gyre replay` on a recorded run (recorded.ts: the live scheduler with scripted devices on a
+ * real nats-server, its store stopped): every entry in order, positions and filters selecting
+ * exactly what they say, `--follow` on a live server, `--verify` passing on the run and failing,
+ * naming the sequence, on a journal with one action altered and on one with a gap.
+ */
+import { spawn } from "node:child_process"
+import { cpSync, mkdtempSync, readdirSync, statSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { Context, Effect, Layer, Stream } from "effect"
+import { beforeAll, describe, expect, it } from "vitest"
+import { openRun, readEntries, readerNats, type Entry, type ReadOptions } from "../../src/replay/read.ts"
+import { Nats } from "../../src/runtime/nats.ts"
+import { startEmbeddedServer } from "../../src/runtime/nats-server.ts"
+import { gyre, gyreCli, jsonLines, recordRun, type Recorded } from "./recorded.ts"
+
+let rec: Recorded
+
+beforeAll(async () => {
+  rec = await recordRun("replayed")
+}, 60_000)
+
+/** Entries read in-process from the stopped store (through a private server on a copy). */
+const read = (options: ReadOptions, run = rec.run) =>
+  Effect.runPromise(
+    Effect.scoped(
+      Effect.gen(function* () {
+        const log = yield* openRun(yield* Nats, run)
+        return [...(yield* Stream.runCollect(readEntries(log, options)))] as Array<Entry>
+      }).pipe(Effect.provide(readerNats({ store: rec.store })))
+    )
+  )
+
+const treeOf = (dir: string): Array<[string, number, number]> =>
+  readdirSync(dir, { recursive: true, encoding: "utf8" })
+    .sort()
+    .map((f) => {
+      const s = statSync(join(dir, f))
+      return [f, s.size, s.mtimeMs]
+    })
+
+describe("gyre replay", () => {
+  it("prints every entry of a stopped store in order, and leaves the store untouched", async () => {
+    const before = treeOf(rec.store)
+    const r = await gyreCli(["replay", rec.run, "--store", rec.store, "--json"])
+    expect(r.code).toBe(0)
+    const lines = jsonLines(r.stdout)
+    expect(lines.map((l) => [l.seq, l.subject])).toEqual(rec.journal.map((m) => [m.seq, m.subject]))
+    const records = lines.filter((l) => l.name === "policy")
+    expect(records.map((l) => l.payload)).toEqual(rec.journal.filter((m) => m.subject.endsWith(".sys.policy")).map((m) => m.json))
+    expect(records.map((l) => l.type)).toEqual(records.map((l) => l.payload.event._tag))
+    const human = await gyreCli(["replay", rec.run, "--store", rec.store])
+    expect(human.stdout.trim().split("\n")).toHaveLength(rec.journal.length)
+    expect(human.stdout).toMatch(/ExecutionFinished +#\d+ term 1 execution=\d+ batch=\d+ tokens=\d+/)
+    expect(treeOf(rec.store)).toEqual(before)
+  })
+
+  it("selects exactly what positions and filters say", async () => {
+    const seqs = (es: ReadonlyArray<Entry>) => es.map((e) => e.seq)
+    const all = rec.journal.map((m) => m.seq)
+    expect(seqs(await read({ from: { seq: 10 }, to: { seq: 20 } }))).toEqual(all.filter((s) => s >= 10 && s <= 20))
+    expect(seqs(await read({ last: 7 }))).toEqual(all.slice(-7))
+    const startedAt = rec.journal.find((m) => m.seq === 30)!
+    const byTime = await read({ from: { time: new Date((await read({ from: { seq: 30 }, to: { seq: 30 } }))[0]!.time) } })
+    expect(byTime[0]!.seq).toBeLessThanOrEqual(startedAt.seq)
+    const records = rec.journal.filter((m) => m.subject.endsWith(".sys.policy"))
+    const starts = records.filter((m) => m.json.event._tag === "ExecutionStarted")
+    expect(seqs(await read({ filter: { types: ["ExecutionStarted"] } }))).toEqual(starts.map((m) => m.seq))
+    expect(seqs(await read({ filter: { types: ["policy"] } }))).toEqual(records.map((m) => m.seq))
+    // step:1 starts at the first record of batch 1 and ends at step 1's StepDone.
+    const ofStep1 = records.filter((m) => m.json.event.batch === 1 || m.json.event.step === 1)
+    const done1 = records.find((m) => m.json.event._tag === "StepDone" && m.json.event.step === 1)!
+    expect(seqs(await read({ from: { step: 1 }, to: { step: 1 } }))).toEqual(all.filter((s) => s >= ofStep1[0]!.seq && s <= done1.seq))
+    const toScheduler = rec.journal.filter((m) => m.subject === `gyre.${rec.run}.tell.scheduler.main`)
+    expect(seqs(await read({ filter: { actor: "scheduler/main" } }))).toEqual(toScheduler.map((m) => m.seq))
+    const devices = await read({ filter: { actor: "device" } })
+    expect(devices.length).toBeGreaterThan(0)
+    expect(devices.every((e) => e.actor?.kind === "device" || e.record?.device?.startsWith("device/"))).toBe(true)
+    // One execution: its start and finish records, the runner's answer, the device's training order.
+    const x = await read({ filter: { execution: "b1-x5" } })
+    expect(x.filter((e) => e.record !== undefined).map((e) => e.record!.event._tag)).toEqual(["ExecutionStarted", "ExecutionFinished"])
+    expect(x.some((e) => e.name === "ExecutionEnded")).toBe(true)
+    expect(x.every((e) => JSON.stringify(e.payload).includes("b1-x5") || e.record?.event._tag.startsWith("Execution"))).toBe(true)
+    expect(seqs(await read({ filter: { types: ["StepDone"], execution: "b1-x5" } }))).toEqual([])
+  })
+
+  it("--verify passes on the recorded run", async () => {
+    const r = await gyreCli(["replay", rec.run, "--store", rec.store, "--verify", "--json"])
+    expect(r.stderr).toBe("")
+    expect(r.code).toBe(0)
+    const v = JSON.parse(r.stdout)
+    expect(v).toMatchObject({ ok: true, integrity: [], divergences: [] })
+    expect(v.records).toBe(rec.journal.filter((m) => m.subject.endsWith(".sys.policy")).length)
+  })
+
+  it("--verify fails on an altered action, naming the sequence, the event and the field", async () => {
+    const r = await gyreCli(["replay", rec.altered.run, "--store", rec.store, "--verify"])
+    expect(r.code).toBe(1)
+    expect(r.stdout).toContain(`divergence at sequence ${rec.altered.seq}, record #${rec.altered.index} (actions)`)
+    expect(r.stdout).toMatch(/\n {2}\[0\]: expected \{"_tag":"\w+".*\}, recorded \(none\)/)
+    expect(r.stdout).toMatch(/FAILED: .* 1 divergences/)
+    const all = JSON.parse((await gyreCli(["replay", rec.altered.run, "--store", rec.store, "--verify", "--keep-going", "--json"])).stdout)
+    expect(all.ok).toBe(false)
+    expect(all.divergences[0]).toMatchObject({ seq: rec.altered.seq, index: rec.altered.index, what: "actions", recorded: [] })
+  })
+
+  it("--verify fails on a journal with a gap, naming the missing sequence and record", async () => {
+    const r = await gyreCli(["replay", rec.gapped.run, "--store", rec.store, "--verify", "--json"])
+    expect(r.code).toBe(1)
+    const v = JSON.parse(r.stdout)
+    expect(v.integrity).toEqual(
+      expect.arrayContaining([
+        expect.objectContaining({ check: "sequence-gap", seq: rec.gapped.seq + 1, message: expect.stringContaining(`${rec.gapped.seq}..${rec.gapped.seq}`) }),
+        expect.objectContaining({ check: "record-gap", message: expect.stringContaining(`records ${rec.gapped.index}..${rec.gapped.index} are missing`) })
+      ])
+    )
+  })
+
+  it("--follow prints new entries of a live run until interrupted", async () => {
+    const copy = mkdtempSync(join(tmpdir(), "gyre-replay-live-"))
+    cpSync(join(rec.store, "jetstream"), join(copy, "jetstream"), { recursive: true })
+    await Effect.runPromise(
+      Effect.scoped(
+        Effect.gen(function* () {
+          const server = yield* startEmbeddedServer({ storeDir: copy })
+          const child = spawn("node", [gyre, "replay", rec.run, "--follow", "--last", "2", "--json"], { env: { ...process.env, NATS_URL: server.url } })
+          let out = ""
+          child.stdout.on("data", (d) => (out += String(d)))
+          const exited = new Promise<number | null>((resolve) => child.on("exit", (code) => resolve(code)))
+          const until = async (check: () => boolean) => {
+            for (let i = 0; i < 300 && !check(); i++) await new Promise((r) => setTimeout(r, 100))
+            return check()
+          }
+          expect(yield* Effect.promise(() => until(() => jsonLines(out).length >= 2))).toBe(true)
+          const nats = Context.get(yield* Layer.build(Nats.layer({ url: server.url })), Nats)
+          yield* Effect.promise(() => nats.js.publish(`gyre.${rec.run}.sys.note`, JSON.stringify({ hello: "after" })))
+          expect(yield* Effect.promise(() => until(() => out.includes("note")))).toBe(true)
+          child.kill("SIGINT")
+          expect(yield* Effect.promise(() => exited)).toBe(0)
+          const lines = jsonLines(out)
+          expect(lines.map((l) => l.seq)).toEqual([...rec.journal.slice(-2).map((m) => m.seq), rec.journal.at(-1)!.seq + 1])
+          expect(lines.at(-1)).toMatchObject({ type: "note", payload: { hello: "after" } })
+        })
+      )
+    )
+  })
+
+  it("answers bad flags with one line and exit 2, an unknown run with one line and exit 1", async () => {
+    for (const args of [["replay"], ["replay", "x", "--from", "yesterday"], ["replay", "x", "--bogus"]]) {
+      const r = await gyreCli(args)
+      expect(r.code, args.join(" ")).toBe(2)
+      expect(r.stderr.trim().split("\n"), args.join(" ")).toHaveLength(1)
+    }
+    const missing = await gyreCli(["replay", "nothing-here", "--store", rec.store])
+    expect(missing.code).toBe(1)
+    expect(missing.stderr.trim()).toMatch(/^gyre replay: no run 'nothing-here' there \(runs: .*replayed.*\)$/)
+  })
+})
