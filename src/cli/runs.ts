@@ -7,19 +7,20 @@
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { Effect, Layer } from "effect"
-import { runListings, runNames, type RunListing } from "../replay/status.ts"
+import { openRun, readerNats } from "../replay/read.ts"
+import { runListings, type RunListing } from "../replay/status.ts"
+import type { JournalSource } from "../runtime/journal.ts"
 import { Nats, natsOptionsFromEnv } from "../runtime/nats.ts"
 import { repoRoot } from "../runtime/nats-server.ts"
-import { ActorSystem, type ActorSystemShape } from "../runtime/system.ts"
 import { UsageError, parseFlags, type Command } from "./args.ts"
 
 /** Where `gyre train` keeps its embedded stores (`.gyre/runs/<run>`). */
 export const storesDir = path.join(repoRoot, ".gyre", "runs")
 
-/** The connection for reading: NATS_URL, else a private server on `store`. */
+/** The connection for reading (read.ts): a private server on a copy of `store`, else NATS_URL. */
 const readerLayer = (store: string | undefined) => {
-  const env = natsOptionsFromEnv("gyre-read")
-  return Layer.fresh(Nats.layer(store !== undefined ? { storeDir: store, name: "gyre-read" } : env))
+  const env = natsOptionsFromEnv()
+  return Layer.fresh(readerNats({ store, url: env.url, credsFile: env.credsFile }))
 }
 
 /** A command's failure the user can act on: one line on stderr, exit code 1. */
@@ -33,15 +34,15 @@ export const failed = (command: string, line: string) =>
  * Runs `use` on run `run`'s log: from `--store`, else NATS_URL, else the run's own embedded store
  * (`.gyre/runs/<run>`). A run the server does not hold is one line and exit code 1.
  */
-export const withRun = <E>(command: string, run: string, store: string | undefined, use: (system: ActorSystemShape) => Effect.Effect<number, E>) => {
+export const withRun = <E>(command: string, run: string, store: string | undefined, use: (log: JournalSource) => Effect.Effect<number, E>) => {
   const own = path.join(storesDir, run)
   const where = store ?? (natsOptionsFromEnv().url === undefined ? own : undefined)
   if (where !== undefined && !fs.existsSync(where)) throw new UsageError(`gyre ${command}: no store ${where} (give --store DIR, or NATS_URL of the server that holds run ${run})`)
   return Effect.gen(function* () {
-    const nats = yield* Nats
-    const known = yield* runNames(nats)
-    if (!known.includes(run)) return yield* failed(command, `no run '${run}' there (runs: ${known.join(", ") || "none"})`)
-    return yield* Effect.flatMap(ActorSystem, use).pipe(Effect.provide(ActorSystem.layer({ run })))
+    const opened = yield* openRun(yield* Nats, run).pipe(Effect.result)
+    if (opened._tag === "Success") return yield* use(opened.success)
+    const e = opened.failure
+    return yield* e._tag === "RunNotFound" ? failed(command, `no run '${e.run}' there (runs: ${e.known.join(", ") || "none"})`) : Effect.fail(e)
   }).pipe(Effect.provide(readerLayer(where)), Effect.scoped)
 }
 

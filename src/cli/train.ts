@@ -10,6 +10,11 @@
  *    under `--policy`; a progress line per step from the trainer's `StepMetrics`.
  * 4. Held-out score of the final checkpoint, and a summary counted from the run's journal
  *    (`src/replay/audit.ts`); with `--json` the last line is one JSON object.
+ * 5. The run's HTML report (`src/replay/report.ts`): `<store>/report.html` on the embedded
+ *    default, `./<run>.html` with NATS_URL; its path is the summary's last line (`report`).
+ *
+ * Progress (`progress.ts`): bars and a status screen on a terminal, plain lines otherwise; none
+ * with `--quiet` or `--json`.
  *
  * `--resume RUN` is refused for now: the scheduler resumes from the journal (a standby does), but
  * the devices' weights and the core's optimizer state at the last step are not rebuilt yet.
@@ -22,13 +27,15 @@ import { Engine } from "../engine/engine.ts"
 import { fixedPolicies } from "../policy/index.ts"
 import { TrainingSettings, type RunConfig } from "../protocols/run.ts"
 import { auditRun } from "../replay/audit.ts"
+import { buildReport, renderReport } from "../replay/report.ts"
 import { Nats, natsOptionsFromEnv } from "../runtime/nats.ts"
 import { repoRoot } from "../runtime/nats-server.ts"
 import { ActorSystem } from "../runtime/system.ts"
 import { UsageError, parseConfigured, type Command, type Flags } from "./args.ts"
 import { checkCheckpoint, parseEnv } from "./eval.ts"
 import { evaluate, parseTaskList } from "./evaluate.ts"
-import { hostRun, type RunProgress } from "./run-host.ts"
+import { followRun, RunProgress } from "./progress.ts"
+import { hostRun } from "./run-host.ts"
 import { warmStartedCheckpoint } from "./warm-start.ts"
 
 export const trainFlags = {
@@ -111,11 +118,6 @@ export const runConfigOf = (f: TrainFlags, run: string, checkpoint: string, chec
   startedAt: Date.now()
 })
 
-const progressLine = (p: RunProgress) => {
-  const m = p.metrics
-  return `step ${String(m.step).padStart(3)}  score ${m.meanScore.toFixed(3)}  loss ${m.loss.toFixed(4)}  entropy ${m.entropy.toFixed(3)}  kl ${m.behaviourKl.toFixed(4)}  tokens ${String(m.tokensTrained).padStart(6)}  devices ${m.devices.length}  ${p.elapsedS.toFixed(0)} s`
-}
-
 const round = (x: number, digits = 4) => Number(x.toFixed(digits))
 
 export const runTraining = (f: TrainFlags) => {
@@ -128,9 +130,10 @@ export const runTraining = (f: TrainFlags) => {
       throw new UsageError(`gyre train: --resume ${run}: no store ${store} (give --store, or NATS_URL of the server that holds the run)`)
     }
     const log = f.quiet || f.json ? () => undefined : (line: string) => console.log(line)
+    const progress = f.quiet || f.json ? undefined : new RunProgress({ tty: process.stdout.isTTY === true, write: log }, f["executions-per-step"])
     const started = Date.now()
     const env = suiteEnv(f)
-    const warm = { suite: f.suite, env, tasks: f["demo-tasks"], steps: f["sft-steps"], lr: f["sft-lr"], seed: f.seed, fresh: false, log }
+    const warm = { suite: f.suite, env, tasks: f["demo-tasks"], steps: f["sft-steps"], lr: f["sft-lr"], seed: f.seed, fresh: false, log, ...(progress ? { onStep: progress.warmStart(f["sft-steps"]) } : {}) }
     const initial = f.checkpoint ?? (yield* warmStartedCheckpoint(warm).pipe(Effect.provide(Engine.layer)))
     const checkpointDir = path.join(store, "checkpoints")
     const suite = yield* loadSuite(f.suites, f.suite)
@@ -141,12 +144,18 @@ export const runTraining = (f: TrainFlags) => {
     const before = yield* score(initial, "heldout-before")
     log(`held-out before: ${before.meanScore.toFixed(3)} on ${heldout.length} tasks (${before.seconds.toFixed(0)} s)`)
     const config = runConfigOf(f, run, initial, checkpointDir)
-    const result = yield* hostRun({ config, trainTasks, devices: f.devices, suitesDir: f.suites, onProgress: (p) => log(progressLine(p)) }).pipe(
-      Effect.provide(ActorSystem.layer({ run }))
+    const connection = yield* Nats
+    const result = yield* Effect.scoped(
+      Effect.gen(function* () {
+        if (progress !== undefined) yield* followRun(progress, connection, run)
+        return yield* hostRun({ config, trainTasks, devices: f.devices, suitesDir: f.suites, onProgress: () => undefined }).pipe(Effect.provide(ActorSystem.layer({ run })))
+      })
     )
     const after = yield* score(result.checkpoint, "heldout-after")
     log(`held-out after:  ${after.meanScore.toFixed(3)} (before ${before.meanScore.toFixed(3)})`)
     const audit = yield* auditRun(result.system, config.policyConfig.executions_per_step)
+    const report = nats.url === undefined ? path.join(store, "report.html") : path.resolve(`${run}.html`)
+    fs.writeFileSync(report, renderReport([yield* buildReport(result.system)]))
     const summary = {
       run,
       policy: result.config.policy,
@@ -165,7 +174,8 @@ export const runTraining = (f: TrainFlags) => {
       trained_twice: audit.trainedTwice,
       store: nats.url === undefined ? store : nats.url,
       warm_start_checkpoint: initial,
-      checkpoint: result.checkpoint
+      checkpoint: result.checkpoint,
+      report
     }
     return summary
   }).pipe(Effect.provide(Layer.fresh(Nats.layer({ ...nats, storeDir: store }))))
@@ -179,7 +189,8 @@ export const summaryLines = (s: TrainSummary): Array<string> => [
   `train score by step: ${s.train_scores.map((x) => x.toFixed(2)).join(" ")}`,
   `${s.switches} role switches: ${s.reprefill_tokens} tokens prefilled again, ${s.kv_handoff_bytes} KV bytes handed off`,
   `executions lost ${s.executions_lost}, trained twice ${s.trained_twice}, stale tokens dropped ${s.stale_dropped}`,
-  `checkpoint ${s.checkpoint}; the run's store ${s.store}`
+  `checkpoint ${s.checkpoint}; the run's store ${s.store}`,
+  `report ${s.report}`
 ]
 
 export const command: Command<typeof trainFlags> = {

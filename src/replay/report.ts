@@ -14,7 +14,7 @@ import { Effect } from "effect"
 import { readConfig } from "../engine/checkpoint.ts"
 import { kvBytesPerToken } from "../engine/config.ts"
 import type { TransportError } from "../runtime/errors.ts"
-import type { ActorSystemShape } from "../runtime/system.ts"
+import type { JournalSource } from "../runtime/journal.ts"
 import { evaluationScore, readRunLog, viewOf, type Activity, type HeldOutScore, type Segment } from "./status.ts"
 
 export interface ReportStep {
@@ -58,7 +58,7 @@ export interface RunReport {
 const sum = (xs: ReadonlyArray<number>) => xs.reduce((a, b) => a + b, 0)
 
 /** A run's figures, from its journal and evaluations. */
-export const buildReport = (system: ActorSystemShape): Effect.Effect<RunReport, TransportError> =>
+export const buildReport = (system: JournalSource): Effect.Effect<RunReport, TransportError> =>
   Effect.gen(function* () {
     const log = yield* readRunLog(system)
     const view = viewOf(log)

@@ -2,8 +2,8 @@
  * One run as it stands, read from its log: what `gyre status`, `gyre runs`, the live progress of
  * `gyre train` and `gyre report` show.
  *
- * `readRunLog` reads the run's journal once (policy records, step metrics, switch results, the
- * run's configuration and end); `RunView` folds policy records in index order into the cells'
+ * `readRunLog` reads the run's journal once through `read.ts`'s typed entries (policy records,
+ * step metrics, switch results, the run's configuration and end); `RunView` folds policy records in index order into the cells'
  * roles, weights versions and role timeline, and the execution and step counts. `runStatus`
  * adds what only the server knows now: the running step's micro-batch queue, the actors' tell
  * queues, liveness from the registry, and the last held-out score (the outcomes of the
@@ -12,17 +12,17 @@
  */
 import { Effect, Schema, Stream } from "effect"
 import { TransportError, messageOf } from "../runtime/errors.ts"
-import { readJournal } from "../runtime/journal.ts"
+import type { JournalSource } from "../runtime/journal.ts"
 import type { NatsShape } from "../runtime/nats.ts"
 import { layout } from "../runtime/names.ts"
 import { readLast, readStored } from "../runtime/stream-reader.ts"
-import type { ActorSystemShape } from "../runtime/system.ts"
 import type { PolicyEvent } from "../policy/vocabulary.ts"
 import { RunConfig } from "../protocols/run.ts"
 import { rlLayout } from "../protocols/layout.ts"
-import { PolicyRecord, SchedulerProtocol, StepMetrics, SCHEDULER_KIND } from "../protocols/scheduler.ts"
+import { type PolicyRecord, StepMetrics, SCHEDULER_KIND } from "../protocols/scheduler.ts"
 import type { SwitchResult } from "../protocols/device.ts"
 import { ExecutionOutcome } from "../tree/outcome.ts"
+import { listRuns, readEntries } from "./read.ts"
 
 /** What a cell is doing: its role, or between roles, or in the training role without a step. */
 export type Activity = "rollout" | "training" | "switching" | "idle" | "lost"
@@ -61,13 +61,12 @@ export interface RunLog {
   readonly messages: number
 }
 
-const decodeRecord = Schema.decodeUnknownExit(PolicyRecord)
 const decodeMetrics = Schema.decodeUnknownExit(StepMetrics)
 const decodeConfig = Schema.decodeUnknownExit(Schema.toCodecJson(RunConfig))
 const decodeOutcome = Schema.decodeUnknownExit(Schema.fromJsonString(ExecutionOutcome))
 
 /** Reads the run's journal as it is now (one pass). */
-export const readRunLog = (system: ActorSystemShape): Effect.Effect<RunLog, TransportError> =>
+export const readRunLog = (system: JournalSource): Effect.Effect<RunLog, TransportError> =>
   Effect.gen(function* () {
     const records = new Map<number, PolicyRecord>()
     const steps: Array<StepMetrics> = []
@@ -75,18 +74,15 @@ export const readRunLog = (system: ActorSystemShape): Effect.Effect<RunLog, Tran
     let config: RunConfig | undefined
     let ended = false
     let messages = 0
-    yield* readJournal(system, { protocols: { [SCHEDULER_KIND]: SchedulerProtocol } }).pipe(
+    yield* readEntries(system).pipe(
       Stream.runForEach((entry) =>
         Effect.sync(() => {
           messages++
-          if (entry.via === "event") {
-            if (entry.name === "policy") {
-              const r = decodeRecord(entry.payload)
-              if (r._tag === "Success" && !records.has(r.value.index)) records.set(r.value.index, r.value)
-            } else if (entry.name === "step") {
-              const m = decodeMetrics(entry.payload)
-              if (m._tag === "Success") steps.push(m.value)
-            } else if (entry.name === "run-config") {
+          if (entry.record !== undefined) {
+            if (!records.has(entry.record.index)) records.set(entry.record.index, entry.record)
+          } else if (entry.metrics !== undefined) steps.push(entry.metrics)
+          else if (entry.via === "event") {
+            if (entry.name === "run-config") {
               const c = decodeConfig(entry.payload)
               if (c._tag === "Success") config = c.value
             } else if (entry.name === "run-done") ended = true
@@ -323,7 +319,7 @@ export interface RunStatus {
 }
 
 /** The run's status now. */
-export const runStatus = (system: ActorSystemShape): Effect.Effect<RunStatus, TransportError> =>
+export const runStatus = (system: JournalSource): Effect.Effect<RunStatus, TransportError> =>
   Effect.gen(function* () {
     const log = yield* readRunLog(system)
     const view = viewOf(log)
@@ -364,23 +360,10 @@ export interface RunListing {
   readonly state: RunState
 }
 
-const JOURNAL = /^GYRE_(.+)_JOURNAL$/
-
-/** The runs a server holds (one journal stream each), sorted by name. */
-export const runNames = (nats: NatsShape): Effect.Effect<Array<string>, TransportError> =>
-  tryNats("list streams", async () => {
-    const out: Array<string> = []
-    for await (const name of nats.jsm.streams.names()) {
-      const m = JOURNAL.exec(name)
-      if (m !== null) out.push(m[1]!)
-    }
-    return out.sort()
-  })
-
 /** Every run whose journal the server holds (evaluation runs included: they have no policy). */
 export const runListings = (nats: NatsShape): Effect.Effect<Array<RunListing>, TransportError> =>
   Effect.gen(function* () {
-    const runs = yield* runNames(nats)
+    const runs = yield* listRuns(nats)
     return yield* Effect.forEach(runs, (run) =>
       Effect.gen(function* () {
         const names = layout(run)
