@@ -1,9 +1,11 @@
 /**
- * Live progress of `gyre train` and `gyre demo`: a bar per warm start (SFT steps) and, per RL
- * step, a bar of the batch's executions finished and one of its micro-batches trained, under a
- * one-screen status (devices with their activity and weights version, throughput, step, score)
- * when stdout is a terminal (bars by `cli-progress`); plain lines when it is not (a line per
- * step done, and a status line every `plainEveryMs`), so CI logs stay readable.
+ * Live progress of `gyre train` and `gyre demo`: a bar for the warm start (SFT steps), a bar of
+ * the newest batch's executions finished and one of the running step's micro-batches trained
+ * (relabelled as the run moves on: batches overlap steps under elastic and async), under a
+ * status line (steps, executions, throughput, score, devices with their activity and weights
+ * version) when stdout is a terminal (bars by `cli-progress`); a line per step done above them.
+ * Plain lines when stdout is not a terminal (a line per step done, and a status line every
+ * `plainEveryMs`), so CI logs stay readable.
  *
  * The run's figures come from its log as it is written: the policy records and step metrics
  * on `gyre.<run>.sys.>` (a core NATS subscription, folded by `RunView`), and the running step's
@@ -38,8 +40,7 @@ export class RunProgress {
   private readonly pending = new Map<number, PolicyRecord>()
   private readonly started = Date.now()
   private readonly bars: cliProgress.MultiBar | undefined
-  private status: cliProgress.SingleBar | undefined
-  private readonly stepBars = new Map<number, { rollout: cliProgress.SingleBar; training: cliProgress.SingleBar }>()
+  private live: { status: cliProgress.SingleBar; rollout: cliProgress.SingleBar; training: cliProgress.SingleBar } | undefined
   private microBatches: MicroBatchCounts | undefined
   private tokens = 0
   private lastScore: number | undefined
@@ -58,9 +59,12 @@ export class RunProgress {
 
   /** A bar for the warm start's SFT steps; call the result with each step done. */
   warmStart(total: number): (step: number, loss: number) => void {
-    const bar = this.bars?.create(total, 0, { label: "warm start      ", unit: "SFT steps" })
+    let bar: cliProgress.SingleBar | undefined
     return (step, loss) => {
-      if (bar !== undefined) bar.update(step)
+      if (this.bars !== undefined) {
+        bar ??= this.bars.create(total, 0, { label: "warm start      ", unit: "SFT steps" })
+        bar.update(step)
+      }
       else if (step % 25 === 0 || step === total) this.o.write(`warm start: step ${step}/${total}  loss ${loss.toFixed(4)}`)
     }
   }
@@ -113,33 +117,24 @@ export class RunProgress {
       this.lastPlain = Date.now()
       return this.o.write(`progress: ${this.statusText()}`)
     }
-    this.status ??= this.bars.create(1, 0, { label: "", unit: "" }, { format: "{line}" })
-    this.status.update(0, { line: this.statusText() })
-    // Bars of the dispatched batches, from the last step done on.
-    const batches = Math.floor(v.dispatched / Math.max(1, B))
-    for (let k = Math.max(0, v.stepsDone - 1); k < batches; k++) {
-      let bars = this.stepBars.get(k)
-      if (bars === undefined) {
-        bars = {
-          rollout: this.bars.create(B, 0, { label: `step ${String(k).padStart(3)} rollout`, unit: "executions finished" }),
-          training: this.bars.create(1, 0, { label: `step ${String(k).padStart(3)} training`, unit: "micro-batches trained" })
-        }
-        this.stepBars.set(k, bars)
-      }
-      bars.rollout.update(Math.max(0, Math.min(B, v.finished - k * B)))
-      const mb = this.microBatches
-      if (k < v.stepsDone) bars.training.update(bars.training.getTotal())
-      else if (mb !== undefined && mb.step === k) {
-        bars.training.setTotal(Math.max(1, mb.pending + mb.claimed + mb.done))
-        bars.training.update(mb.done)
-      }
+    this.live ??= {
+      status: this.bars.create(1, 0, { line: "" }, { format: "{line}" }),
+      rollout: this.bars.create(B, 0, { label: "rollout         ", unit: "" }),
+      training: this.bars.create(1, 0, { label: "training        ", unit: "" })
     }
-    for (const [k, bars] of this.stepBars) {
-      if (k >= v.stepsDone - 1) continue
-      this.bars.remove(bars.rollout)
-      this.bars.remove(bars.training)
-      this.stepBars.delete(k)
-    }
+    const { status, rollout, training } = this.live
+    status.update(0, { line: this.statusText() })
+    // Rollout: the newest dispatched batch; training: the running step, else the last one done.
+    const batch = Math.max(0, Math.floor(v.dispatched / Math.max(1, B)) - 1)
+    rollout.update(Math.max(0, Math.min(B, v.finished - batch * B)), { label: `batch ${String(batch).padStart(3)} rollout`, unit: "executions finished" })
+    const step = v.running?.step ?? Math.max(0, v.stepsDone - 1)
+    const mb = this.microBatches
+    if (v.running === undefined && v.stepsDone === 0) training.update(0, { label: `step    0 waiting`, unit: "micro-batches trained" })
+    else if (v.running === undefined) training.update(training.getTotal(), { label: `step  ${String(step).padStart(3)} trained`, unit: "micro-batches" })
+    else if (mb !== undefined && mb.step === step) {
+      training.setTotal(Math.max(1, mb.pending + mb.claimed + mb.done))
+      training.update(mb.done, { label: `step  ${String(step).padStart(3)} training`, unit: "micro-batches trained" })
+    } else training.update(0, { label: `step  ${String(step).padStart(3)} training`, unit: "micro-batches trained" })
   }
 
   /** The step being trained, if any (for the micro-batch poll). */
