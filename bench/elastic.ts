@@ -27,7 +27,8 @@ import { auditRun, type RunAudit } from "../src/replay/audit.ts"
 import { Nats } from "../src/runtime/nats.ts"
 import { repoRoot } from "../src/runtime/nats-server.ts"
 import { ActorSystem } from "../src/runtime/system.ts"
-import { executionsOf, parseScenario } from "../src/sim/scenario.ts"
+import { runScenario } from "../src/replay/what-if.ts"
+import { executionsOf } from "../src/sim/scenario.ts"
 import { simulate } from "../src/sim/simulate.ts"
 
 const arg = (name: string, fallback: string) => {
@@ -49,7 +50,6 @@ const quantile = (xs: ReadonlyArray<number>, q: number) => {
   const s = [...xs].sort((a, b) => a - b)
   return s[Math.min(s.length - 1, Math.floor(q * s.length))]!
 }
-const mean = (xs: ReadonlyArray<number>) => (xs.length === 0 ? 0 : xs.reduce((a, b) => a + b, 0) / xs.length)
 
 const readAudit = (store: string, run: string, executionsPerStep: number) =>
   Effect.runPromise(
@@ -60,24 +60,6 @@ const readAudit = (store: string, run: string, executionsPerStep: number) =>
       }).pipe(Effect.provide(ActorSystem.layer({ run }).pipe(Layer.provideMerge(Nats.layer({ storeDir: store })))))
     )
   )
-
-/** The simulator's view of a live run: its measured executions and costs. */
-const liveScenario = (audit: RunAudit, slots: number, executionsPerStep: number) => {
-  const trainedTokens = audit.executions.reduce((a, e) => a + e.tokens, 0)
-  const cellSeconds = audit.steps.reduce((a, s) => a + (s.computeMs / 1000) * Math.max(1, s.devices.length), 0)
-  return parseScenario({
-    cells: devices,
-    slots_per_cell: slots,
-    train_tokens_per_s_per_cell: Math.max(1, trainedTokens / Math.max(1e-3, cellSeconds)),
-    switch_to_train_s: mean(audit.switchMs.training) / 1000,
-    switch_to_rollout_s: mean(audit.switchMs.rollout) / 1000,
-    weight_sync_s: mean(audit.weightSyncS),
-    steps,
-    executions_per_step: executionsPerStep,
-    max_staleness: 1,
-    executions: audit.executions.map((e) => ({ duration_s: Math.max(1e-3, e.duration_s), tokens: e.tokens }))
-  }, "live run")
-}
 
 const main = async () => {
   const checkpoint =
@@ -99,7 +81,7 @@ const main = async () => {
     )
     const summary = JSON.parse(out.trim().split("\n").at(-1)!)
     const audit = await readAudit(store, run, B)
-    const scenario = liveScenario(audit, slots, B)
+    const scenario = runScenario(audit, { policyConfig: { slots_per_cell: slots, executions_per_step: B, steps, max_staleness: 1 } }, devices)
     const simPolicy = policy === "async" ? asyncSplit(1) : fixedPolicies[policy]!
     const sim = simulate(scenario, executionsOf(scenario), simPolicy)
     const useful = audit.executions.reduce((a, e) => a + e.duration_s / slots + e.tokens / scenario.train_tokens_per_s_per_cell, 0)

@@ -8,7 +8,12 @@
  */
 import { Cause, Duration, Effect, Fiber, Layer, Stream } from "effect"
 import { entryJson, entryLine, tagged } from "../replay/format.ts"
+import { exportRun, type ExportFailed } from "../replay/export.ts"
+import { checkTrees } from "../replay/trees.ts"
 import { verified, verifyRun, type Verification } from "../replay/verify.ts"
+import { whatIf } from "../replay/what-if.ts"
+import { readRunConfig, type JournalDiverged } from "../scheduling/records.ts"
+import type { TransportError } from "../runtime/errors.ts"
 import { openRun, parsePosition, readEntries, readerNats, type EntryFilter, type Position, type ReadOptions } from "../replay/read.ts"
 import type { JournalSource } from "../runtime/journal.ts"
 import { Nats, natsOptionsFromEnv } from "../runtime/nats.ts"
@@ -27,7 +32,11 @@ const flags = {
   pace: { kind: "string", doc: "original: wait between entries as the run did; instant: no wait", default: "instant", choices: ["original", "instant"] },
   json: { kind: "boolean", doc: "JSON lines instead of human lines", default: false },
   verify: { kind: "boolean", doc: "check the log's integrity, then replay its policy records through the run's policy (exit 1 on a divergence)", default: false },
-  "keep-going": { kind: "boolean", doc: "--verify: report every divergence, not only the first", default: false }
+  "keep-going": { kind: "boolean", doc: "--verify: report every divergence, not only the first", default: false },
+  trees: { kind: "boolean", doc: "rebuild every execution's tree from its call records and check it (and the packed micro-batches) against the trainer's record (exit 1 on a mismatch)", default: false },
+  export: { kind: "string", doc: "write the run as JSON lines to this directory (format in ARCHITECTURE.md)" },
+  "what-if": { kind: "string", doc: "simulate the run's recorded executions under this policy (elastic, elastic-published, colocate, async, async:R)" },
+  cells: { kind: "integer", doc: "--what-if: on this many cells (default: the run's)" }
 } as const
 
 type ReplayFlags = Flags<typeof flags>
@@ -45,6 +54,9 @@ const parse = (argv: ReadonlyArray<string>): { readonly run: string; readonly f:
   const f = parseFlags("replay", flags, named === undefined ? argv : argv.slice(1))
   const run = named ?? f.run
   if (run === undefined) throw new UsageError("gyre replay: name the run (gyre replay RUN)")
+  const modes = [f.verify, f.trees, f.export !== undefined, f["what-if"] !== undefined].filter(Boolean).length
+  if (modes > 1) throw new UsageError("gyre replay: --verify, --trees, --export and --what-if are one at a time")
+  if (f.cells !== undefined && f.cells < 1) throw new UsageError(`gyre replay: --cells must be at least 1, got ${f.cells}`)
   if (f.last !== undefined && f.last < 1) throw new UsageError(`gyre replay: --last must be at least 1, got ${f.last}`)
   if (f.actor !== undefined && !/^[A-Za-z0-9_-]+(\/[A-Za-z0-9_.-]+)?$/.test(f.actor)) throw new UsageError(`gyre replay: --actor must be KIND or KIND/ID, got '${f.actor}'`)
   return { run, f }
@@ -95,6 +107,57 @@ const verify = (log: JournalSource, f: ReplayFlags) =>
     return verified(v) ? 0 : 1
   })
 
+const exportTo = (log: JournalSource, dir: string, f: ReplayFlags) =>
+  Effect.map(exportRun(log, dir), (counts) => {
+    console.log(f.json ? JSON.stringify({ dir, ...counts }) : `exported ${log.run} to ${dir}: ${counts.events} events, ${counts.actions} actions, ${counts.calls} calls, ${counts.outcomes} outcomes, ${counts.steps} steps`)
+    return 0
+  })
+
+const counterfactual = (log: JournalSource, policy: string, f: ReplayFlags) =>
+  Effect.gen(function* () {
+    const config = yield* readRunConfig(log)
+    if (config === undefined) return yield* failed("the journal holds no run configuration to simulate")
+    const w = yield* whatIf(log, config, policy, f.cells)
+    if (typeof w === "string") return yield* failed(`--what-if ${policy}: ${w}`)
+    const s = (x: number) => `${x.toFixed(1)} s`
+    console.log(
+      f.json
+        ? JSON.stringify(w)
+        : [
+            `run ${w.run}: ${w.policy} on ${w.cells} cells, ${w.executions} executions`,
+            `  real makespan        ${s(w.realS)}`,
+            `  simulated (${w.policy})  ${s(w.simulatedS)} (sim / real ${(w.simulatedS / Math.max(1e-9, w.realS)).toFixed(3)})`,
+            `  what-if ${w.whatIf.policy} on ${w.whatIf.cells} cells: ${s(w.whatIf.makespanS)} (${(w.whatIf.makespanS / Math.max(1e-9, w.simulatedS)).toFixed(3)} x the simulated run)`
+          ].join("\n")
+    )
+    return 0
+  })
+
+const trees = (log: JournalSource, f: ReplayFlags) =>
+  Effect.gen(function* () {
+    const config = yield* readRunConfig(log)
+    if (config === undefined) return yield* failed("the journal holds no run configuration (the trainer's settings)")
+    const c = yield* checkTrees(log, config)
+    const ok = c.mismatches.length === 0 && c.unrecorded.length === 0
+    if (f.json) console.log(JSON.stringify({ ok, ...c }))
+    else {
+      for (const m of c.mismatches) {
+        console.log(`mismatch in step ${m.step}${m.execution === undefined ? "" : `, execution ${m.execution}`}: ${m.what}: rebuilt ${JSON.stringify(m.expected)}, recorded ${JSON.stringify(m.recorded)}`)
+      }
+      if (c.unrecorded.length > 0) console.log(`not checked: steps ${c.unrecorded.join(", ")} journal no trees (a trainer before this check)`)
+      console.log(`${ok ? "trees verified" : "FAILED"}: ${c.executions} executions, ${c.microBatches} micro-batches in ${c.steps} steps, ${c.mismatches.length} mismatches`)
+    }
+    return ok ? 0 : 1
+  })
+
+const act = (log: JournalSource, f: ReplayFlags): Effect.Effect<number, TransportError | ExportFailed | JournalDiverged> => {
+  if (f.verify) return verify(log, f)
+  if (f.trees) return trees(log, f)
+  if (f.export !== undefined) return exportTo(log, f.export, f)
+  if (f["what-if"] !== undefined) return counterfactual(log, f["what-if"], f)
+  return show(log, f)
+}
+
 /** The run's log, from `--store` or `NATS_URL`, for the lifetime of the scope. */
 export const withRunLog = <A, E>(run: string, store: string | undefined, use: (log: JournalSource) => Effect.Effect<A, E>) => {
   const env = natsOptionsFromEnv("gyre-replay")
@@ -133,6 +196,6 @@ export const command: Command<typeof flags> = {
   flags,
   run: async (argv) => {
     const { run, f } = parse(argv)
-    return runInterruptibly(withRunLog(run, f.store, (log) => (f.verify ? verify(log, f) : show(log, f))))
+    return runInterruptibly(withRunLog(run, f.store, (log) => act(log, f)))
   }
 }

@@ -15,6 +15,8 @@
  * is 0 for roots and for context tokens (system, user, tool); for a generated token it is
  * the token's share of the loss (see the normalisation in ARCHITECTURE.md).
  */
+import { createHash } from "node:crypto"
+
 export interface PackedBatch {
   /** Number of tokens. Every array below has this length. */
   readonly length: number
@@ -34,4 +36,13 @@ export interface PackedBatch {
   readonly proximalLogprobs: Float32Array
   /** Policy version that sampled `tokens[i]` (-1 for context tokens). */
   readonly versions: Int32Array
+}
+
+/** sha256 (hex) of every array of a packed batch, in field order: the digest the trainer journals per micro-batch. */
+export const packedBatchDigest = (b: PackedBatch): string => {
+  const hash = createHash("sha256")
+  for (const a of [b.tokens, b.parents, b.positions, b.weights, b.advantages, b.behaviourLogprobs, b.proximalLogprobs, b.versions]) {
+    hash.update(new Uint8Array(a.buffer, a.byteOffset, a.byteLength))
+  }
+  return hash.digest("hex")
 }

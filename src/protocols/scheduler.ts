@@ -18,6 +18,18 @@ const Count = Schema.Int.check(Schema.isGreaterThanOrEqualTo(0))
 
 export const SCHEDULER_KIND = "scheduler"
 
+/** One execution's trajectory tree as the core trainer rebuilt it for its step. */
+export const TreeFigures = Schema.Struct({
+  execution: ExecutionId,
+  calls: Count,
+  uniqueTokens: Count,
+  /** Leaves: root-to-leaf paths. */
+  paths: Count,
+  /** `treeDigest` (src/tree/stats.ts). */
+  digest: Schema.String
+})
+export type TreeFigures = typeof TreeFigures.Type
+
 /** What a step journals for the people watching the run (`gyre.<run>.sys.step`). */
 export const StepMetrics = Schema.Struct({
   step: Count,
@@ -47,7 +59,11 @@ export const StepMetrics = Schema.Struct({
   waitMs: Schema.Number,
   computeMs: Schema.Number,
   reduceMs: Schema.Number,
-  publishMs: Schema.Number
+  publishMs: Schema.Number,
+  /** Each told execution's tree as the core rebuilt it (`gyre replay --trees` checks them). */
+  trees: Schema.optional(Schema.Array(TreeFigures)),
+  /** `packedBatchDigest` of each planned micro-batch, by index. */
+  batchDigests: Schema.optional(Schema.Array(Schema.String))
 })
 export type StepMetrics = typeof StepMetrics.Type
 

@@ -27,6 +27,8 @@ export interface RunAudit {
   /** Executions of trained batches that never finished. */
   readonly executionsLost: number
   readonly stepsDone: number
+  /** The policy clock (seconds since the run's start) at the last `StepDone`: the run's makespan. */
+  readonly lastStepDoneS: number
   readonly switches: number
   readonly reprefillTokens: number
   readonly kvHandoffBytes: number
@@ -116,6 +118,7 @@ export const auditRun = (system: JournalSource, executionsPerStep: number): Effe
       executionsFinished: finished.size,
       executionsLost: lost,
       stepsDone,
+      lastStepDoneS: Math.max(0, ...stepDoneAt.values()),
       switches: switches.length,
       reprefillTokens: sum(switches.map((s) => s.reprefill)),
       kvHandoffBytes: sum(switches.map((s) => s.bytes)),

@@ -46,7 +46,8 @@ export const readStored = (
         catch: (e) => new TransportError({ operation: `read ${stream}`, message: messageOf(e) })
       })
       const messages = yield* Effect.tryPromise({
-        try: () => consumer.consume(),
+        // Pulls of 1000: the default 100 made a whole-journal read wait on pulls (bench:replay).
+        try: () => consumer.consume({ max_messages: 1000 }),
         catch: (e) => new TransportError({ operation: `read ${stream}`, message: messageOf(e) })
       })
       return Stream.fromAsyncIterable(

@@ -144,7 +144,9 @@ export class MetricsSum {
       waitMs: clock.waitMs,
       computeMs: clock.computeMs,
       reduceMs: fields.reduceMs,
-      publishMs: fields.publishMs
+      publishMs: fields.publishMs,
+      trees: [...f.trees],
+      batchDigests: [...f.batchDigests]
     }
   }
 }

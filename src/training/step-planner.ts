@@ -19,12 +19,14 @@
  * it completes.
  */
 import { Result } from "effect"
-import type { PackedBatch } from "../common/packed-batch.ts"
+import { packedBatchDigest, type PackedBatch } from "../common/packed-batch.ts"
 import type { StepExecutionRef, StepPlan } from "../protocols/device.ts"
 import { parseExecutionName, type TrainingSettings } from "../protocols/run.ts"
 import { groupAdvantages } from "../tree/advantage.ts"
 import { rewardOf } from "../tree/outcome.ts"
 import { packMicroBatches } from "../tree/pack.ts"
+import { treeDigest } from "../tree/stats.ts"
+import type { TreeFigures } from "../protocols/scheduler.ts"
 import type { TrajectoryTree } from "../tree/tree.ts"
 import { stepUnits, type StepExecution, type TrainingMode } from "../tree/units.ts"
 
@@ -68,6 +70,10 @@ export interface PlanFigures {
   /** Sum over executions of prompt + output tokens of every call, and of tree tokens. */
   callTokens: number
   uniqueTokens: number
+  /** Each told execution's tree, in the order told. */
+  readonly trees: Array<TreeFigures>
+  /** `packedBatchDigest` of each planned micro-batch, by index. */
+  readonly batchDigests: Array<string>
 }
 
 export class StepPlanner {
@@ -76,7 +82,7 @@ export class StepPlanner {
   private readonly remaining = new Map<string, { count: number; readonly tokens: number }>()
   private readonly byIndex: Array<ReadonlyArray<string>> = []
   private readonly mode: TrainingMode
-  readonly figures: PlanFigures = { told: 0, dropped: 0, scored: 0, scoreSum: 0, callTokens: 0, uniqueTokens: 0 }
+  readonly figures: PlanFigures = { told: 0, dropped: 0, scored: 0, scoreSum: 0, callTokens: 0, uniqueTokens: 0, trees: [], batchDigests: [] }
 
   constructor(
     readonly plan: StepPlan,
@@ -106,6 +112,7 @@ export class StepPlanner {
     f.told++
     f.callTokens += tree.totalCallTokens
     f.uniqueTokens += tree.uniqueTokens
+    f.trees.push({ execution: ref.execution, calls: tree.callCount, uniqueTokens: tree.uniqueTokens, paths: tree.leaves().length, digest: treeDigest(tree) })
     const reward = rewardOf(ref.outcome)
     if (reward === undefined) f.dropped++
     else {
@@ -171,6 +178,7 @@ export class StepPlanner {
     const counts = new Map<string, number>()
     executions.forEach((list, k) => {
       this.byIndex.push(list)
+      this.figures.batchDigests.push(packedBatchDigest(batches[k]!))
       for (const e of list) {
         last.set(e, first + k)
         counts.set(e, (counts.get(e) ?? 0) + 1)

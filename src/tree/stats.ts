@@ -1,7 +1,9 @@
 /**
  * Per-execution statistics of a trajectory tree: how many tokens the calls sent in total,
- * how many the tree stores, how many of those the policy generated, and the shape.
+ * how many the tree stores, how many of those the policy generated, and the shape; and a digest of
+ * the tree's content (`treeDigest`), which the trainer journals and `gyre replay --trees` checks.
  */
+import { digestOf } from "./hash.ts"
 import type { TrajectoryTree } from "./tree.ts"
 
 export interface ExecutionStats {
@@ -44,4 +46,20 @@ export const executionStats = (tree: TrajectoryTree): ExecutionStats => {
     leaves: leaves.length,
     leavesByRole
   }
+}
+
+/**
+ * Digest (16 hex digits, `hash.ts`) of the tree's content: every node in canonical preorder as
+ * (depth of its first token, length, tokens). Two trees with the same nodes and tokens agree,
+ * whatever the order their calls were inserted in.
+ */
+export const treeDigest = (tree: TrajectoryTree): string => {
+  const order = tree.preorder()
+  const parts: Array<number> = []
+  for (const node of order) {
+    const tokens = tree.tokensOf(node)
+    parts.push(tree.depthOf(node), tokens.length)
+    for (const t of tokens) parts.push(t)
+  }
+  return digestOf(Int32Array.from(parts))
 }

@@ -33,6 +33,9 @@ export interface Recorded {
   readonly run: string
   readonly store: string
   readonly journal: ReadonlyArray<Stored>
+  /** The trajectory stream's call records and outcomes, as stored (JSON). */
+  readonly calls: ReadonlyArray<any>
+  readonly outcomes: ReadonlyArray<any>
   /** The altered copy: the record index changed and the journal sequence it sits at. */
   readonly altered: { readonly run: string; readonly index: number; readonly seq: number }
   readonly gapped: { readonly run: string; readonly index: number; readonly seq: number }
@@ -75,6 +78,7 @@ export const recordRun = (run: string): Promise<Recorded> => {
     yield* node.drain
     yield* fakes.drain
     const journal = (yield* readAll(system.nats, run)).map(({ seq, subject, json }) => ({ seq, subject, json }))
+    const trajectories = yield* readStored(system.nats, `GYRE_${run}_TRAJECTORIES`).pipe(Stream.map((m) => ({ subject: m.subject, json: m.json<any>() })), Stream.runCollect)
     const records = journal.filter((m) => m.subject.endsWith(".sys.policy"))
     const acting = records.find((m) => m.json.actions.length > 0)!
     yield* copyJournal(system.nats, run, `${run}-altered`, (m) => (m.seq === acting.seq ? { ...m.json, actions: [] } : undefined))
@@ -85,6 +89,8 @@ export const recordRun = (run: string): Promise<Recorded> => {
       run,
       store,
       journal,
+      calls: [...trajectories].filter((m) => m.subject.includes(".calls.")).map((m) => m.json),
+      outcomes: [...trajectories].filter((m) => m.subject.includes(".outcomes.")).map((m) => m.json),
       altered: { run: `${run}-altered`, index: acting.json.index, seq: acting.seq },
       gapped: { run: `${run}-gapped`, index: dropped.json.index, seq: dropped.seq }
     }

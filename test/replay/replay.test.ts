@@ -5,7 +5,7 @@
  * naming the sequence, on a journal with one action altered and on one with a gap.
  */
 import { spawn } from "node:child_process"
-import { cpSync, mkdtempSync, readdirSync, statSync } from "node:fs"
+import { cpSync, mkdtempSync, readFileSync, readdirSync, statSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { Context, Effect, Layer, Stream } from "effect"
@@ -144,6 +144,48 @@ describe("gyre replay", () => {
         })
       )
     )
+  })
+
+  it("--export writes the run as JSON lines: records, actions, calls decoded to token ids, outcomes, steps, config", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "gyre-replay-export-"))
+    const r = await gyreCli(["replay", rec.run, "--store", rec.store, "--export", dir, "--json"])
+    expect(r.code).toBe(0)
+    const file = (name: string) => jsonLines(readFileSync(join(dir, name), "utf8"))
+    const records = rec.journal.filter((m) => m.subject.endsWith(".sys.policy"))
+    expect(file("events.jsonl").map((e) => [e.seq, e.index, e.event])).toEqual(records.map((m) => [m.seq, m.json.index, m.json.event]))
+    expect(file("actions.jsonl").map((a) => a.action)).toEqual(records.flatMap((m) => m.json.actions))
+    expect(file("steps.jsonl").map((s) => s.step)).toEqual([0, 1, 2])
+    expect(file("outcomes.jsonl").map((o) => o.execution).sort()).toEqual(rec.outcomes.map((o) => o.execution).sort())
+    expect(JSON.parse(readFileSync(join(dir, "config.json"), "utf8")).run).toBe(rec.run)
+    // Each call as recorded: its lengths, behaviour log-probs, versions, and its delta suffix at the end of prompt ++ output.
+    const calls = file("calls.jsonl")
+    expect(calls.map((c) => c.callId).sort()).toEqual(rec.calls.map((c) => c.callId).sort())
+    const decode = (b64: string, as: typeof Int32Array | typeof Float32Array) => Array.from(new as(new Uint8Array(Buffer.from(b64, "base64")).buffer))
+    for (const record of rec.calls) {
+      const c = calls.find((x) => x.callId === record.callId && x.execution === record.execution)!
+      expect([c.prompt.length, c.output.length]).toEqual([record.promptLength, record.outputLength])
+      expect(c.logprobs).toEqual(decode(record.logprobs, Float32Array))
+      expect(c.versions).toEqual(decode(record.versions, Int32Array))
+      const suffix = decode(record.suffix, Int32Array)
+      const full = [...c.prompt, ...c.output]
+      expect(full.slice(full.length - suffix.length)).toEqual(suffix)
+    }
+    expect(JSON.parse(readFileSync(join(dir, "manifest.json"), "utf8"))).toMatchObject({ format: 1, run: rec.run, calls: rec.calls.length, events: records.length, malformed: 0 })
+  })
+
+  it("--what-if replays the recorded executions under another policy and cell count", async () => {
+    const own = JSON.parse((await gyreCli(["replay", rec.run, "--store", rec.store, "--what-if", "colocate", "--json"])).stdout)
+    const done = rec.journal.filter((m) => m.subject.endsWith(".sys.policy") && m.json.event._tag === "StepDone").map((m) => m.json.event.at)
+    expect(own).toMatchObject({ run: rec.run, policy: "elastic", cells: 2, executions: 12, whatIf: { policy: "colocate", cells: 2 } })
+    expect(own.realS).toBe(Math.max(...done))
+    expect(own.simulatedS).toBeGreaterThan(0)
+    expect(own.whatIf.makespanS).toBeGreaterThan(0)
+    const wider = JSON.parse((await gyreCli(["replay", rec.run, "--store", rec.store, "--what-if", "async", "--cells", "4", "--json"])).stdout)
+    expect(wider.whatIf).toMatchObject({ cells: 4, policy: expect.stringMatching(/^async:[123]$/) })
+    expect(wider.simulatedS).toBe(own.simulatedS)
+    const bad = await gyreCli(["replay", rec.run, "--store", rec.store, "--what-if", "fastest"])
+    expect(bad.code).toBe(1)
+    expect(bad.stderr).toMatch(/unknown policy 'fastest'/)
   })
 
   it("answers bad flags with one line and exit 2, an unknown run with one line and exit 1", async () => {

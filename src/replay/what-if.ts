@@ -1,0 +1,90 @@
+/**
+ * `gyre replay --what-if POLICY`: the run's recorded execution durations and token counts, its
+ * measured training rate, switch costs and weight-sync times (all from the journal's audit) as a
+ * simulator scenario (`runScenario`, which `bench:elastic` uses too), run through `src/sim` under
+ * another policy or cell count; the makespan it would have had beside the real one and beside
+ * the simulator's own figure for the policy the run used (how far to trust the counterfactual).
+ */
+import { Effect } from "effect"
+import { asyncSplit, fixedPolicies, type Policy } from "../policy/index.ts"
+import type { RunConfig } from "../protocols/run.ts"
+import type { TransportError } from "../runtime/errors.ts"
+import type { JournalSource } from "../runtime/journal.ts"
+import { executionsOf, parseScenario, type Scenario } from "../sim/scenario.ts"
+import { simulate } from "../sim/simulate.ts"
+import { auditRun, type RunAudit } from "./audit.ts"
+
+const mean = (xs: ReadonlyArray<number>) => (xs.length === 0 ? 0 : xs.reduce((a, b) => a + b, 0) / xs.length)
+
+/** The simulator's view of a live run: its measured executions and costs, on `cells` cells. */
+export const runScenario = (audit: RunAudit, config: Pick<RunConfig, "policyConfig">, cells: number): Scenario => {
+  const trainedTokens = audit.executions.reduce((a, e) => a + e.tokens, 0)
+  const cellSeconds = audit.steps.reduce((a, s) => a + (s.computeMs / 1000) * Math.max(1, s.devices.length), 0)
+  const p = config.policyConfig
+  return parseScenario(
+    {
+      cells,
+      slots_per_cell: p.slots_per_cell,
+      train_tokens_per_s_per_cell: Math.max(1, trainedTokens / Math.max(1e-3, cellSeconds)),
+      switch_to_train_s: mean(audit.switchMs.training) / 1000,
+      switch_to_rollout_s: mean(audit.switchMs.rollout) / 1000,
+      weight_sync_s: mean(audit.weightSyncS),
+      steps: Math.max(1, audit.stepsDone),
+      executions_per_step: p.executions_per_step,
+      max_staleness: p.max_staleness,
+      executions: audit.executions.map((e) => ({ duration_s: Math.max(1e-3, e.duration_s), tokens: e.tokens }))
+    },
+    "live run"
+  )
+}
+
+/** `elastic`, `elastic-published`, `colocate`, `async` (its best split) or `async:R` (R rollout cells). */
+export const whatIfPolicies = ["async", "async:R", ...Object.keys(fixedPolicies)]
+
+const simulated = (scenario: Scenario, name: string): { readonly policy: string; readonly makespanS: number } | string => {
+  const executions = executionsOf(scenario)
+  const run = (p: Policy<any>) => simulate(scenario, executions, p).makespan_s
+  const split = /^async(?::(\d+))?$/.exec(name)
+  if (split !== null) {
+    if (scenario.cells < 2) return "async needs at least 2 cells"
+    const splits = split[1] !== undefined ? [Number(split[1])] : Array.from({ length: scenario.cells - 1 }, (_, i) => i + 1)
+    if (splits.some((r) => r < 1 || r >= scenario.cells)) return `async:${split[1]} needs 1 .. ${scenario.cells - 1} rollout cells`
+    const best = splits.map((r) => ({ policy: `async:${r}`, makespanS: run(asyncSplit(r)) })).sort((a, b) => a.makespanS - b.makespanS)[0]!
+    return best
+  }
+  const policy = fixedPolicies[name]
+  return policy === undefined ? `unknown policy '${name}' (known: ${whatIfPolicies.join(", ")})` : { policy: name, makespanS: run(policy) }
+}
+
+export interface WhatIf {
+  readonly run: string
+  readonly policy: string
+  readonly cells: number
+  /** The run's makespan on the policy clock (its start to its last `StepDone`). */
+  readonly realS: number
+  /** The simulator under the run's own policy and cells, fed the same figures. */
+  readonly simulatedS: number
+  readonly whatIf: { readonly policy: string; readonly cells: number; readonly makespanS: number }
+  readonly executions: number
+}
+
+/** A counterfactual of `log`'s run under `policy` on `cells` cells (default: the run's). */
+export const whatIf = (log: JournalSource, config: RunConfig, policy: string, cells?: number): Effect.Effect<WhatIf | string, TransportError> =>
+  Effect.gen(function* () {
+    const audit = yield* auditRun(log, config.policyConfig.executions_per_step)
+    if (audit.executions.length === 0) return "the run has no finished executions to replay"
+    const realCells = Math.max(1, audit.cells.length)
+    const own = simulated(runScenario(audit, config, realCells), config.policy === "async" ? `async:${config.rolloutCells ?? 1}` : config.policy)
+    const other = simulated(runScenario(audit, config, cells ?? realCells), policy)
+    if (typeof own === "string") return own
+    if (typeof other === "string") return other
+    return {
+      run: log.run,
+      policy: config.policy,
+      cells: realCells,
+      realS: audit.lastStepDoneS,
+      simulatedS: own.makespanS,
+      whatIf: { policy: other.policy, cells: cells ?? realCells, makespanS: other.makespanS },
+      executions: audit.executions.length
+    }
+  })
