@@ -109,7 +109,7 @@ export const buildReport = (system: JournalSource): Effect.Effect<RunReport, Tra
 const escape = (s: string) => s.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;")
 const fmt = (x: number, digits = 3) => (Number.isInteger(x) ? String(x) : x.toFixed(digits))
 
-export const activityColour: Record<Activity, string> = {
+const activityColour: Record<Activity, string> = {
   rollout: "#4e9a6b",
   training: "#3d6fb4",
   switching: "#e0a030",

@@ -16,7 +16,6 @@ import type { JournalSource } from "../runtime/journal.ts"
 import type { NatsShape } from "../runtime/nats.ts"
 import { layout } from "../runtime/names.ts"
 import { readLast, readStored } from "../runtime/stream-reader.ts"
-import type { PolicyEvent } from "../policy/vocabulary.ts"
 import { RunConfig } from "../protocols/run.ts"
 import { rlLayout } from "../protocols/layout.ts"
 import { type PolicyRecord, StepMetrics, SCHEDULER_KIND } from "../protocols/scheduler.ts"
@@ -58,7 +57,6 @@ export interface RunLog {
   readonly steps: ReadonlyArray<StepMetrics>
   readonly switches: ReadonlyArray<SwitchDoneEntry>
   readonly ended: boolean
-  readonly messages: number
 }
 
 const decodeMetrics = Schema.decodeUnknownExit(StepMetrics)
@@ -73,11 +71,9 @@ export const readRunLog = (system: JournalSource): Effect.Effect<RunLog, Transpo
     const switches: Array<SwitchDoneEntry> = []
     let config: RunConfig | undefined
     let ended = false
-    let messages = 0
     yield* readEntries(system).pipe(
       Stream.runForEach((entry) =>
         Effect.sync(() => {
-          messages++
           if (entry.record !== undefined) {
             if (!records.has(entry.record.index)) records.set(entry.record.index, entry.record)
           } else if (entry.metrics !== undefined) steps.push(entry.metrics)
@@ -93,10 +89,8 @@ export const readRunLog = (system: JournalSource): Effect.Effect<RunLog, Transpo
       )
     )
     const ordered = [...records.keys()].sort((a, b) => a - b).map((i) => records.get(i)!)
-    return { run: system.run, config, records: ordered, steps, switches, ended, messages }
+    return { run: system.run, config, records: ordered, steps, switches, ended }
   })
-
-const atOf = (e: PolicyEvent): number => e.at
 
 /**
  * The policy records folded, one at a time: cells and their timelines, executions dispatched /
@@ -128,7 +122,7 @@ export class RunView {
 
   apply(record: PolicyRecord): void {
     const e = record.event
-    const at = atOf(e)
+    const at = e.at
     this.at = Math.max(this.at, at)
     this.index = record.index
     switch (e._tag) {
