@@ -33,7 +33,7 @@ import { Cause, Duration, Effect, Fiber, Schedule, Semaphore, type Scope } from 
 import type { RpcGroup } from "effect/rpc"
 import type { EngineShape, Model } from "../engine/engine.ts"
 import type { NativeError } from "../engine/native.ts"
-import { adamwDefaults, type LossConfig, type Trainer } from "../engine/trainer.ts"
+import { adamwDefaults, type Trainer } from "../engine/trainer.ts"
 import { DeviceRefused, TrainingProtocol, type MicroBatchJson, type StepExecutionRef, type StepPlan } from "../protocols/device.ts"
 import type { RunConfig } from "../protocols/run.ts"
 import { SCHEDULER_KIND, SchedulerProtocol } from "../protocols/scheduler.ts"
@@ -46,7 +46,7 @@ import { checkpointDue, saveTrainingCheckpoint } from "../training/checkpoints.t
 import { InOrderSum, openGradientStore, type GradientSource } from "../training/gradients.ts"
 import { claimLoop, closeStepQueue, ensureMicroBatchStream, openStepQueue, publishMicroBatch, type Claim } from "../training/microbatch-queue.ts"
 import { MetricsSum, PhaseClock, microBatchStats, summarize, type BatchSummary, type MicroBatchStats } from "../training/step-metrics.ts"
-import { StepPlanner, type PlannedMicroBatch } from "../training/step-planner.ts"
+import { StepPlanner, stepLoss, type PlannedMicroBatch } from "../training/step-planner.ts"
 import type { TrainingRoleFactory } from "../serving/training-role.ts"
 
 /** The model's policy version and the one way the role changes its weights. */
@@ -118,21 +118,6 @@ interface Claiming {
 /** Transport hiccups are retried; what still fails after that is a defect of the incarnation. */
 const transient = { times: 8, schedule: Schedule.exponential(Duration.millis(100)) }
 
-/** The run's loss for micro-batches of step `step` (see ARCHITECTURE.md, "Training": ppo and is coincide while r = 1). */
-const lossOf = (config: RunConfig, step: number): LossConfig => {
-  const t = config.training
-  const ppo = t.loss === "ppo"
-  return {
-    kind: "ppo",
-    clipLow: ppo ? t.clipLow : 0,
-    clipHigh: ppo ? t.clipHigh : 0,
-    isCap: t.isCap,
-    currentVersion: step,
-    maxStaleness: config.policyConfig.max_staleness,
-    proximal: "current"
-  }
-}
-
 const toJson = (step: number, mb: PlannedMicroBatch): MicroBatchJson => ({
   step,
   index: mb.index,
@@ -182,7 +167,7 @@ export const makeTrainingRole = (
       trainerLock.withPermit(
         Effect.gen(function* () {
           yield* trainer.zeroGrads()
-          const result = yield* trainer.train(mb.batch, lossOf(config, mb.step))
+          const result = yield* trainer.train(mb.batch, stepLoss(config, mb.step))
           const grads = yield* trainer.getGrads()
           return { grads, stats: microBatchStats(result, mb.batch, mb.step, maxStaleness, config.training.isCap) }
         })

@@ -192,7 +192,7 @@ const runInterruptibly = (program: Effect.Effect<number, unknown>) =>
   })
 
 export const command: Command<typeof flags> = {
-  summary: "read a run's log (NATS_URL or --store): print, filter, follow",
+  summary: "read a run's log (NATS_URL or --store): print, filter, follow, --verify, --trees, --export, --what-if",
   flags,
   run: async (argv) => {
     const { run, f } = parse(argv)

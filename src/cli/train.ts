@@ -28,6 +28,7 @@ import { fixedPolicies } from "../policy/index.ts"
 import { TrainingSettings, type RunConfig } from "../protocols/run.ts"
 import { auditRun } from "../replay/audit.ts"
 import { buildReport, renderReport } from "../replay/report.ts"
+import { trainFromExport } from "../replay/from-export.ts"
 import { Nats, natsOptionsFromEnv } from "../runtime/nats.ts"
 import { repoRoot } from "../runtime/nats-server.ts"
 import { ActorSystem } from "../runtime/system.ts"
@@ -68,7 +69,9 @@ export const trainFlags = {
   "demo-tasks": { kind: "integer", doc: "warm start: train tasks the oracle demonstrates", default: 60 },
   "sft-steps": { kind: "integer", doc: "warm start: supervised steps", default: 60 },
   "sft-lr": { kind: "number", doc: "warm start: peak learning rate", default: 4e-3 },
-  quiet: { kind: "boolean", doc: "no progress lines", default: false }
+  quiet: { kind: "boolean", doc: "no progress lines", default: false },
+  "from-export": { kind: "string", doc: "train one step of an exported run (gyre replay RUN --export DIR) offline, with its recorded tokens" },
+  "export-step": { kind: "integer", doc: "--from-export: the step to train (its weights: the run's checkpoint of that version)", default: 0 }
 } as const
 
 export type TrainFlags = Flags<typeof trainFlags>
@@ -193,12 +196,23 @@ export const summaryLines = (s: TrainSummary): Array<string> => [
   `report ${s.report}`
 ]
 
+/** `--from-export DIR`: the step trained offline (src/replay/from-export.ts); exit 1 when the live checkpoint differs. */
+const trainExport = async (dir: string, step: number) => {
+  const out = path.join(dir, `trained-step-${step + 1}`)
+  const r = await Effect.runPromise(Effect.scoped(trainFromExport(dir, step, out)).pipe(Effect.provide(Engine.layer)))
+  const live = r.live === undefined ? "no live checkpoint of that version to compare" : `${r.live.identical ? "identical to" : "DIFFERENT from"} the live ${r.live.dir}`
+  console.log(`step ${r.step} from the export: ${r.microBatches} micro-batches, gradient norm ${r.gradNorm.toPrecision(6)}, weights in ${r.out}, ${live}`)
+  console.log(JSON.stringify(r))
+  return r.live?.identical === false ? 1 : 0
+}
+
 export const command: Command<typeof trainFlags> = {
   summary: "train a policy with the elastic RL loop (held-out score before and after; --json: JSON last line)",
   configured: true,
   flags: trainFlags,
   run: async (argv) => {
     const f = parseConfigured("train", trainFlags, argv)
+    if (f["from-export"] !== undefined) return trainExport(f["from-export"], f["export-step"])
     const summary = await Effect.runPromise(Effect.scoped(runTraining(f)))
     if (!f.json) for (const line of summaryLines(summary)) console.log(line)
     console.log(JSON.stringify(summary))

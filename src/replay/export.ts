@@ -10,6 +10,7 @@
  * | `calls.jsonl` | model call, decoded: `execution`, `task`, `callId`, `role`, `prompt` and `output` (token ids), `logprobs` and `versions` (per output token), `finishReason`, `startedAt`, `finishedAt` |
  * | `outcomes.jsonl` | `ExecutionOutcome` |
  * | `steps.jsonl` | `StepMetrics` of a step |
+ * | `plans.jsonl` | training step: `step`, `plan` (its `StartStep`), `told` (its `TrainExecution`s, in the order the core got them) |
  * | `manifest.json` | `format`, `run`, the counts of each file |
  *
  * Calls are read back from the trajectory stream through the trainer's own `DeltaDecoder`
@@ -22,6 +23,7 @@ import { readTrajectories, type ExecutionTrajectory } from "../protocols/traject
 import { messageOf, type TransportError } from "../runtime/errors.ts"
 import type { JournalSource } from "../runtime/journal.ts"
 import { readEntries } from "./read.ts"
+import { stepLogs } from "./trees.ts"
 
 export const EXPORT_FORMAT = 1
 
@@ -73,6 +75,7 @@ export interface ExportCounts {
   readonly calls: number
   readonly outcomes: number
   readonly steps: number
+  readonly plans: number
   /** Trajectory messages that did not decode (not exported). */
   readonly malformed: number
 }
@@ -102,11 +105,14 @@ export const exportRun = (log: JournalSource, dir: string): Effect.Effect<Export
         })
       )
     )
+    const plans = [...(yield* stepLogs(log)).entries()]
+      .sort((a, b) => a[0] - b[0])
+      .flatMap(([step, s]) => (s.plan === undefined ? [] : [{ step, plan: s.plan, told: s.told }]))
     const trajectories = yield* readTrajectories(log)
     const executions = [...trajectories.executions.values()].sort((a, b) => a.execution.localeCompare(b.execution, "en", { numeric: true }))
     const calls = executions.flatMap(exportedCalls)
     const outcomes = executions.flatMap((t) => (t.outcome === undefined ? [] : [t.outcome]))
-    const counts = { events: events.length, actions: actions.length, calls: calls.length, outcomes: outcomes.length, steps: steps.length, malformed: trajectories.malformed.length }
+    const counts = { events: events.length, actions: actions.length, calls: calls.length, outcomes: outcomes.length, steps: steps.length, plans: plans.length, malformed: trajectories.malformed.length }
     yield* Effect.try({
       try: () => {
         fs.mkdirSync(dir, { recursive: true })
@@ -117,6 +123,7 @@ export const exportRun = (log: JournalSource, dir: string): Effect.Effect<Export
         write("calls.jsonl", lines(calls))
         write("outcomes.jsonl", lines(outcomes))
         write("steps.jsonl", lines(steps))
+        write("plans.jsonl", lines(plans))
         write("manifest.json", `${JSON.stringify({ format: EXPORT_FORMAT, run: log.run, ...counts }, null, 2)}\n`)
       },
       catch: (e) => new ExportFailed({ dir, message: messageOf(e) })

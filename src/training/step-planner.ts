@@ -21,7 +21,8 @@
 import { Result } from "effect"
 import { packedBatchDigest, type PackedBatch } from "../common/packed-batch.ts"
 import type { StepExecutionRef, StepPlan } from "../protocols/device.ts"
-import { parseExecutionName, type TrainingSettings } from "../protocols/run.ts"
+import { parseExecutionName, type RunConfig, type TrainingSettings } from "../protocols/run.ts"
+import type { LossConfig } from "../engine/trainer.ts"
 import { groupAdvantages } from "../tree/advantage.ts"
 import { rewardOf } from "../tree/outcome.ts"
 import { packMicroBatches } from "../tree/pack.ts"
@@ -29,6 +30,21 @@ import { treeDigest } from "../tree/stats.ts"
 import type { TreeFigures } from "../protocols/scheduler.ts"
 import type { TrajectoryTree } from "../tree/tree.ts"
 import { stepUnits, type StepExecution, type TrainingMode } from "../tree/units.ts"
+
+/** The run's loss for micro-batches of step `step` (see ARCHITECTURE.md, "Training": ppo and is coincide while r = 1). */
+export const stepLoss = (config: RunConfig, step: number): LossConfig => {
+  const t = config.training
+  const ppo = t.loss === "ppo"
+  return {
+    kind: "ppo",
+    clipLow: ppo ? t.clipLow : 0,
+    clipHigh: ppo ? t.clipHigh : 0,
+    isCap: t.isCap,
+    currentVersion: step,
+    maxStaleness: config.policyConfig.max_staleness,
+    proximal: "current"
+  }
+}
 
 /** Added to GRPO's standard deviation (a group of equal rewards gets advantage 0). */
 const ADVANTAGE_EPSILON = 1e-6
