@@ -11,7 +11,7 @@
  * 4. Held-out score of the final checkpoint, and a summary counted from the run's journal
  *    (`src/replay/audit.ts`); with `--json` the last line is one JSON object.
  * 5. The run's HTML report (`src/replay/report.ts`): `<store>/report.html` on the embedded
- *    default, `./<run>.html` with NATS_URL; its path is the summary's last line (`report`).
+ *    default, `.gyre/reports/<run>.html` with NATS_URL; its path is the summary's last line (`report`).
  *
  * Progress (`progress.ts`): bars and a status screen on a terminal, plain lines otherwise; none
  * with `--quiet` or `--json`.
@@ -157,7 +157,8 @@ export const runTraining = (f: TrainFlags) => {
     const after = yield* score(result.checkpoint, "heldout-after")
     log(`held-out after:  ${after.meanScore.toFixed(3)} (before ${before.meanScore.toFixed(3)})`)
     const audit = yield* auditRun(result.system, config.policyConfig.executions_per_step)
-    const report = nats.url === undefined ? path.join(store, "report.html") : path.resolve(`${run}.html`)
+    const report = nats.url === undefined ? path.join(store, "report.html") : path.join(repoRoot, ".gyre", "reports", `${run}.html`)
+    fs.mkdirSync(path.dirname(report), { recursive: true })
     fs.writeFileSync(report, renderReport([yield* buildReport(result.system)]))
     const summary = {
       run,
