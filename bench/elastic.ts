@@ -1,7 +1,8 @@
 /**
  * `npm run bench:elastic`: the same suite, seed, checkpoint and steps under each scheduling policy
  * on this machine (each a `gyre train --json` child process, one after another), then each run's
- * journal read back from its store. A table, then one JSON line:
+ * journal read back from its store. The runs' HTML report side by side (`.gyre/bench-elastic.html`,
+ * src/replay/report.ts; its path printed first), a table, then one JSON line:
  *
  * - `elastic_s`, `async_s`, `colocate_s`: the runs' makespans (node start to `run-done`), and the
  *   ratios `elastic_over_async` / `elastic_over_colocate` (> 1: elastic is faster);
@@ -24,6 +25,7 @@ import { warmStartedCheckpoint } from "../src/cli/warm-start.ts"
 import { Engine } from "../src/engine/engine.ts"
 import { asyncSplit, fixedPolicies } from "../src/policy/index.ts"
 import { auditRun, type RunAudit } from "../src/replay/audit.ts"
+import { buildReport, renderReport, type RunReport } from "../src/replay/report.ts"
 import { Nats } from "../src/runtime/nats.ts"
 import { repoRoot } from "../src/runtime/nats-server.ts"
 import { ActorSystem } from "../src/runtime/system.ts"
@@ -56,7 +58,7 @@ const readAudit = (store: string, run: string, executionsPerStep: number) =>
     Effect.scoped(
       Effect.gen(function* () {
         const system = yield* ActorSystem
-        return yield* auditRun(system, executionsPerStep)
+        return { audit: yield* auditRun(system, executionsPerStep), report: yield* buildReport(system) }
       }).pipe(Effect.provide(ActorSystem.layer({ run }).pipe(Layer.provideMerge(Nats.layer({ storeDir: store })))))
     )
   )
@@ -70,6 +72,7 @@ const main = async () => {
   const B = Number(knobs["executions-per-step"])
   const slots = Number(knobs.slots)
   const rows: Array<{ policy: string; runS: number; audit: RunAudit; simS: number; utilization: number }> = []
+  const reports: Array<RunReport> = []
   for (const policy of policies) {
     const store = fs.mkdtempSync(path.join(os.tmpdir(), `gyre-bench-${policy}-`))
     const run = `bench-${policy}-${Date.now().toString(36)}`
@@ -80,7 +83,8 @@ const main = async () => {
       { encoding: "utf8", stdio: ["ignore", "pipe", "inherit"], maxBuffer: 1 << 26 }
     )
     const summary = JSON.parse(out.trim().split("\n").at(-1)!)
-    const audit = await readAudit(store, run, B)
+    const { audit, report } = await readAudit(store, run, B)
+    reports.push(report)
     const scenario = runScenario(audit, { policyConfig: { slots_per_cell: slots, executions_per_step: B, steps, max_staleness: 1 } }, devices)
     const simPolicy = policy === "async" ? asyncSplit(1) : fixedPolicies[policy]!
     const sim = simulate(scenario, executionsOf(scenario), simPolicy)
@@ -88,6 +92,10 @@ const main = async () => {
     rows.push({ policy, runS: summary.run_s, audit, simS: sim.makespan_s, utilization: useful / (devices * summary.run_s) })
     fs.rmSync(store, { recursive: true, force: true })
   }
+  // The policies side by side in one page (gyre report's, with every run's timeline).
+  const page = path.join(repoRoot, ".gyre", "bench-elastic.html")
+  fs.writeFileSync(page, renderReport(reports))
+  console.log(`report ${page}`)
   const by = (p: string) => rows.find((r) => r.policy === p)
   console.log(`policy             makespan_s  sim_s   sim/live  utilization  switches  reprefill  kv_bytes`)
   for (const r of rows) {

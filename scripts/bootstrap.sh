@@ -5,6 +5,8 @@
 #   3. the native engine library (make -C native; make skips it when up to date)
 #   4. torch for /usr/bin/python3, used by the engine's PyTorch agreement test
 #      (scripts/python-torch.sh: Debian packages as root, else a warning)
+#   5. Debian's chromium at /usr/bin/chromium, which the report test drives headless through
+#      playwright-core (scripts/apt-packages.sh; never a downloaded browser)
 # Called by `npm test`, `npm run demo` and the benches, so the README's two commands work
 # on a machine that has only Node and npm.
 set -euo pipefail
@@ -22,3 +24,5 @@ if [ -f native/Makefile ]; then
 fi
 
 bash scripts/python-torch.sh
+
+bash scripts/apt-packages.sh "the report test in headless Chromium (test/report)" chromium

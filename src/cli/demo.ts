@@ -9,7 +9,7 @@
  * JetStream store stays in `.gyre/runs/<run>` for `gyre replay --store`.
  */
 import { Effect } from "effect"
-import { parseFlags, type Command } from "./args.ts"
+import { parseConfigured, type Command } from "./args.ts"
 import { runTraining, summaryLines, trainFlags } from "./train.ts"
 
 const flags = {
@@ -20,9 +20,10 @@ const flags = {
 
 export const command: Command<typeof flags> = {
   summary: "the main job: a short elastic RL run of the tiny policy on the toy suite (held-out score before and after)",
+  configured: true,
   flags,
   run: async (argv) => {
-    const f = parseFlags("demo", flags, argv)
+    const f = parseConfigured("demo", flags, argv)
     const summary = await Effect.runPromise(Effect.scoped(runTraining(f)))
     for (const line of summaryLines(summary)) console.log(line)
     console.log(JSON.stringify(summary))

@@ -3,8 +3,10 @@
  *
  * Each sub-command lives in its own module under `src/cli/` and exports a `Command`
  * (`summary`, `flags`, `run`). Modules are imported lazily so `gyre sim` never loads the
- * native engine and `gyre engine` never connects to NATS. A `UsageError` prints one line
- * and exits with 2; any other failure prints its message and exits with 1.
+ * native engine and `gyre engine` never connects to NATS. Exit codes (README, ARCHITECTURE):
+ * 0 done; 1 the command failed (a run that cannot be read, a check that failed, an error: its
+ * message on one line); 2 a usage error (a bad flag or value: one line naming it). `gyre node`
+ * and `gyre serve` drain on SIGINT / SIGTERM and then exit with 0.
  */
 import { UsageError, usage, type Command } from "./args.ts"
 
@@ -17,7 +19,10 @@ const commands: Record<string, () => Promise<{ readonly command: Command }>> = {
   eval: () => import("./eval.ts"),
   train: () => import("./train.ts"),
   replay: () => import("./replay.ts"),
-  auth: () => import("./auth.ts")
+  auth: () => import("./auth.ts"),
+  runs: () => import("./runs.ts"),
+  status: () => import("./status.ts"),
+  report: () => import("./report.ts")
 }
 
 const printHelp = async () => {
@@ -40,7 +45,7 @@ const main = async (argv: ReadonlyArray<string>): Promise<number> => {
   if (load === undefined) throw new UsageError(`gyre: unknown command '${name}' (known: ${Object.keys(commands).join(", ")})`)
   const { command } = await load()
   if (rest.includes("--help")) {
-    console.log(usage(name, command.summary, command.flags))
+    console.log(usage(name, command.summary, command.flags, command.configured))
     return 0
   }
   return command.run(rest)

@@ -36,7 +36,7 @@ import { observabilityLayer } from "../runtime/observability.ts"
 import { formatAddress, parseAddress } from "../runtime/names.ts"
 import { startNode } from "../runtime/node.ts"
 import { ActorSystem } from "../runtime/system.ts"
-import { UsageError, parseFlags, type Command } from "./args.ts"
+import { UsageError, parseConfigured, type Command } from "./args.ts"
 import { embeddedNats } from "./auth.ts"
 import { serveUntilStopped } from "./lifetime.ts"
 
@@ -87,9 +87,10 @@ const status = (line: Record<string, unknown>) => Effect.sync(() => void process
 
 export const command: Command<typeof flags> = {
   summary: "host actors on this machine (embedded nats-server unless NATS_URL is set)",
+  configured: true,
   flags,
   run: async (argv) => {
-    const f = parseFlags("node", flags, argv)
+    const f = parseConfigured("node", flags, argv)
     const spawns = list(f.spawn).map((a) => {
       try {
         return parseAddress(a)

@@ -25,7 +25,7 @@ import { Nats } from "../runtime/nats.ts"
 import { address } from "../runtime/names.ts"
 import { startNode } from "../runtime/node.ts"
 import { ActorSystem, refOf } from "../runtime/system.ts"
-import { UsageError, parseFlags, type Command } from "./args.ts"
+import { UsageError, parseConfigured, type Command } from "./args.ts"
 import { checkCheckpoint } from "./eval.ts"
 import { embeddedNats } from "./auth.ts"
 import { serveUntilStopped } from "./lifetime.ts"
@@ -46,9 +46,10 @@ const flags = {
 
 export const command: Command<typeof flags> = {
   summary: "serve a checkpoint as an OpenAI-compatible endpoint, recording every call",
+  configured: true,
   flags,
   run: async (argv) => {
-    const f = parseFlags("serve", flags, argv)
+    const f = parseConfigured("serve", flags, argv)
     checkCheckpoint("serve", f.checkpoint)
     if (f.devices < 1) throw new UsageError("gyre serve: --devices must be at least 1")
     const chat = await chatFormatOf(f.checkpoint)

@@ -10,6 +10,11 @@
  *    under `--policy`; a progress line per step from the trainer's `StepMetrics`.
  * 4. Held-out score of the final checkpoint, and a summary counted from the run's journal
  *    (`src/replay/audit.ts`); with `--json` the last line is one JSON object.
+ * 5. The run's HTML report (`src/replay/report.ts`): `<store>/report.html` on the embedded
+ *    default, `.gyre/reports/<run>.html` with NATS_URL; its path is the summary's last line (`report`).
+ *
+ * Progress (`progress.ts`): bars and a status screen on a terminal, plain lines otherwise; none
+ * with `--quiet` or `--json`.
  *
  * `--resume RUN` continues a stopped run (its processes killed, its store kept): the run's
  * configuration comes from its journal (the flags that shape the run are ignored), a new scheduler
@@ -28,14 +33,16 @@ import { fixedPolicies } from "../policy/index.ts"
 import { TrainingSettings, type RunConfig } from "../protocols/run.ts"
 import { auditRun } from "../replay/audit.ts"
 import { readRunConfig, runDoneJournaled } from "../scheduling/records.ts"
+import { buildReport, renderReport } from "../replay/report.ts"
 import { trainFromExport } from "../replay/from-export.ts"
 import { Nats, natsOptionsFromEnv } from "../runtime/nats.ts"
 import { repoRoot } from "../runtime/nats-server.ts"
 import { ActorSystem } from "../runtime/system.ts"
-import { UsageError, parseFlags, type Command, type Flags } from "./args.ts"
+import { UsageError, parseConfigured, type Command, type Flags } from "./args.ts"
 import { checkCheckpoint, parseEnv } from "./eval.ts"
 import { evaluate, parseTaskList } from "./evaluate.ts"
-import { hostRun, type RunProgress } from "./run-host.ts"
+import { followRun, RunProgress } from "./progress.ts"
+import { hostRun } from "./run-host.ts"
 import { warmStartedCheckpoint } from "./warm-start.ts"
 
 export const trainFlags = {
@@ -116,11 +123,6 @@ export const runConfigOf = (f: TrainFlags, run: string, checkpoint: string, chec
   startedAt: Date.now()
 })
 
-const progressLine = (p: RunProgress) => {
-  const m = p.metrics
-  return `step ${String(m.step).padStart(3)}  score ${m.meanScore.toFixed(3)}  loss ${m.loss.toFixed(4)}  entropy ${m.entropy.toFixed(3)}  kl ${m.behaviourKl.toFixed(4)}  tokens ${String(m.tokensTrained).padStart(6)}  devices ${m.devices.length}  ${p.elapsedS.toFixed(0)} s`
-}
-
 const round = (x: number, digits = 4) => Number(x.toFixed(digits))
 
 /** The journaled configuration of the stopped run `run` that `--resume` continues. */
@@ -143,9 +145,10 @@ export const runTraining = (f: TrainFlags) => {
       throw new UsageError(`gyre train: --resume ${run}: no store ${store} (give --store, or NATS_URL of the server that holds the run)`)
     }
     const log = f.quiet || f.json ? () => undefined : (line: string) => console.log(line)
+    const progress = f.quiet || f.json ? undefined : new RunProgress({ tty: process.stdout.isTTY === true, write: log }, f["executions-per-step"])
     const started = Date.now()
     const env = suiteEnv(f)
-    const warm = { suite: f.suite, env, tasks: f["demo-tasks"], steps: f["sft-steps"], lr: f["sft-lr"], seed: f.seed, fresh: false, log }
+    const warm = { suite: f.suite, env, tasks: f["demo-tasks"], steps: f["sft-steps"], lr: f["sft-lr"], seed: f.seed, fresh: false, log, ...(progress ? { onStep: progress.warmStart(f["sft-steps"]) } : {}) }
     const resumed = f.resume === undefined ? undefined : yield* resumedConfig(run, store)
     const initial = resumed?.checkpoint ?? f.checkpoint ?? (yield* warmStartedCheckpoint(warm))
     const config = resumed ?? runConfigOf(f, run, initial, path.join(store, "checkpoints"))
@@ -159,12 +162,19 @@ export const runTraining = (f: TrainFlags) => {
       evaluate({ checkpoint, suitesDir: f.suites, suite: config.suite, tasks: heldout, env: config.env, run: `${run}-${name}${attempt}`, concurrency: heldout.length })
     const before = yield* score(initial, "heldout-before")
     log(`held-out before: ${before.meanScore.toFixed(3)} on ${heldout.length} tasks (${before.seconds.toFixed(0)} s)`)
-    const result = yield* hostRun({ config, trainTasks, devices: f.devices, suitesDir: f.suites, onProgress: (p) => log(progressLine(p)) }).pipe(
-      Effect.provide(ActorSystem.layer({ run }))
+    const connection = yield* Nats
+    const result = yield* Effect.scoped(
+      Effect.gen(function* () {
+        if (progress !== undefined) yield* followRun(progress, connection, run)
+        return yield* hostRun({ config, trainTasks, devices: f.devices, suitesDir: f.suites, onProgress: () => undefined }).pipe(Effect.provide(ActorSystem.layer({ run })))
+      })
     )
     const after = yield* score(result.checkpoint, "heldout-after")
     log(`held-out after:  ${after.meanScore.toFixed(3)} (before ${before.meanScore.toFixed(3)})`)
     const audit = yield* auditRun(result.system, config.policyConfig.executions_per_step)
+    const report = nats.url === undefined ? path.join(store, "report.html") : path.join(repoRoot, ".gyre", "reports", `${run}.html`)
+    fs.mkdirSync(path.dirname(report), { recursive: true })
+    fs.writeFileSync(report, renderReport([yield* buildReport(result.system)]))
     const summary = {
       run,
       policy: result.config.policy,
@@ -183,7 +193,8 @@ export const runTraining = (f: TrainFlags) => {
       trained_twice: audit.trainedTwice,
       store: nats.url === undefined ? store : nats.url,
       warm_start_checkpoint: initial,
-      checkpoint: result.checkpoint
+      checkpoint: result.checkpoint,
+      report
     }
     return summary
   }).pipe(Effect.provide(Layer.merge(Layer.fresh(Nats.layer({ ...nats, storeDir: store })), Engine.layer)))
@@ -197,7 +208,8 @@ export const summaryLines = (s: TrainSummary): Array<string> => [
   `train score by step: ${s.train_scores.map((x) => x.toFixed(2)).join(" ")}`,
   `${s.switches} role switches: ${s.reprefill_tokens} tokens prefilled again, ${s.kv_handoff_bytes} KV bytes handed off`,
   `executions lost ${s.executions_lost}, trained twice ${s.trained_twice}, stale tokens dropped ${s.stale_dropped}`,
-  `checkpoint ${s.checkpoint}; the run's store ${s.store}`
+  `checkpoint ${s.checkpoint}; the run's store ${s.store}`,
+  `report ${s.report}`
 ]
 
 /** `--from-export DIR`: the step trained offline (src/replay/from-export.ts); exit 1 when the live checkpoint differs. */
@@ -212,9 +224,10 @@ const trainExport = async (dir: string, step: number) => {
 
 export const command: Command<typeof trainFlags> = {
   summary: "train a policy with the elastic RL loop (held-out score before and after; --json: JSON last line)",
+  configured: true,
   flags: trainFlags,
   run: async (argv) => {
-    const f = parseFlags("train", trainFlags, argv)
+    const f = parseConfigured("train", trainFlags, argv)
     if (f["from-export"] !== undefined) return trainExport(f["from-export"], f["export-step"])
     const summary = await Effect.runPromise(Effect.scoped(runTraining(f)))
     if (!f.json) for (const line of summaryLines(summary)) console.log(line)

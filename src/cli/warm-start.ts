@@ -33,6 +33,8 @@ export interface WarmStartSettings {
   readonly fresh: boolean
   /** Progress lines go here (stdout by default). */
   readonly log?: (line: string) => void
+  /** Called after each SFT step (a progress bar); the periodic loss lines are then left out. */
+  readonly onStep?: (step: number, loss: number) => void
 }
 
 const digestOf = (parts: ReadonlyArray<string>) => {
@@ -84,7 +86,8 @@ export const warmStartedCheckpoint = (s: WarmStartSettings): Effect.Effect<strin
         lr: s.lr,
         seed: s.seed,
         onStep: (step, l) => {
-          if (step % 25 === 0) log(`  step ${String(step).padStart(4)}  loss ${l.toFixed(4)}  ${((Date.now() - started) / 1000).toFixed(0)} s`)
+          if (s.onStep !== undefined) s.onStep(step, l)
+          else if (step % 25 === 0) log(`  step ${String(step).padStart(4)}  loss ${l.toFixed(4)}  ${((Date.now() - started) / 1000).toFixed(0)} s`)
         }
       })
       const staging = `${dir}.tmp-${process.pid}`

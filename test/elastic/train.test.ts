@@ -47,6 +47,9 @@ describe("gyre train", () => {
     expect(summary.switches).toBeGreaterThan(0)
     expect(summary.store).toBe(join(dir, "store"))
     expect(existsSync(join(summary.checkpoint, "model.safetensors"))).toBe(true)
+    // The run's HTML report, in its store, named on the summary.
+    expect(summary.report).toBe(join(dir, "store", "report.html"))
+    expect(existsSync(summary.report)).toBe(true)
     const evaluation = lastJson(execFileSync("node", [gyre, "eval", "--checkpoint", summary.checkpoint, "--tasks", "heldout-0,heldout-1", "--env", "TOY_STEPS=3", "--json"], { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] }))
     expect(Object.keys(evaluation.scores)).toEqual(["heldout-0", "heldout-1"])
     expect(evaluation.mean_score).toBeGreaterThanOrEqual(0)
