@@ -9,7 +9,7 @@
  *    scheduler candidate (`scheduler/main` while it holds the run's lease) run `--steps` RL steps
  *    under `--policy`; a progress line per step from the trainer's `StepMetrics`.
  * 4. Held-out score of the final checkpoint, and a summary counted from the run's journal
- *    (`src/replay/audit.ts`); with `--json` the last line is one JSON object.
+ *    (`src/scheduling/audit.ts`); with `--json` the last line is one JSON object.
  * 5. The run's HTML report (`src/replay/report.ts`): `<store>/report.html` on the embedded
  *    default, `.gyre/reports/<run>.html` with NATS_URL; its path is the summary's last line (`report`).
  *
@@ -31,7 +31,7 @@ import { loadSuite } from "../harness/suites.ts"
 import { Engine } from "../engine/engine.ts"
 import { fixedPolicies } from "../policy/index.ts"
 import { TrainingSettings, type RunConfig } from "../protocols/run.ts"
-import { auditRun } from "../replay/audit.ts"
+import { auditRun } from "../scheduling/audit.ts"
 import { readRunConfig, runDoneJournaled } from "../scheduling/records.ts"
 import { buildReport, renderReport } from "../replay/report.ts"
 import { trainFromExport } from "../replay/from-export.ts"

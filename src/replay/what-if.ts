@@ -12,7 +12,7 @@ import type { TransportError } from "../runtime/errors.ts"
 import type { JournalSource } from "../runtime/journal.ts"
 import { executionsOf, parseScenario, type Scenario } from "../sim/scenario.ts"
 import { simulate } from "../sim/simulate.ts"
-import { auditRun, type RunAudit } from "./audit.ts"
+import { auditRun, type RunAudit } from "../scheduling/audit.ts"
 
 const mean = (xs: ReadonlyArray<number>) => (xs.length === 0 ? 0 : xs.reduce((a, b) => a + b, 0) / xs.length)
 

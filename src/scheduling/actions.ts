@@ -13,7 +13,7 @@
  * | `PublishWeights {version}` | `LoadWeights` to every cell in the rollout role | `WeightsLoaded` |
  * | `CellJoined {cell}` after a publish | `LoadWeights` of the newest version to it | |
  * | `CellLost {cell}` | its fibers stop; running executions are asked again (they join); the step's core lost: the policy's next `StartStep` is a new attempt, told every finished execution again | |
- * | the last `StepDone` | `run-done`: the journal's audit (src/replay/audit.ts) | |
+ * | the last `StepDone` | `run-done`: the journal's audit (src/scheduling/audit.ts) | |
  *
  * `resume` starts, after a takeover, the effects of everything the book shows without its
  * completion; the receivers deduplicate (execution ids, message ids, idempotent steps).
@@ -29,7 +29,7 @@ import type { Role } from "../policy/vocabulary.ts"
 import type { ExecutionOutcome } from "../tree/outcome.ts"
 import type { Book, Finished, StepView } from "./book.ts"
 import { readOutcome, type Ran, type Running } from "./dispatcher.ts"
-import { auditRun } from "../replay/audit.ts"
+import { auditRun } from "./audit.ts"
 import { journalRunDone, runDoneJournaled, type RunSummary } from "./records.ts"
 import { persistently } from "./retry.ts"
 

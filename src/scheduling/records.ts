@@ -21,7 +21,7 @@ import type { ActorSystemShape } from "../runtime/system.ts"
 import type { JournalSource } from "../runtime/journal.ts"
 import { PolicyRecord } from "../protocols/scheduler.ts"
 import { RunConfig } from "../protocols/run.ts"
-import type { RunAudit } from "../replay/audit.ts"
+import type { RunAudit } from "./audit.ts"
 
 /** Another scheduler wrote a record after the last one this one knows: it no longer leads. */
 export class JournalFenced extends Schema.TaggedError<JournalFenced>()("JournalFenced", {
@@ -37,7 +37,7 @@ export class JournalDiverged extends Schema.TaggedError<JournalDiverged>()("Jour
   reason: Schema.String
 }) {}
 
-/** The run's end (`gyre.<run>.sys.run-done`): the journal's audit (src/replay/audit.ts) with the run's name, policy and wall time. */
+/** The run's end (`gyre.<run>.sys.run-done`): the journal's audit (src/scheduling/audit.ts) with the run's name, policy and wall time. */
 export interface RunSummary extends RunAudit {
   readonly run: string
   readonly policy: string

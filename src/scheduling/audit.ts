@@ -55,7 +55,9 @@ export const auditRun = (system: JournalSource, executionsPerStep: number): Effe
   Effect.gen(function* () {
     const records = new Map<number, { readonly json: string; readonly record: PolicyRecord }>()
     const conflicting = new Set<number>()
-    const steps: Array<StepMetrics> = []
+    // One per step, the last journaled: a step started again after its core was lost journals the
+    // attempt that counted after any a lost core journaled before it died (its update was discarded).
+    const byStep = new Map<number, StepMetrics>()
     const malformed: Array<{ seq: number; reason: string }> = []
     const switches: Array<{ role: string; reprefill: number; bytes: number; controlMs: number; ms: number }> = []
     yield* readJournal(system, { protocols: { [SCHEDULER_KIND]: SchedulerProtocol } }).pipe(
@@ -71,7 +73,7 @@ export const auditRun = (system: JournalSource, executionsPerStep: number): Effe
           } else if (entry.via === "event" && entry.name === "step") {
             const m = decodeMetrics(entry.payload)
             if (m._tag === "Failure") return void malformed.push({ seq: entry.seq, reason: `step metrics: ${String(m.cause)}` })
-            steps.push(m.value)
+            byStep.set(m.value.step, m.value)
           } else if (entry.via === "tell" && entry.actor?.kind === SCHEDULER_KIND && entry.name === "SwitchCompleted") {
             if (entry.error !== undefined) return void malformed.push({ seq: entry.seq, reason: entry.error })
             const { role, result } = entry.payload as { readonly role: string; readonly result: { reprefillTokens: number; bytesMoved: number; controlMs: number; ms: number } }
@@ -80,6 +82,7 @@ export const auditRun = (system: JournalSource, executionsPerStep: number): Effe
         })
       )
     )
+    const steps = [...byStep.values()].sort((a, b) => a.step - b.step)
     const indices = [...records.keys()].sort((a, b) => a - b)
     const gaps: Array<number> = []
     for (let i = 0; i < indices.length - 1; i++) for (let k = indices[i]! + 1; k < indices[i + 1]!; k++) gaps.push(k)
