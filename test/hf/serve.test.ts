@@ -5,19 +5,16 @@
  * assistant turn the harness sends back is the generated ids, so rebuilding the trajectory
  * tree from the records gives one path, the second call extending the first.
  */
-import { spawn } from "node:child_process"
 import * as path from "node:path"
-import * as readline from "node:readline"
 import { jetstream } from "@nats-io/jetstream"
 import { Effect, Schema } from "effect"
 import OpenAI from "openai"
 import { afterEach, describe, expect, it } from "vitest"
-import { repoRoot } from "../../src/runtime/nats-server.ts"
 import { seedFile } from "../../src/runtime/auth.ts"
 import { connectTo } from "../../src/runtime/nats.ts"
 import { DeltaDecoder } from "../../src/tree/decoder.ts"
 import { CallRecordJson } from "../../src/tree/record.ts"
-import { tempDir } from "../rollout/fixtures.ts"
+import { serveChild, tempDir } from "../rollout/fixtures.ts"
 import { byteLevelTokenizer, writeSmolModel } from "./fixtures.ts"
 
 const tok = byteLevelTokenizer()
@@ -25,39 +22,13 @@ const tok = byteLevelTokenizer()
 const killAfter: Array<() => void> = []
 afterEach(() => killAfter.splice(0).forEach((k) => k()))
 
-/** `gyre serve` as a child process; resolves its JSON events by name. */
 // The embedded server admits only the users of GYRE_AUTH_DIR: the records are read as the observer.
 const authDir = path.join(tempDir("gyre-hf-auth-"), "auth")
 
 const serve = (checkpoint: string) => {
-  const args = ["serve", "--checkpoint", checkpoint, "--port", "0", "--model", "smol", "--store", tempDir("gyre-hf-store-")]
-  const child = spawn(process.execPath, [path.join(repoRoot, "bin", "gyre.js"), ...args], {
-    cwd: repoRoot,
-    env: { ...process.env, NATS_URL: "", GYRE_AUTH_DIR: authDir },
-    stdio: ["ignore", "pipe", "pipe"]
-  })
-  killAfter.push(() => child.exitCode === null && child.kill("SIGKILL"))
-  let stderr = ""
-  child.stderr!.on("data", (d: Buffer) => (stderr += d.toString()))
-  const events: Array<Record<string, string>> = []
-  const waiters: Array<() => void> = []
-  readline.createInterface({ input: child.stdout! }).on("line", (line) => {
-    if (line.startsWith("{")) events.push(JSON.parse(line) as Record<string, string>)
-    waiters.splice(0).forEach((w) => w())
-  })
-  const exited = new Promise<number | null>((resolve) => child.on("exit", (code) => resolve(code)))
-  const event = (name: string) =>
-    new Promise<Record<string, string>>((resolve, reject) => {
-      const timer = setTimeout(() => reject(new Error(`no ${name} event; stderr:\n${stderr}`)), 90_000)
-      const check = () => {
-        const e = events.find((x) => x.event === name)
-        if (e === undefined) return void waiters.push(check)
-        clearTimeout(timer)
-        resolve(e)
-      }
-      check()
-    })
-  return { child, exited, event }
+  const served = serveChild(["--checkpoint", checkpoint, "--port", "0", "--model", "smol", "--store", tempDir("gyre-hf-store-")], authDir)
+  killAfter.push(() => served.child.exitCode === null && served.child.kill("SIGKILL"))
+  return served
 }
 
 const fetchRecords = (ready: Record<string, string>, n: number) =>

@@ -2,9 +2,11 @@
  * Shared pieces of the rollout tests: a tiny-preset checkpoint on disk, and a served model
  * (a node with rollout workers and the gateway on a fresh nats-server, an open execution).
  */
+import { spawn } from "node:child_process"
 import { mkdtempSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
+import * as readline from "node:readline"
 import { Effect, Layer, Logger, Schema, type Scope } from "effect"
 import { afterAll } from "vitest"
 import { saveCheckpoint } from "../../src/engine/checkpoint.ts"
@@ -17,6 +19,7 @@ import { rolloutWorker } from "../../src/actors/rollout-worker.ts"
 import type { RolloutConfig } from "../../src/serving/rollout-role.ts"
 import { address } from "../../src/runtime/names.ts"
 import { startNode, type NodeHandle } from "../../src/runtime/node.ts"
+import { repoRoot } from "../../src/runtime/nats-server.ts"
 import { ActorSystem, refOf } from "../../src/runtime/system.ts"
 import { CallRecordJson, type CallRecord } from "../../src/tree/record.ts"
 
@@ -94,3 +97,39 @@ export const readRecords = (execution: string, count: number) =>
       return out
     })
   })
+
+/**
+ * `gyre serve <args>` as a child process on its own embedded server, whose users come from
+ * `authDir`: its stdout lines, its exit, and its JSON events by name (rejected after `timeoutMs`
+ * with its stderr).
+ */
+export const serveChild = (args: ReadonlyArray<string>, authDir: string, timeoutMs = 90_000) => {
+  const child = spawn(process.execPath, [join(repoRoot, "bin", "gyre.js"), "serve", ...args], {
+    cwd: repoRoot,
+    env: { ...process.env, NATS_URL: "", GYRE_AUTH_DIR: authDir },
+    stdio: ["ignore", "pipe", "pipe"]
+  })
+  let stderr = ""
+  child.stderr!.on("data", (d: Buffer) => (stderr += d.toString()))
+  const lines: Array<string> = []
+  const events: Array<Record<string, string>> = []
+  const waiters: Array<() => void> = []
+  readline.createInterface({ input: child.stdout! }).on("line", (line) => {
+    lines.push(line)
+    if (line.startsWith("{")) events.push(JSON.parse(line) as Record<string, string>)
+    waiters.splice(0).forEach((w) => w())
+  })
+  const exited = new Promise<number | null>((resolve) => child.on("exit", (code) => resolve(code)))
+  const event = (name: string) =>
+    new Promise<Record<string, string>>((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error(`no ${name} event; stderr:\n${stderr}`)), timeoutMs)
+      const check = () => {
+        const e = events.find((x) => x.event === name)
+        if (e === undefined) return void waiters.push(check)
+        clearTimeout(timer)
+        resolve(e)
+      }
+      check()
+    })
+  return { child, lines, exited, event, stderr: () => stderr }
+}

@@ -3,18 +3,15 @@
  * rollout workers; an OpenAI client talks to the printed base URL with the printed key, the
  * call is on the printed record subject, and SIGINT drains and exits 0.
  */
-import { spawn } from "node:child_process"
 import * as path from "node:path"
-import * as readline from "node:readline"
 import { Effect, Schema } from "effect"
 import OpenAI from "openai"
 import { afterEach, describe, expect, it } from "vitest"
-import { repoRoot } from "../../src/runtime/nats-server.ts"
 import { connectTo } from "../../src/runtime/nats.ts"
 import { jetstream } from "@nats-io/jetstream"
 import { CallRecordJson } from "../../src/tree/record.ts"
 import { seedFile } from "../../src/runtime/auth.ts"
-import { tempDir, writeCheckpoint } from "./fixtures.ts"
+import { serveChild, tempDir, writeCheckpoint } from "./fixtures.ts"
 
 const checkpoint = await writeCheckpoint(tempDir("gyre-serve-"), 3)
 const killAfter: Array<() => void> = []
@@ -25,35 +22,8 @@ describe("gyre serve", () => {
     // The embedded server admits only the users of GYRE_AUTH_DIR: this test reads the records as the observer.
     const authDir = path.join(tempDir("gyre-serve-auth-"), "auth")
     const store = tempDir("gyre-serve-store-")
-    const child = spawn(process.execPath, [path.join(repoRoot, "bin", "gyre.js"), "serve", "--checkpoint", checkpoint, "--port", "0", "--devices", "2", "--store", store], {
-      cwd: repoRoot,
-      env: { ...process.env, NATS_URL: "", GYRE_AUTH_DIR: authDir },
-      stdio: ["ignore", "pipe", "pipe"]
-    })
+    const { child, lines, exited, event } = serveChild(["--checkpoint", checkpoint, "--port", "0", "--devices", "2", "--store", store], authDir, 60_000)
     killAfter.push(() => child.exitCode === null && child.kill("SIGKILL"))
-    let stderr = ""
-    child.stderr!.on("data", (d: Buffer) => (stderr += d.toString()))
-    const lines: Array<string> = []
-    const events: Array<Record<string, string>> = []
-    const waiters: Array<() => void> = []
-    readline.createInterface({ input: child.stdout! }).on("line", (line) => {
-      lines.push(line)
-      if (line.startsWith("{")) events.push(JSON.parse(line) as Record<string, string>)
-      waiters.splice(0).forEach((w) => w())
-    })
-    const exited = new Promise<number | null>((resolve) => child.on("exit", (code) => resolve(code)))
-    const event = (name: string) =>
-      new Promise<Record<string, string>>((resolve, reject) => {
-        const timer = setTimeout(() => reject(new Error(`no ${name} event; stderr:\n${stderr}`)), 60_000)
-        const check = () => {
-          const e = events.find((x) => x.event === name)
-          if (e !== undefined) {
-            clearTimeout(timer)
-            resolve(e)
-          } else waiters.push(check)
-        }
-        check()
-      })
 
     const ready = await event("ready")
     expect(lines.some((l) => l.startsWith(`OpenAI base URL: ${ready.baseUrl}`))).toBe(true)
