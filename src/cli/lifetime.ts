@@ -14,8 +14,15 @@ const drainMs = () => {
   return Number.isFinite(n) && n > 0 ? n : 10_000
 }
 
-/** Exits the process `ms` after now unless it has exited by itself. */
-const exitAfter = (ms: number, code: number) => Effect.sync(() => void setTimeout(() => process.exit(code), ms).unref())
+/** Exits the process `ms` after now unless it has exited by itself, saying `reason` first (the command's own report never came). */
+const exitAfter = (ms: number, code: number, reason?: string) =>
+  Effect.sync(
+    () =>
+      void setTimeout(() => {
+        if (reason !== undefined) process.stderr.write(`gyre: ${reason}\n`)
+        process.exit(code)
+      }, ms).unref()
+  )
 
 /** Waits for a stop signal, then runs `drain` (bounded); fails when NATS is lost first. */
 export const serveUntilStopped = <E>(nats: NatsShape, drain: Effect.Effect<void, E>) =>
@@ -24,7 +31,7 @@ export const serveUntilStopped = <E>(nats: NatsShape, drain: Effect.Effect<void,
     const onSignal = () => Effect.runFork(Deferred.succeed(stop, undefined))
     process.once("SIGTERM", onSignal)
     process.once("SIGINT", onSignal)
-    yield* Effect.raceFirst(Deferred.await(stop), nats.lost).pipe(Effect.tapError(() => exitAfter(5000, 1)))
+    yield* Effect.raceFirst(Deferred.await(stop), nats.lost).pipe(Effect.tapError((e) => exitAfter(5000, 1, e.message)))
     yield* exitAfter(drainMs() + 5000, 0)
     yield* drain.pipe(
       Effect.timeout(Duration.millis(drainMs())),

@@ -53,7 +53,8 @@ const startCluster = async (dir: string) => {
 const createAtR3 = Effect.gen(function* () {
   const nats = yield* Nats
   const names = layout(RUN)
-  yield* Effect.promise(async () => {
+  // tryPromise, so a refusal (no meta leader yet: "no suitable peers for placement") is retried, not a defect
+  yield* Effect.tryPromise(async () => {
     await nats.jsm.streams.add({ name: names.journalStream, subjects: names.journalSubjects, num_replicas: 3, duplicate_window: 120_000_000_000 })
     await nats.jsm.streams.add({ name: names.deadStream, subjects: names.deadSubjects, num_replicas: 3 })
     await nats.kvm.create(names.registryBucket, { history: 1, replicas: 3 })
