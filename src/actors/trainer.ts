@@ -35,7 +35,7 @@ import type { EngineShape, Model } from "../engine/engine.ts"
 import type { NativeError } from "../engine/native.ts"
 import { adamwDefaults, type Trainer } from "../engine/trainer.ts"
 import { DeviceRefused, TrainingProtocol, type MicroBatchJson, type StepExecutionRef, type StepPlan } from "../protocols/device.ts"
-import type { RunConfig } from "../protocols/run.ts"
+import { stepLearningRate, type RunConfig } from "../protocols/run.ts"
 import { SCHEDULER_KIND, SchedulerProtocol } from "../protocols/scheduler.ts"
 import { readExecution } from "../protocols/trajectories.ts"
 import { fetchOptimizer, fetchWeights, publishWeights } from "../protocols/weights.ts"
@@ -296,7 +296,7 @@ export const makeTrainingRole = (
           s.planner.microBatches === 0
             ? Effect.void
             : trainer.setGrads(s.sum.sum).pipe(
-                Effect.andThen(trainer.step({ ...adamwDefaults, lr: config.training.lr })),
+                Effect.andThen(trainer.step({ ...adamwDefaults, lr: stepLearningRate(config.training, s.plan.step) })),
                 Effect.map((n) => {
                   norm = n
                 })

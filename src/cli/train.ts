@@ -65,6 +65,7 @@ export const trainFlags = {
   env: { kind: "string", doc: "more suite knobs, KEY=VALUE,KEY=VALUE", default: "" },
   heldout: { kind: "string", doc: "held-out tasks scored before and after", default: "heldout-0..heldout-15" },
   lr: { kind: "number", doc: "AdamW learning rate", default: 5e-4 },
+  "lr-warmup": { kind: "integer", doc: "steps of linear learning-rate warm-up (0: none)", default: 4 },
   advantage: { kind: "string", doc: "advantage estimator", default: "grpo", choices: ["grpo", "dr-grpo", "rloo"] },
   mode: { kind: "string", doc: "exact tree training or bounded dedup sampling", default: "exact", choices: ["exact", "sampled"] },
   "max-paths": { kind: "integer", doc: "J_max of sampled mode", default: 5 },
@@ -88,6 +89,7 @@ const suiteEnv = (f: TrainFlags) => ({ TOY_STEPS: String(f.horizon), TOY_TOOL_MS
 const check = (f: TrainFlags) => {
   const positive = ["steps", "devices", "executions-per-step", "group-size", "slots", "micro-batch-tokens", "checkpoint-every", "max-paths"] as const
   for (const name of positive) if (f[name] < 1) throw new UsageError(`gyre train: --${name} must be at least 1, got ${f[name]}`)
+  if (f["lr-warmup"] < 0) throw new UsageError(`gyre train: --lr-warmup must be at least 0, got ${f["lr-warmup"]}`)
   if (f["executions-per-step"] % f["group-size"] !== 0) {
     throw new UsageError(`gyre train: --executions-per-step ${f["executions-per-step"]} must be a multiple of --group-size ${f["group-size"]}`)
   }
@@ -115,6 +117,7 @@ export const runConfigOf = (f: TrainFlags, run: string, checkpoint: string, chec
     clipHigh: 0.28,
     isCap: 2,
     lr: f.lr,
+    lrWarmup: f["lr-warmup"],
     microBatchTokens: f["micro-batch-tokens"],
     checkpointEvery: f["checkpoint-every"]
   }),

@@ -32,12 +32,23 @@ export const TrainingSettings = Schema.Struct({
   /** Cap of the importance weight pi_prox / mu (truncated IS); <= 0: no cap. */
   isCap: Schema.Number,
   lr: Schema.Number.check(Schema.isGreaterThan(0)),
+  /**
+   * Steps of linear learning-rate warm-up: step k updates at lr * min(1, (k + 1) / lrWarmup).
+   * Absent (runs journaled before it existed) or 0: the full rate from the first step.
+   */
+  lrWarmup: Schema.optional(Schema.Int.check(Schema.isGreaterThanOrEqualTo(0))),
   /** Tokens per micro-batch. */
   microBatchTokens: Positive,
   /** Checkpoint every this many steps (and after the last). */
   checkpointEvery: Positive
 })
 export type TrainingSettings = typeof TrainingSettings.Type
+
+/** The learning rate of the update that ends step `step` (0-based), after the warm-up. */
+export const stepLearningRate = (t: TrainingSettings, step: number): number => {
+  const warmup = t.lrWarmup ?? 0
+  return warmup <= 0 ? t.lr : t.lr * Math.min(1, (step + 1) / warmup)
+}
 
 export const RunConfig = Schema.Struct({
   run: Schema.String,

@@ -194,7 +194,9 @@ export const makeShell = (options: ShellOptions): Effect.Effect<Shell, never, Sc
     const load = (cell: number, version: number) => {
       const to = device(cell)
       const request = ask(to, "LoadWeights", { version }, { timeoutMs: deviceTimeoutMs })
-      return whileCell(cell, asLongAs(() => book.cells.get(cell)?.role === "rollout", request).pipe(persistently(`LoadWeights ${version} on cell ${cell}`)))
+      // A cell on its way back to rollout refuses weights until its switch ends: expected, retried.
+      const returning = () => book.cells.get(cell)?.switching === true
+      return whileCell(cell, asLongAs(() => book.cells.get(cell)?.role === "rollout", request).pipe(persistently(`LoadWeights ${version} on cell ${cell}`, returning)))
     }
 
     const publish = (version: number) => {

@@ -9,12 +9,15 @@ import { Duration, Effect, Schedule } from "effect"
 
 const backoff = Schedule.min([Schedule.exponential(Duration.millis(100), 2), Schedule.spaced(Duration.seconds(3))])
 
-/** `effect`, retried until it succeeds; each failure is logged with `what`. */
+/**
+ * `effect`, retried until it succeeds; each failure is logged with `what`, as a warning unless
+ * `expected` says the failure is the normal answer of the moment (then at debug level).
+ */
 export const persistently =
-  (what: string) =>
+  (what: string, expected: () => boolean = () => false) =>
   <A, E, R>(effect: Effect.Effect<A, E, R>): Effect.Effect<A, never, R> =>
     effect.pipe(
-      Effect.tapError((e) => Effect.logWarning(`${what} failed; retrying: ${describe(e)}`)),
+      Effect.tapError((e) => (expected() ? Effect.logDebug : Effect.logWarning)(`${what} failed; retrying: ${describe(e)}`)),
       Effect.retry(backoff)
     ) as Effect.Effect<A, never, R>
 

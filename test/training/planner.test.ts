@@ -4,7 +4,7 @@
  */
 import { describe, expect, it } from "vitest"
 import type { StepExecutionRef, StepPlan } from "../../src/protocols/device.ts"
-import { executionName, type TrainingSettings } from "../../src/protocols/run.ts"
+import { executionName, stepLearningRate, type TrainingSettings } from "../../src/protocols/run.ts"
 import { StepPlanner, type PlannedMicroBatch, type Told } from "../../src/training/step-planner.ts"
 import type { TrajectoryTree } from "../../src/tree/tree.ts"
 import { build, wireRecords } from "../tree/simulate.ts"
@@ -103,5 +103,14 @@ describe("step planner", () => {
     expect(planner.tell(y.ref, y.tree)._tag).toBe("Queued")
     const z = execution(2, 0.3)
     expect(planner.tell({ ...z.ref, group: 0 }, z.tree)).toMatchObject({ _tag: "Refused", reason: expect.stringContaining("already has") })
+  })
+})
+
+describe("the learning rate of a step", () => {
+  it("rises linearly over the warm-up, then stays; no warm-up (or a run journaled before it) is the full rate at once", () => {
+    const rates = [0, 1, 2, 3, 4, 40].map((k) => stepLearningRate(settings({ lr: 4e-4, lrWarmup: 4 }), k) * 1e4)
+    rates.forEach((r, i) => expect(r).toBeCloseTo([1, 2, 3, 4, 4, 4][i]!, 9))
+    expect([0, 5].map((k) => stepLearningRate(settings({ lr: 4e-4, lrWarmup: 0 }), k))).toEqual([4e-4, 4e-4])
+    expect(stepLearningRate(settings({ lr: 4e-4 }), 0)).toBe(4e-4)
   })
 })
