@@ -28,20 +28,23 @@ const flags = {
 
 const exists = (dir: string) => fs.existsSync(path.join(dir, "users.json"))
 
-/** Writes fresh credentials into `dir` atomically (a temporary sibling renamed into place). */
-const initDir = (dir: string, run: string, tls?: TlsFiles) =>
+/**
+ * Writes fresh credentials into `dir` atomically (a temporary sibling renamed into place);
+ * `replace` removes what `dir` holds first, else credentials another process wrote meanwhile win.
+ */
+const initDir = (dir: string, run: string, replace: boolean, tls?: TlsFiles) =>
   Effect.gen(function* () {
     const parent = path.dirname(path.resolve(dir))
     fs.mkdirSync(parent, { recursive: true })
     const temp = fs.mkdtempSync(path.join(parent, ".auth-"))
     const file = yield* writeAuthDir(temp, defaultUsers(run), tls)
-    fs.rmSync(dir, { recursive: true, force: true })
+    if (replace) fs.rmSync(dir, { recursive: true, force: true })
     try {
       fs.renameSync(temp, dir)
     } catch {
       fs.rmSync(temp, { recursive: true, force: true }) // another process wrote it first: use that one
     }
-    return file
+    return exists(dir) ? yield* readAuthDir(dir) : file
   })
 
 /** The roles hosting `kinds` need (their union). */
@@ -58,7 +61,7 @@ export const embeddedNats = (o: { readonly name: string; readonly run: string; r
     const storeDir = o.store ?? env.storeDir ?? path.join(process.cwd(), ".gyre", "nats", `${o.run}.${o.node}`)
     if (process.env.GYRE_NATS_AUTH === "off") return { ...env, storeDir } satisfies NatsOptions
     const dir = path.resolve(process.env.GYRE_AUTH_DIR ?? path.join(".gyre", "auth"))
-    const file = exists(dir) ? yield* readAuthDir(dir) : yield* initDir(dir, "*")
+    const file = exists(dir) ? yield* readAuthDir(dir) : yield* initDir(dir, "*", false)
     const roles = rolesOfKinds(o.kinds)
     const user = userWithRoles(file, roles)
     if (user === undefined) {
@@ -78,7 +81,7 @@ export const command: Command<typeof flags> = {
     if (f.run !== "*" && !/^[A-Za-z0-9-]+$/.test(f.run)) throw new UsageError(`gyre auth init: --run must be * or a run id, got '${f.run}'`)
     if (exists(f.dir) && !f.force) throw new UsageError(`gyre auth init: ${f.dir} already holds credentials (--force replaces them)`)
     const tls = f["tls-cert"] !== undefined ? { cert: path.resolve(f["tls-cert"]), key: path.resolve(f["tls-key"]!) } : undefined
-    const file = await Effect.runPromise(initDir(f.dir, f.run, tls))
+    const file = await Effect.runPromise(initDir(f.dir, f.run, true, tls))
     for (const u of file.users) console.log(`${u.name.padEnd(16)} ${u.roles.join("+").padEnd(60)} ${path.join(f.dir, `${u.name}.nk`)}`)
     console.log(`server configuration: ${path.resolve(f.dir, "auth.conf")} (paste it into, or include it next to, the nats-server configuration)`)
     return 0

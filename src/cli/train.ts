@@ -39,6 +39,7 @@ import { Nats, natsOptionsFromEnv } from "../runtime/nats.ts"
 import { repoRoot } from "../runtime/nats-server.ts"
 import { ActorSystem } from "../runtime/system.ts"
 import { UsageError, parseConfigured, type Command, type Flags } from "./args.ts"
+import { embeddedNats } from "./auth.ts"
 import { checkCheckpoint, parseEnv } from "./eval.ts"
 import { evaluate, parseTaskList } from "./evaluate.ts"
 import { followRun, RunProgress } from "./progress.ts"
@@ -200,8 +201,11 @@ export const runTraining = (f: TrainFlags) => {
       report
     }
     return summary
-  }).pipe(Effect.provide(Layer.merge(Layer.fresh(Nats.layer({ ...nats, storeDir: store })), Engine.layer)))
+  }).pipe(Effect.provide(Layer.merge(Layer.fresh(Layer.unwrap(Effect.map(embeddedNats({ name: "gyre-train", run, node: "main", kinds: TRAIN_KINDS, store }), Nats.layer))), Engine.layer)))
 }
+
+/** The actor kinds a `gyre train` process hosts (its NATS user has exactly their roles: `train`). */
+export const TRAIN_KINDS = ["device", "gateway", "harness-runner", "scheduler", "rollout-worker"]
 
 export type TrainSummary = Effect.Success<ReturnType<typeof runTraining>>
 

@@ -12,6 +12,8 @@ import { connect, nkeys, nkeyAuthenticator, type NatsConnection } from "@nats-io
 import { jetstreamManager } from "@nats-io/jetstream"
 import { Effect } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { embeddedNats } from "../../src/cli/auth.ts"
+import { TRAIN_KINDS } from "../../src/cli/train.ts"
 import { defaultUsers } from "../../src/protocols/roles.ts"
 import { clientAuth, seedFile, serverConfigOf, writeAuthDir } from "../../src/runtime/auth.ts"
 import { startEmbeddedServer } from "../../src/runtime/nats-server.ts"
@@ -79,6 +81,21 @@ describe("per-role NATS permissions", () => {
     const unknown = await connect({ servers: url, authenticator: nkeyAuthenticator(stranger.getSeed()), maxReconnectAttempts: 0 }).then(() => "connected", (e: Error) => e.message)
     expect(anonymous).toMatch(/Authorization/i)
     expect(unknown).toMatch(/Authorization/i)
+  })
+
+  it("gyre train's embedded server admits only these users: the train process connects as `train`", async () => {
+    const saved = { url: process.env.NATS_URL, auth: process.env.GYRE_AUTH_DIR }
+    process.env.GYRE_AUTH_DIR = dir
+    delete process.env.NATS_URL
+    try {
+      const options = await Effect.runPromise(embeddedNats({ name: "t", run: RUN, node: "main", kinds: TRAIN_KINDS, store: path.join(dir, "store") }))
+      expect(options.auth).toEqual({ dir, user: "train" })
+      expect(options.storeDir).toBe(path.join(dir, "store"))
+    } finally {
+      if (saved.url !== undefined) process.env.NATS_URL = saved.url
+      if (saved.auth === undefined) delete process.env.GYRE_AUTH_DIR
+      else process.env.GYRE_AUTH_DIR = saved.auth
+    }
   })
 
   it("refuses every out-of-role publish and subscribe, the impostor of the workers' queue group included", { timeout: 120_000 }, async () => {
