@@ -46,6 +46,12 @@ export const stepLoss = (config: RunConfig, step: number): LossConfig => {
   }
 }
 
+/**
+ * Dr. GRPO's constant normaliser: each execution's loss is divided by these many tokens,
+ * whatever its length (GRPO and RLOO divide by the execution's own trained tokens).
+ */
+export const DR_GRPO_TOKENS = 1024
+
 /** Added to GRPO's standard deviation (a group of equal rewards gets advantage 0). */
 const ADVANTAGE_EPSILON = 1e-6
 
@@ -173,7 +179,8 @@ export class StepPlanner {
     })
     const tooLong: Array<string> = []
     for (;;) {
-      const units = stepUnits(training, this.mode, this.plan.executions).units
+      const constant = this.settings.advantage === "dr-grpo" ? DR_GRPO_TOKENS : undefined
+      const units = stepUnits(training, this.mode, this.plan.executions, constant).units
       const packed = packMicroBatches(units, this.settings.microBatchTokens)
       if (Result.isSuccess(packed)) return this.number(group, packed.success.batches, packed.success.executions, tooLong)
       tooLong.push(packed.failure.execution)

@@ -2,7 +2,8 @@
  * Group-relative advantages across the executions of one task, by one of three estimators
  * (rewards r_1..r_n of the group's executions, mean m):
  *   grpo     A_i = (r_i - m) / (s + eps), s the sample standard deviation (n - 1), 0 if n = 1
- *   dr-grpo  A_i = r_i - m                 (Dr. GRPO: no division by s)
+ *   dr-grpo  A_i = r_i - m                 (Dr. GRPO: no division by s; its loss is also
+ *                                          a token sum, not a per-execution mean: units.ts)
  *   rloo     A_i = r_i - mean_{j != i} r_j = n / (n - 1) * (r_i - m), 0 if n = 1
  * Executions whose evaluation failed are dropped before grouping and reported.
  */

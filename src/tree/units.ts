@@ -15,6 +15,11 @@
  * no trainable token produce no unit and do not count in E, unless the caller fixes E
  * (`scaleExecutions`: a streaming trainer makes the units of a step group by group and
  * scales them all by the step's planned executions).
+ *
+ * `tokensConstant` replaces every execution's own N_e (or T_e) by the same constant: the loss
+ * is then a sum over tokens, not a mean per execution (Dr. GRPO's fix of GRPO's length bias:
+ * with a per-execution mean, each token of a long execution with a negative advantage is
+ * pushed down less than one of a short execution).
  */
 import { Schema } from "effect"
 import { samplePaths, seedFor, type PathSample } from "./sample.ts"
@@ -43,7 +48,7 @@ export interface TrainingUnit {
   readonly behaviourLogprobs: Float32Array
   readonly versions: Int32Array
   readonly advantage: number
-  /** 1 / (E * N_e) (exact) or 1 / (E * T_e) (sampled). */
+  /** 1 / (E * N_e) (exact) or 1 / (E * T_e) (sampled); 1 / (E * tokensConstant) when given. */
   readonly lossScale: number
 }
 
@@ -74,7 +79,7 @@ export const pathCounts = (tree: TrajectoryTree, order: Int32Array = tree.preord
   return counts
 }
 
-export const stepUnits = (executions: ReadonlyArray<StepExecution>, mode: TrainingMode, scaleExecutions?: number): StepUnits => {
+export const stepUnits = (executions: ReadonlyArray<StepExecution>, mode: TrainingMode, scaleExecutions?: number, tokensConstant?: number): StepUnits => {
   const samples = new Map<string, PathSample>()
   const plans = executions.map((step) => {
     const order = step.tree.preorder()
@@ -92,7 +97,7 @@ export const stepUnits = (executions: ReadonlyArray<StepExecution>, mode: Traini
   })
   const training = plans.filter((plan) => plan.total > 0)
   const E = scaleExecutions ?? training.length
-  const units = training.map(({ step, order, nodeWeights, total }) => serialize(step, order, nodeWeights, 1 / (E * total)))
+  const units = training.map(({ step, order, nodeWeights, total }) => serialize(step, order, nodeWeights, 1 / (E * (tokensConstant ?? total))))
   return { units, executions: training.length, samples }
 }
 

@@ -5,7 +5,8 @@
 import { describe, expect, it } from "vitest"
 import type { StepExecutionRef, StepPlan } from "../../src/protocols/device.ts"
 import { executionName, stepLearningRate, type TrainingSettings } from "../../src/protocols/run.ts"
-import { StepPlanner, type PlannedMicroBatch, type Told } from "../../src/training/step-planner.ts"
+import { DR_GRPO_TOKENS, StepPlanner, type PlannedMicroBatch, type Told } from "../../src/training/step-planner.ts"
+import { pathCounts } from "../../src/tree/units.ts"
 import type { TrajectoryTree } from "../../src/tree/tree.ts"
 import { build, wireRecords } from "../tree/simulate.ts"
 import { agentCalls, scored } from "./fixtures.ts"
@@ -65,6 +66,22 @@ describe("step planner", () => {
       expect(all.reduce((a, mb) => a + mb.completesTokens, 0)).toBe(tokens)
       expect(planner.figures).toMatchObject({ told: 4, dropped: 0, scored: 4 })
     }
+  })
+
+  it("Dr. GRPO sums its loss over tokens: each execution weighs its path tokens / (E * DR_GRPO_TOKENS)", () => {
+    const planner = new StepPlanner(plan, settings({ advantage: "dr-grpo", microBatchTokens: 4096 }), 5)
+    const [short, long] = [execution(0, 0.2), execution(6, 0.8)].map((x, i) => ({ ...x, ref: { ...x.ref, execution: executionName(2, 8 + i), group: 0 } }))
+    queued(planner.tell(short!.ref, short!.tree))
+    const mbs = queued(planner.tell(long!.ref, long!.tree)).microBatches
+    const pathTokens = (tree: TrajectoryTree) => {
+      const counts = pathCounts(tree)
+      const trainable = tree.trainableCounts()
+      return counts.reduce((a, c, node) => a + c * trainable[node]!, 0)
+    }
+    // GRPO would give each execution 1 / E (0.5 for the two); Dr. GRPO their path tokens / (E * 1024)
+    const expected = (pathTokens(short!.tree) + pathTokens(long!.tree)) / (4 * DR_GRPO_TOKENS)
+    expect(Math.abs(expected - 0.5)).toBeGreaterThan(0.01)
+    expect(weightSum(mbs)).toBeCloseTo(expected, 5)
   })
 
   it("drops failed evaluations, skips zero advantages, drops paths longer than the budget", () => {
