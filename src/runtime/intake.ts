@@ -353,6 +353,8 @@ const releaseOrphans = (o: IntakeOptions, info: ConsumerInfo | undefined) => {
   )
 }
 
+const PULL_EXPIRES_MS = 5_000
+
 /**
  * Opens both intakes; `onDelivery` is called from the NATS callbacks themselves (so an idle
  * actor answers without a scheduler hop). The intake closes with the scope at the latest.
@@ -363,7 +365,10 @@ export const openIntake = (o: IntakeOptions) =>
     const { consumer, info } = yield* ensureConsumer(o)
     yield* releaseOrphans(o, info)
     const tells: ConsumerMessages = yield* Effect.tryPromise({
-      try: () => consumer.consume({ max_messages: 128, callback: (msg) => o.onDelivery(new TellDelivery(msg, route)) }),
+      // Pulls expire after 5 s (heartbeats every 2.5 s), not nats.js's 30 s: a pull lost with a
+      // consumer leader that died (a clustered server killed) is noticed by two missed
+      // heartbeats and pulled again within seconds instead of half a minute.
+      try: () => consumer.consume({ max_messages: 128, expires: PULL_EXPIRES_MS, callback: (msg) => o.onDelivery(new TellDelivery(msg, route)) }),
       catch: (e) => new TransportError({ operation: `consume ${o.system.layout.consumer(o.address)}`, message: messageOf(e) })
     })
     const asks: Subscription = o.system.nats.nc.subscribe(o.system.layout.ask(o.address), {
