@@ -21,6 +21,7 @@ import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { Effect, Layer } from "effect"
+import { trainFlags } from "../src/cli/train.ts"
 import { warmStartedCheckpoint } from "../src/cli/warm-start.ts"
 import { Engine } from "../src/engine/engine.ts"
 import { asyncSplit, fixedPolicies } from "../src/policy/index.ts"
@@ -67,7 +68,16 @@ const main = async () => {
   const checkpoint =
     arg("checkpoint", "") ||
     (await Effect.runPromise(
-      warmStartedCheckpoint({ suite: "toy", env: { TOY_STEPS: knobs.horizon, TOY_TOOL_MS: "20", TOY_TEMPERATURE: "1" }, tasks: 60, steps: 60, lr: 4e-3, seed: 1, fresh: false }).pipe(Effect.provide(Engine.layer))
+      // gyre train's own warm start (its defaults), so the runs below find it cached
+      warmStartedCheckpoint({
+        suite: "toy",
+        env: { TOY_STEPS: knobs.horizon, TOY_TOOL_MS: "20", TOY_TEMPERATURE: "1" },
+        tasks: trainFlags["demo-tasks"].default,
+        steps: trainFlags["sft-steps"].default,
+        lr: trainFlags["sft-lr"].default,
+        seed: trainFlags.seed.default,
+        fresh: false
+      }).pipe(Effect.provide(Engine.layer))
     ))
   const B = Number(knobs["executions-per-step"])
   const slots = Number(knobs.slots)
