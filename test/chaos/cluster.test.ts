@@ -94,11 +94,18 @@ describe("3-server cluster, streams at R3", () => {
         process.kill(victim.pid, "SIGKILL")
         for (let i = 50; i < 100; i++) yield* tell(i)
         yield* (eventually(Effect.sync(() => (victim.restarts >= 1 ? true : undefined)), 60_000) as Effect.Effect<boolean>)
+        let seen = "no answer yet"
         const items = yield* (eventually(
-          system.ask(ledger, "Items", undefined).pipe(Effect.map((xs) => (xs.length >= 100 ? xs : undefined))),
-          90_000,
+          system.ask(ledger, "Items", undefined).pipe(
+            Effect.tapError((e) => Effect.sync(() => void (seen = `ask failed: ${String(e)}`))),
+            Effect.map((xs) => {
+              seen = `${xs.length} items`
+              return xs.length >= 100 ? xs : undefined
+            })
+          ),
+          120_000,
           250
-        ) as Effect.Effect<ReadonlyArray<string>>)
+        ).pipe(Effect.catchDefect(() => Effect.die(new Error(`the ledger never held 100 items (last: ${seen})`)))) as Effect.Effect<ReadonlyArray<string>>)
         return { items, recoveryS: (Date.now() - killedAt) / 1000 }
       }))
       recordFault({ fault: "cluster server kill -9 (R3)", recovered: new Set(result.items).size === 100, recoveryS: result.recoveryS, executionsLost: 100 - new Set(result.items).size })
