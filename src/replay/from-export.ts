@@ -16,7 +16,7 @@ import { packedBatchDigest } from "../common/packed-batch.ts"
 import { loadCheckpoint, MODEL_FILE, saveCheckpoint } from "../engine/checkpoint.ts"
 import { adamwDefaults } from "../engine/trainer.ts"
 import { StepExecutionRef, StepPlan } from "../protocols/device.ts"
-import { RunConfig } from "../protocols/run.ts"
+import { RunConfig, stepLearningRate } from "../protocols/run.ts"
 import { checkpointPath, restoreTrainingCheckpoint } from "../training/checkpoints.ts"
 import { InOrderSum } from "../training/gradients.ts"
 import { StepPlanner, stepLoss, type PlannedMicroBatch } from "../training/step-planner.ts"
@@ -125,7 +125,7 @@ export const trainFromExport = (dir: string, step: number, out: string) =>
     let gradNorm = 0
     if (batches.length > 0) {
       yield* trainer.setGrads(sum.sum)
-      gradNorm = yield* trainer.step({ ...adamwDefaults, lr: s.config.training.lr })
+      gradNorm = yield* trainer.step({ ...adamwDefaults, lr: stepLearningRate(s.config.training, step) })
     }
     yield* saveCheckpoint(out, model, trainer)
     const liveDir = checkpointPath(s.config.checkpointDir, step + 1)
