@@ -15,5 +15,5 @@ describe("fuzzing every actor subject", () => {
     expect(report.unanswered).toBe(0)
     expect(report.missingDeadLetters).toBe(0)
     expect(report.asks + report.tells).toBeGreaterThan(report.schemas * 20)
-  }, 180_000)
+  }, 300_000)
 })
