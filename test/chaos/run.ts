@@ -9,8 +9,9 @@
  * `--rounds` times (default 3) for steadier percentiles. Fuzzing (test/chaos/http-fuzz.ts,
  * subject-fuzz.ts) is counted when those files exist and write `$GYRE_CHAOS_FUZZ`; until then
  * `fuzz_cases` and `crashes` are 0 and `notes` says so. `trained_twice` is the sum over the
- * run-level faults during `gyre train` (test/chaos/train-faults.test.ts: the nats-server kill
- * in the short form, the second node's kill too with `--long`); null, with a note, when none ran.
+ * run-level faults during `gyre train` (test/chaos/train-faults.test.ts: kill -9 of a second
+ * node and of the nats-server; each `--long` round seeds their moments anew, GYRE_CHAOS_SEED
+ * = 12 + round unless set); null, with a note, when none ran.
  * `by_fault` counts the faults by name; `run_faults` lists each run-level fault's recovery,
  * executions re-dispatched and duplicates suppressed.
  */
@@ -40,7 +41,9 @@ const vitest = path.join(root, "node_modules", "vitest", "vitest.mjs")
 let failed = 0
 for (let round = 1; round <= rounds; round++) {
   const targets = round === 1 ? ["test/chaos", "test/security"] : ["test/chaos"]
-  const r = spawnSync(process.execPath, [vitest, "run", ...targets], { cwd: root, env, stdio: "inherit" })
+  // Each round its own seed of the run-level faults' moments (round 1: 13, the tests' default).
+  const seeded = { ...env, GYRE_CHAOS_SEED: process.env.GYRE_CHAOS_SEED ?? String(12 + round) }
+  const r = spawnSync(process.execPath, [vitest, "run", ...targets], { cwd: root, env: seeded, stdio: "inherit" })
   if (r.status !== 0) failed++
 }
 
