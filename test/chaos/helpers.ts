@@ -1,14 +1,18 @@
 /**
  * Chaos-test helpers: temporary directories, process liveness, a client system connected to
- * a node's embedded server as one of the credentials directory's users, and the fault record
- * the chaos suite's summary line is made of.
+ * a node's embedded server as one of the credentials directory's users, the starts of a run's
+ * executions as their runner marked them, and the fault record the chaos suite's summary line
+ * is made of.
  */
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
-import { Duration, Effect, Layer, Scope } from "effect"
+import { Duration, Effect, Layer, Scope, Stream } from "effect"
+import { rlLayout } from "../../src/protocols/layout.ts"
 import { Nats } from "../../src/runtime/nats.ts"
 import { seedFile } from "../../src/runtime/auth.ts"
+import type { JournalSource } from "../../src/runtime/journal.ts"
+import { readStored } from "../../src/runtime/stream-reader.ts"
 import { ActorSystem } from "../../src/runtime/system.ts"
 
 export const tempDir = (name: string) => fs.mkdtempSync(path.join(os.tmpdir(), `gyre-chaos-${name}-`))
@@ -42,12 +46,37 @@ export const asClient = <A, E>(run: string, url: string, authDir: string | undef
 
 export const sleep = (ms: number) => Effect.sleep(Duration.millis(ms))
 
+/** Starts of each execution of the run, as its harness runner marked them (`Gyre-Execution-Start` on its calls subject). */
+export const executionStarts = (system: JournalSource) =>
+  Effect.gen(function* () {
+    const starts = new Map<string, number>()
+    const names = rlLayout(system.run)
+    yield* readStored(system.nats, names.trajectoryStream, { seq: 1 }, names.allCalls).pipe(
+      Stream.runForEach((m) =>
+        Effect.sync(() => {
+          if (!m.headers?.has("Gyre-Execution-Start")) return
+          const execution = m.subject.slice(names.calls("").length)
+          starts.set(execution, (starts.get(execution) ?? 0) + 1)
+        })
+      )
+    )
+    return starts
+  })
+
 /** One injected fault and what the suite saw after it. */
 export interface FaultRecord {
   readonly fault: string
   readonly recovered: boolean
   readonly recoveryS: number
   readonly executionsLost: number
+  /** Run-level faults (`train-faults.test.ts`): executions trained in more than one step. */
+  readonly trainedTwice?: number
+  /** Running executions the scheduler asked for again (at each `CellLost`). */
+  readonly executionsRedispatched?: number
+  /** Of those, the ones the runner did not run again (it joined the running one). */
+  readonly duplicatesSuppressed?: number
+  /** What the fault hit at that moment (e.g. the killed device's role). */
+  readonly detail?: string
 }
 
 /** Where each chaos test appends its faults (the suite's summary reads them). */

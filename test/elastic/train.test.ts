@@ -10,17 +10,15 @@ import { execFile, execFileSync, spawn, spawnSync } from "node:child_process"
 import { existsSync, mkdtempSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import type { JsMsg } from "@nats-io/jetstream"
-import { Effect, Layer, Stream } from "effect"
+import { Effect, Layer } from "effect"
 import { describe, expect, it } from "vitest"
-import { rlLayout } from "../../src/protocols/layout.ts"
 import { executionName } from "../../src/protocols/run.ts"
 import { readRecords } from "../../src/scheduling/records.ts"
 import { Nats } from "../../src/runtime/nats.ts"
 import { startEmbeddedServer } from "../../src/runtime/nats-server.ts"
-import { readStored } from "../../src/runtime/stream-reader.ts"
 import { ActorSystem } from "../../src/runtime/system.ts"
 import { startNodeProcess } from "../runtime/harness.ts"
+import { executionStarts } from "../chaos/helpers.ts"
 
 const gyre = new URL("../../bin/gyre.js", import.meta.url).pathname
 const lastJson = (out: string) => JSON.parse(out.trim().split("\n").at(-1)!)
@@ -120,16 +118,7 @@ describe("gyre train", () => {
         Effect.gen(function* () {
           const system = yield* ActorSystem
           const records = yield* readRecords(system)
-          // starts of each execution, as its harness runner marked them
-          const starts = new Map<string, number>()
-          const names = rlLayout("rs")
-          const countStart = (m: JsMsg) => {
-            if (!m.headers?.has("Gyre-Execution-Start")) return
-            const execution = m.subject.slice(names.calls("").length)
-            starts.set(execution, (starts.get(execution) ?? 0) + 1)
-          }
-          yield* readStored(system.nats, names.trajectoryStream, { seq: 1 }, names.allCalls).pipe(Stream.runForEach((m) => Effect.sync(() => countStart(m))))
-          return { records, starts }
+          return { records, starts: yield* executionStarts(system) }
         })
       ).pipe(Effect.provide(ActorSystem.layer({ run: "rs" }).pipe(Layer.provideMerge(Nats.layer({ storeDir: store })))))
     )
