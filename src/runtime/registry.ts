@@ -245,6 +245,13 @@ export const viewRegistry = (system: ActorSystemShape, options?: WatchOptions) =
 
 export interface LivenessOptions {
   readonly deadAfterMs: number
+  /**
+   * This process's own beating entry (its node's): after this process lost its connection,
+   * nobody is judged silent until its own next beat has reached the registry, and silence is
+   * counted from that beat. A process that could not write could not see others write either
+   * (a restarted server answers requests only once its JetStream has recovered).
+   */
+  readonly self?: string
   readonly checkEveryMs?: number
   readonly onDead?: (event: DeadEvent) => Effect.Effect<void>
 }
@@ -252,14 +259,45 @@ export interface LivenessOptions {
 /** Expects a beat from an entry with this status (a placement expects the chosen node's claim). */
 const expectsBeat = (status: RegistryEntry["status"]) => status === "running" || status === "placing"
 
+/**
+ * Since when (`performance.now()`) this process has seen the registry whole: 0 while it never
+ * lost its connection, undefined from a disconnect until its own entry `self` next changes
+ * (then that change's time). Without `self`, a disconnect is not tracked.
+ */
+const watchOwnSight = (system: ActorSystemShape, view: RegistryView, self: string | undefined) =>
+  Effect.gen(function* () {
+    let lostAt: number | undefined
+    let since = 0
+    if (self !== undefined) {
+      const status = system.nats.nc.status()
+      yield* Effect.forkScoped(
+        Effect.promise(async () => {
+          for await (const s of status) if (s.type === "disconnect" || s.type === "staleConnection") lostAt = performance.now()
+        })
+      )
+    }
+    return (): number | undefined => {
+      if (lostAt === undefined) return since
+      const own = view.get(self!)
+      if (own === undefined || own.at <= lostAt) return undefined
+      lostAt = undefined
+      since = own.at
+      return since
+    }
+  })
+
 /** Declares silent entries of the view dead, for the lifetime of the scope. */
 export const monitorLiveness = (system: ActorSystemShape, view: RegistryView, options: LivenessOptions) =>
   Effect.gen(function* () {
     const tried = new Map<string, number>()
+    const sight = yield* watchOwnSight(system, view, options.self)
     const check = Effect.gen(function* () {
       const now = performance.now()
+      const since = sight()
+      if (since === undefined) return
       for (const [key, s] of view.entries()) {
-        if (!expectsBeat(s.entry.status) || key.startsWith("lease/") || now - s.at < options.deadAfterMs || tried.get(key) === s.revision) continue
+        const silentFor = now - Math.max(s.at, since)
+        if (!expectsBeat(s.entry.status) || key.startsWith("lease/") || silentFor < options.deadAfterMs || tried.get(key) === s.revision) continue
         tried.set(key, s.revision)
         const dead: RegistryEntry = { ...s.entry, status: "dead" }
         const won = yield* Effect.promise(() =>
@@ -271,7 +309,7 @@ export const monitorLiveness = (system: ActorSystemShape, view: RegistryView, op
           id: s.entry.id,
           node: s.entry.node,
           incarnation: s.entry.incarnation,
-          silentForMs: Math.round(now - s.at)
+          silentForMs: Math.round(silentFor)
         }
         yield* system.publishEvent("dead", event).pipe(Effect.catchCause((c) => Effect.logWarning("dead event not published", c)))
         if (options.onDead) yield* options.onDead(event)
