@@ -41,10 +41,11 @@ const initDir = (dir: string, run: string, replace: boolean, tls?: TlsFiles) =>
     if (replace) fs.rmSync(dir, { recursive: true, force: true })
     try {
       fs.renameSync(temp, dir)
+      return file
     } catch {
       fs.rmSync(temp, { recursive: true, force: true }) // another process wrote it first: use that one
     }
-    return exists(dir) ? yield* readAuthDir(dir) : file
+    return yield* readAuthDir(dir)
   })
 
 /** The roles hosting `kinds` need (their union). */

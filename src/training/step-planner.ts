@@ -178,8 +178,8 @@ export class StepPlanner {
       if (advantages[i] !== 0) training.push({ execution: m.ref.execution, tree: m.tree, advantage: advantages[i]! })
     })
     const tooLong: Array<string> = []
+    const constant = this.settings.advantage === "dr-grpo" ? DR_GRPO_TOKENS : undefined
     for (;;) {
-      const constant = this.settings.advantage === "dr-grpo" ? DR_GRPO_TOKENS : undefined
       const units = stepUnits(training, this.mode, this.plan.executions, constant).units
       const packed = packMicroBatches(units, this.settings.microBatchTokens)
       if (Result.isSuccess(packed)) return this.number(group, packed.success.batches, packed.success.executions, tooLong)
