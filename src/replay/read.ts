@@ -111,17 +111,20 @@ export interface Entry extends JournalEntry {
   readonly metrics?: StepMetrics
 }
 
+/** Adds the decoded record or metrics to a journal entry the read just made (added, not copied: no one else holds it). */
 const typed = (entry: JournalEntry): Entry => {
   if (entry.via !== "event" || entry.error !== undefined) return entry
+  const e = entry as { -readonly [K in keyof Entry]: Entry[K] }
   if (entry.name === "policy") {
     const r = decodeRecord(entry.payload)
-    return r._tag === "Success" ? { ...entry, record: r.value } : { ...entry, error: `policy record: ${String(r.cause)}` }
-  }
-  if (entry.name === "step") {
+    if (r._tag === "Success") e.record = r.value
+    else e.error = `policy record: ${String(r.cause)}`
+  } else if (entry.name === "step") {
     const m = decodeMetrics(entry.payload)
-    return m._tag === "Success" ? { ...entry, metrics: m.value } : { ...entry, error: `step metrics: ${String(m.cause)}` }
+    if (m._tag === "Success") e.metrics = m.value
+    else e.error = `step metrics: ${String(m.cause)}`
   }
-  return entry
+  return e
 }
 
 /** What `--type` matches: a policy record's event tag, a tell's or ask's request, a system event's name. */

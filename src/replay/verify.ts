@@ -49,7 +49,8 @@ export class IntegrityScan {
   entries = 0
   private lastSeq = 0
   private readonly ids = new Map<string, number>()
-  private readonly byIndex = new Map<number, { readonly seq: number; readonly json: string; readonly term: number }>()
+  /** The first record of each index, with its sequence (compared as JSON only when an index comes again). */
+  private readonly byIndex = new Map<number, { readonly seq: number; readonly record: PolicyRecord }>()
   private newestTerm = 0
 
   private find(check: IntegrityCheck, seq: number, message: string) {
@@ -75,11 +76,11 @@ export class IntegrityScan {
   }
 
   private addRecord(seq: number, record: PolicyRecord) {
-    const json = JSON.stringify(record)
     const seen = this.byIndex.get(record.index)
     if (seen !== undefined) {
-      if (seen.json !== json) {
-        const who = seen.term === record.term ? `a second writer under term ${record.term}` : `term ${record.term} (first written under term ${seen.term})`
+      if (JSON.stringify(seen.record) !== JSON.stringify(record)) {
+        const first = seen.record.term
+        const who = first === record.term ? `a second writer under term ${record.term}` : `term ${record.term} (first written under term ${first})`
         this.find("two-writers", seq, `record ${record.index} written again by ${who}, differently (first at sequence ${seen.seq})`)
       }
       return
@@ -88,7 +89,7 @@ export class IntegrityScan {
     this.newestTerm = Math.max(this.newestTerm, record.term)
     const expected = this.records.length === 0 ? 0 : this.records[this.records.length - 1]!.record.index + 1
     if (record.index !== expected) this.find("record-gap", seq, `policy record ${record.index} follows record ${expected - 1}: records ${expected}..${record.index - 1} are missing`)
-    this.byIndex.set(record.index, { seq, json, term: record.term })
+    this.byIndex.set(record.index, { seq, record })
     this.records.push({ seq, record })
   }
 }

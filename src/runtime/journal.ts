@@ -74,7 +74,7 @@ export const readJournal = (system: JournalSource, options: ReadJournalOptions =
     }
     return {
       seq: m.seq,
-      time: new Date(Number(m.timestampNanos / 1_000_000n)),
+      time: m.time, // from the delivery info the sequence already parsed (timestampNanos parses it again)
       subject: m.subject,
       via: where.via,
       actor: where.actor,

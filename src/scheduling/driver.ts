@@ -8,8 +8,9 @@
  *
  * Nothing here decides: the policy decides, the book remembers, the shell acts.
  */
-import { createHash } from "node:crypto"
+import { hash } from "node:crypto"
 import { Effect, Schema } from "effect"
+import { jsonWriter } from "../common/schema-json.ts"
 import { asyncSplit, fixedPolicies, type Policy } from "../policy/index.ts"
 import { PolicyAction, type PolicyEvent } from "../policy/vocabulary.ts"
 import type { PolicyRecord } from "../protocols/scheduler.ts"
@@ -30,22 +31,25 @@ export const policyOf = (config: RunConfig): Effect.Effect<Policy<unknown>, Unkn
     : Effect.succeed(policy as Policy<unknown>)
 }
 
-const codecs = new WeakMap<Policy<unknown>, (state: unknown) => unknown>()
+/** `JSON.stringify` of the schema's JSON encoding of a value: written directly when the schema is plain, else through its codec. */
+const encodedJson = (schema: Schema.Codec<unknown, unknown>): ((value: unknown) => string) => {
+  const encode = Schema.encodeSync(Schema.toCodecJson(schema))
+  const viaCodec = (value: unknown) => JSON.stringify(encode(value))
+  const direct = jsonWriter(schema)
+  return direct === undefined ? viaCodec : (value) => direct(value) ?? viaCodec(value)
+}
+
+const writers = new WeakMap<Policy<unknown>, (state: unknown) => string>()
 
 /** sha256 (hex) of the JSON encoding of a policy state: what a record's `digest` holds. */
 export const stateDigest = (policy: Policy<unknown>, state: unknown): string => {
-  let encode = codecs.get(policy)
-  if (encode === undefined) {
-    encode = Schema.encodeSync(Schema.toCodecJson(policy.State)) as (state: unknown) => unknown
-    codecs.set(policy, encode)
-  }
-  return createHash("sha256").update(JSON.stringify(encode(state))).digest("hex")
+  let write = writers.get(policy)
+  if (write === undefined) writers.set(policy, (write = encodedJson(policy.State)))
+  return hash("sha256", write(state))
 }
 
-const encodeActions = Schema.encodeSync(Schema.toCodecJson(Schema.Array(PolicyAction)))
-
 /** The JSON of a list of actions, for comparing a replayed step with its record. */
-export const actionsJson = (actions: ReadonlyArray<PolicyAction>): string => JSON.stringify(encodeActions(actions))
+export const actionsJson: (actions: ReadonlyArray<PolicyAction>) => string = encodedJson(Schema.Array(PolicyAction) as Schema.Codec<unknown, unknown>)
 
 /** Where a driver starts: the initial state, or the state a replay of the journal left. */
 export interface DriverStart {
