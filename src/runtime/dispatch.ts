@@ -35,7 +35,7 @@ import type { EndpointStats } from "./discovery.ts"
 import type { Delivery } from "./intake.ts"
 import { AckBook, Mailbox, type HandledIds } from "./mailbox.ts"
 import type { ActorMetrics } from "./metrics.ts"
-import { Headers, codecsOf, encodeExitReply, encodeOverloadedReply, encodeRejectedReply, parseJson, parseTraceparent, requestOf } from "./protocol.ts"
+import { Headers, codecsOf, encodeExitReply, encodeOverloadedReply, encodeRejectedReply, parseJson, parseTraceparent, requestOf, tracing } from "./protocol.ts"
 import type { SnapshotStore } from "./snapshot.ts"
 
 export interface DispatchOptions<S> {
@@ -118,15 +118,21 @@ export const makeDispatcher = <S>(o: DispatchOptions<S>) =>
     let snapshotting: Fiber.Fiber<void, unknown> | undefined
     let timer: ReturnType<typeof setTimeout> | undefined
 
-    // The handler in its `Actor.handler` span. Not `Effect.fn`: that captures a call-site stack
-    // on every call (measured ~5-15 us, the largest single cost of an ask); this span is the same.
-    const traced = (p: Prepared, parent: Tracer.AnySpan | undefined) =>
-      Effect.withSpan(o.handlers[p.tag]!(p.payload, p.meta), "Actor.handler", {
+    // The handler in its `Actor.handler` span, when spans reach a backend (`tracing`). Not
+    // `Effect.fn`: that captures a call-site stack on every call (measured ~5-15 us, the largest
+    // single cost of an ask); this span is the same.
+    const spans = tracing(yield* Effect.withFiber((fiber) => Effect.succeed(fiber.getRef(Tracer.Tracer))))
+    const traced = (p: Prepared, d: Delivery) => {
+      const handler = o.handlers[p.tag]!(p.payload, p.meta)
+      if (!spans) return handler
+      const parent = parseTraceparent(d.header(Headers.traceparent))
+      return Effect.withSpan(handler, "Actor.handler", {
         kind: p.meta.via === "ask" ? "server" : "consumer",
         captureStackTrace: false,
-        parent,
+        parent: parent === undefined ? undefined : Tracer.externalSpan(parent),
         attributes: { "gyre.actor": o.actor, "gyre.request": p.tag, "gyre.via": p.meta.via, "gyre.seq": p.meta.seq }
       })
+    }
 
     // 1-2: what a message is, decided without running anything.
     const prepare = (d: Delivery, msgId: string): Prepared | string | typeof DUPLICATE => {
@@ -246,8 +252,7 @@ export const makeDispatcher = <S>(o: DispatchOptions<S>) =>
       }
       if (typeof p === "string") return reject(d, msgId, p)
       if (d.via === "tell") book.started(d)
-      const parent = parseTraceparent(d.header(Headers.traceparent))
-      const fiber = run(traced(p, parent === undefined ? undefined : Tracer.externalSpan(parent)))
+      const fiber = run(traced(p, d))
       if (fiber.pollUnsafe() === undefined) running.set(fiber, d)
       observe(fiber, (exit) => {
         running.delete(fiber)

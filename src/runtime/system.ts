@@ -18,7 +18,7 @@ import type { Rpc, RpcGroup } from "effect/rpc"
 import { ActorOverloaded, ActorUnavailable, AskTimeout, RequestRejected, TransportError, messageOf, type AskError } from "./errors.ts"
 import { Nats, type NatsShape } from "./nats.ts"
 import { formatAddress, layout, type ActorAddress, type Layout } from "./names.ts"
-import { decodeAskReply, encodePayload, formatTraceparent, requestHeaders, requestOf } from "./protocol.ts"
+import { decodeAskReply, encodePayload, formatTraceparent, requestHeaders, requestOf, tracing } from "./protocol.ts"
 
 /** A typed reference to an actor: its address and the protocol it speaks. */
 export interface ActorRef<R extends Rpc.Any> {
@@ -135,13 +135,9 @@ const replyOf = (rpc: Rpc.Any, bytes: Uint8Array, actor: string, request: string
   }
 }
 
-/**
- * The `traceparent` of the fiber's current span, when it is sampled and a tracing backend is
- * installed (with effect's in-memory `nativeTracer` nobody could follow the trace, so the
- * header, and the random trace and span ids it would need, are skipped).
- */
+/** The `traceparent` of the fiber's current span, when it is sampled and spans reach a backend (`tracing`). */
 const traceparentOf = (fiber: Fiber.Fiber<unknown, unknown>): string | undefined => {
-  if (fiber.getRef(Tracer.Tracer) === Tracer.nativeTracer) return undefined
+  if (!tracing(fiber.getRef(Tracer.Tracer))) return undefined
   const span = Context.getOrUndefined(fiber.context, Tracer.ParentSpan)
   return span !== undefined && span.sampled ? formatTraceparent(span) : undefined
 }
@@ -167,9 +163,14 @@ const make = (options: SystemOptions) =>
     const registry = yield* openBucket(nats, names.registryBucket)
     const state = yield* openBucket(nats, names.stateBucket)
 
-    // Spans as `Effect.fn` would make them, without its call-site stack capture (see dispatch.ts).
+    // Spans as `Effect.fn` would make them, without its call-site stack capture (see dispatch.ts),
+    // when they reach a backend (`tracing`).
     const inSpan = <A, E>(effect: Effect.Effect<A, E>, name: string, kind: "producer" | "client", actor: string, tag: string) =>
-      Effect.withSpan(effect, name, { kind, captureStackTrace: false, attributes: { "gyre.actor": actor, "gyre.request": tag } })
+      Effect.withFiber((fiber) =>
+        tracing(fiber.getRef(Tracer.Tracer))
+          ? Effect.withSpan(effect, name, { kind, captureStackTrace: false, attributes: { "gyre.actor": actor, "gyre.request": tag } })
+          : effect
+      )
 
     const tell = ((ref: ActorRef<Rpc.Any>, tag: string, payload: unknown, tellOptions?: TellOptions) => {
       const actor = formatAddress(ref.address)
