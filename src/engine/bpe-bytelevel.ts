@@ -4,15 +4,15 @@
  * {add_special_tokens: false}).ids`, without its per-call pipeline. Added tokens are split
  * out first (longest match, leftmost first, lstrip/rstrip as the library applies them), the
  * rest is normalised (none or NFC), pre-tokenized (the library's own Split and Digits steps,
- * then ByteLevel's regex) and each pre-token's ids are looked up in a cache; a miss maps the
- * UTF-8 bytes to GPT-2's byte characters and runs the merge-rank BPE (`bpe.ts`).
+ * then ByteLevel's regex) and each pre-token's ids are looked up in a cache; a miss runs the
+ * merge-rank BPE (`bpe.ts`) over its UTF-8 bytes (as GPT-2's byte characters).
  *
  * `byteLevelEncoder` answers undefined for what it does not cover, and the caller uses the
  * library: other normalizers or pre-tokenizers, byte fallback, dropout, word suffixes, an
  * unknown token outside the vocabulary with fuse_unk, tokenizer_config's remove_space or
  * do_lowercase_and_remove_accent. Post-processors never matter: encoding adds no special tokens.
  */
-import { bpe, mergeRanks } from "./bpe.ts"
+import { bpe, numberMerges } from "./bpe.ts"
 
 interface AddedTokenJson {
   readonly id: number
@@ -181,19 +181,25 @@ const pieceEncoder = (model: BpeModelJson, addedTokens: ReadonlyArray<AddedToken
       added.set(content, token)
     } else rawContents.push(token.content)
   }
-  const ranks = mergeRanks(model.merges)
-  const bytes = byteLevel.byteEncoder
-  const idOf = (token: string) => added.get(token)?.id ?? vocab.get(token)!
-  const unk = model.unk_token ?? undefined
+  const chars = Array.from({ length: 256 }, (_, b) => byteLevel.byteEncoder[b]!)
+  const merges = numberMerges([...chars, ...vocab.keys()], model.merges)
+  const byteSymbol = Int32Array.from(chars, (c) => merges.symbol.get(c)!)
+  const idOf = (token: string) => added.get(token)?.id ?? vocab.get(token) ?? -1 // -1: not in the vocabulary
+  const output = Int32Array.from(merges.strings, idOf)
+  const unk = model.unk_token == null ? -1 : idOf(model.unk_token)
   const ignoreMerges = model.ignore_merges === true
   const encodePiece = (piece: string): Array<number> => {
-    let word = ""
-    for (const b of utf8.encode(piece)) word += bytes[b]!
-    if (ignoreMerges && vocab.has(word)) return [idOf(word)]
+    const bytes = utf8.encode(piece)
+    if (ignoreMerges) {
+      let word = ""
+      for (const b of bytes) word += chars[b]!
+      if (vocab.has(word)) return [idOf(word)]
+    }
     const ids: Array<number> = []
-    for (const t of bpe(word, ranks)) {
-      if (vocab.has(t)) ids.push(idOf(t))
-      else if (unk !== undefined) ids.push(idOf(unk))
+    for (const s of bpe(Int32Array.from(bytes, (b) => byteSymbol[b]!), merges)) {
+      const id = output[s]!
+      if (id >= 0) ids.push(id)
+      else if (unk >= 0) ids.push(unk)
     }
     return ids
   }

@@ -1,28 +1,50 @@
 /**
  * Byte-pair encoding of one word by merge ranks, as `@huggingface/tokenizers`' BPE model does
  * it: the symbols start as the word's code points; the adjacent pair of lowest rank merges
- * first (of equal ranks, the leftmost), until no adjacent pair has a rank. A binary heap of
- * the ranked pairs, with stale entries skipped on pop, keeps long words O(n log n).
+ * first (of equal ranks, the leftmost), until no adjacent pair has a rank.
+ *
+ * Symbols are numbers: every string of the vocabulary and of the merges gets one (`Merges`),
+ * so merging looks up integer pairs and builds no strings. A binary heap of the ranked pairs,
+ * with stale entries skipped on pop, keeps long words O(n log n).
  */
 
-/** Rank of each merge: `ranks.get(left)?.get(right)`. */
-export type MergeRanks = ReadonlyMap<string, ReadonlyMap<string, number>>
+/** The merges of a tokenizer.json over numbered symbols. */
+export interface Merges {
+  /** The symbol of a string (a vocabulary entry or a merge's part or result). */
+  readonly symbol: ReadonlyMap<string, number>
+  /** The string of each symbol. */
+  readonly strings: ReadonlyArray<string>
+  /** `ranks[left]?.get(right)`: the rank of merging the two symbols. */
+  readonly ranks: ReadonlyArray<ReadonlyMap<number, number> | undefined>
+  /** The symbol each rank's merge makes. */
+  readonly merged: Int32Array
+}
 
 /**
- * The ranks of tokenizer.json's `merges`: "left right" strings or [left, right] pairs (the
- * first entry decides which, as in the library); a repeated merge keeps its last rank.
+ * Numbers `vocabulary` and the parts and results of `merges` ("left right" strings or
+ * [left, right] pairs, the first entry deciding which, as in the library; a repeated merge
+ * keeps its last rank).
  */
-export const mergeRanks = (merges: ReadonlyArray<string | ReadonlyArray<string>>): MergeRanks => {
+export const numberMerges = (vocabulary: Iterable<string>, merges: ReadonlyArray<string | ReadonlyArray<string>>): Merges => {
+  const symbol = new Map<string, number>()
+  const strings: Array<string> = []
+  const of = (s: string) => {
+    let id = symbol.get(s)
+    if (id === undefined) symbol.set(s, (id = strings.push(s) - 1))
+    return id
+  }
+  for (const s of vocabulary) of(s)
   const pairs = Array.isArray(merges[0])
-  const ranks = new Map<string, Map<string, number>>()
+  const ranks: Array<Map<number, number> | undefined> = []
+  const merged = new Int32Array(merges.length).fill(-1)
   merges.forEach((merge, rank) => {
     const [left, right] = pairs ? (merge as ReadonlyArray<string>) : (merge as string).split(" ", 2)
     if (left === undefined || right === undefined) return
-    let row = ranks.get(left)
-    if (row === undefined) ranks.set(left, (row = new Map()))
-    row.set(right, rank)
+    const [l, r] = [of(left), of(right)]
+    ;(ranks[l] ??= new Map()).set(r, rank)
+    merged[rank] = of(left + right)
   })
-  return ranks
+  return { symbol, strings, ranks, merged }
 }
 
 /** A min-heap of (rank, position) keys, each with the version of its position when pushed. */
@@ -71,19 +93,23 @@ class PairHeap {
   }
 }
 
-/** The word's tokens after every ranked merge. */
-export const bpe = (word: string, ranks: MergeRanks): Array<string> => {
-  const symbols = Array.from(word)
+/** The symbols of a word after every ranked merge (`symbols` is merged in place). */
+export const bpe = (symbols: Int32Array, merges: Merges): Array<number> => {
   const n = symbols.length
-  if (n < 2) return symbols
-  const next = Int32Array.from({ length: n }, (_, i) => i + 1) // n: none
-  const prev = Int32Array.from({ length: n }, (_, i) => i - 1) // -1: none
-  const version = new Int32Array(n) // bumped when a symbol or its right neighbour changes; -1: merged away
+  if (n < 2) return Array.from(symbols)
+  const { ranks, merged } = merges
+  const next = new Int32Array(n) // n: none
+  const prev = new Int32Array(n) // -1: none
+  const version = new Int32Array(n) // bumped when a symbol or its right neighbour changes
+  for (let i = 0; i < n; i++) {
+    next[i] = i + 1
+    prev[i] = i - 1
+  }
   const heap = new PairHeap()
   // key = rank * n + position: the lowest rank first, then the leftmost
   const offer = (i: number) => {
     const j = next[i]!
-    const rank = j < n ? ranks.get(symbols[i]!)?.get(symbols[j]!) : undefined
+    const rank = j < n ? ranks[symbols[i]!]?.get(symbols[j]!) : undefined
     if (rank !== undefined) heap.push(rank * n + i, version[i]!)
   }
   for (let i = 0; i < n - 1; i++) offer(i)
@@ -92,8 +118,8 @@ export const bpe = (word: string, ranks: MergeRanks): Array<string> => {
     const i = key % n
     if (version[i] !== v) continue
     const j = next[i]!
-    symbols[i] += symbols[j]!
-    version[j] = -1
+    symbols[i] = merged[(key - i) / n]!
+    version[j] = -1 // merged away: no entry of j is valid again
     next[i] = next[j]!
     if (next[i]! < n) prev[next[i]!] = i
     version[i]!++
@@ -104,7 +130,7 @@ export const bpe = (word: string, ranks: MergeRanks): Array<string> => {
       offer(p)
     }
   }
-  const out: Array<string> = []
+  const out: Array<number> = []
   for (let i = 0; i < n; i = next[i]!) out.push(symbols[i]!)
   return out
 }
