@@ -203,7 +203,7 @@ const pieceEncoder = (model: BpeModelJson, addedTokens: ReadonlyArray<AddedToken
     }
     return ids
   }
-  const cache = new Map<string, Array<number>>()
+  const cache = new Map<string, number | Array<number>>() // one id (most pre-tokens) or several
   return {
     added,
     raw: splitter(rawContents),
@@ -212,10 +212,12 @@ const pieceEncoder = (model: BpeModelJson, addedTokens: ReadonlyArray<AddedToken
     push: (piece: string, out: Array<number>): void => {
       let ids = cache.get(piece)
       if (ids === undefined) {
-        ids = encodePiece(piece)
+        const all = encodePiece(piece)
+        ids = all.length === 1 ? all[0]! : all
         if (cache.size < CACHE_LIMIT) cache.set(piece, ids)
       }
-      for (let i = 0; i < ids.length; i++) out.push(ids[i]!)
+      if (typeof ids === "number") out.push(ids)
+      else for (let i = 0; i < ids.length; i++) out.push(ids[i]!)
     }
   }
 }
