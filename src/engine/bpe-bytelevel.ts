@@ -85,7 +85,7 @@ const plainBpe = (model: BpeModelJson, config: Readonly<Record<string, unknown>>
   !model.dropout &&
   !model.end_of_word_suffix &&
   !model.continuing_subword_suffix &&
-  (model.unk_token == null || (model.vocab[model.unk_token] !== undefined && model.fuse_unk !== true)) &&
+  (model.unk_token == null || (Object.hasOwn(model.vocab, model.unk_token) && model.fuse_unk !== true)) &&
   !config.remove_space &&
   !config.do_lowercase_and_remove_accent
 
@@ -184,8 +184,9 @@ const pieceEncoder = (model: BpeModelJson, addedTokens: ReadonlyArray<AddedToken
   const chars = Array.from({ length: 256 }, (_, b) => byteLevel.byteEncoder[b]!)
   const merges = numberMerges([...chars, ...vocab.keys()], model.merges)
   const byteSymbol = Int32Array.from(chars, (c) => merges.symbol.get(c)!)
-  const idOf = (token: string) => added.get(token)?.id ?? vocab.get(token) ?? -1 // -1: not in the vocabulary
-  const output = Int32Array.from(merges.strings, idOf)
+  // the library's id of a token in the vocabulary: an added token's (also by normalised content) first
+  const idOf = (token: string) => added.get(token)?.id ?? vocab.get(token)!
+  const output = Int32Array.from(merges.strings, (s) => (vocab.has(s) ? idOf(s) : -1)) // -1: not in the vocabulary
   const unk = model.unk_token == null ? -1 : idOf(model.unk_token)
   const ignoreMerges = model.ignore_merges === true
   const encodePiece = (piece: string): Array<number> => {

@@ -117,6 +117,11 @@ describe("tokenizer.json", () => {
     const merges = [...base.model.merges, "x y", "Ġ xy"] // "xy" and "Ġxy" are not in the vocabulary
     const unk = { ...base, model: { ...base.model, merges, unk_token: "<unk>", vocab: { ...base.model.vocab, "<unk>": 100_000 } } }
     const none = { ...base, model: { ...base.model, merges } }
+    // an added token whose normalised content ("Ã±", NFC of "A\u0303±": the byte characters of "ñ") a merge outside the vocabulary spells
+    const qwen = trainedByteLevelTokenizer({ style: "qwen2", added: [...addedTokens, { content: "A\u0303±", special: false, normalized: true }] })
+    const normalizedOnly = { ...qwen, model: { ...qwen.model, merges: ["Ã ±", ...qwen.model.merges] } }
+    expect(normalizedOnly.model.vocab["Ã±"]).toBeUndefined()
+    for (const t of ["ñ", "a\u00f1o A\u0303± ñ"]) expect(hfTokenizer(normalizedOnly, {}).encode(t)).toEqual(libraryIds(new Library(normalizedOnly, {}), t))
     for (const json of [unk, none]) {
       const tok = hfTokenizer(json, {})
       const library = new Library(json, {})
