@@ -35,15 +35,17 @@ export const numberMerges = (vocabulary: Iterable<string>, merges: ReadonlyArray
   }
   for (const s of vocabulary) of(s)
   const pairs = Array.isArray(merges[0])
-  const ranks: Array<Map<number, number> | undefined> = []
+  const left = new Int32Array(merges.length).fill(-1), right = new Int32Array(merges.length)
   const merged = new Int32Array(merges.length).fill(-1)
   merges.forEach((merge, rank) => {
-    const [left, right] = pairs ? (merge as ReadonlyArray<string>) : (merge as string).split(" ", 2)
-    if (left === undefined || right === undefined) return
-    const [l, r] = [of(left), of(right)]
-    ;(ranks[l] ??= new Map()).set(r, rank)
-    merged[rank] = of(left + right)
+    const [l, r] = pairs ? (merge as ReadonlyArray<string>) : (merge as string).split(" ", 2)
+    if (l === undefined || r === undefined) return
+    ;[left[rank], right[rank], merged[rank]] = [of(l), of(r), of(l + r)]
   })
+  const ranks = new Array<Map<number, number> | undefined>(strings.length).fill(undefined)
+  for (let rank = 0; rank < merges.length; rank++) {
+    if (left[rank]! >= 0) (ranks[left[rank]!] ??= new Map()).set(right[rank]!, rank)
+  }
   return { symbol, strings, ranks, merged }
 }
 
