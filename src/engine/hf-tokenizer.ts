@@ -3,7 +3,9 @@
  * `@huggingface/tokenizers`, Hugging Face's pure JS/TS implementation (byte-level BPE as in
  * GPT-2 / Llama 3 / SmolLM2, BPE with byte fallback as in Llama 2 / TinyLlama, and the added
  * and special tokens). Encoding adds no special tokens (the chat template writes them as
- * text, and their strings encode to their ids); decoding is the library's (no ids: "").
+ * text, and their strings encode to their ids). Byte-level BPE encodes through the fast path
+ * of `bpe-bytelevel.ts` (the library's ids, without its per-call pipeline); anything else
+ * through the library, its BPE memoised per pre-token. Decoding is the library's (no ids: "").
  *
  * Also the model's generation settings that concern tokens: the special tokens of
  * `tokenizer_config.json` (`bos_token`, `eos_token`, as strings or AddedToken objects) and
@@ -12,6 +14,7 @@
 import { readFile } from "node:fs/promises"
 import { join } from "node:path"
 import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers"
+import { byteLevelEncoder, type LibraryPreTokenizer } from "./bpe-bytelevel.ts"
 import { tokenIdList } from "./config.ts"
 import type { Tokenizer } from "./tokenizer.ts"
 
@@ -39,43 +42,6 @@ export const readJsonFile = async (path: string): Promise<Record<string, unknown
 export const tokenString = (value: unknown): string | undefined =>
   typeof value === "string" ? value : typeof value === "object" && value !== null && typeof (value as { content?: unknown }).content === "string" ? (value as { content: string }).content : undefined
 
-interface ByteLevelPreTokenizer {
-  tokenizers?: ReadonlyArray<unknown>
-  byte_encoder?: Record<number, string>
-  add_prefix_space?: boolean
-  use_regex?: boolean
-  pattern?: RegExp
-  pre_tokenize_text?: (text: string) => Array<string>
-}
-
-/**
- * Memoises the word -> byte-character mapping of the library's ByteLevel pre-tokenizers (in a
- * Sequence too): the same regex split and the same mapping, remembered per word, because the
- * mapping (a TextEncoder call and a join per word) is most of the library's encode time. The
- * result is identical (test/hf/tokenizer.test.ts compares both, for both fixtures); other
- * pre-tokenizers are left as they are.
- */
-const memoiseByteLevel = (pre: ByteLevelPreTokenizer | null | undefined): void => {
-  if (pre === null || pre === undefined) return
-  if (Array.isArray(pre.tokenizers)) return pre.tokenizers.forEach((t) => memoiseByteLevel(t as ByteLevelPreTokenizer))
-  const { byte_encoder: map, pattern } = pre
-  if (pre.constructor?.name !== "ByteLevel" || map === undefined || pattern === undefined) return
-  const cache = new Map<string, string>()
-  const utf8 = new TextEncoder()
-  const mapped = (word: string) => {
-    let out = cache.get(word)
-    if (out === undefined) {
-      out = Array.from(utf8.encode(word), (b) => map[b]!).join("")
-      if (cache.size < 1 << 20) cache.set(word, out)
-    }
-    return out
-  }
-  pre.pre_tokenize_text = (text) => {
-    const t = pre.add_prefix_space === true && !text.startsWith(" ") ? ` ${text}` : text
-    return (pre.use_regex === false ? [t] : (t.match(pattern) ?? [])).map(mapped)
-  }
-}
-
 /**
  * Memoises the library's BPE model per pre-token (a plain map instead of its LRU cache, which
  * reorders on every hit): the model's output for one pre-token is a pure function of it.
@@ -98,15 +64,15 @@ const memoiseBpe = (model: { constructor?: { name?: string }; encode?: (tokens: 
 /** A `Tokenizer` over a parsed tokenizer.json and tokenizer_config.json. */
 export const hfTokenizer = (tokenizerJson: object, tokenizerConfig: object): Tokenizer => {
   const tok = new HfTokenizer(tokenizerJson, tokenizerConfig)
-  memoiseByteLevel(tok.pre_tokenizer as ByteLevelPreTokenizer | null)
-  memoiseBpe(tok.model as Parameters<typeof memoiseBpe>[0])
+  const fast = byteLevelEncoder(tokenizerJson as Record<string, unknown>, tokenizerConfig as Record<string, unknown>, tok.pre_tokenizer as LibraryPreTokenizer | null)
+  if (fast === undefined) memoiseBpe(tok.model as Parameters<typeof memoiseBpe>[0])
   const added = tok.get_added_tokens_decoder()
   const special = new Set([...added].filter(([, t]) => t.special).map(([id]) => id))
   const vocabSize = Math.max(...tok.get_vocab(true).values()) + 1
   const utf8 = new TextEncoder()
   return {
     vocabSize,
-    encode: (text) => tok.encode(text, { add_special_tokens: false }).ids,
+    encode: fast ?? ((text) => tok.encode(text, { add_special_tokens: false }).ids),
     decode: (ids, options) => (ids.length === 0 ? "" : tok.decode(Array.from(ids), { skip_special_tokens: options?.skipSpecial === true, clean_up_tokenization_spaces: false })),
     isSpecial: (id) => special.has(id),
     tokenBytes: (id) => (special.has(id) ? [] : Array.from(utf8.encode(tok.decode([id], { clean_up_tokenization_spaces: false }))))

@@ -49,6 +49,80 @@ export const byteLevelTokenizer = () => {
   }
 }
 
+/** Pre-tokenizer regexes of Llama 3 and Qwen2 tokenizer.json files (Split, then ByteLevel without its own regex). */
+export const llama3Pattern = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+export const qwen2Pattern = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+
+/** English-like text with digits, contractions, punctuation, accents and newlines, to learn merges from. */
+export const mergeCorpus = [
+  "The quick brown fox jumps over the lazy dog. It's 2024, and we're still here; they'll say we'd won.",
+  "Hello world! Hello, hello... the world's biggest tokenizer test: 12345 + 678 = 13023.",
+  "Don't stop. I'm sure you've seen it: caf\u00e9, na\u00efve, r\u00e9sum\u00e9, stra\u00dfe, \u00fcber.",
+  "def tokenize(text):\n    return [t for t in text.split()]  # whitespace   runs\n\n",
+  "    indented line\n\tTabbed\r\nwindows line\n<html><body>tokens</body></html>"
+].join("\n")
+
+/**
+ * A byte-level BPE tokenizer.json whose merges are learned from `corpus` (the most frequent
+ * adjacent pair of the GPT-2-pre-tokenized words, `count` times), with the pre-tokenizer and
+ * normalizer of the given style, three whole words in the vocabulary that no merge spells
+ * (" xyzzy", " unreachable", three spaces), and `added` tokens after them.
+ */
+export const trainedByteLevelTokenizer = (options: {
+  readonly style: "gpt2" | "llama3" | "qwen2" | "smollm2"
+  readonly addPrefixSpace?: boolean
+  readonly count?: number
+  readonly corpus?: string
+  readonly added?: ReadonlyArray<{ readonly content: string; readonly special?: boolean; readonly normalized?: boolean; readonly lstrip?: boolean; readonly rstrip?: boolean }>
+}) => {
+  const chars = byteChars()
+  const utf8 = new TextEncoder()
+  const words = (options.corpus ?? mergeCorpus).match(/'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+/gu) ?? []
+  let symbols = words.map((w) => Array.from(utf8.encode(w), (b) => chars[b]!))
+  const vocab: Record<string, number> = Object.fromEntries(chars.map((c, i) => [c, i]))
+  let size = chars.length
+  const merges: Array<string> = []
+  for (let m = 0; m < (options.count ?? 300); m++) {
+    const counts = new Map<string, number>()
+    for (const w of symbols) for (let i = 0; i + 1 < w.length; i++) counts.set(`${w[i]} ${w[i + 1]}`, (counts.get(`${w[i]} ${w[i + 1]}`) ?? 0) + 1)
+    const best = [...counts].reduce<[string, number] | undefined>((a, b) => (a === undefined || b[1] > a[1] ? b : a), undefined)
+    if (best === undefined) break
+    const [left, right] = best[0].split(" ") as [string, string]
+    merges.push(best[0])
+    if (vocab[left + right] === undefined) vocab[left + right] = size++
+    symbols = symbols.map((w) => {
+      const out: Array<string> = []
+      for (let i = 0; i < w.length; i++) {
+        if (w[i] === left && w[i + 1] === right) out.push(left + right), i++
+        else out.push(w[i]!)
+      }
+      return out
+    })
+  }
+  // whole words no merge spells (Llama 3 has such): what ignore_merges takes as they are
+  for (const word of [" xyzzy", " unreachable", "   "]) vocab[Array.from(utf8.encode(word), (b) => chars[b]!).join("")] ??= size++
+  const added = (options.added ?? []).map((t, i) => ({ id: size + i, content: t.content, single_word: false, lstrip: t.lstrip ?? false, rstrip: t.rstrip ?? false, normalized: t.normalized ?? false, special: t.special ?? true }))
+  const split = (pattern: string) => ({ type: "Split", pattern: { Regex: pattern }, behavior: "Isolated", invert: false })
+  const byteLevel = (useRegex: boolean) => ({ type: "ByteLevel", add_prefix_space: options.addPrefixSpace ?? false, trim_offsets: true, use_regex: useRegex })
+  const pre = {
+    gpt2: byteLevel(true),
+    llama3: { type: "Sequence", pretokenizers: [split(llama3Pattern), byteLevel(false)] },
+    qwen2: { type: "Sequence", pretokenizers: [split(qwen2Pattern), byteLevel(false)] },
+    smollm2: { type: "Sequence", pretokenizers: [{ type: "Digits", individual_digits: true }, byteLevel(true)] }
+  }[options.style]
+  return {
+    version: "1.0",
+    truncation: null,
+    padding: null,
+    added_tokens: added,
+    normalizer: options.style === "qwen2" ? { type: "NFC" } : null,
+    pre_tokenizer: pre,
+    post_processor: { type: "ByteLevel", add_prefix_space: true, trim_offsets: false, use_regex: true },
+    decoder: { type: "ByteLevel", add_prefix_space: true, trim_offsets: true, use_regex: true },
+    model: { type: "BPE", dropout: null, unk_token: null, continuing_subword_prefix: null, end_of_word_suffix: null, fuse_unk: false, byte_fallback: false, ignore_merges: options.style === "llama3", vocab, merges }
+  }
+}
+
 /** BPE with byte fallback (sentencepiece-converted, Llama 2 style): <unk> <s> </s>, <0x00>..<0xFF>, pieces. */
 export const byteFallbackTokenizer = () => {
   const vocab: Record<string, number> = { "<unk>": 0, "<s>": 1, "</s>": 2 }
