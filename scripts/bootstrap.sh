@@ -6,7 +6,8 @@
 #   4. torch for /usr/bin/python3, used by the engine's PyTorch agreement test
 #      (scripts/python-torch.sh: Debian packages as root, else a warning)
 #   5. Debian's chromium at /usr/bin/chromium, which the report test drives headless through
-#      playwright-core (scripts/apt-packages.sh; never a downloaded browser)
+#      playwright-core (scripts/apt-packages.sh; never a downloaded browser), and openssl, with
+#      which the TLS test makes its certificates
 # Called by `npm test`, `npm run demo` and the benches, so the README's two commands work
 # on a machine that has only Node and npm.
 set -euo pipefail
@@ -26,3 +27,4 @@ fi
 bash scripts/python-torch.sh
 
 bash scripts/apt-packages.sh "the report test in headless Chromium (test/report)" chromium
+bash scripts/apt-packages.sh "the TLS test's certificates (test/security/tls.test.ts)" openssl

@@ -103,6 +103,14 @@ const authOf = (options: NatsOptions) => {
   return options.credsFile ? { authenticator: credsAuthenticator(fs.readFileSync(options.credsFile)) } : {}
 }
 
+/** Why a connection failed, in one line: the server's words, with what to set when its certificate is not trusted. */
+const connectFailure = (e: unknown, options: NatsOptions): string => {
+  const message = e instanceof Error ? e.message : String(e)
+  if (!/certificate/i.test(message)) return message
+  const trusted = options.tlsCaFile === undefined ? "NATS_TLS_CA is not set" : `NATS_TLS_CA is ${options.tlsCaFile}`
+  return `${message} (the server requires TLS and ${trusted}: set it to the CA certificate that signed the server's)`
+}
+
 /** Connects to `servers` for the lifetime of the scope; the connection is drained on close. */
 export const connectTo = (servers: string, options: NatsOptions) =>
   Effect.acquireRelease(
@@ -119,7 +127,7 @@ export const connectTo = (servers: string, options: NatsOptions) =>
           ...(options.tlsCaFile !== undefined ? { tls: { caFile: options.tlsCaFile } } : {}),
           ...authOf(options)
         }),
-      catch: (e) => new NatsConnectError({ servers, message: e instanceof Error ? e.message : String(e) })
+      catch: (e) => new NatsConnectError({ servers, message: connectFailure(e, options) })
     }),
     (nc) =>
       Effect.promise(() => nc.drain()).pipe(
