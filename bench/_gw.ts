@@ -1,0 +1,277 @@
+/**
+ * `npm run bench:rollout`: N concurrent `toy` executions through the whole rollout path
+ * (harness processes -> HTTP gateway -> NATS -> rollout worker -> engine, every call recorded),
+ * against the same generation done by calling the engine's batcher directly in-process.
+ *
+ * The direct peer replays exactly what the actor path generated: each execution's calls in
+ * order, the same prompts (rebuilt from the call records), the same number of output tokens,
+ * the same concurrency, so both sides have the same prefix-cache opportunities. Tool latency
+ * is 0 so the harnesses call back to back. Model: the `tiny` preset, randomly initialised.
+ *
+ * `actor_over_direct` is end-to-end generated tokens per second of the two paths: besides
+ * the gateway and NATS it includes the harness processes' own time between calls (starting,
+ * rendering history, parsing answers), which the direct peer does not have (it replays the
+ * calls back to back); it is not the gateway's overhead. That is measured apart, first: the
+ * gateway phase sends `BENCH_GATEWAY_CALLS` sequential chat calls over keep-alive HTTP to a
+ * gateway in this process while the worker runs in a child `gyre node`, so this process's CPU
+ * is the gateway's plus its HTTP client's: `gateway_overhead_p50_ms` / `_p99_ms` are round trip
+ * minus time inside the worker (the gateway's own window: HTTP, rendering, routing, NATS both
+ * ways, the record's JetStream ack), `gateway_cpu_ms_per_call` this process's CPU per call,
+ * beside `raw_nats_p50_ms` / `_p99_ms` / `raw_nats_cpu_ms_per_call`: a plain NATS request and
+ * reply of the same sizes (the HTTP request and response bodies) on the same server.
+ * Prints a table and, last, one JSON line. Not a test: nothing here is asserted.
+ */
+import { spawn } from "node:child_process"
+import * as http from "node:http"
+import * as readline from "node:readline"
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+import { Effect, Layer, Schedule } from "effect"
+import { makeBatcher } from "../src/serving/batcher.ts"
+import { gateway } from "../src/actors/gateway.ts"
+import { GatewayProtocol, apiKeyDigest, newApiKey } from "../src/protocols/gateway.ts"
+import { HarnessRunnerProtocol } from "../src/protocols/harness.ts"
+import { makeHarnessRunner } from "../src/actors/harness-runner.ts"
+import { rolloutWorker } from "../src/actors/rollout-worker.ts"
+import { readTrajectories } from "../src/protocols/trajectories.ts"
+import { loadCheckpoint, saveCheckpoint } from "../src/engine/checkpoint.ts"
+import { Engine } from "../src/engine/engine.ts"
+import { presets } from "../src/engine/presets.ts"
+import { Nats, connectTo } from "../src/runtime/nats.ts"
+import { address } from "../src/runtime/names.ts"
+import { repoRoot } from "../src/runtime/nats-server.ts"
+import { startNode } from "../src/runtime/node.ts"
+import { ActorSystem, refOf } from "../src/runtime/system.ts"
+
+const EXECUTIONS = Number(process.env.BENCH_EXECUTIONS ?? 8)
+const HORIZON = Number(process.env.BENCH_HORIZON ?? 32)
+const MAX_BATCH = 64
+const toyEnv = { TOY_STEPS: String(HORIZON), TOY_TOOL_MS: "0", TOY_MAX_TOKENS: "24", TOY_TEMPERATURE: "1" }
+
+const GATEWAY_CALLS = Number(process.env.BENCH_GATEWAY_CALLS ?? 400)
+
+interface ReplayCall {
+  readonly prompt: Int32Array
+  readonly outputLength: number
+}
+
+const work = fs.mkdtempSync(path.join(os.tmpdir(), "gyre-bench-rollout-"))
+const checkpoint = path.join(work, "tiny")
+
+/** The actor path: returns its figures and, per execution, the calls to replay. */
+const actorPath = Effect.gen(function* () {
+  const system = yield* ActorSystem
+  const node = yield* startNode({
+    name: "bench",
+    types: [
+      rolloutWorker({ checkpoint, maxBatch: MAX_BATCH }),
+      gateway({ port: 0 }),
+      makeHarnessRunner({ suitesDir: path.join(repoRoot, "suites"), gateway: address("gateway", "main"), capacity: EXECUTIONS, evaluationRetries: 1, workspaceRoot: work })
+    ]
+  })
+  yield* node.spawn("rollout-worker", "bench.0")
+  yield* node.spawn("gateway", "main")
+  yield* node.spawn("harness-runner", "bench")
+  const runner = refOf(HarnessRunnerProtocol, address("harness-runner", "bench"))
+  const started = performance.now()
+  const executions = yield* Effect.forEach(
+    Array.from({ length: EXECUTIONS }, (_, i) => i),
+    (i) =>
+      system
+        .ask(runner, "RunExecution", { task: { suite: "toy", task: `heldout-${i}` }, execution: `bench-x${i}`, timeoutMs: null, keepWorkspace: "never", env: toyEnv }, { timeoutMs: 3_600_000 })
+        .pipe(Effect.as(`bench-x${i}`)),
+    { concurrency: "unbounded" }
+  )
+  const seconds = (performance.now() - started) / 1000
+  const status = yield* system.ask(refOf(GatewayProtocol, address("gateway", "main")), "Status", undefined)
+  const trajectories = yield* readTrajectories(system, new Set(executions))
+  const replay = executions.map((execution) => {
+    const tree = trajectories.executions.get(execution)!.decoder.tree
+    return Array.from({ length: tree.callCount }, (_, c): ReplayCall => {
+      const call = tree.call(c)
+      return { prompt: tree.callSequence(c).slice(0, call.promptLength), outputLength: call.length - call.promptLength }
+    })
+  })
+  yield* node.drain
+  return { seconds, recent: status.recent, replay }
+})
+
+const quantile = (xs: ReadonlyArray<number>, q: number) => {
+  const s = [...xs].sort((a, b) => a - b)
+  return s[Math.min(s.length - 1, Math.round((s.length - 1) * q))] ?? 0
+}
+const cpuMs = (since: NodeJS.CpuUsage) => {
+  const d = process.cpuUsage(since)
+  return (d.user + d.system) / 1000
+}
+
+/** A worker in a child `gyre node` on this system's server; resolves once it serves. */
+const childWorker = (servers: string, run: string) =>
+  Effect.acquireRelease(
+    Effect.promise(
+      () =>
+        new Promise<ReturnType<typeof spawn>>((resolve, reject) => {
+          const child = spawn(process.execPath, [path.join(repoRoot, "bin", "gyre.js"), "node", "--name", "w", "--run", run, "--load", path.join(repoRoot, "bench", "rollout-worker-node.ts"), "--spawn", "rollout-worker/w.0"], {
+            env: { ...process.env, NATS_URL: servers, BENCH_CHECKPOINT: checkpoint },
+            stdio: ["ignore", "pipe", "inherit"]
+          })
+          readline.createInterface({ input: child.stdout! }).on("line", (line) => line.includes('"ready"') && resolve(child))
+          child.once("exit", (code) => reject(new Error(`worker node exited with ${code}`)))
+        })
+    ),
+    (child) => Effect.sync(() => child.kill("SIGKILL"))
+  )
+
+/** POSTs `body` over a keep-alive connection; the answer's body. */
+const post = (agent: http.Agent, port: number, key: string, body: string) =>
+  new Promise<string>((resolve, reject) => {
+    const req = http.request({ host: "127.0.0.1", port, path: "/v1/chat/completions", method: "POST", agent, headers: { authorization: `Bearer ${key}`, "content-type": "application/json", "content-length": Buffer.byteLength(body) } }, (res) => {
+      let text = ""
+      res.setEncoding("utf8")
+      res.on("data", (d: string) => (text += d))
+      res.on("end", () => (res.statusCode === 200 ? resolve(text) : reject(new Error(`status ${res.statusCode}: ${text}`))))
+    })
+    req.on("error", reject)
+    req.end(body)
+  })
+
+/** The gateway's own cost per call, and a raw NATS request of the same sizes beside it. */
+const gatewayPhase = Effect.gen(function* () {
+  const system = yield* ActorSystem
+  yield* childWorker(system.nats.servers, system.run)
+  const node = yield* startNode({ name: "gw", types: [gateway({ port: 0 })] })
+  yield* node.spawn("gateway", "main")
+  const gw = refOf(GatewayProtocol, address("gateway", "main"))
+  const key = newApiKey()
+  const { baseUrl } = yield* system.ask(gw, "OpenExecution", { keyDigest: apiKeyDigest(key), task: "bench", execution: "bench-gw", defaultRole: "main" })
+  const port = Number(new URL(baseUrl).port)
+  const agent = new http.Agent({ keepAlive: true, maxSockets: 1 })
+  const body = JSON.stringify({ model: "gyre", messages: [{ role: "user", content: "Write the next step of the plan. ".repeat(8) }], max_tokens: 8, temperature: 0 })
+  let answer = ""
+  const calls = (n: number) =>
+    Effect.promise(async () => {
+      for (let i = 0; i < n; i++) answer = await post(agent, port, key, body)
+    })
+  yield* Effect.retry(calls(20), { times: 50, schedule: Schedule.spaced("200 millis") }) // warm-up: also waits for the worker to be routable
+  const cpu0 = process.cpuUsage()
+  yield* calls(GATEWAY_CALLS)
+  const gatewayCpu = cpuMs(cpu0) / GATEWAY_CALLS
+  const { recent } = yield* system.ask(gw, "Status", undefined)
+  agent.destroy()
+  // A raw request and reply of the same sizes on the same server, the responder on its own connection.
+  const responder = yield* connectTo(system.nats.servers, { name: "bench-responder" })
+  const reply = new TextEncoder().encode(answer)
+  responder.subscribe("bench.raw", { callback: (_e, m) => void m.respond(reply) })
+  yield* Effect.promise(() => responder.flush())
+  const request = new TextEncoder().encode(body)
+  const rawMs: Array<number> = []
+  const rawCpu0 = process.cpuUsage()
+  yield* Effect.promise(async () => {
+    for (let i = 0; i < GATEWAY_CALLS; i++) {
+      const t = performance.now()
+      await system.nats.nc.request("bench.raw", request, { timeout: 5000 })
+      rawMs.push(performance.now() - t)
+    }
+  })
+  return {
+    overheadP50: recent.overheadP50Ms,
+    overheadP99: recent.overheadP99Ms,
+    roundTripP50: recent.roundTripP50Ms,
+    workerP50: recent.workerP50Ms,
+    gatewayCpu,
+    rawP50: quantile(rawMs, 0.5),
+    rawP99: quantile(rawMs, 0.99),
+    rawCpu: cpuMs(rawCpu0) / GATEWAY_CALLS,
+    requestBytes: request.length,
+    replyBytes: reply.length
+  }
+})
+
+/** The same calls through the engine's batcher in-process, one fiber per execution. */
+const directPath = (replay: ReadonlyArray<ReadonlyArray<ReplayCall>>) =>
+  Effect.gen(function* () {
+    const { model } = yield* loadCheckpoint(checkpoint)
+    const cache = yield* model.cache({ blockTokens: 16, numBlocks: 4096 })
+    const batcher = yield* makeBatcher(cache, {
+      worker: "direct",
+      maxContext: model.config.max_position_embeddings,
+      maxBatch: MAX_BATCH,
+      prefillChunk: 256,
+      contextsPerExecution: 16,
+      version: 0,
+      onLoad: () => undefined
+    })
+    let generated = 0
+    const started = performance.now()
+    yield* Effect.forEach(
+      replay,
+      (calls, e) =>
+        Effect.forEach(
+          calls,
+          (call, c) =>
+            batcher
+              .generate({
+                execution: `direct-${e}`,
+                request: `direct-${e}-${c}`,
+                base: null,
+                prompt: call.prompt,
+                sampling: { maxTokens: Math.max(1, call.outputLength), temperature: 1, topP: 1, seed: c, stop: [] }
+              })
+              .pipe(Effect.tap((r) => Effect.sync(() => (generated += r.output.length)))),
+          { discard: true }
+        ),
+      { concurrency: "unbounded", discard: true }
+    )
+    return { seconds: (performance.now() - started) / 1000, generated }
+  })
+
+const program = Effect.gen(function* () {
+  const engine = yield* Engine
+  yield* saveCheckpoint(checkpoint, yield* engine.createModel(presets.tiny, { seed: 1 }))
+  const systemOf = (run: string) => ActorSystem.layer({ run }).pipe(Layer.provideMerge(Nats.layer({})))
+  const gw = yield* Effect.scoped(gatewayPhase.pipe(Effect.provide(systemOf("bench-gateway"))))
+  console.log(JSON.stringify(gw)); if (Math.random() < 2) return
+  const actor = yield* Effect.scoped(actorPath.pipe(Effect.provide(systemOf("bench-rollout"))))
+  const direct = yield* Effect.scoped(directPath(actor.replay))
+  const r = actor.recent
+  const result = {
+    executions: EXECUTIONS,
+    horizon: HORIZON,
+    calls: r.calls,
+    calls_per_s: +(r.calls / actor.seconds).toFixed(2),
+    gen_tokens_per_s: Math.round(r.generatedTokens / actor.seconds),
+    gateway_overhead_p50_ms: +gw.overheadP50.toFixed(3),
+    gateway_overhead_p99_ms: +gw.overheadP99.toFixed(3),
+    gateway_cpu_ms_per_call: +gw.gatewayCpu.toFixed(3),
+    gateway_round_trip_p50_ms: +gw.roundTripP50.toFixed(3),
+    gateway_worker_p50_ms: +gw.workerP50.toFixed(3),
+    raw_nats_p50_ms: +gw.rawP50.toFixed(3),
+    raw_nats_p99_ms: +gw.rawP99.toFixed(3),
+    raw_nats_cpu_ms_per_call: +gw.rawCpu.toFixed(3),
+    raw_nats_request_bytes: gw.requestBytes,
+    raw_nats_reply_bytes: gw.replyBytes,
+    rollout_overhead_p50_ms: +r.overheadP50Ms.toFixed(2),
+    round_trip_p50_ms: +r.roundTripP50Ms.toFixed(2),
+    worker_p50_ms: +r.workerP50Ms.toFixed(2),
+    compute_p50_ms: +r.computeP50Ms.toFixed(2),
+    prefill_tokens_saved_ratio: +(r.cachedTokens / Math.max(1, r.promptTokens)).toFixed(3),
+    direct_gen_tokens_per_s: Math.round(direct.generated / direct.seconds),
+    actor_over_direct: +((r.generatedTokens / actor.seconds) / (direct.generated / direct.seconds)).toFixed(3),
+    actor_seconds: +actor.seconds.toFixed(2),
+    direct_seconds: +direct.seconds.toFixed(2)
+  }
+  console.log(`${EXECUTIONS} toy executions x ${HORIZON} decisions, tiny preset, ${engine.backend} backend`)
+  console.log(["path".padEnd(12), "seconds".padStart(8), "calls".padStart(6), "gen tok".padStart(8), "gen tok/s".padStart(10)].join(" "))
+  console.log(["actors".padEnd(12), result.actor_seconds.toFixed(2).padStart(8), String(r.calls).padStart(6), String(r.generatedTokens).padStart(8), String(result.gen_tokens_per_s).padStart(10)].join(" "))
+  console.log(["direct".padEnd(12), result.direct_seconds.toFixed(2).padStart(8), String(r.calls).padStart(6), String(direct.generated).padStart(8), String(result.direct_gen_tokens_per_s).padStart(10)].join(" "))
+  console.log(`actors / direct: ${result.actor_over_direct} (end to end, harness time between calls included); prefill saved ${result.prefill_tokens_saved_ratio}`)
+  console.log(
+    `gateway alone (${GATEWAY_CALLS} sequential calls, worker in a child node): overhead p50 ${result.gateway_overhead_p50_ms} ms, p99 ${result.gateway_overhead_p99_ms} ms, CPU ${result.gateway_cpu_ms_per_call} ms/call (gateway + client); raw NATS request of the same sizes: p50 ${result.raw_nats_p50_ms} ms, p99 ${result.raw_nats_p99_ms} ms, CPU ${result.raw_nats_cpu_ms_per_call} ms`
+  )
+  console.log(JSON.stringify(result))
+})
+
+await Effect.runPromise(Effect.scoped(program).pipe(Effect.provide(Engine.layer)))
+fs.rmSync(work, { recursive: true, force: true })
+process.exit(0)
