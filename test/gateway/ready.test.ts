@@ -1,6 +1,8 @@
 /**
- * `/ready` tells the truth about NATS: a `gyre serve` child answers 200, then its embedded
- * nats-server is killed and `/ready` turns 503 (`nats: false`) while `/health` still answers.
+ * `/ready` tells the truth about NATS: a `gyre serve` child answers 200; its embedded
+ * nats-server is stopped (SIGSTOP: alive, so its supervisor does not restart it, and silent)
+ * and `/ready` turns 503 (`nats: false`) while `/health` still answers, saying the same; once
+ * the server is continued, `/ready` answers 200 again.
  */
 import { readFileSync, readdirSync } from "node:fs"
 import { describe, expect, it } from "vitest"
@@ -25,27 +27,36 @@ const childrenNamed = (pid: number, name: string) =>
     .map(Number)
 
 describe("gyre serve readiness", () => {
-  it("is ready with NATS and a worker, and not ready once its nats-server is gone", async () => {
+  it("is ready with NATS and a worker, not ready while its nats-server is silent, ready again after", async () => {
     const served = await startServe(tempDir("gyre-ready-"))
+    const nats = childrenNamed(served.pid, "nats-server")
     try {
       const probe = (path: string) => rawRequest(served.port, httpRequest("GET", path, {}), { timeoutMs: 5000 })
-      const before = await probe("/ready")
-      const nats = childrenNamed(served.pid, "nats-server")
-      expect(nats).toHaveLength(1)
-      process.kill(nats[0]!, "SIGKILL")
-      let after = await probe("/ready")
-      for (let i = 0; i < 50 && after.status !== 503; i++) {
-        await new Promise((r) => setTimeout(r, 200))
-        after = await probe("/ready")
+      /** `/ready` until it answers `status` (10 s at most). */
+      const readyAs = async (status: number) => {
+        let r = await probe("/ready")
+        for (let i = 0; i < 50 && r.status !== status; i++) {
+          await new Promise((done) => setTimeout(done, 200))
+          r = await probe("/ready")
+        }
+        return r
       }
+      const before = await probe("/ready")
+      expect(nats).toHaveLength(1)
+      process.kill(nats[0]!, "SIGSTOP")
+      const after = await readyAs(503)
       const health = await probe("/health")
+      process.kill(nats[0]!, "SIGCONT")
+      const again = await readyAs(200)
       expect(before.status).toBe(200)
       expect(after.status).toBe(503)
       expect(jsonOf(after)).toMatchObject({ status: "not_ready", nats: false })
       expect(jsonOf(after).reasons[0]).toMatch(/NATS did not answer/)
       expect(health.status).toBe(200)
       expect(jsonOf(health)).toMatchObject({ ready: false, nats: false })
+      expect(again.status).toBe(200)
     } finally {
+      for (const pid of nats) process.kill(pid, "SIGKILL")
       process.kill(served.pid, "SIGKILL")
       await served.stop()
     }
