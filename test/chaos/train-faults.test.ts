@@ -1,6 +1,6 @@
 /**
  * Run-level faults during `gyre train` (issue 13, "Chaos suite"). Each test runs a short
- * training run (STEPS steps, tiny knobs) on a nats-server it starts itself (loopback,
+ * training run (STEPS steps, or as the test says; tiny knobs) on a nats-server it starts itself (loopback,
  * temporary store, supervised by the test process), with the main node (`gyre train
  * --devices 1`: core device, scheduler, gateway, harness runner) and a second node
  * (`gyre node --devices 1`) joining it. After step 0's progress line and a seeded delay
@@ -8,6 +8,8 @@
  *
  * - kill -9 of the second node; its device's role at that moment (rollout cell, training core
  *   or satellite, switching) is read from the policy records: the run finishes without it;
+ * - kill -9 of the second node at the first moment the live journal shows its device training
+ *   as a satellite of the running step (a fault aimed at a role): the step finishes on the core;
  * - kill -9 of the nats-server, restarted by its supervisor on the same store and port: the
  *   run finishes (with the default GYRE_DEAD_AFTER_MS; see NATS_DEAD_AFTER_MS).
  *
@@ -22,19 +24,22 @@
  * of those, duplicates suppressed (not run again by the runner).
  *
  * Not here: a scheduler killed on its own (`gyre node` hosts no scheduler candidate; the
- * scheduler lives in the `gyre train` process). The file takes about 80 s alone; both tests run
- * in the normal suite.
+ * scheduler lives in the `gyre train` process), nor the core's node (it is the main node: killing
+ * it stops the run, which `--resume` continues). The file takes about 2 min alone; all three
+ * tests run in the normal suite.
  */
 import { spawn, execFileSync, type ChildProcess } from "node:child_process"
 import { join } from "node:path"
 import * as readline from "node:readline"
-import { Effect, Scope } from "effect"
+import { Effect, Scope, Stream } from "effect"
 import { afterEach, beforeAll, describe, expect, it } from "vitest"
 import { executionName, parseExecutionName, type RunConfig } from "../../src/protocols/run.ts"
 import { readTrajectories } from "../../src/protocols/trajectories.ts"
 import { checkTrees } from "../../src/replay/trees.ts"
 import { startEmbeddedServer, type EmbeddedServer } from "../../src/runtime/nats-server.ts"
 import { ActorSystem } from "../../src/runtime/system.ts"
+import { readStored } from "../../src/runtime/stream-reader.ts"
+import type { PolicyRecord } from "../../src/protocols/scheduler.ts"
 import { auditRun } from "../../src/scheduling/audit.ts"
 import { readRecords, readRunConfig, runDoneJournaled, type StoredRecord } from "../../src/scheduling/records.ts"
 import { mulberry32 } from "../../src/tree/sample.ts"
@@ -76,8 +81,8 @@ interface TrainProcess {
 }
 
 /** `gyre train` of run `run` on `url` (progress lines on stdout, the JSON summary last). */
-const startTrain = (run: string, url: string, env: Record<string, string>): TrainProcess => {
-  const args = ["train", "--run", run, "--checkpoint", checkpoint, "--steps", String(STEPS), "--devices", "1", "--executions-per-step", String(EXECUTIONS), "--group-size", "2"]
+const startTrain = (run: string, url: string, env: Record<string, string>, stepCount: number): TrainProcess => {
+  const args = ["train", "--run", run, "--checkpoint", checkpoint, "--steps", String(stepCount), "--devices", "1", "--executions-per-step", String(EXECUTIONS), "--group-size", "2"]
   const more = ["--slots", "2", "--horizon", "3", "--env", "TOY_TOOL_MS=30,TOY_MAX_TOKENS=16", "--heldout", "heldout-0"]
   const child = spawn("node", [gyre, ...args, ...more], { env: { ...process.env, NATS_URL: url, ...env }, stdio: ["ignore", "pipe", "pipe"] })
   children.push(child)
@@ -136,7 +141,7 @@ type RunJournal = Awaited<ReturnType<typeof readRun>>
 const wallOf = (config: RunConfig, r: StoredRecord) => config.startedAt + r.record.event.at * 1000
 
 /** The role of `device`'s cell in the records up to wall time `at`: rollout, switching, or training as the step's core or a satellite. */
-const roleAt = (j: RunJournal, device: string, at: number): string => {
+const roleAt = (j: Pick<RunJournal, "config" | "records">, device: string, at: number): string => {
   let cell: number | undefined
   let role: string | undefined
   let step: { core: number; cells: Array<number> } | undefined
@@ -182,6 +187,7 @@ const recoveryOf = (j: RunJournal, at: number) => {
 
 /** The invariants every run-level fault must leave intact (see the module comment). */
 const expectIntact = (j: RunJournal) => {
+  const STEPS = j.config.policyConfig.steps
   expect(j.done).toBe(true)
   const steps = j.records.flatMap((r) => (r.record.event._tag === "StepDone" ? [r.record.event.step] : []))
   expect(steps).toEqual([...Array(STEPS).keys()])
@@ -233,7 +239,12 @@ const faultedRun = (
   run: string,
   salt: number,
   env: Record<string, string>,
-  inject: (server: EmbeddedServer, other: NodeProcess) => Effect.Effect<Injected, unknown, Scope.Scope>
+  inject: (server: EmbeddedServer, other: NodeProcess) => Effect.Effect<Injected, unknown, Scope.Scope>,
+  options: {
+    /** Whether `inject` waits for step 0's line and the seeded delay (else it is called once both processes run). */
+    readonly afterStep0?: boolean
+    readonly steps?: number
+  } = {}
 ) =>
   Effect.runPromise(
     Effect.scoped(
@@ -242,17 +253,22 @@ const faultedRun = (
         const server = yield* startEmbeddedServer({})
         const other = startNodeProcess(server.url, ["--name", "other", "--run", run, "--devices", "1"], env)
         children.push(other.child)
-        const train = startTrain(run, server.url, env)
-        yield* Effect.promise(() => Promise.all([train.stepLine(0, 200_000), other.waitFor("ready", 200_000)]))
-        yield* sleep(delayMs)
+        const { afterStep0 = true, steps = STEPS } = options
+        const train = startTrain(run, server.url, env, steps)
+        yield* Effect.promise(() => other.waitFor("ready", 200_000))
+        if (afterStep0) {
+          yield* Effect.promise(() => train.stepLine(0, 200_000))
+          yield* sleep(delayMs)
+        }
         const injected = yield* inject(server, other)
         const summary = yield* Effect.promise(() => train.summary)
         const j = yield* Effect.promise(() => readRun(run, server.url))
         const { redispatched, suppressed } = redispatches(j)
-        const detail = `${injected.detail(j)}; scheduler terms ${j.audit.terms.join(",")}; seed ${SEED}, ${delayMs} ms after step 0`
+        const when = afterStep0 ? `seed ${SEED}, ${delayMs} ms after step 0` : "at the role's first sight"
+        const detail = `${injected.detail(j)}; scheduler terms ${j.audit.terms.join(",")}; ${when}`
         recordFault({
           fault,
-          recovered: j.done && j.audit.stepsDone === STEPS,
+          recovered: j.done && j.audit.stepsDone === steps,
           recoveryS: recoveryOf(j, injected.at),
           executionsLost: j.audit.executionsLost,
           trainedTwice: j.audit.trainedTwice,
@@ -261,7 +277,7 @@ const faultedRun = (
           detail
         })
         yield* Effect.logInfo(`${fault}: ${detail}; recovery ${recoveryOf(j, injected.at).toFixed(1)} s, re-dispatched ${redispatched}, suppressed ${suppressed}`)
-        expect(summary.steps).toBe(STEPS)
+        expect(summary.steps).toBe(steps)
         expect(summary.executions_lost).toBe(0)
         expect(summary.trained_twice).toBe(0)
         expectIntact(j)
@@ -270,27 +286,77 @@ const faultedRun = (
     )
   )
 
+/** kill -9 of the second node now; the detail names its device's role then and when its cell was lost. */
+const killOther = (other: NodeProcess) =>
+  Effect.gen(function* () {
+    const at = Date.now()
+    other.child.kill("SIGKILL")
+    yield* Effect.promise(() => other.exited)
+    const lostAfter = (j: RunJournal) => {
+      const lost = j.records.find((r) => r.record.event._tag === "CellLost" && r.record.device === OTHER_DEVICE)
+      return lost === undefined ? "never" : `${((wallOf(j.config, lost) - at) / 1000).toFixed(1)} s`
+    }
+    return { at, detail: (j: RunJournal) => `its device a ${roleAt(j, OTHER_DEVICE, at)} when killed, its cell lost after ${lostAfter(j)}` }
+  })
+
+/**
+ * The scheduler heard the loss of the killed device's cell, unless the run's last step was done
+ * before liveness could declare it dead (GYRE_DEAD_AFTER_MS, 5 s, plus a check interval).
+ */
+const expectCellLost = (j: RunJournal, killedAt: number) => {
+  const lost = j.records.filter((r) => r.record.event._tag === "CellLost" && r.record.device === OTHER_DEVICE)
+  const lastStep = j.records.filter((r) => r.record.event._tag === "StepDone").at(-1)!
+  const endedWithinDeadAfter = wallOf(j.config, lastStep) - killedAt < 5_000 + 2_000
+  expect(lost.length >= 1 || endedWithinDeadAfter, `no CellLost of ${OTHER_DEVICE}, and the run went on ${wallOf(j.config, lastStep) - killedAt} ms after the kill`).toBe(true)
+}
+
+/**
+ * Follows the run's policy records from the first (an ordered consumer that waits for new ones)
+ * and kills the second node the moment a record makes its device a satellite of a step before
+ * the last (`JoinStep` of its cell), so the rest of the run goes on without it.
+ */
+const killOtherAsSatellite = (run: string, url: string, other: NodeProcess) =>
+  Effect.promise(() =>
+    asClient(run, url, undefined, Effect.gen(function* () {
+      const system = yield* ActorSystem
+      const config = (yield* eventually(readRunConfig(system), 150_000, 100)) as RunConfig
+      let cell: number | undefined
+      let stepsDone = 0
+      const satellite = (r: PolicyRecord) => {
+        if (r.event._tag === "CellJoined" && r.device === OTHER_DEVICE) cell = r.event.cell
+        if (r.event._tag === "StepDone") stepsDone++
+        return stepsDone < config.policyConfig.steps - 1 && r.actions.some((a) => a._tag === "JoinStep" && a.cell === cell)
+      }
+      yield* readStored(system.nats, system.layout.journalStream, { seq: 1 }, system.layout.sys("policy"), true).pipe(
+        Stream.map((m) => m.json() as PolicyRecord),
+        Stream.takeUntil(satellite),
+        Stream.runDrain,
+        Effect.timeout("150 seconds")
+      )
+    }))
+  ).pipe(Effect.andThen(killOther(other)))
+
 describe("run-level faults during gyre train", () => {
   it("kill -9 of the second node (a device of the run): the run finishes on the main node, nothing lost or trained twice", { timeout: 300_000 }, async () => {
     let killedAt = 0
     const j = await faultedRun("train: second node kill -9", "chaos-node", 1, {}, (_server, other) =>
-      Effect.gen(function* () {
-        const at = (killedAt = Date.now())
-        other.child.kill("SIGKILL")
-        yield* Effect.promise(() => other.exited)
-        const lostAfter = (j: RunJournal) => {
-          const lost = j.records.find((r) => r.record.event._tag === "CellLost" && r.record.device === OTHER_DEVICE)
-          return lost === undefined ? "never" : `${((wallOf(j.config, lost) - at) / 1000).toFixed(1)} s`
-        }
-        return { at, detail: (j: RunJournal) => `its device a ${roleAt(j, OTHER_DEVICE, at)} when killed, its cell lost after ${lostAfter(j)}` }
-      })
+      killOther(other).pipe(Effect.tap((k) => Effect.sync(() => (killedAt = k.at))))
     )
-    // The scheduler heard the loss of the killed device's cell, unless the run's last step was
-    // done before liveness could declare it dead (GYRE_DEAD_AFTER_MS, 5 s, plus a check interval).
-    const lost = j.records.filter((r) => r.record.event._tag === "CellLost" && r.record.device === OTHER_DEVICE)
-    const lastStep = j.records.filter((r) => r.record.event._tag === "StepDone").at(-1)!
-    const endedWithinDeadAfter = wallOf(j.config, lastStep) - killedAt < 5_000 + 2_000
-    expect(lost.length >= 1 || endedWithinDeadAfter, `no CellLost of ${OTHER_DEVICE}, and the run went on ${wallOf(j.config, lastStep) - killedAt} ms after the kill`).toBe(true)
+    expectCellLost(j, killedAt)
+  })
+
+  it("kill -9 of the second node while its device trains as a satellite of the step: the step and the run finish, nothing lost or trained twice", { timeout: 300_000 }, async () => {
+    let killedAt = 0
+    const j = await faultedRun(
+      "train: second node kill -9 as a training satellite",
+      "chaos-satellite",
+      3,
+      {},
+      (server, other) => killOtherAsSatellite("chaos-satellite", server.url, other).pipe(Effect.tap((k) => Effect.sync(() => (killedAt = k.at)))),
+      { afterStep0: false, steps: 5 }
+    )
+    expect(roleAt(j, OTHER_DEVICE, killedAt)).toBe("training satellite")
+    expectCellLost(j, killedAt)
   })
 
   it("kill -9 of the nats-server (restarted on the same store and port): the run finishes, nothing lost or trained twice", { timeout: 300_000 }, async () => {
