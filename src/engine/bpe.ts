@@ -7,6 +7,7 @@
  * so merging looks up integer pairs and builds no strings. A binary heap of the ranked pairs,
  * with stale entries skipped on pop, keeps long words O(n log n).
  */
+import { KeyHeap } from "../common/heap.ts"
 
 /** The merges of a tokenizer.json over numbered symbols. */
 export interface Merges {
@@ -49,52 +50,6 @@ export const numberMerges = (vocabulary: Iterable<string>, merges: ReadonlyArray
   return { symbol, strings, ranks, merged }
 }
 
-/** A min-heap of (rank, position) keys, each with the version of its position when pushed. */
-class PairHeap {
-  private readonly keys: Array<number> = []
-  private readonly versions: Array<number> = []
-  get size() {
-    return this.keys.length
-  }
-  push(key: number, version: number) {
-    const { keys, versions } = this
-    let i = keys.length
-    keys.push(key)
-    versions.push(version)
-    while (i > 0) {
-      const parent = (i - 1) >> 1
-      if (keys[parent]! <= key) break
-      keys[i] = keys[parent]!
-      versions[i] = versions[parent]!
-      i = parent
-    }
-    keys[i] = key
-    versions[i] = version
-  }
-  /** Removes the least key; returns it and its version. */
-  pop(): readonly [number, number] {
-    const { keys, versions } = this
-    const top = [keys[0]!, versions[0]!] as const
-    const key = keys.pop()!
-    const version = versions.pop()!
-    const n = keys.length
-    if (n === 0) return top
-    let i = 0
-    for (;;) {
-      let child = 2 * i + 1
-      if (child >= n) break
-      if (child + 1 < n && keys[child + 1]! < keys[child]!) child++
-      if (keys[child]! >= key) break
-      keys[i] = keys[child]!
-      versions[i] = versions[child]!
-      i = child
-    }
-    keys[i] = key
-    versions[i] = version
-    return top
-  }
-}
-
 /** The symbols of a word after every ranked merge (`symbols` is merged in place). */
 export const bpe = (symbols: Int32Array, merges: Merges): Array<number> => {
   const n = symbols.length
@@ -107,7 +62,7 @@ export const bpe = (symbols: Int32Array, merges: Merges): Array<number> => {
     next[i] = i + 1
     prev[i] = i - 1
   }
-  const heap = new PairHeap()
+  const heap = new KeyHeap() // (rank * n + position, the position's version when pushed)
   // key = rank * n + position: the lowest rank first, then the leftmost
   const offer = (i: number) => {
     const j = next[i]!
@@ -116,7 +71,8 @@ export const bpe = (symbols: Int32Array, merges: Merges): Array<number> => {
   }
   for (let i = 0; i < n - 1; i++) offer(i)
   while (heap.size > 0) {
-    const [key, v] = heap.pop()
+    const key = heap.peekKey()
+    const v = heap.pop()
     const i = key % n
     if (version[i] !== v) continue
     const j = next[i]!

@@ -20,7 +20,7 @@
  *   the run lasts at least tau + (rollout left / slots + tokens left / rate) / cells; the part is
  *   the largest over tau (tau = 0 is the plain sum of all work over cells).
  */
-import { TimeHeap } from "./heap.ts"
+import { KeyHeap } from "../common/heap.ts"
 import type { Executions, Scenario } from "./scenario.ts"
 
 export interface LowerBound {
@@ -44,7 +44,7 @@ const earliest = (s: Scenario, e: Executions): Earliest => {
   const start = new Float64Array(n)
   const finish = new Float64Array(n)
   const T = new Float64Array(s.steps)
-  const latest = new TimeHeap() // the M latest finishes so far
+  const latest = new KeyHeap() // the M latest finishes so far
   const order: Array<number> = []
   let previous = 0
   for (let k = 0; k < s.steps; k++) {
@@ -55,7 +55,7 @@ const earliest = (s: Scenario, e: Executions): Earliest => {
     for (let i = k * B; i < (k + 1) * B; i++) {
       let a = Math.max(gate, previous)
       if (latest.size === M) {
-        a = Math.max(a, latest.peekTime())
+        a = Math.max(a, latest.peekKey())
         latest.pop()
       }
       start[i] = previous = a

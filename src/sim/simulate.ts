@@ -23,7 +23,7 @@
  */
 import type { Policy } from "../policy/policy.ts"
 import type { PolicyAction, PolicyEvent } from "../policy/vocabulary.ts"
-import { TimeHeap } from "./heap.ts"
+import { KeyHeap } from "../common/heap.ts"
 import { policyConfigOf, type Executions, type Scenario } from "./scenario.ts"
 
 export class PolicyViolation extends Error {
@@ -94,7 +94,7 @@ class Simulation<S> {
 
   // time and events
   private now = 0
-  private readonly heap = new TimeHeap()
+  private readonly heap = new KeyHeap()
   private readonly pending: Array<PolicyEvent> = []
   private pendingHead = 0
   private state: S
@@ -191,7 +191,7 @@ class Simulation<S> {
           `${this.policy.name}: stalled at t=${this.now.toFixed(1)}s after ${this.stepsDone} of ${this.steps} steps (nothing left to happen)`
         )
       }
-      const t = this.heap.peekTime()
+      const t = this.heap.peekKey()
       const id = this.heap.pop()
       this.happen(t, id)
     }

@@ -14,8 +14,9 @@ import { asyncSplit, colocate, elastic, elasticPublished } from "../../src/polic
 import type { Policy } from "../../src/policy/policy.ts"
 import { PolicyAction } from "../../src/policy/vocabulary.ts"
 import { actionsJson, stateDigest } from "../../src/scheduling/driver.ts"
-import { executionsOf, parseScenario, policyConfigOf } from "../../src/sim/scenario.ts"
+import { executionsOf, policyConfigOf } from "../../src/sim/scenario.ts"
 import { simulate } from "../../src/sim/simulate.ts"
+import { recordedScenario } from "../policy/fixtures.ts"
 
 const viaCodec = (schema: Schema.Codec<unknown, unknown>) => {
   const encode = Schema.encodeSync(Schema.toCodecJson(schema))
@@ -30,18 +31,7 @@ const shuffled = (v: unknown): unknown =>
       ? Object.fromEntries([["zzStray", 1], ...Object.entries(v).reverse().map(([k, x]) => [k, shuffled(x)])])
       : v
 
-const scenario = parseScenario({
-  cells: 4,
-  slots_per_cell: 8,
-  train_tokens_per_s_per_cell: 2000,
-  switch_to_train_s: 8.52,
-  switch_to_rollout_s: 3.46,
-  weight_sync_s: 20,
-  steps: 6,
-  executions_per_step: 40,
-  max_staleness: 1,
-  generator: { kind: "lognormal", median_s: 600, sigma: 1.2, max_s: 7200, tokens_per_s: 30, seed: 11 }
-})
+const scenario = recordedScenario
 
 describe("jsonWriter", () => {
   for (const policy of [colocate, asyncSplit(2), elastic, elasticPublished] as ReadonlyArray<Policy<unknown>>) {

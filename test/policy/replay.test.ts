@@ -8,21 +8,11 @@ import { describe, expect, it } from "vitest"
 import { asyncSplit, colocate, elastic, elasticPublished, replay } from "../../src/policy/index.ts"
 import type { Policy } from "../../src/policy/policy.ts"
 import { PolicyEvent } from "../../src/policy/vocabulary.ts"
-import { executionsOf, parseScenario, policyConfigOf } from "../../src/sim/scenario.ts"
+import { executionsOf, policyConfigOf } from "../../src/sim/scenario.ts"
 import { simulate } from "../../src/sim/simulate.ts"
+import { recordedScenario } from "./fixtures.ts"
 
-const scenario = parseScenario({
-  cells: 4,
-  slots_per_cell: 8,
-  train_tokens_per_s_per_cell: 2000,
-  switch_to_train_s: 8.52,
-  switch_to_rollout_s: 3.46,
-  weight_sync_s: 20,
-  steps: 6,
-  executions_per_step: 40,
-  max_staleness: 1,
-  generator: { kind: "lognormal", median_s: 600, sigma: 1.2, max_s: 7200, tokens_per_s: 30, seed: 11 }
-})
+const scenario = recordedScenario
 const config = policyConfigOf(scenario)
 const encodeEvent = Schema.encodeSync(PolicyEvent)
 const decodeEvent = Schema.decodeUnknownSync(PolicyEvent)
