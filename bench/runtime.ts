@@ -10,11 +10,15 @@
  *   (the actor's durable consumer and handler vs a plain pull consumer that acks), messages/s
  *   from the first publish to the last acknowledgement.
  * CPU per round trip is this process's (client and actor, or client and echo responder).
+ * Spans and metrics on, as issue 12 asks: the run has a tracer that records every span in
+ * memory (effect's native spans, under a tracer of their own, so `tracing` in
+ * src/runtime/protocol.ts sees a backend and spans are made); `BENCH_TRACER=none` runs it
+ * with no tracer, as a process without OTLP runs (no spans). The JSON line says which (`spans`).
  * Prints a table and, last, one JSON line. Not a test: nothing here is asserted.
  */
 import { AckPolicy } from "@nats-io/jetstream"
 import { nuid } from "@nats-io/transport-node"
-import { Deferred, Effect, Exit, Layer, Schema } from "effect"
+import { Deferred, Effect, Exit, Layer, Schema, Tracer } from "effect"
 import { Rpc, RpcGroup } from "effect/rpc"
 import * as Actor from "../src/runtime/actor.ts"
 import { Nats } from "../src/runtime/nats.ts"
@@ -138,6 +142,7 @@ const program = Effect.gen(function* () {
     asks: ASKS,
     tells: TELLS,
     in_flight: IN_FLIGHT,
+    spans: SPANS,
     server: system.nats.serverVersion
   }
   const rows: Array<[string, string, string, string]> = [
@@ -148,7 +153,7 @@ const program = Effect.gen(function* () {
     ["  actor half alone", String(result.ask_actor_half_cpu_us), String(result.raw_request_cpu_us), (result.ask_actor_half_cpu_us / result.raw_request_cpu_us).toFixed(3)],
     ["durable msgs/s", String(result.tell_per_s), String(result.raw_js_per_s), String(result.tell_over_raw)]
   ]
-  console.log(`nats-server ${result.server}; ${ASKS} asks, ${TELLS} tells with ${IN_FLIGHT} in flight`)
+  console.log(`nats-server ${result.server}; ${ASKS} asks, ${TELLS} tells with ${IN_FLIGHT} in flight; spans ${SPANS ? "on (in-memory tracer)" : "off (no tracer)"}`)
   console.log(["measure".padEnd(24), "gyre".padStart(10), "raw NATS".padStart(10), "gyre/raw".padStart(10)].join(" "))
   for (const r of rows) console.log([r[0].padEnd(24), r[1].padStart(10), r[2].padStart(10), r[3].padStart(10)].join(" "))
   console.log(JSON.stringify(result))
@@ -163,6 +168,10 @@ const pipelined = async (count: number, op: (i: number) => Promise<unknown>) => 
   await Promise.all(Array.from({ length: IN_FLIGHT }, lane))
 }
 
+const SPANS = process.env.BENCH_TRACER !== "none"
+/** Effect's in-memory spans under a tracer that is not `nativeTracer` itself: spans on, exported nowhere. */
+const recording = Tracer.make({ span: (options) => Tracer.nativeTracer.span(options) })
 const layer = ActorSystem.layer({ run: "bench" }).pipe(Layer.provideMerge(Nats.layer({})))
-await Effect.runPromise(Effect.scoped(program).pipe(Effect.provide(layer)))
+const traced = <A, E>(effect: Effect.Effect<A, E>) => (SPANS ? Effect.withTracer(effect, recording) : effect)
+await Effect.runPromise(traced(Effect.scoped(program).pipe(Effect.provide(layer))))
 process.exit(0)

@@ -390,7 +390,9 @@ export const openIntake = (o: IntakeOptions) =>
         Effect.timeout(Duration.seconds(2)),
         Effect.catch(() => Effect.sync(() => asks.unsubscribe()))
       )
-      const pullClosed = Effect.promise(() => tells.close().then(() => undefined, () => undefined))
+      // The pull's close drains its subscription too: bounded the same way, so a close never
+      // waits on a server that does not answer (the consumer itself is durable).
+      const pullClosed = Effect.promise(() => tells.close().then(() => undefined, () => undefined)).pipe(Effect.timeout(Duration.seconds(2)), Effect.ignore)
       return Effect.all([drained, pullClosed], { concurrency: 2, discard: true })
     })
     yield* Effect.addFinalizer(() => close)

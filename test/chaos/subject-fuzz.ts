@@ -164,7 +164,16 @@ const lanes = async <A>(items: ReadonlyArray<A>, width: number, op: (a: A) => Pr
   }))
 }
 
-const fuzz = (options: SubjectFuzzOptions) =>
+/** Where a fuzz run is, for the message of one that does not finish. */
+interface Progress {
+  phase: string
+  asks: number
+  answered: number
+  tells: number
+  stored: number
+}
+
+const fuzz = (options: SubjectFuzzOptions, progress: Progress) =>
   Effect.gen(function* () {
     const t0 = performance.now()
     const seed = options.seed ?? 42
@@ -173,6 +182,7 @@ const fuzz = (options: SubjectFuzzOptions) =>
     const reached = new Map<string, number>()
     const starts = new Map<string, number>()
     const probed = subjects.filter((s) => s.kind !== "node")
+    progress.phase = "starting the probe actors"
     const node = yield* startNode({ name: "fuzz", types: probed.map((s) => probe(s.kind, s.protocol, reached, starts)) })
     for (const s of probed) yield* node.spawn(s.kind, "f1")
     const maxPayload = nc.info!.max_payload
@@ -185,6 +195,7 @@ const fuzz = (options: SubjectFuzzOptions) =>
     let storedTells = 0
     let unanswered = 0
     // The subjects at once (each actor handles one message at a time), their schemas in turn.
+    progress.phase = "sending the cases"
     yield* Effect.forEach(subjects, (s, k) => Effect.gen(function* () {
       const to = address(s.kind, s.kind === "node" ? "fuzz" : "f1")
       for (const [i, tag] of [...s.protocol.requests.keys()].entries()) {
@@ -203,8 +214,9 @@ const fuzz = (options: SubjectFuzzOptions) =>
             if (c.via === "tell") {
               tells++
               const subject = system.layout.tell(to)
+              progress.tells++
               await js.publish(subject, c.body, { headers: h, msgID: nuid.next() }).then(
-                () => void storedTells++,
+                () => void (storedTells++, progress.stored++),
                 (e) => failed(c, subject, `tell not stored: ${e}`)
               )
               return
@@ -212,8 +224,9 @@ const fuzz = (options: SubjectFuzzOptions) =>
             asks++
             h.set(Headers.msgId, nuid.next())
             const subject = system.layout.ask(to)
+            progress.asks++
             const reply = await nc.request(subject, c.body, { headers: h, timeout: 15_000 }).then(
-              (m) => parseJson(m.data),
+              (m) => (progress.answered++, parseJson(m.data)),
               (e) => ({ ok: false as const, reason: `no answer: ${e}` })
             )
             const answer = reply.ok ? (reply.value as { _tag?: unknown; reason?: unknown }) : undefined
@@ -226,6 +239,7 @@ const fuzz = (options: SubjectFuzzOptions) =>
       }
     }), { concurrency: "unbounded", discard: true })
     // Every bad message is dead-lettered with a reason (tells are handled after their publish).
+    progress.phase = "waiting for the dead letters"
     const expected = asks + storedTells
     const deadAt = (yield* Effect.promise(() => jsm.streams.info(system.layout.deadStream))).state
     let deadLetters = deadAt.messages
@@ -234,10 +248,12 @@ const fuzz = (options: SubjectFuzzOptions) =>
       yield* Effect.sleep("200 millis")
       deadLetters = (yield* Effect.promise(() => jsm.streams.info(system.layout.deadStream))).state.messages
     }
+    progress.phase = "reading the dead letters"
     const withoutReason = yield* readStored(system.nats, system.layout.deadStream).pipe(
       Stream.filter((m) => (m.headers?.get(Headers.deadReason) ?? "") === ""),
       Stream.runCount
     )
+    progress.phase = "reading the registry"
     let crashes = [...reached.values()].reduce((a, b) => a + b, 0) + [...starts.values()].reduce((a, n) => a + n - 1, 0)
     for (const s of subjects) {
       const key = `${s.kind}/${s.kind === "node" ? "fuzz" : "f1"}`
@@ -245,6 +261,7 @@ const fuzz = (options: SubjectFuzzOptions) =>
       const decoded = entry === null ? undefined : Schema.decodeUnknownSync(RegistryEntry)(entry.json())
       if (decoded?.status !== "running" || decoded.incarnation !== 1) crashes++
     }
+    progress.phase = "stopping the probe actors"
     return {
       seed,
       schemas,
@@ -265,9 +282,12 @@ const fuzz = (options: SubjectFuzzOptions) =>
 /** Fuzzes every actor subject on a fresh embedded nats-server; resolves with the figures. */
 export const fuzzSubjects = (options: SubjectFuzzOptions): Promise<SubjectFuzzReport> => {
   const layer = ActorSystem.layer({ run: `fuzz${Date.now()}` }).pipe(Layer.provideMerge(Nats.layer({})))
+  const progress: Progress = { phase: "connecting", asks: 0, answered: 0, tells: 0, stored: 0 }
+  const stuck = () => new Error(`subject fuzz did not finish in 240 s: ${progress.phase}; ${progress.asks} asks sent, ${progress.answered} answered; ${progress.tells} tells sent, ${progress.stored} stored`)
   return Effect.runPromise(
-    Effect.scoped(fuzz(options)).pipe(
+    Effect.scoped(fuzz(options, progress)).pipe(
       Effect.provide(layer),
+      Effect.timeoutOrElse({ duration: "240 seconds", orElse: () => Effect.die(stuck()) }),
       // One warning per dead letter is the runtime's due, not this report's.
       Effect.provideService(References.MinimumLogLevel, "Error"),
       Effect.catchCause((cause) => Effect.die(new Error(`subject fuzz failed: ${Cause.pretty(cause)}`)))
