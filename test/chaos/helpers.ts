@@ -79,6 +79,16 @@ export interface FaultRecord {
   readonly detail?: string
 }
 
+/** Whether `npm run test:chaos -- --long` runs this: the fuzzers then run their long forms. */
+export const chaosLong = () => process.env.GYRE_CHAOS_LONG === "1"
+
+/** Appends a fuzzer's figures to the suite's summary (`$GYRE_CHAOS_FUZZ`, when set). */
+export const recordFuzz = (r: { readonly fuzzer: string; readonly cases: number; readonly crashes: number }) => {
+  const file = process.env.GYRE_CHAOS_FUZZ
+  if (file !== undefined) fs.appendFileSync(file, `${JSON.stringify(r)}
+`)
+}
+
 /** Where each chaos test appends its faults (the suite's summary reads them). */
 export const faultsFile = () => process.env.GYRE_CHAOS_FAULTS
 

@@ -18,7 +18,7 @@
  * long one (>= 10,000 cases per schema) from `npm run test:chaos -- --long`.
  */
 import { headers as natsHeaders, nuid } from "@nats-io/transport-node"
-import { Cause, Effect, Exit, Layer, References, Schema, Stream } from "effect"
+import { Cause, Duration, Effect, Exit, Layer, References, Schema, Stream } from "effect"
 import type { Rpc, RpcGroup } from "effect/rpc"
 import fc from "fast-check"
 import * as Actor from "../../src/runtime/actor.ts"
@@ -41,6 +41,8 @@ export interface SubjectFuzzOptions {
   readonly seed?: number
   /** Messages in flight at once (default 32). */
   readonly concurrency?: number
+  /** Seconds before an unfinished run fails naming its phase (default 240). */
+  readonly limitS?: number
 }
 
 export interface SubjectFuzzFailure {
@@ -283,11 +285,12 @@ const fuzz = (options: SubjectFuzzOptions, progress: Progress) =>
 export const fuzzSubjects = (options: SubjectFuzzOptions): Promise<SubjectFuzzReport> => {
   const layer = ActorSystem.layer({ run: `fuzz${Date.now()}` }).pipe(Layer.provideMerge(Nats.layer({})))
   const progress: Progress = { phase: "connecting", asks: 0, answered: 0, tells: 0, stored: 0 }
-  const stuck = () => new Error(`subject fuzz did not finish in 240 s: ${progress.phase}; ${progress.asks} asks sent, ${progress.answered} answered; ${progress.tells} tells sent, ${progress.stored} stored`)
+  const limitS = options.limitS ?? 240
+  const stuck = () => new Error(`subject fuzz did not finish in ${limitS} s: ${progress.phase}; ${progress.asks} asks sent, ${progress.answered} answered; ${progress.tells} tells sent, ${progress.stored} stored`)
   return Effect.runPromise(
     Effect.scoped(fuzz(options, progress)).pipe(
       Effect.provide(layer),
-      Effect.timeoutOrElse({ duration: "240 seconds", orElse: () => Effect.die(stuck()) }),
+      Effect.timeoutOrElse({ duration: Duration.seconds(limitS), orElse: () => Effect.die(stuck()) }),
       // One warning per dead letter is the runtime's due, not this report's.
       Effect.provideService(References.MinimumLogLevel, "Error"),
       Effect.catchCause((cause) => Effect.die(new Error(`subject fuzz failed: ${Cause.pretty(cause)}`)))
