@@ -120,9 +120,8 @@ export const connectTo = (servers: string, options: NatsOptions) =>
           servers: servers.split(",").map((s) => s.trim()).filter((s) => s !== ""),
           name: options.name,
           maxReconnectAttempts: -1,
-          // No Error (with its stack) made up front for every request and timer: under tsx's
-          // source maps that was ~10% of the ask path's CPU (bench:runtime); every failure is
-          // wrapped in a tagged error naming its operation anyway.
+          // No Error (with its stack) made up front for every request and timer, for a stack
+          // Gyre never shows: every failure is wrapped in a tagged error naming its operation.
           noAsyncTraces: true,
           ...(options.tlsCaFile !== undefined ? { tls: { caFile: options.tlsCaFile } } : {}),
           ...authOf(options)
