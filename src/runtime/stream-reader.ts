@@ -13,6 +13,9 @@ import type { NatsShape } from "./nats.ts"
 
 export type StartAt = { readonly seq: number } | { readonly time: Date }
 
+/** Most bytes one pull asks for. */
+const PULL_BYTES = 8 << 20
+
 /** Most messages one chunk of a read holds. */
 const BATCH = 512
 
@@ -72,9 +75,11 @@ export const readStored = (
         catch: (e) => new TransportError({ operation: `read ${stream}`, message: messageOf(e) })
       })
       const messages = yield* Effect.tryPromise({
-        // Pulls of 4000: the default 100 made a whole-journal read wait on pulls (bench:replay;
-        // 1000 and 4000 measured the same there, within the noise).
-        try: () => consumer.consume({ max_messages: 4000 }),
+        // Pulls bounded by bytes, not messages: the default of 100 messages made a whole-journal
+        // read wait on pulls (bench:replay), and a count alone lets a stream of near-`max_payload`
+        // messages (oversize dead letters) ask the server for more than a client may have pending
+        // (64 MB): a slow reader then stalled (the subject fuzz's dead-letter read hung so in CI).
+        try: () => consumer.consume({ max_bytes: PULL_BYTES }),
         catch: (e) => new TransportError({ operation: `read ${stream}`, message: messageOf(e) })
       })
       return Stream.fromAsyncIterable(batches(messages, follow ? Infinity : last), (e) => new TransportError({ operation: `read ${stream}`, message: messageOf(e) })).pipe(
