@@ -7,7 +7,8 @@
  * `GYRE_TASK_ID`, `GYRE_WORKSPACE`, `GYRE_SUITE_DIR` (+ the suite's, task's and request's
  * environment), killed at the wall-clock limit (SIGTERM, SIGKILL after a grace period); the
  * key revoked (`CloseExecution`); then the suite's scorer on the workspace, whatever state
- * it is in. The scorer's last stdout line is `{"score": x, "details": ..., "no_artifact"?: true}`;
+ * it is in. The scorer's last stdout line is `{"score": x, "details": ..., "no_artifact"?: true,
+ * "rewards"?: {<call id>: r}}` (`rewards`: per-call rewards, kept on the outcome);
  * a crash, a timeout or another line is an evaluation failure, retried within the budget, and
  * an execution whose evaluation never succeeds is dropped (`failed`, counted in `Status`).
  * The `ExecutionOutcome` is published on `gyre.<run>.outcomes.<execution>` (acknowledged by
@@ -34,7 +35,7 @@ import * as Actor from "../runtime/actor.ts"
 import { messageOf, TransportError } from "../runtime/errors.ts"
 import { formatAddress, type ActorAddress } from "../runtime/names.ts"
 import { refOf } from "../runtime/system.ts"
-import { ExecutionOutcome } from "../tree/outcome.ts"
+import { CallRewards, ExecutionOutcome } from "../tree/outcome.ts"
 import { GatewayProtocol, apiKeyDigest, newApiKey } from "../protocols/gateway.ts"
 import { ForbiddenEnvironment, HarnessRunnerProtocol, UnknownTask, type RunExecution } from "../protocols/harness.ts"
 import { ensureTrajectoryStream, rlLayout } from "../protocols/layout.ts"
@@ -76,8 +77,12 @@ const Counts = Schema.Struct({ running: Schema.Number, finished: Schema.Number, 
 const ScorerReport = Schema.Struct({
   score: Schema.Number.check(Schema.isBetween({ minimum: 0, maximum: 1 })),
   details: Schema.optional(Schema.Unknown),
-  no_artifact: Schema.optional(Schema.Boolean)
-}).check(Schema.makeFilter((r) => r.no_artifact !== true || r.score === 0 || "no_artifact needs score 0"))
+  no_artifact: Schema.optional(Schema.Boolean),
+  rewards: Schema.optional(CallRewards)
+}).check(
+  Schema.makeFilter((r) => r.no_artifact !== true || r.score === 0 || "no_artifact needs score 0"),
+  Schema.makeFilter((r) => r.no_artifact !== true || r.rewards === undefined || "no_artifact has no per-call rewards")
+)
 
 /** Environment variables a harness or scorer inherits from the runner (no NATS credentials). */
 const INHERITED = ["PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR", "SHELL", "TERM"]
@@ -120,7 +125,7 @@ const describeError = (e: { readonly _tag: string }) => `${e._tag} ${JSON.string
 const clip = (text: string, max: number) => (text.length <= max ? text : `${text.slice(0, max)}...`)
 const tailOf = (text: string, max: number) => (text.length <= max ? text : `...${text.slice(text.length - max)}`)
 
-type Evaluation = Pick<ExecutionOutcome, "evaluation" | "score" | "attempts" | "detail">
+type Evaluation = Pick<ExecutionOutcome, "evaluation" | "score" | "rewards" | "attempts" | "detail">
 
 /** One scorer run's verdict: a report, or why this attempt is an evaluation failure. */
 const judge = (r: GroupResult): { ok: true; report: typeof ScorerReport.Type } | { ok: false; reason: string } => {
@@ -190,7 +195,13 @@ export const makeHarnessRunner = (config: HarnessRunnerConfig) => {
                 const details = verdict.report.details === undefined ? "" : `: ${clip(JSON.stringify(verdict.report.details), 1000)}`
                 return verdict.report.no_artifact === true
                   ? ({ evaluation: "no-artifact", score: 0, attempts: attempt, detail: `no artifact${details}` } satisfies Evaluation)
-                  : ({ evaluation: "scored", score: verdict.report.score, attempts: attempt, detail: `score ${verdict.report.score}${details}` } satisfies Evaluation)
+                  : ({
+                      evaluation: "scored",
+                      score: verdict.report.score,
+                      ...(verdict.report.rewards === undefined ? {} : { rewards: verdict.report.rewards }),
+                      attempts: attempt,
+                      detail: `score ${verdict.report.score}${details}`
+                    } satisfies Evaluation)
               }
               reason = verdict.reason
               yield* Effect.logWarning(`evaluation attempt ${attempt}/${attempts} failed: ${reason}`)

@@ -68,6 +68,7 @@ export const trainFlags = {
   lr: { kind: "number", doc: "AdamW learning rate", default: 1e-4 },
   "lr-warmup": { kind: "integer", doc: "steps of linear learning-rate warm-up (0: none)", default: 4 },
   advantage: { kind: "string", doc: "advantage estimator", default: "grpo", choices: ["grpo", "dr-grpo", "rloo"] },
+  credit: { kind: "string", doc: "a call trains with its execution's score or its own reward (the scorer's per-call rewards)", default: "call", choices: ["execution", "call"] },
   mode: { kind: "string", doc: "exact tree training or bounded dedup sampling", default: "exact", choices: ["exact", "sampled"] },
   "max-paths": { kind: "integer", doc: "J_max of sampled mode", default: 5 },
   loss: { kind: "string", doc: "decoupled PPO-clip or truncated IS", default: "ppo", choices: ["ppo", "is"] },
@@ -111,6 +112,7 @@ export const runConfigOf = (f: TrainFlags, run: string, checkpoint: string, chec
   seed: f.seed,
   training: TrainingSettings.make({
     advantage: f.advantage as RunConfig["training"]["advantage"],
+    credit: f.credit as NonNullable<RunConfig["training"]["credit"]>,
     mode: f.mode as RunConfig["training"]["mode"],
     maxPaths: f["max-paths"],
     loss: f.loss as RunConfig["training"]["loss"],

@@ -11,7 +11,7 @@
  */
 import { Schema } from "effect"
 import { mulberry32 } from "../tree/sample.ts"
-import { AdvantageEstimator } from "../tree/advantage.ts"
+import { AdvantageEstimator, Credit } from "../tree/advantage.ts"
 import { PolicyConfig } from "../policy/vocabulary.ts"
 
 const Positive = Schema.Int.check(Schema.isGreaterThanOrEqualTo(1))
@@ -22,6 +22,11 @@ export type LossKind = typeof LossKind.Type
 
 export const TrainingSettings = Schema.Struct({
   advantage: AdvantageEstimator,
+  /**
+   * Whose reward a call trains with: its execution's score, or its own (the scorer's per-call
+   * reward, pooled over the group: `src/tree/advantage.ts`). Absent (runs journaled before it): execution.
+   */
+  credit: Schema.optional(Credit),
   /** exact: whole trees; sampled: bounded dedup sampling of `maxPaths` paths per execution. */
   mode: Schema.Literals(["exact", "sampled"]),
   maxPaths: Positive,

@@ -6,7 +6,8 @@
  * A group (the executions of one task in the batch, `group` of `StepExecutionRef`) is
  * complete when all `groupSizes[group]` of its executions are told; an execution whose
  * evaluation failed is told too and dropped. On completion the group's advantages are
- * computed (`groupAdvantages` over the rewards of its scored executions), its executions
+ * computed (`groupAdvantages` over the rewards of its scored executions, or with call credit
+ * `callAdvantages` over the rewards of their calls), its executions
  * become units (exact tree or sampled paths), scaled by E = the step's planned executions so
  * that no group needs renormalising when a later one arrives, and are packed into micro-batches
  * with consecutive indices. An execution with advantage 0 (e.g. a GRPO group of equal
@@ -23,8 +24,8 @@ import { packedBatchDigest, type PackedBatch } from "../common/packed-batch.ts"
 import type { StepExecutionRef, StepPlan } from "../protocols/device.ts"
 import { parseExecutionName, type RunConfig, type TrainingSettings } from "../protocols/run.ts"
 import type { LossConfig } from "../engine/trainer.ts"
-import { groupAdvantages } from "../tree/advantage.ts"
-import { rewardOf } from "../tree/outcome.ts"
+import { callAdvantages, groupAdvantages, type AdvantageConfig } from "../tree/advantage.ts"
+import { callRewardOf, rewardOf } from "../tree/outcome.ts"
 import { packMicroBatches } from "../tree/pack.ts"
 import { treeDigest } from "../tree/stats.ts"
 import type { TreeFigures } from "../protocols/scheduler.ts"
@@ -168,15 +169,7 @@ export class StepPlanner {
   }
 
   private planGroup(group: ReadonlyArray<Member>): Told {
-    const scored = group.filter((m) => rewardOf(m.ref.outcome) !== undefined)
-    const advantages = groupAdvantages(
-      scored.map((m) => rewardOf(m.ref.outcome)!),
-      { estimator: this.settings.advantage, epsilon: ADVANTAGE_EPSILON }
-    )
-    let training: Array<StepExecution> = []
-    scored.forEach((m, i) => {
-      if (advantages[i] !== 0) training.push({ execution: m.ref.execution, tree: m.tree, advantage: advantages[i]! })
-    })
+    let training = this.advantaged(group.filter((m) => rewardOf(m.ref.outcome) !== undefined))
     const tooLong: Array<string> = []
     const constant = this.settings.advantage === "dr-grpo" ? DR_GRPO_TOKENS : undefined
     for (;;) {
@@ -187,6 +180,18 @@ export class StepPlanner {
       this.figures.dropped++
       training = training.filter((s) => s.execution !== packed.failure.execution)
     }
+  }
+
+  /** The scored executions of a group with their advantages; those whose every advantage is 0 train nothing and are left out. */
+  private advantaged(scored: ReadonlyArray<Member>): Array<StepExecution> {
+    const config: AdvantageConfig = { estimator: this.settings.advantage, epsilon: ADVANTAGE_EPSILON }
+    if (this.settings.credit === "call") {
+      const rewards = scored.map(({ ref, tree }) => Array.from({ length: tree.callCount }, (_, c) => callRewardOf(ref.outcome, tree.call(c).id)!))
+      const perCall = callAdvantages(rewards, config)
+      return scored.flatMap((m, i) => (perCall[i]!.some((a) => a !== 0) ? [{ execution: m.ref.execution, tree: m.tree, advantage: 0, callAdvantages: perCall[i]! }] : []))
+    }
+    const advantages = groupAdvantages(scored.map((m) => rewardOf(m.ref.outcome)!), config)
+    return scored.flatMap((m, i) => (advantages[i] !== 0 ? [{ execution: m.ref.execution, tree: m.tree, advantage: advantages[i]! }] : []))
   }
 
   private number(

@@ -6,6 +6,12 @@
  *                                          a token sum, not a per-execution mean: units.ts)
  *   rloo     A_i = r_i - mean_{j != i} r_j = n / (n - 1) * (r_i - m), 0 if n = 1
  * Executions whose evaluation failed are dropped before grouping and reported.
+ *
+ * Credit (`credit`): with `execution`, every call of an execution shares its advantage; with
+ * `call`, each call has a reward of its own (the scorer's per-call reward, else the
+ * execution's score) and the same estimator runs over the pooled rewards of every call of the
+ * group's executions (process supervision as in DeepSeekMath's GRPO), so a call is judged
+ * against the group's other calls.
  */
 import { Schema } from "effect"
 import { rewardOf, type ExecutionOutcome } from "./outcome.ts"
@@ -19,6 +25,9 @@ export const AdvantageConfig = Schema.Struct({
   epsilon: Schema.Number.check(Schema.isGreaterThanOrEqualTo(0))
 })
 export type AdvantageConfig = typeof AdvantageConfig.Type
+
+export const Credit = Schema.Literals(["execution", "call"])
+export type Credit = typeof Credit.Type
 
 /** Advantages of one group's rewards, in the same order. */
 export const groupAdvantages = (rewards: ReadonlyArray<number>, config: AdvantageConfig): Array<number> => {
@@ -35,6 +44,13 @@ export const groupAdvantages = (rewards: ReadonlyArray<number>, config: Advantag
     case "rloo":
       return rewards.map((r) => (n > 1 ? (n / (n - 1)) * (r - mean) : 0))
   }
+}
+
+/** Call credit: per execution, its calls' advantages (by call index), from per-call rewards pooled over the group. */
+export const callAdvantages = (rewards: ReadonlyArray<ArrayLike<number>>, config: AdvantageConfig): Array<Float64Array> => {
+  const pooled = groupAdvantages(rewards.flatMap((r) => Array.from(r)), config)
+  let k = 0
+  return rewards.map((r) => Float64Array.from(pooled.slice(k, (k += r.length))))
 }
 
 /** Advantages of a step's executions, grouped by (run, task). */

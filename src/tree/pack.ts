@@ -130,7 +130,7 @@ const assemble = (pieces: ReadonlyArray<Piece>): PackedBatch => {
     versions: new Int32Array(length)
   }
   let k = 0
-  for (const { unit, chain, from, to, size } of pieces) {
+  for (const { unit, chain, from, to } of pieces) {
     const offset = k
     chain.forEach((source, depth) => {
       batch.tokens[k] = unit.tokens[source]!
@@ -138,6 +138,7 @@ const assemble = (pieces: ReadonlyArray<Piece>): PackedBatch => {
       batch.positions[k] = depth
       batch.behaviourLogprobs[k] = unit.behaviourLogprobs[source]!
       batch.versions[k] = unit.versions[source]!
+      batch.advantages[k] = unit.advantages[source]!
       k++
     })
     batch.tokens.set(unit.tokens.subarray(from, to), k)
@@ -145,11 +146,11 @@ const assemble = (pieces: ReadonlyArray<Piece>): PackedBatch => {
     batch.weights.set(unit.weights.subarray(from, to), k)
     batch.behaviourLogprobs.set(unit.behaviourLogprobs.subarray(from, to), k)
     batch.versions.set(unit.versions.subarray(from, to), k)
+    batch.advantages.set(unit.advantages.subarray(from, to), k)
     for (let i = from; i < to; i++, k++) {
       const p = unit.parents[i]!
       batch.parents[k] = p < 0 ? -1 : p < from ? offset + unit.positions[p]! : offset + chain.length + p - from
     }
-    batch.advantages.fill(unit.advantage, offset, offset + size)
   }
   return batch
 }

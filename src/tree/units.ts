@@ -16,6 +16,10 @@
  * (`scaleExecutions`: a streaming trainer makes the units of a step group by group and
  * scales them all by the step's planned executions).
  *
+ * Advantages are per token: an execution's own (execution credit), or with `callAdvantages`
+ * (call credit) the mean advantage of the calls that generated the token (one call, unless
+ * several sampled the same tokens from the same prefix).
+ *
  * `tokensConstant` replaces every execution's own N_e (or T_e) by the same constant: the loss
  * is then a sum over tokens, not a mean per execution (Dr. GRPO's fix of GRPO's length bias:
  * with a per-execution mean, each token of a long execution with a negative advantage is
@@ -47,7 +51,8 @@ export interface TrainingUnit {
   readonly weights: Float32Array
   readonly behaviourLogprobs: Float32Array
   readonly versions: Int32Array
-  readonly advantage: number
+  /** Advantage of the term predicting `tokens[i]` (call credit: 0 where the weight is 0). */
+  readonly advantages: Float32Array
   /** 1 / (E * N_e) (exact) or 1 / (E * T_e) (sampled); 1 / (E * tokensConstant) when given. */
   readonly lossScale: number
 }
@@ -57,6 +62,8 @@ export interface StepExecution {
   readonly execution: string
   readonly tree: TrajectoryTree
   readonly advantage: number
+  /** Call credit: each call's advantage, by call index (replaces `advantage` on generated tokens). */
+  readonly callAdvantages?: ArrayLike<number>
 }
 
 export interface StepUnits {
@@ -101,6 +108,27 @@ export const stepUnits = (executions: ReadonlyArray<StepExecution>, mode: Traini
   return { units, executions: training.length, samples }
 }
 
+/** Per tree token (at `base[node] + depth - depthOf(node)`), the mean advantage of the calls whose output holds it. */
+const generatedAdvantages = (tree: TrajectoryTree, callAdvantages: ArrayLike<number>) => {
+  const base = new Int32Array(tree.nodeCount + 1)
+  for (let n = 0; n < tree.nodeCount; n++) base[n + 1] = base[n]! + tree.lengthOf(n)
+  const sum = new Float64Array(base[tree.nodeCount]!)
+  const count = new Int32Array(sum.length)
+  for (let c = 0; c < tree.callCount; c++) {
+    const { promptLength, length } = tree.call(c)
+    let node = length > promptLength ? tree.locate(c, length - 1).node : ROOT
+    for (let last = length - 1; last >= promptLength; node = tree.parentOf(node)) {
+      const first = tree.depthOf(node)
+      for (let d = Math.max(first, promptLength); d <= last; d++) {
+        sum[base[node]! + d - first]! += callAdvantages[c]!
+        count[base[node]! + d - first]!++
+      }
+      last = first - 1
+    }
+  }
+  return { base, mean: (i: number) => (count[i]! > 0 ? sum[i]! / count[i]! : 0) }
+}
+
 /** Serialises `order` (a preorder of nodes closed under parents) into a unit. */
 const serialize = (step: StepExecution, order: Int32Array, nodeWeights: Float64Array, lossScale: number): TrainingUnit => {
   const { tree } = step
@@ -112,6 +140,8 @@ const serialize = (step: StepExecution, order: Int32Array, nodeWeights: Float64A
   const weights = new Float32Array(length)
   const behaviourLogprobs = new Float32Array(length)
   const versions = new Int32Array(length)
+  const advantages = new Float32Array(length)
+  const perToken = step.callAdvantages === undefined ? undefined : generatedAdvantages(tree, step.callAdvantages)
   const lastIndex = new Int32Array(tree.nodeCount)
   let k = 0
   for (const node of order) {
@@ -126,8 +156,9 @@ const serialize = (step: StepExecution, order: Int32Array, nodeWeights: Float64A
       parents[k] = j > 0 ? k - 1 : parent === ROOT ? -1 : lastIndex[parent]!
       positions[k] = first + j
       weights[k] = nodeVersions[j]! >= 0 && first + j > 0 ? weight : 0
+      advantages[k] = perToken === undefined ? step.advantage : weights[k] === 0 ? 0 : perToken.mean(perToken.base[node]! + j)
     }
     lastIndex[node] = k - 1
   }
-  return { execution: step.execution, length, tokens, parents, positions, weights, behaviourLogprobs, versions, advantage: step.advantage, lossScale }
+  return { execution: step.execution, length, tokens, parents, positions, weights, behaviourLogprobs, versions, advantages, lossScale }
 }

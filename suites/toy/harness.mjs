@@ -12,7 +12,9 @@
  *   its final report `subagent-summary`), then the parent goes on.
  * - Compaction: past TOY_COMPACT_BYTES of context the agent asks for a note (role
  *   `main-summary`) and starts over from [system, the command the note holds].
- * Every decision is appended to $GYRE_WORKSPACE/actions.jsonl (what the scorer reads).
+ * Every decision is appended to $GYRE_WORKSPACE/actions.jsonl (what the scorer reads), and every
+ * model call (retries too) to calls.jsonl with the chat completion's `id` (the scorer's per-call
+ * rewards are keyed by it).
  * With TOY_POLICY=oracle the scripted oracle answers instead of the model (no HTTP), and
  * TOY_DEMOS=<file> appends each call's messages and reply as JSONL (demonstrations).
  */
@@ -33,7 +35,7 @@ const actions = path.join(workspace, "actions.jsonl")
 const stats = { calls: 0, retries: 0, subagents: 0, compactions: 0, httpRetries: 0 }
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
 
-/** One chat completion from the gateway, retrying transport errors and 5xx/429 answers. */
+/** One chat completion from the gateway (its content and id), retrying transport errors and 5xx/429 answers. */
 const complete = async (messages, role) => {
   const url = `${env.OPENAI_BASE_URL.replace(/\/+$/, "")}/chat/completions`
   const body = JSON.stringify({ model: cfg.model, messages, max_tokens: cfg.maxTokens, temperature: cfg.temperature })
@@ -53,20 +55,25 @@ const complete = async (messages, role) => {
     }
     // The content goes back into the history exactly as returned, so the gateway recognises
     // its own turn (and its raw tokens) in the next prompt.
-    if (status === 200) return JSON.parse(text).choices?.[0]?.message?.content ?? ""
+    if (status === 200) {
+      const answer = JSON.parse(text)
+      return { reply: answer.choices?.[0]?.message?.content ?? "", call: answer.id }
+    }
     if ((status !== 0 && status !== 429 && status < 500) || attempt >= 5) throw new Error(`chat completion failed (${status}): ${text.slice(0, 500)}`)
     stats.httpRetries++
     await sleep(100 * 2 ** attempt)
   }
 }
 
-const policy = cfg.policy === "oracle" ? async (messages) => oracleReply(messages) : complete
+const policy = cfg.policy === "oracle" ? async (messages) => ({ reply: oracleReply(messages), call: undefined }) : complete
+const calls = path.join(workspace, "calls.jsonl")
 
 /** One decision: asks until the reply is kept (well-formed and its tool call did not fail, or out of retries). */
 const decide = async (messages, role, id) => {
   for (let attempt = 0; ; attempt++) {
-    const reply = await policy(messages, role)
+    const { reply, call } = await policy(messages, role)
     stats.calls++
+    if (typeof call === "string") fs.appendFileSync(calls, JSON.stringify({ id, call, reply }) + "\n")
     if (cfg.demos) fs.appendFileSync(cfg.demos, JSON.stringify({ task: taskId, id, role, messages, reply }) + "\n")
     const failed = !wellFormed(reply) || rand() < cfg.failRate
     if (failed && attempt < cfg.maxRetries) {
@@ -113,6 +120,7 @@ const agent = async (messages, walk, main) => {
 const script = scriptOf(taskId, cfg)
 fs.mkdirSync(workspace, { recursive: true })
 fs.writeFileSync(actions, "")
+fs.writeFileSync(calls, "")
 const started = Date.now()
 await agent([{ role: "system", content: systemPrompt }, { role: "user", content: script[0].text }], script, true)
 console.log(JSON.stringify({ task: taskId, ...stats, slowness: Number(latency.slowness.toFixed(2)), ms: Date.now() - started }))

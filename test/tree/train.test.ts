@@ -113,7 +113,7 @@ describe("exact tree packing", () => {
             expect(unit.parents[i]! < i).toBe(true)
           })
           expect(unit.lossScale).toBeCloseTo(1 / (e * flat), 12)
-          expect(unit.advantage).toBe(Number(unit.execution.slice(1)) - 1)
+          expect(unit.advantages.every((a) => a === Number(unit.execution.slice(1)) - 1)).toBe(true)
         }
         if (units.length > 0) expect(sumWeights(units)).toBeCloseTo(1, 4)
       }),
@@ -161,7 +161,7 @@ describe("packing into micro-batches", () => {
             })
             expect(batch.proximalLogprobs.every(Number.isNaN)).toBe(true)
           }
-          const fromUnits = trainedKeys(units.map((u) => ({ ...u, adv: () => u.advantage })))
+          const fromUnits = trainedKeys(units.map((u) => ({ ...u, adv: (i: number) => u.advantages[i]! })))
           const fromBatches = trainedKeys(batches.map((b) => ({ ...b, adv: (i: number) => b.advantages[i]! })))
           expect(fromBatches).toEqual(fromUnits)
           expect(report.trainedTokens).toBe(fromUnits.size)
