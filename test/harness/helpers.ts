@@ -58,7 +58,7 @@ export const startChatServer = (answer: (messages: ReadonlyArray<ToyMessage>, in
         })
         const content = answer(body.messages, requests.length - 1)
         res.writeHead(200, { "content-type": "application/json" })
-        res.end(JSON.stringify({ id: "x", object: "chat.completion", choices: [{ index: 0, message: { role: "assistant", content }, finish_reason: "stop" }] }))
+        res.end(JSON.stringify({ id: `call-${requests.length - 1}`, object: "chat.completion", choices: [{ index: 0, message: { role: "assistant", content }, finish_reason: "stop" }] }))
       })
     })
     server.listen(0, "127.0.0.1", () => {

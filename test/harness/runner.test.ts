@@ -98,7 +98,7 @@ describe("harness runner", () => {
     expect(await stillRunning(Number(fs.readFileSync(stubbornPids, "utf8").trim()))).toBe(false)
   })
 
-  it("retries a failing scorer within the budget, then drops the execution and counts it", async () => {
+  it("retries a failing scorer within the budget, then drops the execution and counts it; keeps valid per-call rewards", async () => {
     const counter = path.join(tempDir("counter"), "n")
     const result = await withSystem("scorer", Effect.gen(function* () {
       const system = yield* ActorSystem
@@ -107,15 +107,20 @@ describe("harness runner", () => {
       const flaky = yield* runExecution(request(behaviours, { env: { SCORER: "flaky", FAILS: "2", COUNTER: counter } }))
       const garbage = yield* runExecution(request(behaviours, { env: { SCORER: "garbage" } }))
       const range = yield* runExecution(request(behaviours, { env: { SCORER: "range" } }))
+      const rewards = yield* runExecution(request(behaviours, { env: { SCORER: "rewards" } }))
+      const badRewards = yield* runExecution(request(behaviours, { env: { SCORER: "badrewards" } }))
       const status = yield* system.ask(runnerRef, "Status", undefined)
-      return { crash, flaky, garbage, range, status }
+      return { crash, flaky, garbage, range, rewards, badRewards, status }
     }))
     expect(result.crash).toMatchObject({ ended: "finished", evaluation: "failed", score: null, attempts: 3 })
     expect(result.crash.detail).toContain("scorer broke")
     expect(result.flaky).toMatchObject({ evaluation: "scored", score: 0.5, attempts: 3 })
     expect(result.garbage).toMatchObject({ evaluation: "failed", attempts: 3, detail: expect.stringContaining("no JSON") })
     expect(result.range).toMatchObject({ evaluation: "failed", attempts: 3, detail: expect.stringContaining("invalid scorer output") })
-    expect(result.status).toEqual({ running: 0, capacity: 2, finished: 1, dropped: 3 })
+    expect(result.rewards).toMatchObject({ evaluation: "scored", score: 0.5, rewards: { "chatcmpl-a": 1, "chatcmpl-b": 0 } })
+    expect(result.flaky.rewards).toBeUndefined()
+    expect(result.badRewards).toMatchObject({ evaluation: "failed", attempts: 3, detail: expect.stringContaining("invalid scorer output") })
+    expect(result.status).toEqual({ running: 0, capacity: 2, finished: 2, dropped: 4 })
   })
 
   it("treats a scorer past its time limit as an evaluation failure", async () => {

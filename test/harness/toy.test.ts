@@ -140,6 +140,11 @@ describe("toy suite", () => {
       expect(report.details.credit).toBe(expected.size - takes / 2 + report.details.notes)
       expect(report.score).toBeCloseTo(report.details.credit / (expected.size + report.details.notes), 12)
       expect(stats.retries).toBeGreaterThan(5)
+      // Per-call rewards, keyed by the completion id: each malformed try earns 0, each kept reply its credit.
+      expect(Object.keys(report.rewards).sort()).toEqual(server.requests.map((_, i) => `call-${i}`).sort())
+      const kept = server.requests.map((_, i) => i).filter((i) => i % 5 !== 0)
+      for (let i = 0; i < server.requests.length; i += 5) expect(report.rewards[`call-${i}`]).toBe(0)
+      expect(kept.reduce((a, i) => a + report.rewards[`call-${i}`], 0)).toBeCloseTo(report.details.credit, 12)
     } finally {
       await server.close()
     }

@@ -6,6 +6,7 @@ import { describe, expect, it } from "vitest"
 import type { StepExecutionRef, StepPlan } from "../../src/protocols/device.ts"
 import { executionName, stepLearningRate, type TrainingSettings } from "../../src/protocols/run.ts"
 import { DR_GRPO_TOKENS, StepPlanner, type PlannedMicroBatch, type Told } from "../../src/training/step-planner.ts"
+import { callAdvantages } from "../../src/tree/advantage.ts"
 import { pathCounts } from "../../src/tree/units.ts"
 import type { TrajectoryTree } from "../../src/tree/tree.ts"
 import { build, wireRecords } from "../tree/simulate.ts"
@@ -106,6 +107,30 @@ describe("step planner", () => {
     expect(long.tooLong).toEqual([e!.ref.execution, f!.ref.execution])
     expect(long.consumedTokens).toBe(e!.ref.tokens + f!.ref.tokens)
     expect(tight.figures.dropped).toBe(2)
+  })
+
+  it("call credit: each call trains with its own reward pooled over the group; execution credit ignores per-call rewards", () => {
+    const withRewards = (n: number, score: number, rewards: Record<string, number>) => {
+      const x = execution(n, score)
+      return { ...x, ref: { ...x.ref, outcome: { ...x.ref.outcome, rewards } } }
+    }
+    const group = () => [withRewards(0, 0.5, { c0: 1, c1r: 0 }), withRewards(1, 0.5, { c0: 0 })]
+    const advantagesOf = (over: Partial<TrainingSettings>) => {
+      const planner = new StepPlanner(plan, settings({ microBatchTokens: 4096, ...over }), 5)
+      const [a, b] = group()
+      queued(planner.tell(a!.ref, a!.tree))
+      return queued(planner.tell(b!.ref, b!.tree)).microBatches.flatMap((mb) => Array.from(mb.batch.advantages).filter((_, i) => mb.batch.weights[i] !== 0))
+    }
+    // Equal scores: with execution credit nothing trains, whatever the calls' rewards.
+    expect(advantagesOf({ credit: "execution" })).toEqual([])
+    expect(advantagesOf({})).toEqual([])
+    const trained = advantagesOf({ credit: "call" })
+    const [a, b] = group()
+    const rewards = [a!, b!].map(({ ref, tree }) => Array.from({ length: tree.callCount }, (_, c) => ref.outcome.rewards![tree.call(c).id] ?? 0.5))
+    const expected = new Set(callAdvantages(rewards, { estimator: "grpo", epsilon: 1e-6 }).flatMap((v) => Array.from(v, Math.fround)))
+    expect(new Set(trained).size).toBeGreaterThanOrEqual(3)
+    for (const v of trained) expect(expected.has(v)).toBe(true)
+    expect(trained.some((v) => v > 0) && trained.some((v) => v < 0)).toBe(true)
   })
 
   it("refuses executions outside the plan and ignores duplicates", () => {
