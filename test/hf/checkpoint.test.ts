@@ -253,6 +253,7 @@ describe("Hugging Face checkpoints", () => {
       ["window", variant("window", withConfig({ sliding_window: 4096 })), /config\.json: sliding_window is not supported/],
       ["activation", variant("act", withConfig({ hidden_act: "gelu" })), /config\.json: hidden_act 'gelu' is not 'silu'/],
       ["field type", variant("type", withConfig({ hidden_size: "32" })), /config\.json: .*hidden_size/],
+      ["odd head_dim", variant("odd", withConfig({ head_dim: 15 })), /config: head_dim 15 must be even/],
       ["missing", variant("missing", (dir) => writeSafetensors(dir, [{ file: "model.safetensors", dtype: "BF16", tensors: tensors.filter((t) => t.name !== "model.layers.1.mlp.up_proj.weight") }])), /missing tensor 'model\.layers\.1\.mlp\.up_proj\.weight'/],
       ["dtype", variant("dtype", (dir) => {
         const bytes = readFileSync(join(dir, "model.safetensors"))
