@@ -33,7 +33,7 @@ gyre_status gyre_config_check(const gyre_config *c) {
                      c->hidden_size, c->num_attention_heads);
   if (config_head_dim(c) % 2 != 0)
     return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "config: head_dim %d must be even", config_head_dim(c));
-  if ((int64_t)c->num_attention_heads * config_head_dim(c) > INT32_MAX / 4)
+  if ((int64_t)c->num_attention_heads * config_head_dim(c) > INT32_MAX / 4) /* qkv_dim <= 3 H hd is an int32 */
     return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "config: num_attention_heads %d x head_dim %d is too large",
                      c->num_attention_heads, config_head_dim(c));
   if (c->num_attention_heads % c->num_key_value_heads != 0)
