@@ -25,7 +25,7 @@ import { execFileSync, spawnSync } from "node:child_process"
 import { availableParallelism } from "node:os"
 import { Effect, Layer, Logger } from "effect"
 import type { PackedBatch } from "../src/common/packed-batch.ts"
-import type { LlamaConfig } from "../src/engine/config.ts"
+import { headDim, type LlamaConfig, kvBytesPerToken } from "../src/engine/config.ts"
 import { Engine } from "../src/engine/engine.ts"
 import type { KvCache } from "../src/engine/kvcache.ts"
 import { type PresetName, presets } from "../src/engine/presets.ts"
@@ -80,16 +80,16 @@ const peer = (cmd: ReadonlyArray<string>): Record<string, number> => {
 /* ---- FLOP counts ---- */
 
 const matmulParams = (c: LlamaConfig) => {
-  const hd = c.hidden_size / c.num_attention_heads
+  const hd = headDim(c)
   const perLayer = c.hidden_size * hd * (2 * c.num_attention_heads + 2 * c.num_key_value_heads) + 3 * c.hidden_size * c.intermediate_size
   return c.num_hidden_layers * perLayer + c.vocab_size * c.hidden_size
 }
 /** Forward FLOPs of one token that attends to `keys` keys. */
-const tokenFlops = (c: LlamaConfig, keys: number) => 2 * matmulParams(c) + 4 * c.num_hidden_layers * c.hidden_size * keys
+const tokenFlops = (c: LlamaConfig, keys: number) => 2 * matmulParams(c) + 4 * c.num_hidden_layers * c.num_attention_heads * headDim(c) * keys
 
 /** Bytes one decode step of BATCH sequences moves at least, at `keys` keys each. */
 const decodeBytes = (c: LlamaConfig, keys: number) =>
-  4 * matmulParams(c) + BATCH * keys * 2 * c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size / c.num_attention_heads) * 4
+  4 * matmulParams(c) + BATCH * keys * kvBytesPerToken(c)
 
 /* ---- ours ---- */
 

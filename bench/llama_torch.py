@@ -49,7 +49,7 @@ class Llama(torch.nn.Module):
         self.cfg = cfg
         D, F_, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
         self.H, self.KV = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-        self.hd = D // self.H
+        self.hd = cfg.get("head_dim") or D // self.H  # LlamaConfig: H * hd need not be D
         self.eps = cfg["rms_norm_eps"]
         P = torch.nn.Parameter
         self.embed = P(torch.randn(V, D) * 0.02)

@@ -23,7 +23,8 @@
  *
  * Parameter layout. A model's parameters are one flat F32 vector, the concatenation of
  * these tensors in this order (D = hidden_size, F = intermediate_size, V = vocab_size,
- * H = num_attention_heads, KV = num_key_value_heads, hd = D / H; shapes row-major,
+ * H = num_attention_heads, KV = num_key_value_heads, hd = head_dim (gyre_config; H * hd need
+ * not be D); shapes row-major,
  * [out, in] for projections as in torch.nn.Linear):
  *     model.embed_tokens.weight                     [V, D]
  *     for each layer i:
@@ -57,7 +58,8 @@ extern "C" {
 #endif
 
 /* Bumped on any incompatible change of a signature, struct or buffer format below. */
-#define GYRE_ABI_VERSION 3 /* 2: gyre_loss_config.proximal_current; 3: RoPE scaling, tensor load/store */
+#define GYRE_ABI_VERSION 4 /* 2: gyre_loss_config.proximal_current; 3: RoPE scaling, tensor load/store;
+                              4: gyre_config.head_dim */
 
 /* ------------------------------------------------------------------------------------ */
 /* Status codes and errors                                                               */
@@ -104,8 +106,11 @@ GYRE_API int32_t gyre_num_threads(void);
 /* Model configuration and parameter layout                                              */
 /* ------------------------------------------------------------------------------------ */
 
-/* The fields of Hugging Face's LlamaConfig, with the same meaning. head_dim is
- * hidden_size / num_attention_heads and must be even (rotate-half RoPE).
+/* The fields of Hugging Face's LlamaConfig, with the same meaning. head_dim as LlamaConfig's:
+ * 0 means hidden_size / num_attention_heads (which must then divide), any other value is
+ * used as it is, whether or not head_dim * num_attention_heads == hidden_size (q_proj is
+ * [H*hd, D], k/v_proj [KV*hd, D], o_proj [D, H*hd]); it must be even (rotate-half RoPE),
+ * and RoPE rotates all of it.
  * RoPE scaling (LlamaConfig.rope_scaling), by rope_type:
  *   GYRE_ROPE_DEFAULT  inv_freq_j = 1 / theta^(2j / head_dim); the rope_* fields are unused
  *   GYRE_ROPE_LINEAR   inv_freq_j / rope_factor
@@ -132,6 +137,7 @@ typedef struct gyre_config {
   double rope_factor;             /* LINEAR, LLAMA3: > 0 */
   double rope_low_freq_factor;    /* LLAMA3: > 0 */
   double rope_high_freq_factor;   /* LLAMA3: > rope_low_freq_factor */
+  int32_t head_dim;               /* 0: hidden_size / num_attention_heads; else >= 2, even */
 } gyre_config;
 
 /* GYRE_OK if the config is usable, else GYRE_ERR_INVALID_ARGUMENT naming the field. */

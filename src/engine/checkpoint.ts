@@ -158,9 +158,10 @@ const mainDtype = (sources: ReadonlyArray<{ readonly dtypeName: Dtype; readonly 
   return [...total].sort((a, b) => b[1] - a[1])[0]?.[0] ?? "F32"
 }
 
-/** A bad tensor range becomes a CheckpointError naming the file; other engine errors pass. */
-const asCheckpointError = (path: string) => (e: NativeError) =>
-  e instanceof EngineError && e.code === "GYRE_ERR_BAD_CHECKPOINT" ? new CheckpointError({ path, message: e.message }) : e
+/** An engine error of `code` (a bad tensor range; a config the engine refuses, e.g. an odd
+ * head_dim) becomes a CheckpointError naming the file; other engine errors pass. */
+const asCheckpointError = (path: string, code = "GYRE_ERR_BAD_CHECKPOINT") => (e: NativeError) =>
+  e instanceof EngineError && e.code === code ? new CheckpointError({ path, message: e.message }) : e
 
 /** Loads a checkpoint's model (into the caller's scope, on `options.device`) and its optimizer state bytes, if any. */
 export const loadCheckpoint = (
@@ -170,7 +171,7 @@ export const loadCheckpoint = (
   Effect.gen(function* () {
     const engine = yield* Engine
     const { config, json } = yield* readConfig(dir)
-    const layout = yield* engine.layout(config).pipe(Effect.mapError(asCheckpointError(join(dir, CONFIG_FILE))))
+    const layout = yield* engine.layout(config).pipe(Effect.mapError(asCheckpointError(join(dir, CONFIG_FILE), "GYRE_ERR_INVALID_ARGUMENT")))
     const sources = yield* sourcesOf(dir, config, layout)
     const origin = { dir, dtype: mainDtype(sources), configJson: json }
     const model = yield* engine.readModel(config, sources, { ...options, origin }).pipe(Effect.mapError(asCheckpointError(dir)))

@@ -3,12 +3,15 @@
  * with the same names, meaning and defaults, and the `config.json` a checkpoint carries.
  *
  * Reading (`parseConfigJson`) takes a `config.json` of `LlamaForCausalLM` as the hub ships it:
- * `head_dim` when present, `num_key_value_heads` (default: `num_attention_heads`),
+ * `head_dim` (default: hidden_size // num_attention_heads; any even value, also one with
+ * head_dim x num_attention_heads != hidden_size: q_proj [H*hd, D], k/v_proj [KV*hd, D],
+ * o_proj [D, H*hd]), `num_key_value_heads` (default: `num_attention_heads`),
  * `tie_word_embeddings` (default false), `rope_theta` (default 10000), `rope_scaling` of types
  * `linear` and `llama3` (also under `rope_parameters`, transformers 5), `bos_token_id` /
  * `eos_token_id` as a number or a list. Anything the engine does not implement (another
- * model_type or activation, biases, other RoPE types, sliding windows, a head_dim other than
- * hidden_size / num_attention_heads) is refused with one line naming the field.
+ * model_type or activation, biases, other RoPE types, sliding windows) is refused with one
+ * line naming the field. A config has one form: `head_dim` is kept only where it is not
+ * hidden_size / num_attention_heads, so equal configs compare equal.
  *
  * Writing (`toConfigJson`) gives the fields `transformers` expects, so a Gyre checkpoint loads
  * there unchanged; extra fields of the config it was read from are kept.
@@ -42,7 +45,9 @@ export const LlamaConfig = Schema.Struct({
   rms_norm_eps: Positive,
   rope_theta: Positive,
   tie_word_embeddings: Schema.Boolean,
-  rope_scaling: Schema.optional(RopeScaling)
+  rope_scaling: Schema.optional(RopeScaling),
+  /** Absent: hidden_size / num_attention_heads (`headDim`). */
+  head_dim: Schema.optional(PositiveInt)
 })
 export type LlamaConfig = typeof LlamaConfig.Type
 
@@ -67,7 +72,8 @@ const ConfigJson = Schema.Struct({
   eos_token_id: Schema.optional(TokenIds)
 })
 
-export const headDim = (c: LlamaConfig): number => c.hidden_size / c.num_attention_heads
+/** The head dimension, as LlamaConfig: `head_dim`, else hidden_size // num_attention_heads. */
+export const headDim = (c: LlamaConfig): number => c.head_dim ?? Math.floor(c.hidden_size / c.num_attention_heads)
 
 /** KV cache bytes per token: 2 x layers x kv_heads x head_dim x 4 (F32). */
 export const kvBytesPerToken = (c: LlamaConfig): number =>
@@ -113,9 +119,7 @@ export const parseConfigJson = (json: unknown): LlamaConfig => {
   if (c.attention_bias === true) refuse("attention_bias true is not supported")
   if (c.mlp_bias === true) refuse("mlp_bias true is not supported")
   if (c.sliding_window !== undefined && c.sliding_window !== null) refuse("sliding_window is not supported")
-  if (c.head_dim != null && c.head_dim * c.num_attention_heads !== c.hidden_size) {
-    refuse(`head_dim ${c.head_dim} x num_attention_heads ${c.num_attention_heads} != hidden_size ${c.hidden_size} (not supported)`)
-  }
+  const hd = c.head_dim ?? Math.floor(c.hidden_size / c.num_attention_heads)
   const { theta, scaling } = ropeOf(c)
   return {
     vocab_size: c.vocab_size,
@@ -128,7 +132,8 @@ export const parseConfigJson = (json: unknown): LlamaConfig => {
     rms_norm_eps: c.rms_norm_eps ?? 1e-6,
     rope_theta: theta ?? 10000,
     tie_word_embeddings: c.tie_word_embeddings ?? false,
-    ...(scaling === undefined ? {} : { rope_scaling: scaling })
+    ...(scaling === undefined ? {} : { rope_scaling: scaling }),
+    ...(hd * c.num_attention_heads === c.hidden_size ? {} : { head_dim: hd })
   }
 }
 
@@ -151,8 +156,8 @@ export const toConfigJson = (c: LlamaConfig, dtype: string, base: Readonly<Recor
   pretraining_tp: 1,
   use_cache: true,
   ...base,
-  head_dim: headDim(c),
   ...c,
+  head_dim: headDim(c),
   rope_scaling: c.rope_scaling ?? null,
   torch_dtype: dtype,
   ...("dtype" in base ? { dtype } : {}) // transformers 5's name for torch_dtype

@@ -10,7 +10,7 @@
  * device too.
  */
 import { Context, Effect, Layer, type Scope } from "effect"
-import type { LlamaConfig } from "./config.ts"
+import { headDim, type LlamaConfig } from "./config.ts"
 import { KvCache } from "./kvcache.ts"
 import { type Backend, EngineError, type NativeError, type NativeLibrary, loadNative } from "./native.ts"
 import { Trainer } from "./trainer.ts"
@@ -27,6 +27,7 @@ const ropeTypes = { linear: 1, llama3: 2 } as const
 /** The C struct of a config. */
 export const cConfig = ({ rope_scaling: r, ...c }: LlamaConfig) => ({
   ...c,
+  head_dim: headDim(c),
   tie_word_embeddings: c.tie_word_embeddings ? 1 : 0,
   rope_type: r === undefined ? 0 : ropeTypes[r.rope_type],
   rope_factor: r?.factor ?? 0,
@@ -231,7 +232,7 @@ const make = Effect.gen(function* () {
       }),
     ropeInvFreq: (config) =>
       Effect.suspend(() => {
-        const out = new Float32Array(Math.max(1, Math.floor(config.hidden_size / config.num_attention_heads / 2)))
+        const out = new Float32Array(Math.max(1, Math.floor(headDim(config) / 2)))
         return lib.runSync("rope_inv_freq", [cConfig(config), out, out.length]).pipe(Effect.as(out))
       }),
     checksum: (bytes) => lib.value<bigint>("checksum", [bytes, bytes.length]).pipe(Effect.map(BigInt))

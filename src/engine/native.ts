@@ -70,7 +70,8 @@ koffi.struct("gyre_config", {
   rope_original_max_position_embeddings: "int32_t",
   rope_factor: "double",
   rope_low_freq_factor: "double",
-  rope_high_freq_factor: "double"
+  rope_high_freq_factor: "double",
+  head_dim: "int32_t"
 })
 koffi.struct("gyre_cache_stats", {
   block_tokens: "int32_t",
@@ -107,7 +108,7 @@ koffi.struct("gyre_train_stats", {
 koffi.struct("gyre_adamw", { lr: "float", beta1: "float", beta2: "float", eps: "float", weight_decay: "float", max_grad_norm: "float" })
 
 /** GYRE_ABI_VERSION of native/include/gyre.h that these prototypes and structs match. */
-const ABI_VERSION = 3
+const ABI_VERSION = 4
 
 const prototypes = {
   last_error: "size_t gyre_last_error(_Out_ uint8_t *buf, size_t cap)",

@@ -2,7 +2,8 @@
  * Finite-difference check of the analytic gradient of every parameter tensor (every layer:
  * embedding, both RMSNorms, q/k/v/o, gate/up/down, final norm, lm_head) for both losses,
  * on a micro model over a packed forest with branches and two roots; and SFT again with 20
- * query heads per kv head (attention tasks that split one kv head's group of heads).
+ * query heads per kv head (attention tasks that split one kv head's group of heads), and PPO
+ * with head_dim x heads != hidden_size.
  */
 import { Effect } from "effect"
 import { describe, expect, it } from "vitest"
@@ -97,6 +98,16 @@ describe("gradients match finite differences", () => {
     const config = { ...micro(false), hidden_size: 40, num_attention_heads: 20, num_key_value_heads: 1 }
     const results = await checkGradients(config, { kind: "sft" }, () => packed(tokens, parents))
     expect(results.map((r) => r.name)).toContain("model.layers.1.self_attn.q_proj.weight")
+    expectClose(results)
+  })
+
+  it("PPO-clip with head_dim 6 x 4 heads != hidden_size 16 (q_proj [24, 16], o_proj [16, 24])", async () => {
+    const config = { ...micro(false), head_dim: 6 }
+    const advantages = Float32Array.from(parents, (_, i) => (i % 3) - 1 + 0.3)
+    const results = await checkGradients(config, { kind: "ppo", clipLow: 0.2, clipHigh: 0.28, isCap: 2 }, (logp) =>
+      packed(tokens, parents, { weights: Float32Array.from(parents, (p) => (p < 0 ? 0 : 0.1)), advantages, behaviourLogprobs: Float32Array.from(logp, (lp) => (Number.isNaN(lp) ? 0 : lp - 0.1)) })
+    )
+    expect(results.map((r) => r.name)).toContain("model.layers.0.self_attn.o_proj.weight")
     expectClose(results)
   })
 })

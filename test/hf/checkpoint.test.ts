@@ -4,7 +4,9 @@
  * the same rounded values in F32 and score within the 16-bit rounding of the F32 originals;
  * RoPE scaling (llama3 against a reference of transformers' formula, linear as scaled
  * positions); saves keep the dtype, shard, index and copy tokenizer files, and reload
- * bit-identically; bad fields, missing tensors and wrong dtypes fail with one line naming them.
+ * bit-identically; bad fields, missing tensors and wrong dtypes fail with one line naming them;
+ * a head_dim with head_dim x heads != hidden_size is read with HF's meaning, loads, saves and
+ * reloads, and a q_proj shaped for hidden_size / heads is named.
  */
 import { copyFileSync, mkdtempSync, readFileSync, readdirSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
@@ -12,7 +14,7 @@ import { join } from "node:path"
 import { Effect } from "effect"
 import { describe, expect, it } from "vitest"
 import { CheckpointError, loadCheckpoint, readConfig, saveCheckpoint } from "../../src/engine/checkpoint.ts"
-import { type LlamaConfig, parseConfigJson } from "../../src/engine/config.ts"
+import { type LlamaConfig, headDim, parseConfigJson } from "../../src/engine/config.ts"
 import { Engine, type Model } from "../../src/engine/engine.ts"
 import { headerLength, parseHeader } from "../../src/engine/safetensors.ts"
 import { chain, packed, rng, runEngine } from "../engine/helpers.ts"
@@ -44,7 +46,7 @@ const configJson = (c: LlamaConfig, extra: Record<string, unknown> = {}) => ({
   bos_token_id: 1,
   eos_token_id: [2, 3],
   ...c,
-  head_dim: c.hidden_size / c.num_attention_heads,
+  head_dim: headDim(c),
   rope_scaling: c.rope_scaling ?? null,
   ...extra
 })
@@ -251,6 +253,7 @@ describe("Hugging Face checkpoints", () => {
       ["window", variant("window", withConfig({ sliding_window: 4096 })), /config\.json: sliding_window is not supported/],
       ["activation", variant("act", withConfig({ hidden_act: "gelu" })), /config\.json: hidden_act 'gelu' is not 'silu'/],
       ["field type", variant("type", withConfig({ hidden_size: "32" })), /config\.json: .*hidden_size/],
+      ["odd head_dim", variant("odd", withConfig({ head_dim: 15 })), /config: head_dim 15 must be even/],
       ["missing", variant("missing", (dir) => writeSafetensors(dir, [{ file: "model.safetensors", dtype: "BF16", tensors: tensors.filter((t) => t.name !== "model.layers.1.mlp.up_proj.weight") }])), /missing tensor 'model\.layers\.1\.mlp\.up_proj\.weight'/],
       ["dtype", variant("dtype", (dir) => {
         const bytes = readFileSync(join(dir, "model.safetensors"))
@@ -271,5 +274,38 @@ describe("Hugging Face checkpoints", () => {
       expect(error.message, name).not.toContain("\n")
     }
     expect((await runEngine(readConfig(good))).config).toEqual(config)
+  })
+
+  it("head_dim x heads != hidden_size: read with HF's meaning, loads, saves, reloads; a misshapen q_proj is named", async () => {
+    const wide: LlamaConfig = { ...config, head_dim: 16 } // 4 heads x 16 = 64, hidden 32
+    expect(parseConfigJson(configJson(wide))).toEqual(wide)
+    expect(parseConfigJson({ ...configJson(config), head_dim: null })).toEqual(config) // null: hidden / heads, one form
+    const tensors = await randomTensors(wide, 7)
+    const shapes = Object.fromEntries(tensors.map((t) => [t.name, t.shape]))
+    expect(shapes["model.layers.0.self_attn.q_proj.weight"]).toEqual([64, 32])
+    expect(shapes["model.layers.0.self_attn.k_proj.weight"]).toEqual([32, 32])
+    expect(shapes["model.layers.0.self_attn.o_proj.weight"]).toEqual([32, 64])
+    const root = tempDir()
+    const src = join(root, "src"), out = join(root, "out"), narrow = join(root, "narrow")
+    writeDir(src, wide, [{ file: "model.safetensors", dtype: "F32", tensors }], { torch_dtype: "float32" })
+    const loaded = await load(src)
+    // the independent writer's values, in layout order, bit for bit
+    const written = new Float32Array(tensors.reduce((n, t) => n + t.values.length, 0))
+    tensors.reduce((at, t) => (written.set(t.values, at), at + t.values.length), 0)
+    expect(Buffer.from(loaded.weights.buffer).equals(Buffer.from(written.buffer))).toBe(true)
+    expect(loaded.logprobs.subarray(1).every(Number.isFinite)).toBe(true)
+    await runEngine(Effect.gen(function* () { yield* saveCheckpoint(out, (yield* loadCheckpoint(src)).model) }))
+    expect(JSON.parse(readFileSync(join(out, "config.json"), "utf8")).head_dim).toBe(16)
+    expect((await runEngine(readConfig(out))).config).toEqual(wide)
+    const again = await load(out)
+    expect(Buffer.from(again.weights.buffer).equals(Buffer.from(loaded.weights.buffer))).toBe(true)
+    expect(Array.from(again.logprobs)).toEqual(Array.from(loaded.logprobs))
+    // q_proj as hidden_size / heads would shape it ([32, 32]) under head_dim 16
+    const misshapen = tensors.map((t) => (t.name === "model.layers.1.self_attn.q_proj.weight" ? { ...t, shape: [32, 32], values: Array.from(t.values).slice(0, 32 * 32) } : t))
+    writeDir(narrow, wide, [{ file: "model.safetensors", dtype: "BF16", tensors: misshapen }])
+    const error = await runEngine(Effect.flip(loadCheckpoint(narrow)))
+    expect(error).toBeInstanceOf(CheckpointError)
+    expect(error.message).toMatch(/tensor 'model\.layers\.1\.self_attn\.q_proj\.weight' has shape \[32, 32\]; expected \[64, 32\]/)
+    expect(error.message).not.toContain("\n")
   })
 })

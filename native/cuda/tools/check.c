@@ -182,6 +182,7 @@ static gyre_config read_config(const char *dir) {
   c.tie_word_embeddings = (int32_t)json_number(text, "tie_word_embeddings", 0);
   c.rms_norm_eps = json_number(text, "rms_norm_eps", 1e-6);
   c.rope_theta = json_number(text, "rope_theta", 10000);
+  c.head_dim = (int32_t)json_number(text, "head_dim", 0); /* null (no number) is 0: the default */
   free(text);
   return c;
 }
@@ -503,6 +504,12 @@ static gyre_config config_of(int V, int D, int F, int L, int H, int KV, int tied
   return c;
 }
 
+/* c with an explicit head_dim (H * hd != D allowed, as in LlamaConfig). */
+static gyre_config with_head_dim(gyre_config c, int hd) {
+  c.head_dim = hd;
+  return c;
+}
+
 #define CHECKS_FAILED 4 /* a child's exit status when some of its checks failed */
 
 /* Runs one model's comparison in a child process, so a crash of either library (or a CUDA
@@ -554,14 +561,15 @@ static int run_compare(const char *cpu_path, const char *cuda_path, const char *
   if (strcmp(gpu.backend(), "cuda") != 0 || strcmp(cpu.backend(), "cpu") != 0)
     die("expected a cpu and a cuda build, got %s and %s", cpu.backend(), gpu.backend());
   json_add("{");
-  model_spec specs[5 + MAX_DIRS] = {
+  model_spec specs[6 + MAX_DIRS] = {
       {"gqa-hd16", config_of(300, 64, 160, 2, 4, 2, 0), NULL},
       {"mqa-hd64-tied", config_of(259, 128, 256, 2, 2, 1, 1), NULL},
       {"mha-hd128", config_of(128, 256, 320, 1, 2, 2, 0), NULL},
       {"g20-hd8", config_of(64, 160, 96, 1, 20, 1, 0), NULL}, /* 20 query heads per kv head: 2 slices */
       {"mha-hd6", config_of(40, 12, 20, 2, 2, 2, 0), NULL},   /* head_dim not a multiple of 4 */
+      {"gqa-hd16-wide", with_head_dim(config_of(96, 48, 80, 2, 4, 2, 0), 16), NULL}, /* H * hd = 64 != D = 48 */
   };
-  int n_specs = 5;
+  int n_specs = 6;
   for (int k = 0; k < n_dirs; k++, n_specs++) {
     const char *slash = strrchr(dirs[k], '/');
     specs[n_specs].name = slash != NULL && slash[1] != '\0' ? slash + 1 : dirs[k];
@@ -584,10 +592,14 @@ static double now(void) {
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+/* gyre.h's head_dim: 0 is hidden_size / num_attention_heads. */
+static double head_dim_of(const gyre_config *c) {
+  return c->head_dim != 0 ? c->head_dim : (double)c->hidden_size / c->num_attention_heads;
+}
+
 /* Bytes one decode step reads: every weight once, plus each sequence's cached K/V. */
 static double decode_bytes(const gyre_config *c, int64_t n_params, int seqs, int context) {
-  double kv_per_token = 2.0 * c->num_hidden_layers * c->hidden_size / c->num_attention_heads *
-                        c->num_key_value_heads * sizeof(float);
+  double kv_per_token = 2.0 * c->num_hidden_layers * head_dim_of(c) * c->num_key_value_heads * sizeof(float);
   return 4.0 * (double)n_params + (double)seqs * context * kv_per_token;
 }
 
@@ -596,7 +608,7 @@ static double decode_bytes(const gyre_config *c, int64_t n_params, int seqs, int
  * 4 (forward) + 8 (backward) per pair, head dim and head. */
 static double train_flops(const gyre_config *c, double tokens, double pairs) {
   const double D = c->hidden_size, F = c->intermediate_size, H = c->num_attention_heads,
-               KV = c->num_key_value_heads, L = c->num_hidden_layers, V = c->vocab_size, hd = D / H;
+               KV = c->num_key_value_heads, L = c->num_hidden_layers, V = c->vocab_size, hd = head_dim_of(c);
   const double per_layer = D * (H + 2 * KV) * hd + H * hd * D + 3 * D * F;
   return 6.0 * tokens * (L * per_layer + V * D) + 12.0 * pairs * hd * H * L;
 }

@@ -5,6 +5,11 @@
 
 #include "../internal.h"
 
+/* The head dimension a config means (gyre.h: head_dim 0 is hidden_size / num_attention_heads). */
+static int32_t config_head_dim(const gyre_config *c) {
+  return c->head_dim != 0 ? c->head_dim : c->hidden_size / c->num_attention_heads;
+}
+
 gyre_status gyre_config_check(const gyre_config *c) {
   if (c == NULL) return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "config: NULL");
 #define POSITIVE(field)                                                                     \
@@ -19,13 +24,18 @@ gyre_status gyre_config_check(const gyre_config *c) {
   POSITIVE(num_key_value_heads)
   POSITIVE(max_position_embeddings)
 #undef POSITIVE
-  if (c->hidden_size % c->num_attention_heads != 0)
+  if (c->head_dim < 0)
+    return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "config: head_dim must be >= 0 (0: hidden_size / num_attention_heads), got %d",
+                     (int)c->head_dim);
+  if (c->head_dim == 0 && c->hidden_size % c->num_attention_heads != 0)
     return gyre_fail(GYRE_ERR_INVALID_ARGUMENT,
-                     "config: hidden_size %d is not a multiple of num_attention_heads %d",
+                     "config: hidden_size %d is not a multiple of num_attention_heads %d (and head_dim is 0)",
                      c->hidden_size, c->num_attention_heads);
-  if ((c->hidden_size / c->num_attention_heads) % 2 != 0)
-    return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "config: head_dim %d must be even",
-                     c->hidden_size / c->num_attention_heads);
+  if (config_head_dim(c) % 2 != 0)
+    return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "config: head_dim %d must be even", config_head_dim(c));
+  if ((int64_t)c->num_attention_heads * config_head_dim(c) > INT32_MAX / 4) /* qkv_dim <= 3 H hd is an int32 */
+    return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "config: num_attention_heads %d x head_dim %d is too large",
+                     c->num_attention_heads, config_head_dim(c));
   if (c->num_attention_heads % c->num_key_value_heads != 0)
     return gyre_fail(GYRE_ERR_INVALID_ARGUMENT,
                      "config: num_attention_heads %d is not a multiple of num_key_value_heads %d",
@@ -56,7 +66,7 @@ gyre_status dims_from_config(const gyre_config *c, dims *d) {
   d->L = c->num_hidden_layers;
   d->H = c->num_attention_heads;
   d->KV = c->num_key_value_heads;
-  d->hd = d->D / d->H;
+  d->hd = config_head_dim(c);
   d->q_dim = d->H * d->hd;
   d->kv_dim = d->KV * d->hd;
   d->qkv_dim = d->q_dim + 2 * d->kv_dim;
