@@ -39,6 +39,8 @@ extern "C" gyre_status be_set_device(int32_t device) {
 /* Compute runs on the device; the calling thread only queues it. */
 extern "C" void be_set_num_threads(int32_t n) { (void)n; }
 extern "C" int32_t be_num_threads(void) { return 1; }
+extern "C" void be_use_threads(int32_t n) { (void)n; }
+extern "C" int32_t be_threads_for(int32_t n) { return (void)n, 1; }
 
 gyre_status ctx_open(exec_ctx *ctx, int device) {
   memset(ctx, 0, sizeof *ctx);

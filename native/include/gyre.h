@@ -15,9 +15,10 @@
  *     out == NULL it only stores the required size in *len; with cap too small it fails with
  *     GYRE_ERR_INVALID_ARGUMENT and still stores the required size.
  *   - Handles: a cache and a trainer keep their model alive (reference counted), so the
- *     gyre_*_free calls may come in any order. A handle must not be used by two threads
- *     at once; calls on different handles may overlap but compete for the same cores or
- *     device, so callers normally serialise them.
+ *     gyre_*_free calls may come in any order. A model and its caches and trainers must not
+ *     be used by two threads at once; calls on different models may run at the same time
+ *     from different threads, each with its model's thread count (gyre_model_set_threads),
+ *     its own scratch and its own error message.
  *   - Determinism: on one backend with one thread count, the same inputs give bit-identical
  *     outputs (all reductions have a fixed order).
  *
@@ -59,7 +60,7 @@ extern "C" {
 
 /* Bumped on any incompatible change of a signature, struct or buffer format below. */
 #define GYRE_ABI_VERSION 4 /* 2: gyre_loss_config.proximal_current; 3: RoPE scaling, tensor load/store;
-                              4: gyre_config.head_dim */
+                              4: gyre_config.head_dim, per-thread error messages, per-model thread counts */
 
 /* ------------------------------------------------------------------------------------ */
 /* Status codes and errors                                                               */
@@ -77,10 +78,16 @@ typedef enum gyre_status {
   GYRE_ERR_UNSUPPORTED = 8       /* not available on this backend or build */
 } gyre_status;
 
-/* Copies the message of the most recent failed call (made on any thread) into buf, NUL
- * terminated and truncated to cap - 1 bytes; returns the message length. The message names
- * the function and the offending value, e.g. "gyre_forward: sequence 7 is pinned". */
+/* Copies the message of the calling thread's most recent failed call into buf, NUL
+ * terminated and truncated to cap - 1 bytes; returns the message length (failures on other
+ * threads do not change it). The message names the function and the offending value, e.g.
+ * "gyre_forward: sequence 7 is pinned". */
 GYRE_API size_t gyre_last_error(char *buf, size_t cap);
+/* A failed call leaves a failure code in errno (the calling thread's); this copies that
+ * failure's message from any thread while it is among the 64 most recent failures of the
+ * process, else copies "" and returns 0. For callers that run calls on worker threads and
+ * read the outcome elsewhere (an FFI's async calls carry errno back with the result). */
+GYRE_API size_t gyre_error_message(int32_t code, char *buf, size_t cap);
 
 /* "GYRE_OK", "GYRE_ERR_OUT_OF_BLOCKS", ...; "GYRE_ERR_UNKNOWN" for other values. */
 GYRE_API const char *gyre_status_name(int32_t status);
@@ -98,7 +105,8 @@ GYRE_API gyre_status gyre_device_name(int32_t device, char *buf, size_t cap);
  * models on several devices serialises each (set_device, create) pair. A device outside
  * [0, gyre_device_count()) fails with GYRE_ERR_INVALID_ARGUMENT. */
 GYRE_API gyre_status gyre_set_device(int32_t device);
-/* Host threads used by compute (CPU: OpenMP threads; 0 = one per core). */
+/* The process default of the host threads used by compute (CPU: OpenMP threads; 0 = one per
+ * core), for models without their own count (gyre_model_set_threads). */
 GYRE_API void gyre_set_num_threads(int32_t n);
 GYRE_API int32_t gyre_num_threads(void);
 
@@ -198,6 +206,11 @@ GYRE_API gyre_status gyre_model_config(const gyre_model *model, gyre_config *cfg
 GYRE_API gyre_status gyre_model_get_weights(const gyre_model *model, float *out, int64_t n);
 GYRE_API gyre_status gyre_model_set_weights(gyre_model *model, const float *in, int64_t n);
 GYRE_API void gyre_model_free(gyre_model *model);
+/* Host threads of this model's compute and its caches' and trainers' (CPU: the OpenMP team of
+ * each call; 0, the default: gyre_set_num_threads'). Takes effect from the next call;
+ * gyre_model_threads reports the count its calls use (CUDA: 1, the device computes). */
+GYRE_API gyre_status gyre_model_set_threads(gyre_model *model, int32_t n);
+GYRE_API gyre_status gyre_model_threads(const gyre_model *model, int32_t *n);
 
 /* ------------------------------------------------------------------------------------ */
 /* Paged KV cache and inference                                                          */

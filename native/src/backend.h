@@ -26,7 +26,13 @@ int32_t be_device_count(void);
 gyre_status be_device_name(int32_t device, char *buf, size_t cap);
 gyre_status be_set_device(int32_t device);
 void be_set_num_threads(int32_t n);
-int32_t be_num_threads(void);
+int32_t be_num_threads(void); /* the process default */
+/* Host threads for the compute the calling thread issues from now on: its model's count
+ * (gyre_model_set_threads; 0: the process default). The shared code calls it before every
+ * compute call, so calls on different models from different threads each use their own. */
+void be_use_threads(int32_t n);
+/* The host threads a model with count n (0: the process default) computes with. */
+int32_t be_threads_for(int32_t n);
 
 /* ---- model weights (flat layout of internal.h) ---- */
 /* Weights start zeroed. */

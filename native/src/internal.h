@@ -162,9 +162,14 @@ struct gyre_model {
    * only by model_retain / model_release through the __atomic builtins (GCC, Clang), so the
    * struct is the same in C and C++ and handles may be freed from different threads. */
   int32_t refs;
+  /* Host threads of its compute (gyre_model_set_threads; 0: the process default), read
+   * through the __atomic builtins like refs. */
+  int32_t threads;
 };
 void model_retain(gyre_model *m);
 void model_release(gyre_model *m);
+/* Sets the calling thread's compute threads to the model's (be_use_threads). */
+void model_use_threads(const gyre_model *m);
 
 /* ---- small helpers ---- */
 

@@ -23,10 +23,15 @@
  * With `scheduler`, the device tells it `DeviceJoined` once it serves (the scheduler numbers cells
  * in join order).
  *
+ * With `threads`, its model computes on that many host threads (`cpuDeviceThreads`: the K CPU
+ * devices of one process split the cores); each model has its own engine queue, so the devices
+ * of a process compute at the same time.
+ *
  * `gyre node --load src/actors/device.ts --spawn device/<node>.0` hosts one configured from the
  * environment (`deviceConfigFromEnv`: the rollout role's variables, `GYRE_GATEWAY`, `GYRE_SCHEDULER`).
  */
 import { Effect, Schema } from "effect"
+import type { EngineShape } from "../engine/engine.ts"
 import type { RpcGroup } from "effect/rpc"
 import * as Actor from "../runtime/actor.ts"
 import { formatAddress, parseAddress } from "../runtime/names.ts"
@@ -47,7 +52,17 @@ export interface DeviceConfig extends RolloutConfig {
   readonly training?: TrainingRoleFactory
   /** The run's scheduler (`scheduler/main`): told `DeviceJoined` once the device serves; none: not announced. */
   readonly scheduler?: string
+  /** Host threads of the device's model (none: the engine's default, every core). */
+  readonly threads?: number
 }
+
+/**
+ * The threads of each of `devices` device actors of one process: on the CPU backend they split
+ * the engine's cores, floor(cores / devices) each (at least 1); a GPU device computes on its own
+ * device (none).
+ */
+export const cpuDeviceThreads = (engine: EngineShape, devices: number): Effect.Effect<number | undefined> =>
+  engine.backend === "cpu" ? engine.threads.pipe(Effect.map((cores) => Math.max(1, Math.floor(cores / Math.max(1, devices))))) : Effect.succeed(undefined)
 
 /** The configuration from the environment: the rollout role's variables, and `GYRE_GATEWAY`. */
 export const deviceConfigFromEnv = (): DeviceConfig => ({
@@ -70,6 +85,7 @@ export const device = (config: DeviceConfig) =>
         let training: TrainingRole | undefined
         const report = (load: WorkerLoad) => ctx.reportLoad(deviceLoad(load, state, training?.step() ?? -1))
         const rollout = yield* startRollout(ctx, config, report)
+        if (config.threads !== undefined) yield* rollout.model.setThreads(config.threads).pipe(Effect.orDie)
         training = config.training === undefined ? undefined : yield* config.training({ ...rollout, ctx, version: () => rollout.batcher.load().version, swapWeights: rollout.batcher.swapWeights })
         const roles = yield* makeRoleSwitch({
           system: ctx.system,

@@ -9,8 +9,9 @@
  * on which it drains: in-flight messages finish, buffered ones go back to JetStream.
  * `--device-ids a,b` names the devices this node offers (for actors placed on a device).
  * `--devices K` joins a `gyre train` run as K more devices (`device/<name>.<backend><i>`, each with
- * the training role): it waits for the run's configuration in the journal, loads its checkpoint
- * and announces the devices to the run's scheduler, which uses them from then on.
+ * the training role; K CPU devices split the cores): it waits for the run's configuration in the
+ * journal, loads its checkpoint and announces the devices to the run's scheduler, which uses them
+ * from then on.
  * `--metrics-port N` serves Prometheus `/metrics` on 127.0.0.1:N (0 = any free port).
  * Settings not given as flags come from the runtime's `Config` (GYRE_HEARTBEAT_MS, ...:
  * src/runtime/config.ts).
@@ -23,7 +24,7 @@ import * as path from "node:path"
 import { pathToFileURL } from "node:url"
 import * as os from "node:os"
 import { Effect, Layer, Schedule } from "effect"
-import { device } from "../actors/device.ts"
+import { cpuDeviceThreads, device } from "../actors/device.ts"
 import { schedulerAddress } from "../actors/scheduler.ts"
 import { trainingRoleFor } from "../actors/trainer.ts"
 import { Engine } from "../engine/engine.ts"
@@ -71,15 +72,16 @@ export const loadActorTypes = async (modules: ReadonlyArray<string>): Promise<Ar
 const list = (s: string | undefined) => (s ?? "").split(",").map((x) => x.trim()).filter((x) => x !== "")
 
 /** The device type of the training run this node's system belongs to, once its configuration is journaled. */
-const trainingDevices = (system: ActorSystemShape) =>
+const trainingDevices = (system: ActorSystemShape, count: number) =>
   Effect.gen(function* () {
     const config = yield* readRunConfig(system).pipe(
       Effect.flatMap((c) => (c === undefined ? Effect.fail("waiting" as const) : Effect.succeed(c))),
       Effect.retry({ while: (e) => e === "waiting", schedule: Schedule.spaced("500 millis") })
     )
-    const { backend } = yield* Engine
-    const type = device({ checkpoint: config.checkpoint, maxBatch: 64, scheduler: formatAddress(schedulerAddress), training: trainingRoleFor(config) })
-    return { type, backend }
+    const engine = yield* Engine
+    const threads = yield* cpuDeviceThreads(engine, count)
+    const type = device({ checkpoint: config.checkpoint, maxBatch: 64, scheduler: formatAddress(schedulerAddress), training: trainingRoleFor(config), threads })
+    return { type, backend: engine.backend }
   })
 
 /** One status line on stdout. */
@@ -102,7 +104,7 @@ export const command: Command<typeof flags> = {
     const types = await loadActorTypes(list(f.load))
     const program = Effect.gen(function* () {
       const system = yield* ActorSystem
-      const devices = f.devices > 0 ? yield* trainingDevices(system) : undefined
+      const devices = f.devices > 0 ? yield* trainingDevices(system, f.devices) : undefined
       const hosted = devices === undefined ? types : [...types, devices.type]
       const node = yield* startNode({
         name: f.name,

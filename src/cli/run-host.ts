@@ -2,7 +2,7 @@
  * Hosting one training run on this node: `gyre train`'s and `gyre demo`'s shared middle.
  *
  * Starts a node (`main`) with `devices` device actors (each with the training role, announcing
- * itself to `scheduler/main`), the gateway on a free port, one harness runner with room for every
+ * itself to `scheduler/main`; CPU devices split the cores), the gateway on a free port, one harness runner with room for every
  * rollout slot, and a scheduler candidate that stands by for the run's lease (the scheduler lives
  * on whichever candidate holds it). Devices of other nodes (`gyre node --devices K` with the same
  * `NATS_URL` and `--run`) join the same scheduler. Reports each step's metrics as they are
@@ -12,7 +12,7 @@ import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { Deferred, Effect, Schema } from "effect"
-import { device } from "../actors/device.ts"
+import { cpuDeviceThreads, device } from "../actors/device.ts"
 import { gateway } from "../actors/gateway.ts"
 import { makeHarnessRunner } from "../actors/harness-runner.ts"
 import { makeScheduler, schedulerAddress } from "../actors/scheduler.ts"
@@ -59,7 +59,9 @@ export const hostRun = (o: HostRunOptions) =>
     Effect.gen(function* () {
       const system = yield* ActorSystem
       const started = Date.now()
-      const { backend } = yield* Engine
+      const engine = yield* Engine
+      const { backend } = engine
+      const threads = yield* cpuDeviceThreads(engine, o.devices)
       const workspaces = fs.mkdtempSync(path.join(os.tmpdir(), "gyre-train-ws-"))
       yield* Effect.addFinalizer(() => Effect.sync(() => fs.rmSync(workspaces, { recursive: true, force: true })))
       const slots = o.config.policyConfig.slots_per_cell * o.devices
@@ -68,7 +70,7 @@ export const hostRun = (o: HostRunOptions) =>
       const node = yield* startNode({
         name: "main",
         types: [
-          device({ checkpoint: o.config.checkpoint, maxBatch: 64, scheduler: formatAddress(schedulerAddress), training: trainingRoleFor(o.config) }),
+          device({ checkpoint: o.config.checkpoint, maxBatch: 64, scheduler: formatAddress(schedulerAddress), training: trainingRoleFor(o.config), threads }),
           gateway({ port: 0, chat }),
           makeHarnessRunner({
             suitesDir: o.suitesDir,

@@ -51,7 +51,7 @@ export const trainFlags = {
   suites: { kind: "string", doc: "directory holding the suites", default: path.join(repoRoot, "suites") },
   policy: { kind: "string", doc: "scheduling policy", default: "elastic", choices: ["async", ...Object.keys(fixedPolicies)] },
   steps: { kind: "integer", doc: "RL steps", default: 8 },
-  devices: { kind: "integer", doc: "device actors on this node (CPU devices share the cores)", default: 2 },
+  devices: { kind: "integer", doc: "device actors on this node (CPU devices split the cores: floor(cores / K) threads each)", default: 2 },
   run: { kind: "string", doc: "run id", default: `train-${Date.now().toString(36)}` },
   store: { kind: "string", doc: "JetStream store of the embedded nats-server (default .gyre/runs/<run>)" },
   checkpoint: { kind: "string", doc: "initial weights (default: the suite's cached warm start)" },

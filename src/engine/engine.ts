@@ -7,12 +7,14 @@
  *
  * Devices: a model is created on a device (`{ device }`, an index below `devices.length`,
  * default 0; the CPU backend has one, the host) and its caches and trainers live on that
- * device too.
+ * device too. Each model has its own call queue (`native.ts`), so different models compute at
+ * the same time; `{ threads }` (or `Model.setThreads`) gives one its own host thread count, so
+ * CPU devices of one process split the cores instead of each taking all of them.
  */
 import { Context, Effect, Layer, type Scope } from "effect"
 import { headDim, type LlamaConfig } from "./config.ts"
 import { KvCache } from "./kvcache.ts"
-import { type Backend, EngineError, type NativeError, type NativeLibrary, loadNative } from "./native.ts"
+import { type Backend, EngineError, type NativeCalls, type NativeError, loadNative } from "./native.ts"
 import { Trainer } from "./trainer.ts"
 
 /** A tensor of the flat parameter layout (gyre.h): its HF name, offset and shape. */
@@ -58,7 +60,8 @@ export interface ModelOrigin {
 /** A model's weights on one of the engine's devices. */
 export class Model {
   constructor(
-    readonly lib: NativeLibrary,
+    /** The model's queue, which its caches and trainers share. */
+    readonly lib: NativeCalls,
     readonly ptr: unknown,
     readonly config: LlamaConfig,
     readonly paramCount: number,
@@ -99,6 +102,17 @@ export class Model {
     return this.lib.run("model_set_weights", [this.ptr, weights, weights.length])
   }
 
+  /** Host threads of this model's compute from its next call (0: the engine's `setThreads` default). */
+  setThreads(n: number): Effect.Effect<void, NativeError> {
+    return this.lib.runSync("model_set_threads", [this.ptr, n])
+  }
+
+  /** The host threads its calls compute with (CUDA: 1). */
+  threads(): Effect.Effect<number, NativeError> {
+    const out = [0]
+    return this.lib.runSync("model_threads", [this.ptr, out]).pipe(Effect.map(() => out[0]!))
+  }
+
   /** A paged KV cache of `numBlocks` blocks of `blockTokens` tokens for this model. */
   cache(options: { readonly blockTokens: number; readonly numBlocks: number }): Effect.Effect<KvCache, NativeError, Scope.Scope> {
     return acquire(this.lib, "cache_create", [this.ptr, options.blockTokens, options.numBlocks], "cache_free").pipe(
@@ -115,36 +129,37 @@ export class Model {
 }
 
 /**
- * Creates a native handle with `create(...args, out)` and frees it with `free` on scope close;
- * with `device`, the create runs with that device selected (a model: caches and trainers
- * follow their model's device natively).
+ * Creates a native handle with `create(...args, out)` (through `runCreate`, default the queue's
+ * `run`) and frees it through the queue `calls` on scope close. A model's create runs with its
+ * device selected; caches and trainers follow their model's device natively.
  */
 const acquire = (
-  lib: NativeLibrary,
+  calls: NativeCalls,
   create: "model_create" | "model_load" | "model_create_zero" | "cache_create" | "trainer_create",
   args: ReadonlyArray<unknown>,
   free: "model_free" | "cache_free" | "trainer_free",
-  device?: number
+  runCreate: NativeCalls["run"] = calls.run
 ): Effect.Effect<unknown, NativeError, Scope.Scope> =>
   Effect.acquireRelease(
     Effect.suspend(() => {
       const out: Array<unknown> = [null]
-      const call = [...args, out]
-      return (device === undefined ? lib.run(create, call) : lib.runOnDevice(device, create, call)).pipe(Effect.map(() => out[0]))
+      return runCreate(create, [...args, out]).pipe(Effect.map(() => out[0]))
     }),
-    (ptr) => lib.value(free, [ptr])
+    (ptr) => calls.value(free, [ptr])
   )
 
 /** Options of model creation. */
 export interface ModelOptions {
   /** Device index, below `Engine.devices.length` (default 0). */
   readonly device?: number
+  /** Host threads of its compute (`Model.setThreads`; default 0: the engine's default). */
+  readonly threads?: number
 }
 
 export interface EngineShape {
   readonly backend: Backend
   readonly devices: ReadonlyArray<string>
-  /** Host threads used by compute (0: one per core). */
+  /** The default host threads of models' compute (0: one per core), for models without their own (`Model.setThreads`). */
   readonly setThreads: (n: number) => Effect.Effect<void>
   readonly threads: Effect.Effect<number>
   /** Parameter count and layout of a config (fails on an unusable config). */
@@ -171,7 +186,7 @@ export interface EngineShape {
   readonly checksum: (bytes: Uint8Array) => Effect.Effect<bigint>
 }
 
-const paramLayout = (lib: NativeLibrary, config: LlamaConfig) =>
+const paramLayout = (lib: NativeCalls, config: LlamaConfig) =>
   Effect.gen(function* () {
     const cfg = cConfig(config)
     const count = [0]
@@ -192,7 +207,7 @@ const paramLayout = (lib: NativeLibrary, config: LlamaConfig) =>
     return tensors
   })
 
-const paramCount = (lib: NativeLibrary, config: LlamaConfig) => {
+const paramCount = (lib: NativeCalls, config: LlamaConfig) => {
   const count = [0]
   return lib.runSync("param_count", [cConfig(config), count]).pipe(Effect.map(() => Number(count[0])))
 }
@@ -212,8 +227,11 @@ const make = Effect.gen(function* () {
         return yield* new EngineError({ op: "createModel", code: "GYRE_ERR_INVALID_ARGUMENT", message: `device must be an integer index, got ${device}` })
       }
       const count = yield* paramCount(lib, config)
-      const ptr = yield* acquire(lib, create, [cConfig(config), ...args], "model_free", device)
-      return new Model(lib, ptr, config, count, device, options.origin)
+      const calls = lib.queue()
+      const ptr = yield* acquire(calls, create, [cConfig(config), ...args], "model_free", (fn, a) => lib.runOnDevice(device, fn, a))
+      const m = new Model(calls, ptr, config, count, device, options.origin)
+      if (options.threads !== undefined) yield* m.setThreads(options.threads)
+      return m
     })
   return {
     backend: lib.backend,
@@ -227,7 +245,7 @@ const make = Effect.gen(function* () {
     readModel: (config, sources, options = {}) =>
       Effect.gen(function* () {
         const m = yield* model(config, "model_create_zero", [], options)
-        for (const s of sources) yield* lib.run("model_read_tensor", [m.ptr, s.index, s.dtype, s.path, s.offset, s.bytes])
+        for (const s of sources) yield* m.lib.run("model_read_tensor", [m.ptr, s.index, s.dtype, s.path, s.offset, s.bytes])
         return m
       }),
     ropeInvFreq: (config) =>

@@ -4,7 +4,7 @@
  */
 import { Effect } from "effect"
 import type { LlamaConfig } from "./config.ts"
-import { type NativeError, type NativeLibrary, int32s } from "./native.ts"
+import { type NativeCalls, type NativeError, int32s } from "./native.ts"
 
 /** Sampling of a sequence's next token (temperature 0 = greedy). */
 export interface Sampling {
@@ -45,7 +45,8 @@ const logitsModes: Record<LogitsMode, number> = { none: 0, last: 1, all: 2 }
 
 export class KvCache {
   constructor(
-    readonly lib: NativeLibrary,
+    /** Its model's queue. */
+    readonly lib: NativeCalls,
     readonly ptr: unknown,
     readonly config: LlamaConfig
   ) {}

@@ -1,17 +1,22 @@
 /**
  * The native engine library (`native/include/gyre.h`) loaded through koffi: which backend,
- * the C function table, and the one queue all native calls go through.
+ * the C function table, and the queues native calls go through.
  *
  * Backend choice: `GYRE_BACKEND=cpu|cuda` forces one; otherwise the CUDA library is used when
  * `native/build/libgyre_cuda.so` loads and the CUDA driver (`libcuda.so.1`, asked through
  * koffi) reports a device, else the CPU library. Paths resolve from this module's location.
  *
- * Every call takes the library's single permit, so calls never overlap (the C handles are
- * not thread-safe and compute already uses every core or the device) and the last-error
- * message read after a failure is the failed call's. Long calls run as koffi async calls on
- * the libuv pool, so the event loop keeps turning (heartbeats, NATS) while the engine
- * computes; their argument buffers are held until the call returns and are copied off the
- * V8 heap first when small (V8 may move small on-heap typed arrays).
+ * Queues: each model has its own (`queue()`), which its caches and trainers share, so the
+ * calls on one model never overlap (its C handles are not thread-safe) while calls on
+ * different models run at the same time on different threads, each with its model's thread
+ * count (gyre.h). Functions of no handle (configs, layouts, checksums) take no queue; a
+ * model's creation takes the library's device lock, so no other creation changes the device
+ * selection in between. Long calls run as koffi async calls on the libuv pool, so the event
+ * loop keeps turning (heartbeats, NATS) while the engine computes; their argument buffers are
+ * held until the call returns and are copied off the V8 heap first when small (V8 may move
+ * small on-heap typed arrays). A failure's message is the failed call's own: a sync call reads
+ * its thread's (gyre_last_error), an async one the failure koffi's carried-back errno numbers
+ * (gyre_error_message), so two models failing at once never swap messages.
  */
 import koffi, { type LibraryHandle } from "koffi"
 import { existsSync } from "node:fs"
@@ -112,6 +117,7 @@ const ABI_VERSION = 4
 
 const prototypes = {
   last_error: "size_t gyre_last_error(_Out_ uint8_t *buf, size_t cap)",
+  error_message: "size_t gyre_error_message(int32_t code, _Out_ uint8_t *buf, size_t cap)",
   status_name: "const char *gyre_status_name(int32_t status)",
   abi_version: "int32_t gyre_abi_version(void)",
   backend: "const char *gyre_backend(void)",
@@ -136,6 +142,8 @@ const prototypes = {
   model_get_weights: "int32_t gyre_model_get_weights(const gyre_model *m, float *out, int64_t n)",
   model_set_weights: "int32_t gyre_model_set_weights(gyre_model *m, const float *w, int64_t n)",
   model_free: "void gyre_model_free(gyre_model *m)",
+  model_set_threads: "int32_t gyre_model_set_threads(gyre_model *m, int32_t n)",
+  model_threads: "int32_t gyre_model_threads(const gyre_model *m, _Out_ int32_t *n)",
   cache_create: "int32_t gyre_cache_create(gyre_model *m, int32_t block_tokens, int32_t num_blocks, _Out_ gyre_cache **out)",
   cache_stats: "int32_t gyre_cache_stats_get(const gyre_cache *c, _Out_ gyre_cache_stats *out)",
   cache_free: "void gyre_cache_free(gyre_cache *c)",
@@ -170,23 +178,29 @@ const prototypes = {
 export type FunctionName = keyof typeof prototypes
 type NativeFunction = ReturnType<LibraryHandle["func"]>
 
-/** A loaded library: its backend, its devices' names and its functions. */
-export interface NativeLibrary {
+/** Native calls, through a queue (one model's: they never overlap) or none (functions of no handle). */
+export interface NativeCalls {
+  /** Runs `fn` on the libuv pool (for long calls); fails on a non-zero status. */
+  readonly run: (fn: FunctionName, args: ReadonlyArray<unknown>) => Effect.Effect<void, NativeError>
+  /** Runs `fn` on the calling thread (for quick calls); fails on a non-zero status. */
+  readonly runSync: (fn: FunctionName, args: ReadonlyArray<unknown>) => Effect.Effect<void, NativeError>
+  /** Calls a function that cannot fail (void or a plain value). */
+  readonly value: <A>(fn: FunctionName, args: ReadonlyArray<unknown>) => Effect.Effect<A>
+}
+
+/** A loaded library: its backend, its devices' names and its functions (the unqueued calls). */
+export interface NativeLibrary extends NativeCalls {
   readonly backend: Backend
   readonly path: string
   readonly devices: ReadonlyArray<string>
-  /** Runs `fn` on the libuv pool (for long calls); fails on a non-zero status. */
-  readonly run: (fn: FunctionName, args: ReadonlyArray<unknown>) => Effect.Effect<void, NativeError>
+  /** A new queue, for one model and its caches and trainers. */
+  readonly queue: () => NativeCalls
   /**
-   * Selects `device` (gyre_set_device) and runs `fn` (a handle's create) as `run` does, both
-   * under one permit, so no other call changes the selection in between; an unknown device
-   * fails with gyre_set_device's message.
+   * Selects `device` (gyre_set_device) and runs `fn` (a model's create) as `run` does, both
+   * under the device lock, so no other creation changes the selection in between; an unknown
+   * device fails with gyre_set_device's message.
    */
   readonly runOnDevice: (device: number, fn: FunctionName, args: ReadonlyArray<unknown>) => Effect.Effect<void, NativeError>
-  /** Runs `fn` on the calling thread (for quick calls); fails on a non-zero status. */
-  readonly runSync: (fn: FunctionName, args: ReadonlyArray<unknown>) => Effect.Effect<void, NativeError>
-  /** Calls a function that cannot fail (void or a plain value), under the permit. */
-  readonly value: <A>(fn: FunctionName, args: ReadonlyArray<unknown>) => Effect.Effect<A>
 }
 
 /** A zeroed buffer for a C struct written by an async call; read it with `readStruct`. */
@@ -276,38 +290,47 @@ const open = (backend: Backend): NativeLibrary => {
   ) as Record<FunctionName, NativeFunction>
   const abi = fns.abi_version() as number
   if (abi !== ABI_VERSION) throw new Error(`${path} has ABI version ${abi}, this binding needs ${ABI_VERSION}: rebuild it (make -C native)`)
-  const lock = Semaphore.makeUnsafe(1)
   const statusName = (rc: number): string => fns.status_name(rc) as string
-  const lastError = () => readString((buf) => fns.last_error(buf, buf.length))
-  const check = (fn: FunctionName, rc: number): Effect.Effect<void, NativeError> => {
-    if (rc === 0) return Effect.void
-    const message = lastError()
-    return Effect.fail(
+  const fail = (fn: FunctionName, rc: number, message: string): Effect.Effect<never, NativeError> =>
+    Effect.fail(
       rc === 3 ? new OutOfKvBlocks({ op: `gyre_${fn}`, message }) : new EngineError({ op: `gyre_${fn}`, code: statusName(rc), message })
     )
-  }
-  const callSync = (fn: FunctionName, args: ReadonlyArray<unknown>) => Effect.suspend(() => check(fn, fns[fn](...args) as number))
+  /* the failure an async call's errno numbers (read in its completion, where koffi restores it) */
+  const asyncMessage = (code: number) =>
+    readString((buf) => fns.error_message(code, buf, buf.length)) || `(no message: errno ${code} no longer numbers a recent failure)`
+  const callSync = (fn: FunctionName, args: ReadonlyArray<unknown>) =>
+    Effect.suspend(() => {
+      const rc = fns[fn](...args) as number
+      return rc === 0 ? Effect.void : fail(fn, rc, readString((buf) => fns.last_error(buf, buf.length)))
+    })
   const callAsync = (fn: FunctionName, args: ReadonlyArray<unknown>) =>
     Effect.uninterruptible(
-      Effect.callback<number>((resume) => {
+      Effect.callback<void, NativeError>((resume) => {
         const passed = args.map(offHeap)
         inFlight.add(passed)
         fns[fn].async(...passed, (err: unknown, rc: number) => {
+          const code = koffi.errno()
           inFlight.delete(passed)
           args.forEach((a, i) => copyBack(a, passed[i]))
-          resume(err ? Effect.die(err) : Effect.succeed(rc))
+          resume(err ? Effect.die(err) : rc === 0 ? Effect.void : fail(fn, rc, asyncMessage(code)))
         })
-      }).pipe(Effect.flatMap((rc) => check(fn, rc)))
+      })
     )
-  const run = (fn: FunctionName, args: ReadonlyArray<unknown>) => lock.withPermit(callAsync(fn, args))
-  const runSync = (fn: FunctionName, args: ReadonlyArray<unknown>) => lock.withPermit(callSync(fn, args))
+  const value = <A>(fn: FunctionName, args: ReadonlyArray<unknown>) => Effect.sync(() => fns[fn](...args) as A)
+  const queue = (): NativeCalls => {
+    const lock = Semaphore.makeUnsafe(1)
+    return {
+      run: (fn, args) => lock.withPermit(callAsync(fn, args)),
+      runSync: (fn, args) => lock.withPermit(callSync(fn, args)),
+      value: (fn, args) => lock.withPermit(value(fn, args))
+    }
+  }
+  const deviceLock = Semaphore.makeUnsafe(1)
   const runOnDevice = (device: number, fn: FunctionName, args: ReadonlyArray<unknown>) =>
-    lock.withPermit(callSync("set_device", [device]).pipe(Effect.andThen(callAsync(fn, args))))
-  const value = <A>(fn: FunctionName, args: ReadonlyArray<unknown>) =>
-    lock.withPermit(Effect.sync(() => fns[fn](...args) as A))
+    deviceLock.withPermit(callSync("set_device", [device]).pipe(Effect.andThen(callAsync(fn, args))))
   const count = fns.device_count() as number
   const devices = Array.from({ length: count }, (_, i) => readString((buf) => fns.device_name(i, buf, buf.length)))
-  const lib: NativeLibrary = { backend, path, devices, run, runOnDevice, runSync, value }
+  const lib: NativeLibrary = { backend, path, devices, run: callAsync, runSync: callSync, value, queue, runOnDevice }
   loaded.set(backend, lib)
   return lib
 }

@@ -5,7 +5,7 @@
 import { Effect } from "effect"
 import type { PackedBatch } from "../common/packed-batch.ts"
 import type { LlamaConfig } from "./config.ts"
-import { type NativeError, type NativeLibrary, readStruct, structBuffer } from "./native.ts"
+import { type NativeCalls, type NativeError, readStruct, structBuffer } from "./native.ts"
 
 /**
  * SFT cross-entropy, or decoupled PPO-clip: per token w = min(pi_prox / mu, isCap) (no cap
@@ -76,7 +76,8 @@ const cLoss = (loss: LossConfig) =>
 
 export class Trainer {
   constructor(
-    readonly lib: NativeLibrary,
+    /** Its model's queue. */
+    readonly lib: NativeCalls,
     readonly ptr: unknown,
     readonly config: LlamaConfig,
     readonly paramCount: number,

@@ -1,4 +1,11 @@
-/* errors.c - the last-error message and status names (gyre_last_error, gyre_status_name). */
+/* errors.c - the last-error messages (gyre_last_error, gyre_error_message) and status names.
+ *
+ * A failure's message is kept twice: in the failing thread's own buffer, which gyre_last_error
+ * reads, so failures on different threads never overwrite each other's; and in a small ring of
+ * recent failures under a lock, numbered, its number left in errno, so a caller that ran the
+ * call on a worker thread (the binding's async calls: koffi carries the worker's errno to the
+ * completion) reads that call's message with gyre_error_message from any thread. */
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -6,33 +13,54 @@
 
 #include "../internal.h"
 
-/* One message for the process: calls may finish on worker threads (the binding runs long
- * calls off its event loop) and the caller reads the message from another thread. */
-static char last_message[1024];
-static pthread_mutex_t last_lock = PTHREAD_MUTEX_INITIALIZER;
+#define MESSAGE_CAP 1024
+#define RING 64
+#define CODE_SPAN (1 << 24) /* failure numbers cycle in [1, CODE_SPAN) */
+#define GYRE_ERRNO_BASE 0x47000000 /* errno = base + number: far above any errno value libc sets */
+
+static _Thread_local char thread_message[MESSAGE_CAP];
+
+static struct {
+  int32_t code;
+  char text[MESSAGE_CAP];
+} ring[RING];
+static int32_t last_code;
+static pthread_mutex_t ring_lock = PTHREAD_MUTEX_INITIALIZER;
 
 gyre_status gyre_fail(gyre_status status, const char *fmt, ...) {
-  char buf[sizeof last_message];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(buf, sizeof buf, fmt, ap);
+  vsnprintf(thread_message, sizeof thread_message, fmt, ap);
   va_end(ap);
-  pthread_mutex_lock(&last_lock);
-  memcpy(last_message, buf, sizeof buf);
-  pthread_mutex_unlock(&last_lock);
+  pthread_mutex_lock(&ring_lock);
+  last_code = last_code + 1 < CODE_SPAN ? last_code + 1 : 1;
+  int32_t code = last_code;
+  ring[code % RING].code = code;
+  memcpy(ring[code % RING].text, thread_message, sizeof thread_message);
+  pthread_mutex_unlock(&ring_lock);
+  errno = GYRE_ERRNO_BASE + code;
   return status;
 }
 
-size_t gyre_last_error(char *buf, size_t cap) {
-  pthread_mutex_lock(&last_lock);
-  size_t n = strlen(last_message);
+static size_t copy_out(const char *message, char *buf, size_t cap) {
+  size_t n = strlen(message);
   if (buf != NULL && cap > 0) {
     size_t k = n < cap - 1 ? n : cap - 1;
-    memcpy(buf, last_message, k);
+    memcpy(buf, message, k);
     buf[k] = '\0';
   }
-  pthread_mutex_unlock(&last_lock);
   return n;
+}
+
+size_t gyre_last_error(char *buf, size_t cap) { return copy_out(thread_message, buf, cap); }
+
+size_t gyre_error_message(int32_t code, char *buf, size_t cap) {
+  int32_t n = code - GYRE_ERRNO_BASE;
+  pthread_mutex_lock(&ring_lock);
+  int found = n > 0 && n < CODE_SPAN && ring[n % RING].code == n;
+  size_t len = copy_out(found ? ring[n % RING].text : "", buf, cap);
+  pthread_mutex_unlock(&ring_lock);
+  return len;
 }
 
 const char *gyre_status_name(int32_t status) {

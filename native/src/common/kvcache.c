@@ -330,6 +330,7 @@ gyre_status gyre_forward(gyre_cache *c, int32_t n_seqs, const int32_t *seq_ids, 
   }
   for (int32_t k = 0; k < n_out; k++) out_rows[k] = n_out == n_rows ? k : last_row[k];
   fwd_batch b = {n_rows, row_tokens, positions, row_seq, n_seqs, seq_len, block_off, blocks, n_out, out_rows};
+  model_use_threads(c->model);
   gyre_status st = be_forward(c->model->be, c->be, &b, out_logits);
   if (st == GYRE_OK) {
     for (int32_t s = 0; s < n_seqs; s++) c->seqs[seq_ids[s]].len = seq_len[s];

@@ -31,6 +31,21 @@ gyre_status gyre_device_name(int32_t device, char *buf, size_t cap) {
   return be_device_name(device, buf, cap);
 }
 
+void model_use_threads(const gyre_model *m) { be_use_threads(__atomic_load_n(&m->threads, __ATOMIC_RELAXED)); }
+
+gyre_status gyre_model_set_threads(gyre_model *m, int32_t n) {
+  if (m == NULL) return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "gyre_model_set_threads: model is NULL");
+  if (n < 0) return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "gyre_model_set_threads: n = %d, must be >= 0", n);
+  __atomic_store_n(&m->threads, n, __ATOMIC_RELAXED);
+  return GYRE_OK;
+}
+
+gyre_status gyre_model_threads(const gyre_model *m, int32_t *n) {
+  if (m == NULL || n == NULL) return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "gyre_model_threads: NULL argument");
+  *n = be_threads_for(__atomic_load_n(&m->threads, __ATOMIC_RELAXED));
+  return GYRE_OK;
+}
+
 void model_retain(gyre_model *m) { __atomic_fetch_add(&m->refs, 1, __ATOMIC_RELAXED); }
 
 /* The last release frees; acquire-release so every other holder's writes happen before. */

@@ -68,6 +68,7 @@ gyre_status gyre_train_batch(gyre_trainer *t, int32_t n, const int32_t *tokens, 
   }
   float *entropy = logp + n, *dlogp = entropy + n;
   train_batch b = {n, tokens, parents, positions, &f};
+  model_use_threads(t->model);
   gyre_status st = be_train_forward(t->be, &b, logp, entropy);
   if (st == GYRE_OK) {
     gyre_train_stats s = {0};
@@ -123,6 +124,7 @@ gyre_status gyre_trainer_set_grads(gyre_trainer *t, const float *in, int64_t n) 
 
 gyre_status gyre_trainer_add_grads(gyre_trainer *t, const float *in, int64_t n, float scale) {
   GYRE_CHECK(flat_check(t ? &t->model->layout : NULL, t, in, n, "gyre_trainer_add_grads"));
+  model_use_threads(t->model);
   return be_grads_add(t->be, in, scale);
 }
 
@@ -133,6 +135,7 @@ gyre_status gyre_trainer_step(gyre_trainer *t, const gyre_adamw *opt, float *gra
     return gyre_fail(GYRE_ERR_INVALID_ARGUMENT,
                      "gyre_trainer_step: need lr >= 0, betas in [0, 1), eps > 0, weight_decay >= 0");
   float norm = 0.0f;
+  model_use_threads(t->model);
   GYRE_CHECK(be_adamw_step(t->be, opt, t->steps + 1, &norm));
   t->steps++;
   if (grad_norm != NULL) *grad_norm = norm;

@@ -22,7 +22,7 @@ gyre_status be_device_name(int32_t device, char *buf, size_t cap) {
     }
   }
   if (f != NULL) fclose(f);
-  snprintf(buf, cap, "%s (%d cores, %d threads)", model, omp_get_num_procs(), cpu_threads());
+  snprintf(buf, cap, "%s (%d cores, %d threads)", model, omp_get_num_procs(), cpu_default_threads());
   return GYRE_OK;
 }
 
@@ -32,4 +32,6 @@ gyre_status be_set_device(int32_t device) {
 }
 
 void be_set_num_threads(int32_t n) { cpu_set_threads(n); }
-int32_t be_num_threads(void) { return cpu_threads(); }
+int32_t be_num_threads(void) { return cpu_default_threads(); }
+void be_use_threads(int32_t n) { cpu_use_threads(n); }
+int32_t be_threads_for(int32_t n) { return n > 0 ? n : cpu_default_threads(); }

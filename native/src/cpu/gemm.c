@@ -33,14 +33,22 @@
 
 typedef float vf __attribute__((vector_size(VL * sizeof(float))));
 
-static int gemm_threads = 0;
+/* The process default (gyre_set_num_threads; 0: one per core) and the calling thread's count
+ * for the call it is running (its model's, set by cpu_use_threads; 0: the default), so calls
+ * on different models from different threads each run their own OpenMP team of their size. */
+static int default_threads = 0;
+static _Thread_local int call_threads = 0;
 
-int cpu_threads(void) {
-  if (gemm_threads <= 0) gemm_threads = omp_get_num_procs();
-  return gemm_threads;
+int cpu_default_threads(void) {
+  int n = __atomic_load_n(&default_threads, __ATOMIC_RELAXED);
+  return n > 0 ? n : omp_get_num_procs();
 }
 
-void cpu_set_threads(int n) { gemm_threads = n > 0 ? n : omp_get_num_procs(); }
+int cpu_threads(void) { return call_threads > 0 ? call_threads : cpu_default_threads(); }
+
+void cpu_set_threads(int n) { __atomic_store_n(&default_threads, n > 0 ? n : 0, __ATOMIC_RELAXED); }
+
+void cpu_use_threads(int n) { call_threads = n > 0 ? n : 0; }
 
 int cpu_threads_for(double work) { return work < 32768.0 ? 1 : cpu_threads(); }
 

@@ -9,9 +9,13 @@
 void gemm(int M, int N, int K, const float *a, int lda, int trans_a, const float *b, int ldb,
           int trans_b, float *c, int ldc, int accumulate);
 
-/* The thread count every CPU kernel uses; cpu_set_threads(0) means one per core. */
+/* The thread count every CPU kernel uses: the calling thread's (cpu_use_threads), else the
+ * process default (cpu_set_threads; 0 means one per core). */
 int cpu_threads(void);
+int cpu_default_threads(void);
 void cpu_set_threads(int n);
+/* Threads for the OpenMP regions the calling thread starts from now on (0: the default). */
+void cpu_use_threads(int n);
 /* Threads for a loop of about `work` element operations: 1 when too small to pay for a
  * parallel region. */
 int cpu_threads_for(double work);
