@@ -6,6 +6,8 @@ tied or untied lm_head. Attention keeps the key/value heads unrepeated (queries 
 group are folded into the row dimension), the cheapest exact form on a CPU.
 
   llama_torch.py logits --checkpoint DIR --tokens 1,2,3     -> {"logits": [[...], ...]}
+  llama_torch.py sft --checkpoint DIR --tokens 1,2,3        -> {"logits", "logprobs": [log p(tokens[i] | tokens[:i]), i >= 1],
+                                                                "grads": {HF tensor name: flat gradient of -sum(logprobs)}}
   llama_torch.py bench --config JSON --threads N [...]      -> timings as one JSON line
   llama_torch.py sgemm --threads N                          -> {"sgemm_gflops": g}
   llama_torch.py stream --threads N                         -> {"triad_gb_s": t, "read_gb_s": r}
@@ -136,14 +138,51 @@ class Llama(torch.nn.Module):
         return x @ (self.embed if self.lm_head is None else self.lm_head).t()
 
 
-def cmd_logits(args):
-    cfg = json.load(open(os.path.join(args.checkpoint, "config.json")))
-    model = Llama(cfg)
+def load_model(args):
+    """The checkpoint's model and the --tokens ids [1, T]."""
+    model = Llama(json.load(open(os.path.join(args.checkpoint, "config.json"))))
     model.load_hf(load_safetensors(os.path.join(args.checkpoint, "model.safetensors")))
-    ids = torch.tensor([[int(t) for t in args.tokens.split(",")]])
+    return model, torch.tensor([[int(t) for t in args.tokens.split(",")]])
+
+
+def cmd_logits(args):
+    model, ids = load_model(args)
     with torch.no_grad():
         logits = model(ids)[0]
     print(json.dumps({"logits": logits.tolist()}))
+
+
+LAYER_NAMES = {
+    "ln_in": "input_layernorm.weight",
+    "q": "self_attn.q_proj.weight",
+    "k": "self_attn.k_proj.weight",
+    "v": "self_attn.v_proj.weight",
+    "o": "self_attn.o_proj.weight",
+    "ln_post": "post_attention_layernorm.weight",
+    "gate": "mlp.gate_proj.weight",
+    "up": "mlp.up_proj.weight",
+    "down": "mlp.down_proj.weight",
+}
+
+
+def named_parameters(model):
+    """(HF name, parameter) for every tensor of the model."""
+    yield "model.embed_tokens.weight", model.embed
+    for i, layer in enumerate(model.layers):
+        for attr, name in LAYER_NAMES.items():
+            yield f"model.layers.{i}.{name}", getattr(layer, attr)
+    yield "model.norm.weight", model.norm
+    if model.lm_head is not None:
+        yield "lm_head.weight", model.lm_head
+
+
+def cmd_sft(args):
+    model, ids = load_model(args)
+    logits = model(ids)[0]
+    picked = F.log_softmax(logits, dim=-1)[torch.arange(ids.shape[1] - 1), ids[0, 1:]]
+    (-picked.sum()).backward()
+    grads = {name: p.grad.reshape(-1).tolist() for name, p in named_parameters(model)}
+    print(json.dumps({"logits": logits.tolist(), "logprobs": picked.tolist(), "grads": grads}))
 
 
 def timed(fn, min_time):
@@ -241,6 +280,9 @@ def main():
     lg = sub.add_parser("logits")
     lg.add_argument("--checkpoint", required=True)
     lg.add_argument("--tokens", required=True)
+    sf = sub.add_parser("sft")
+    sf.add_argument("--checkpoint", required=True)
+    sf.add_argument("--tokens", required=True)
     bn = sub.add_parser("bench")
     bn.add_argument("--config", required=True)
     bn.add_argument("--threads", type=int, required=True)
@@ -260,7 +302,7 @@ def main():
     st.add_argument("--mib", type=int, default=256)
     st.add_argument("--min-time", type=float, default=1.0)
     args = p.parse_args()
-    {"logits": cmd_logits, "bench": cmd_bench, "sgemm": cmd_sgemm, "stream": cmd_stream}[args.cmd](args)
+    {"logits": cmd_logits, "sft": cmd_sft, "bench": cmd_bench, "sgemm": cmd_sgemm, "stream": cmd_stream}[args.cmd](args)
 
 
 if __name__ == "__main__":

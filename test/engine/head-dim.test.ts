@@ -2,7 +2,7 @@
  * head_dim != hidden_size / num_attention_heads, as Hugging Face's LlamaConfig allows (q_proj
  * [H*hd, D], k/v_proj [KV*hd, D], o_proj [D, H*hd]), end to end on a small random model
  * (D 48, 4 query heads of 16 over 2 kv heads: H*hd = 64): the layout's shapes; log-probs,
- * logits and every tensor's gradient against PyTorch autograd (torch_peer.py on the saved
+ * logits and every tensor's gradient against PyTorch autograd (bench/llama_torch.py sft on the saved
  * checkpoint); KV-cached decode against the full forward; the hand-off buffer (its head_dim,
  * its size, a bit-exact continuation, refusal by a cache whose head_dim differs).
  * The PyTorch comparison needs Debian's python3-torch for /usr/bin/python3; without it that
@@ -19,26 +19,14 @@ import { type LlamaConfig, kvBytesPerToken } from "../../src/engine/config.ts"
 import { Engine } from "../../src/engine/engine.ts"
 import type { KvCache } from "../../src/engine/kvcache.ts"
 import { EngineError } from "../../src/engine/native.ts"
-import { chain, packed, relativeError, rng, runEngine } from "./helpers.ts"
+import { chain, micro, packed, relativeError, rng, runEngine } from "./helpers.ts"
 
 const python = "/usr/bin/python3"
 const torchMissing = spawnSync(python, ["-c", "import torch"], { stdio: "ignore" }).status !== 0
 const skipReason = torchMissing ? " (skipped: /usr/bin/python3 cannot import torch; apt-get install python3-torch)" : ""
-const peer = new URL("./torch_peer.py", import.meta.url).pathname
+const peer = new URL("../../bench/llama_torch.py", import.meta.url).pathname
 
-const config: LlamaConfig = {
-  vocab_size: 80,
-  hidden_size: 48,
-  intermediate_size: 72,
-  num_hidden_layers: 2,
-  num_attention_heads: 4,
-  num_key_value_heads: 2,
-  max_position_embeddings: 128,
-  rms_norm_eps: 1e-5,
-  rope_theta: 10000,
-  tie_word_embeddings: false,
-  head_dim: 16
-}
+const config: LlamaConfig = { ...micro(false), vocab_size: 80, hidden_size: 48, intermediate_size: 72, max_position_embeddings: 128, head_dim: 16 }
 const V = config.vocab_size
 const next = rng(21)
 const tokens = Array.from({ length: 37 }, () => Math.floor(next() * V))

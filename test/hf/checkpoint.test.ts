@@ -17,23 +17,12 @@ import { CheckpointError, loadCheckpoint, readConfig, saveCheckpoint } from "../
 import { type LlamaConfig, headDim, parseConfigJson } from "../../src/engine/config.ts"
 import { Engine, type Model } from "../../src/engine/engine.ts"
 import { headerLength, parseHeader } from "../../src/engine/safetensors.ts"
-import { chain, packed, rng, runEngine } from "../engine/helpers.ts"
+import { chain, micro, packed, rng, runEngine } from "../engine/helpers.ts"
 import { type Tensor, writeSafetensors } from "./fixtures.ts"
 
 const tempDir = () => mkdtempSync(join(tmpdir(), "gyre-hf-"))
 
-const config: LlamaConfig = {
-  vocab_size: 96,
-  hidden_size: 32,
-  intermediate_size: 48,
-  num_hidden_layers: 2,
-  num_attention_heads: 4,
-  num_key_value_heads: 2,
-  max_position_embeddings: 128,
-  rms_norm_eps: 1e-5,
-  rope_theta: 10000,
-  tie_word_embeddings: false
-}
+const config: LlamaConfig = { ...micro(false), vocab_size: 96, hidden_size: 32, intermediate_size: 48, max_position_embeddings: 128 }
 
 /** config.json as the hub writes it (HF field set, lists for token ids). */
 const configJson = (c: LlamaConfig, extra: Record<string, unknown> = {}) => ({
