@@ -50,8 +50,8 @@ export interface SchedulerOptions {
   readonly runners: ReadonlyArray<string>
   /** Lease time to live: a dead leader's standby takes over after it (default 5 s). */
   readonly leaseTtlMs?: number
-  /** Ask timeout of one `RunExecution`, asked again after it (default 6 h). */
-  readonly executionTimeoutMs?: number
+  /** How long one `RunExecution` ask waits before the outcome is looked up and the runner asked again (default 60 s). */
+  readonly reaskMs?: number
   /** Ask timeout of device requests (default 120 s). */
   readonly deviceTimeoutMs?: number
 }
@@ -100,7 +100,7 @@ export const makeScheduler = (options: SchedulerOptions) => {
           book,
           self: schedulerRef,
           sender: formatAddress(ctx.address),
-          runExecution: runOnRunner({ system, config, runners: options.runners, timeoutMs: options.executionTimeoutMs ?? 6 * 3600_000 }),
+          runExecution: runOnRunner({ system, config, runners: options.runners, reaskMs: options.reaskMs ?? 60_000 }),
           deviceTimeoutMs: options.deviceTimeoutMs ?? 120_000,
           now,
           facts: () => ({ run: config.run, policy: config.policy, wallS: now() })

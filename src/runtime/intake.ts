@@ -19,7 +19,7 @@ import { Duration, Effect, Stream } from "effect"
 import { TransportError, messageOf } from "./errors.ts"
 import { AnswerCache } from "./mailbox.ts"
 import type { ActorAddress } from "./names.ts"
-import { Headers, encodeOverloadedReply, encodeRejectedReply } from "./protocol.ts"
+import { Headers, encodeRejectedReply } from "./protocol.ts"
 import { readStored } from "./stream-reader.ts"
 import type { ActorSystemShape } from "./system.ts"
 
@@ -217,10 +217,14 @@ class AskDelivery implements Delivery {
   header(name: string) {
     return (this.#headers ??= headerValues(this.msg.headers))[name] ?? ""
   }
-  /** Answers `msg` (the same message id) with this one's answer; false when it has `maxFollowers` already. */
-  follow(msg: Msg): boolean {
+  /**
+   * Answers `msg` (the same message id) with this one's answer. Past `maxFollowers` the oldest
+   * follower is let go: an asker asking again with the same id has given up on its earlier
+   * asks, and one that has not asks again and gets the recorded answer.
+   */
+  follow(msg: Msg): void {
     this.#followers ??= []
-    return this.#followers.length < maxFollowers && this.#followers.push(msg) > 0
+    if (this.#followers.push(msg) > maxFollowers) this.#followers.shift()
   }
   /** Sends `bytes` to the asker and its followers; an answer (not a hand-back) is recorded for its id. */
   #settle(bytes: Uint8Array | undefined, recorded: boolean) {
@@ -266,10 +270,7 @@ const dedupAsk = (route: Route, d: AskDelivery): AskDelivery | undefined => {
   const answered = route.answers.get(id)
   if (answered !== undefined) return void d.msg.respond(answered)
   const first = route.asking.get(id)
-  if (first !== undefined) {
-    if (!first.follow(d.msg)) d.msg.respond(encodeOverloadedReply(`${route.actor}: ${maxFollowers} asks with message id ${id} wait already`))
-    return undefined
-  }
+  if (first !== undefined) return void first.follow(d.msg)
   route.asking.set(id, d)
   return d
 }

@@ -16,7 +16,7 @@
  */
 import * as fs from "node:fs"
 import * as path from "node:path"
-import { connect, credsAuthenticator, type NatsConnection } from "@nats-io/transport-node"
+import { connect, credsAuthenticator, type NatsConnection, type Status } from "@nats-io/transport-node"
 import { jetstream, jetstreamManager, type JetStreamClient, type JetStreamManager } from "@nats-io/jetstream"
 import { Kvm } from "@nats-io/kv"
 import { Config, Context, Deferred, Duration, Effect, Layer, Option, Schema } from "effect"
@@ -135,6 +135,23 @@ export const connectTo = (servers: string, options: NatsOptions) =>
       )
   )
 
+/** What a connection status says worth a warning (a lost connection and why), or nothing. */
+const statusDetail = (s: Status): string | undefined => {
+  switch (s.type) {
+    case "disconnect":
+    case "reconnect":
+      return s.server
+    case "error":
+      return s.error.message
+    case "staleConnection":
+      return "the server stopped answering pings"
+    case "slowConsumer":
+      return `subscription ${s.sub.getSubject()} has ${s.pending} messages pending`
+    default:
+      return undefined
+  }
+}
+
 /** `lost` of `NatsShape`: a timer runs while the connection is down and fails it at `goneMs`. */
 const watchLoss = (nc: NatsConnection, servers: string, goneMs: number) =>
   Effect.gen(function* () {
@@ -150,10 +167,15 @@ const watchLoss = (nc: NatsConnection, servers: string, goneMs: number) =>
       clearTimeout(timer)
       timer = undefined
     }
+    // Said at warning level: core NATS requests and replies in flight across a reconnect are
+    // lost, so a stall after one is explained by the log (the asker waits out its timeout).
+    const log = Effect.runForkWith(yield* Effect.context<never>())
     void (async () => {
       for await (const s of nc.status()) {
         if (s.type === "disconnect") down(Date.now())
         else if (s.type === "reconnect") up()
+        const detail = statusDetail(s)
+        if (detail !== undefined) log(Effect.logWarning(`NATS ${s.type}: ${detail}`))
       }
     })().catch(() => undefined)
     void nc.closed().then(() => up())

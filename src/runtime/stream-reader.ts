@@ -20,14 +20,38 @@ const PULL_BYTES = 8 << 20
 const BATCH = 512
 
 /**
+ * Longest wait for the next message of a read that has not reached its last one: the server
+ * sends heartbeats meanwhile and the ordered consumer recreates itself on missed ones, so a
+ * silence this long is a read that will not finish, failed (and retried by its caller) rather
+ * than waited on for good.
+ */
+const IDLE_MS = 60_000
+
+/** `it.next()`, or a rejection when nothing comes within `ms`. */
+const nextWithin = <T>(it: AsyncIterator<T>, ms: number, what: () => string): Promise<IteratorResult<T>> => {
+  if (!Number.isFinite(ms)) return it.next()
+  let timer: ReturnType<typeof setTimeout> | undefined
+  const silence = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`no message for ${ms} ms ${what()}`)), ms)
+  })
+  return Promise.race([it.next(), silence]).finally(() => clearTimeout(timer))
+}
+
+/**
  * The consumer's messages up to sequence `last`, in arrays of what has already arrived (at most
  * `BATCH`): each array is one chunk of the stream, so the stages after the read pay their
  * per-chunk cost once per batch instead of once per message (bench:replay).
  */
-async function* batches(messages: ConsumerMessages, last: number): AsyncGenerator<NonEmptyReadonlyArray<JsMsg>> {
+async function* batches(messages: ConsumerMessages, last: number, idleMs: number): AsyncGenerator<NonEmptyReadonlyArray<JsMsg>> {
   let batch: Array<JsMsg> = []
+  let seq = 0
+  const it = messages[Symbol.asyncIterator]()
   try {
-    for await (const m of messages) {
+    for (;;) {
+      const next = await nextWithin(it, idleMs, () => `after sequence ${seq} (reading up to ${last})`)
+      if (next.done === true) break
+      const m = next.value
+      seq = m.seq
       batch.push(m)
       const done = m.seq >= last
       if (done || batch.length >= BATCH || messages.getPending() === 0) {
@@ -37,7 +61,11 @@ async function* batches(messages: ConsumerMessages, last: number): AsyncGenerato
       if (done) break
     }
   } finally {
-    await messages.close().catch(() => undefined)
+    // The close waits for the iterator to end: stopped first, so that a `next` still pending
+    // (a stalled read) ends with it, then returned.
+    const closed = messages.close().catch(() => undefined)
+    await it.return?.()
+    await closed
   }
 }
 
@@ -82,7 +110,7 @@ export const readStored = (
         try: () => consumer.consume({ max_bytes: PULL_BYTES }),
         catch: (e) => new TransportError({ operation: `read ${stream}`, message: messageOf(e) })
       })
-      return Stream.fromAsyncIterable(batches(messages, follow ? Infinity : last), (e) => new TransportError({ operation: `read ${stream}`, message: messageOf(e) })).pipe(
+      return Stream.fromAsyncIterable(batches(messages, follow ? Infinity : last, follow ? Infinity : IDLE_MS), (e) => new TransportError({ operation: `read ${stream}`, message: messageOf(e) })).pipe(
         Stream.flattenArray
       )
     })

@@ -44,6 +44,11 @@ export interface TellOptions {
 
 export interface AskOptions {
   readonly timeoutMs?: number
+  /**
+   * Message id (a fresh unique id when absent). An ask again with the same id gets the actor's
+   * recorded answer, or waits for the one being worked out, instead of being handled twice.
+   */
+  readonly msgId?: string
   readonly sender?: string
   readonly incarnation?: number
 }
@@ -193,7 +198,7 @@ const make = (options: SystemOptions) =>
         const rpc = requestOf(ref.protocol, tag)
         if (rpc === undefined) return Effect.die(new Error(`${tag} is not a request of ${actor}'s protocol`))
         const timeoutMs = askOptions?.timeoutMs ?? defaultAskTimeoutMs
-        const headers = requestHeaders(tag, nuid.next(), askOptions, traceparentOf(fiber))
+        const headers = requestHeaders(tag, askOptions?.msgId ?? nuid.next(), askOptions, traceparentOf(fiber))
         const data = encodePayload(rpc, payload)
         // One callback from the request's promise to the decoded reply: no step between.
         return Effect.callback<unknown, unknown>((resume) => {

@@ -79,8 +79,9 @@ export const makeShell = (options: ShellOptions): Effect.Effect<Shell, never, Sc
       if (d === undefined) map.set(key, (d = Deferred.makeUnsafe<void>()))
       return d
     }
+    // Every action retries its failures, so one that ends otherwise died of a defect: said, not lost.
     const fork = (key: string, effect: Effect.Effect<void>, onlyIfMissing = false) =>
-      FiberMap.run(fibers, key, effect, { onlyIfMissing }).pipe(Effect.asVoid)
+      FiberMap.run(fibers, key, effect.pipe(Effect.tapDefect((d) => Effect.logError(`scheduler action ${key} died`, d))), { onlyIfMissing }).pipe(Effect.asVoid)
     /** `effect` until cell `cell` is lost. */
     const whileCell = (cell: number, effect: Effect.Effect<void>) => Effect.raceFirst(effect, Deferred.await(signal(gone, cell)))
     /** `effect` if `still()` holds when it starts (each retry asks again): a request the book made moot is dropped. */

@@ -10,9 +10,16 @@
  * runner is asked, so a standby knows every start. `runOnRunner` asks the runner and reads the
  * execution's tree back; asking again with the same execution id joins the running execution
  * or returns its outcome, which is what makes a re-dispatch (takeover, a lost cell) safe.
+ *
+ * The reply to an ask is core NATS, at most once, and an execution may run for hours: a reply
+ * lost in transport (a reconnect) must not cost the run. So one ask waits at most `reaskMs`;
+ * then the outcome the runner publishes before it answers is looked up on the trajectory
+ * stream, and failing that the runner is asked again with the same message id, which it
+ * answers with its recorded answer or joins to the one being worked out (a 16-execution run
+ * once sat idle behind an answered `RunExecution` whose reply never came).
  */
 import { Effect, Schema } from "effect"
-import type { TransportError } from "../runtime/errors.ts"
+import type { ActorUnavailable, AskTimeout, TransportError } from "../runtime/errors.ts"
 import { parseAddress, type ActorAddress } from "../runtime/names.ts"
 import { refOf, type ActorSystemShape } from "../runtime/system.ts"
 import { HarnessRunnerProtocol } from "../protocols/harness.ts"
@@ -82,8 +89,8 @@ export interface RunnerOptions {
   readonly config: RunConfig
   /** Harness runners (`harness-runner/<id>`); execution `n` goes to runner `n mod count`. */
   readonly runners: ReadonlyArray<string>
-  /** Ask timeout of one `RunExecution` (an execution may run for hours); asked again after it. */
-  readonly timeoutMs: number
+  /** How long one `RunExecution` ask waits before the outcome is looked up and the runner asked again. */
+  readonly reaskMs: number
 }
 
 export interface Ran {
@@ -117,9 +124,12 @@ export const runOnRunner = (options: RunnerOptions) => {
       keepWorkspace: "never" as const,
       env: config.env
     }
-    const outcome = yield* system.ask(runner, "RunExecution", request, { timeoutMs: options.timeoutMs }).pipe(
+    const published = (e: AskTimeout | ActorUnavailable) =>
+      readOutcome(system, plan.execution).pipe(Effect.flatMap((o) => (o === undefined ? Effect.fail(e) : Effect.succeed(o))))
+    const outcome = yield* system.ask(runner, "RunExecution", request, { timeoutMs: options.reaskMs, msgId: `run-${plan.execution}` }).pipe(
       Effect.catchTag("UnknownTask", (e) => Effect.succeed(notRun(config, plan, e.reason))),
-      persistently(`RunExecution ${plan.execution}`)
+      Effect.catchTags({ AskTimeout: published, ActorUnavailable: published }),
+      persistently(`RunExecution ${plan.execution}`, (e) => e._tag === "AskTimeout")
     )
     const { trajectory } = yield* readExecution(system, plan.execution).pipe(persistently(`reading the calls of ${plan.execution}`))
     return { outcome, tokens: trajectory.decoder.tree.uniqueTokens } satisfies Ran

@@ -14,10 +14,10 @@ const backoff = Schedule.min([Schedule.exponential(Duration.millis(100), 2), Sch
  * `expected` says the failure is the normal answer of the moment (then at debug level).
  */
 export const persistently =
-  (what: string, expected: () => boolean = () => false) =>
-  <A, E, R>(effect: Effect.Effect<A, E, R>): Effect.Effect<A, never, R> =>
+  <E>(what: string, expected: (e: E) => boolean = () => false) =>
+  <A, R>(effect: Effect.Effect<A, E, R>): Effect.Effect<A, never, R> =>
     effect.pipe(
-      Effect.tapError((e) => (expected() ? Effect.logDebug : Effect.logWarning)(`${what} failed; retrying: ${describe(e)}`)),
+      Effect.tapError((e) => (expected(e) ? Effect.logDebug : Effect.logWarning)(`${what} failed; retrying: ${describe(e)}`)),
       Effect.retry(backoff)
     ) as Effect.Effect<A, never, R>
 

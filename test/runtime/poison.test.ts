@@ -1,7 +1,8 @@
 /**
  * Poison inputs cannot stop an actor (issue 13): a message whose dead letter would be larger
- * than the server's max_payload, a snapshot that does not decode, an ask that reuses an earlier
- * message id, and more asks than the actor's queue holds.
+ * than the server's max_payload, a snapshot that does not decode, asks that reuse an earlier
+ * message id (or one being handled, more of them than it keeps waiting), and more asks than the
+ * actor's queue holds.
  */
 import { headers as natsHeaders, nuid } from "@nats-io/transport-node"
 import { Duration, Effect, Schedule } from "effect"
@@ -144,14 +145,25 @@ describe("poison messages", () => {
       // Two at once while the first holds: one handling, the same answer for both.
       const id2 = nuid.next()
       const both = yield* Effect.all([askRaw("r1", "Append", JSON.stringify({ item: "b", holdMs: 300 }), id2), askRaw("r1", "Append", JSON.stringify({ item: "b", holdMs: 300 }), id2)], { concurrency: 2 })
+      // 70 at once (AskOptions.msgId): one handling; past 64 followers the oldest are let go.
+      const id3 = nuid.next()
+      const many = yield* Effect.forEach(
+        Array.from({ length: 70 }, () => system.ask(ledger("r1"), "Append", { item: "c", holdMs: 1000 }, { msgId: id3, timeoutMs: 3000 })),
+        (ask) => Effect.exit(ask),
+        { concurrency: "unbounded" }
+      )
       const items = yield* system.ask(ledger("r1"), "Items", undefined)
-      return { first, again, both, items }
+      return { first, again, both, many, items }
     }))
     expect(result.first).toEqual({ _tag: "Exit", exit: { _tag: "Success", value: 1 } })
     expect(result.again).toEqual(result.first)
     expect(result.both[0]).toEqual({ _tag: "Exit", exit: { _tag: "Success", value: 2 } })
     expect(result.both[1]).toEqual(result.both[0])
-    expect(result.items).toEqual(["a", "b"])
+    const answered = result.many.filter((e) => e._tag === "Success")
+    expect(answered).toHaveLength(65)
+    expect(new Set(answered.map((e) => JSON.stringify(e)))).toEqual(new Set([JSON.stringify(answered[0])]))
+    expect(result.many.filter((e) => e._tag === "Failure")).toHaveLength(5)
+    expect(result.items).toEqual(["a", "b", "c"])
   })
 
   it("asks past the queue's bound (count or bytes) are refused at once with ActorOverloaded; the queued ones are answered", async () => {

@@ -220,6 +220,14 @@ export const fakeRunner = (script: Script, seen: Observed) =>
         yield* ensureTrajectoryStream(system)
         const running = new Map<string, Deferred.Deferred<ExecutionOutcome>>()
         const publish = (subject: string, data: string, msgID: string) => Effect.promise(() => system.nats.js.publish(subject, data, { msgID }))
+        // Every RunExecution sent, seen on the wire: an ask again with the same message id is
+        // answered by the runtime (joined to the first) and never reaches the handler.
+        const wire = system.nats.nc.subscribe(system.layout.ask(ctx.address), {
+          callback: (_, m) => {
+            if (m.headers?.get("Gyre-Request") === "RunExecution") bump(seen.asks, (m.json() as { execution: string }).execution)
+          }
+        })
+        yield* Effect.addFinalizer(() => Effect.sync(() => wire.unsubscribe()))
 
         const execute = (execution: string, task: string) =>
           Effect.gen(function* () {
@@ -243,7 +251,6 @@ export const fakeRunner = (script: Script, seen: Observed) =>
         return {
           RunExecution: (req) =>
             Effect.gen(function* () {
-              bump(seen.asks, req.execution)
               const known = running.get(req.execution)
               if (known !== undefined) return yield* Deferred.await(known)
               const done = yield* Deferred.make<ExecutionOutcome>()
