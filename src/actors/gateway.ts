@@ -127,15 +127,20 @@ export const gateway = (config: GatewayConfig = {}) =>
               yield* router.release(execution, session.route)
               return { calls: session.calls }
             }),
+          // A context that arrives for an execution closed meanwhile (it ended while its device
+          // was leaving rollout) is freed at its destination: no route will ever release it there.
           ContextsMoved: ({ from, to, moves }) =>
-            Effect.sync(() => {
+            Effect.gen(function* () {
               const byExecution = new Map<string, Set<string>>()
               for (const m of moves) byExecution.set(m.execution, (byExecution.get(m.execution) ?? new Set()).add(m.request))
               let routed = 0
+              const closed: Array<string> = []
               for (const [execution, requests] of byExecution) {
                 const session = sessions.get(execution)
-                if (session !== undefined && router.contextsMoved(session.route, from, to, requests)) routed++
+                if (session === undefined) closed.push(execution)
+                else if (router.contextsMoved(session.route, from, to, requests)) routed++
               }
+              yield* Effect.forEach(closed, (execution) => router.releaseOn(to, execution), { concurrency: "unbounded", discard: true })
               return { routed }
             }),
           Status: () =>

@@ -300,18 +300,18 @@ export const makeCallRouter = (system: ActorSystemShape, directory: WorkerDirect
     return true
   }
 
+  /** Frees the execution's cached contexts on `worker` (best effort). */
+  const releaseOn = (worker: string, execution: string) =>
+    system.ask(workerRef(worker), "Release", { execution }, { timeoutMs: 5000 }).pipe(Effect.ignore)
+
   /** Frees the execution's cached contexts on every worker that served it. */
   const release = (execution: string, route: Route) =>
     Effect.gen(function* () {
       moveRoute(route, undefined)
-      yield* Effect.forEach(
-        [...route.servedBy],
-        (worker) => system.ask(workerRef(worker), "Release", { execution }, { timeoutMs: 5000 }).pipe(Effect.ignore),
-        { concurrency: "unbounded", discard: true }
-      )
+      yield* Effect.forEach([...route.servedBy], (worker) => releaseOn(worker, execution), { concurrency: "unbounded", discard: true })
     })
 
-  return { call, release, contextsMoved }
+  return { call, release, releaseOn, contextsMoved }
 }
 
 export type CallRouter = ReturnType<typeof makeCallRouter>

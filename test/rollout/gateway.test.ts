@@ -270,4 +270,31 @@ describe("gateway (OpenAI API) with a rollout worker", () => {
     expect(out.revoked).toBe(401)
     expect(out.unknown._tag).toBe("UnknownExecution")
   })
+
+  it("frees at its destination a context moved for an execution it has closed (it ended while its device left rollout)", async () => {
+    const out = await withSystem("gw-orphan", Effect.gen(function* () {
+      const system = yield* ActorSystem
+      const { execution } = yield* serve({ checkpoint, workers: 1 })
+      const worker = refOf(RolloutWorkerProtocol, address("rollout-worker", "a.cpu0"))
+      const sampling = { maxTokens: 4, temperature: 0, topP: 1, seed: 1, stop: [] }
+      const generate = (x: string, request: string) =>
+        system.ask(worker, "Generate", { execution: x, request, base: null, prompt: Int32Array.from([special.bos, 72, 105]), sampling, stream: false })
+      // Contexts on the worker the gateway has no open execution for (as a hand-off leaves them),
+      // and one of the open execution.
+      yield* generate("closed-x", "req-closed")
+      yield* generate(execution, "req-open")
+      const before = yield* system.ask(worker, "Status", undefined)
+      const moves = [
+        { execution: "closed-x", request: "req-closed", tokens: 7 },
+        { execution, request: "req-open", tokens: 7 }
+      ]
+      const answer = yield* system.ask(gatewayRef, "ContextsMoved", { from: "device/elsewhere", to: "rollout-worker/a.cpu0", moves })
+      const after = yield* system.ask(worker, "Status", undefined)
+      return { before, answer, after }
+    }))
+    expect(out.before.cachedExecutions).toBe(2)
+    // The open execution's route was not on `from`: not routed, and its context stays.
+    expect(out.answer.routed).toBe(0)
+    expect(out.after.cachedExecutions).toBe(1)
+  })
 })
