@@ -24,7 +24,8 @@ import { packedBatchDigest, type PackedBatch } from "../common/packed-batch.ts"
 import type { StepExecutionRef, StepPlan } from "../protocols/device.ts"
 import { parseExecutionName, type RunConfig, type TrainingSettings } from "../protocols/run.ts"
 import type { LossConfig } from "../engine/trainer.ts"
-import { callAdvantages, groupAdvantages, type AdvantageConfig } from "../tree/advantage.ts"
+import { callAdvantages, groupAdvantages, stateAdvantages, type AdvantageConfig } from "../tree/advantage.ts"
+import { digestOf } from "../tree/hash.ts"
 import { callRewardOf, rewardOf } from "../tree/outcome.ts"
 import { packMicroBatches } from "../tree/pack.ts"
 import { treeDigest } from "../tree/stats.ts"
@@ -185,9 +186,11 @@ export class StepPlanner {
   /** The scored executions of a group with their advantages; those whose every advantage is 0 train nothing and are left out. */
   private advantaged(scored: ReadonlyArray<Member>): Array<StepExecution> {
     const config: AdvantageConfig = { estimator: this.settings.advantage, epsilon: ADVANTAGE_EPSILON }
-    if (this.settings.credit === "call") {
+    const credit = this.settings.credit ?? "execution"
+    if (credit !== "execution") {
       const rewards = scored.map(({ ref, tree }) => Array.from({ length: tree.callCount }, (_, c) => callRewardOf(ref.outcome, tree.call(c).id)!))
-      const perCall = callAdvantages(rewards, config)
+      const inputs = () => scored.map(({ tree }) => Array.from({ length: tree.callCount }, (_, c) => digestOf(tree.newInput(c))))
+      const perCall = credit === "state" ? stateAdvantages(rewards, inputs(), config) : callAdvantages(rewards, config)
       return scored.flatMap((m, i) => (perCall[i]!.some((a) => a !== 0) ? [{ execution: m.ref.execution, tree: m.tree, advantage: 0, callAdvantages: perCall[i]! }] : []))
     }
     const advantages = groupAdvantages(scored.map((m) => rewardOf(m.ref.outcome)!), config)

@@ -11,7 +11,10 @@
  * `call`, each call has a reward of its own (the scorer's per-call reward, else the
  * execution's score) and the same estimator runs over the pooled rewards of every call of the
  * group's executions (process supervision as in DeepSeekMath's GRPO), so a call is judged
- * against the group's other calls.
+ * against the group's other calls; with `state`, a call is judged against the calls of the
+ * group's other executions that answered the same input (the same observation: `newInput` of
+ * the tree), the estimator running over each such set of calls, and only a call whose input no
+ * other call of the group answered against the pooled calls, as with `call`.
  */
 import { Schema } from "effect"
 import { rewardOf, type ExecutionOutcome } from "./outcome.ts"
@@ -26,7 +29,7 @@ export const AdvantageConfig = Schema.Struct({
 })
 export type AdvantageConfig = typeof AdvantageConfig.Type
 
-export const Credit = Schema.Literals(["execution", "call"])
+export const Credit = Schema.Literals(["execution", "call", "state"])
 export type Credit = typeof Credit.Type
 
 /** Advantages of one group's rewards, in the same order. */
@@ -51,6 +54,27 @@ export const callAdvantages = (rewards: ReadonlyArray<ArrayLike<number>>, config
   const pooled = groupAdvantages(rewards.flatMap((r) => Array.from(r)), config)
   let k = 0
   return rewards.map((r) => Float64Array.from(pooled.slice(k, (k += r.length))))
+}
+
+/**
+ * State credit: per execution, its calls' advantages (by call index), each call judged among
+ * the group's calls with the same input key (`keys`, parallel to `rewards`); a call alone with
+ * its key keeps its pooled advantage (`callAdvantages`).
+ */
+export const stateAdvantages = (
+  rewards: ReadonlyArray<ArrayLike<number>>,
+  keys: ReadonlyArray<ReadonlyArray<string>>,
+  config: AdvantageConfig
+): Array<Float64Array> => {
+  const out = callAdvantages(rewards, config)
+  const sets = new Map<string, Array<readonly [number, number]>>()
+  keys.forEach((ks, e) => ks.forEach((k, c) => sets.set(k, [...(sets.get(k) ?? []), [e, c] as const])))
+  for (const calls of sets.values()) {
+    if (calls.length < 2) continue
+    const values = groupAdvantages(calls.map(([e, c]) => rewards[e]![c]!), config)
+    calls.forEach(([e, c], i) => (out[e]![c] = values[i]!))
+  }
+  return out
 }
 
 /** Advantages of a step's executions, grouped by (run, task). */

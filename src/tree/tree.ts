@@ -217,6 +217,26 @@ export class TrajectoryTree {
     const { endNode, length } = this.callList[index]!
     return this.pathTokens({ node: this.ancestorAt(endNode, length - 1), depth: length - 1 })
   }
+  /**
+   * The prompt tokens of call `index` after the last generated token before them: the input
+   * the call answers (an observation and the template's tokens around it; the whole prompt of a
+   * first call). Training trees only (others know no generated tokens: the whole prompt).
+   */
+  newInput(index: number): Int32Array {
+    const { promptLength } = this.callList[index]!
+    const out: Array<number> = []
+    let depth = promptLength - 1
+    for (let node = this.locate(index, depth).node; depth >= 0; node = this.parentOf(node)) {
+      const first = this.depthOf(node)
+      const tokens = this.tokensOf(node)
+      const versions = this.training ? this.versionsOf(node) : undefined
+      for (; depth >= first; depth--) {
+        if (versions !== undefined && versions[depth - first]! >= 0) return Int32Array.from(out.reverse())
+        out.push(tokens[depth - first]!)
+      }
+    }
+    return Int32Array.from(out.reverse())
+  }
   /** The tokens from the root down to and including `position`. */
   pathTokens(position: Position): Int32Array {
     return this.pathOf(position, new Int32Array(position.depth + 1), (node) => this.tokensOf(node))

@@ -6,7 +6,8 @@ import { describe, expect, it } from "vitest"
 import type { StepExecutionRef, StepPlan } from "../../src/protocols/device.ts"
 import { executionName, stepLearningRate, type TrainingSettings } from "../../src/protocols/run.ts"
 import { DR_GRPO_TOKENS, StepPlanner, type PlannedMicroBatch, type Told } from "../../src/training/step-planner.ts"
-import { callAdvantages } from "../../src/tree/advantage.ts"
+import { callAdvantages, stateAdvantages } from "../../src/tree/advantage.ts"
+import { digestOf } from "../../src/tree/hash.ts"
 import { pathCounts } from "../../src/tree/units.ts"
 import type { TrajectoryTree } from "../../src/tree/tree.ts"
 import { build, wireRecords } from "../tree/simulate.ts"
@@ -131,6 +132,13 @@ describe("step planner", () => {
     expect(new Set(trained).size).toBeGreaterThanOrEqual(3)
     for (const v of trained) expect(expected.has(v)).toBe(true)
     expect(trained.some((v) => v > 0) && trained.some((v) => v < 0)).toBe(true)
+    // State credit: the same rewards judged among the calls with the same input.
+    const inputs = [a!, b!].map(({ tree }) => Array.from({ length: tree.callCount }, (_, c) => digestOf(tree.newInput(c))))
+    const byState = new Set(stateAdvantages(rewards, inputs, { estimator: "grpo", epsilon: 1e-6 }).flatMap((v) => Array.from(v, Math.fround)))
+    expect([...byState].sort()).not.toEqual([...expected].sort()) // some calls share an input
+    const trainedByState = advantagesOf({ credit: "state" })
+    expect(trainedByState.length).toBeGreaterThan(0)
+    for (const v of trainedByState) expect(byState.has(v)).toBe(true)
   })
 
   it("refuses executions outside the plan and ignores duplicates", () => {

@@ -1,10 +1,11 @@
 /**
  * Call credit: per-call rewards pooled over a group, and each generated token of a unit
- * trained with the mean advantage of the calls that generated it.
+ * trained with the mean advantage of the calls that generated it. State credit: a call judged
+ * among the group's calls that answered the same input (`TrajectoryTree.newInput`).
  */
 import fc from "fast-check"
 import { describe, expect, it } from "vitest"
-import { callAdvantages, groupAdvantages, type AdvantageConfig } from "../../src/tree/advantage.ts"
+import { callAdvantages, groupAdvantages, stateAdvantages, type AdvantageConfig } from "../../src/tree/advantage.ts"
 import { plainCall } from "../../src/tree/record.ts"
 import { stepUnits, type TrainingMode } from "../../src/tree/units.ts"
 import { build, executionArb, wireRecords } from "./simulate.ts"
@@ -69,5 +70,29 @@ describe("call credit", () => {
       }),
       { numRuns: 80 }
     )
+  })
+
+  it("state credit: judges a call among the calls with its input; a call alone with its input keeps its pooled advantage", () => {
+    const rewards = [[1, 0, 0.5], [0, 1], [1]]
+    const keys = [["a", "b", "lone"], ["a", "b"], ["a"]]
+    for (const estimator of ["grpo", "dr-grpo", "rloo"] as const) {
+      const config = { estimator, epsilon: 1e-6 }
+      const a = groupAdvantages([1, 0, 1], config)
+      const b = groupAdvantages([0, 1], config)
+      const pooled = callAdvantages(rewards, config)
+      expect(stateAdvantages(rewards, keys, config).map((x) => Array.from(x))).toEqual([[a[0], b[0], pooled[0]![2]], [a[1], b[1]], [a[2]]])
+    }
+  })
+
+  it("newInput is what a call's prompt adds after the last generated token (the whole prompt of a first call)", () => {
+    const calls = [
+      plainCall("first", "main", [1, 2], [3, 4]),
+      plainCall("next", "main", [1, 2, 3, 4, 8, 9], [5]),
+      plainCall("fork", "sub", [1, 2, 3, 7], [6]),
+      plainCall("retry", "main", [1, 2, 3, 4, 8, 9, 5, 8, 9], [6])
+    ]
+    const tree = build(wireRecords(calls)).tree
+    const inputs = Array.from({ length: tree.callCount }, (_, c) => [tree.call(c).id, Array.from(tree.newInput(c))])
+    expect(Object.fromEntries(inputs)).toEqual({ first: [1, 2], next: [8, 9], fork: [7], retry: [8, 9] })
   })
 })
