@@ -68,7 +68,7 @@ export const trainFlags = {
   lr: { kind: "number", doc: "AdamW learning rate", default: 3e-4 },
   "lr-warmup": { kind: "integer", doc: "steps of linear learning-rate warm-up (0: none)", default: 4 },
   advantage: { kind: "string", doc: "advantage estimator", default: "grpo", choices: ["grpo", "dr-grpo", "rloo"] },
-  credit: { kind: "string", doc: "a call trains with its execution's score, or its own reward (the scorer's per-call rewards) against the group's calls (call) or against the group's calls that answered the same input (state)", default: "call", choices: ["execution", "call", "state"] },
+  credit: { kind: "string", doc: "a call trains with its execution's score, or its own reward (the scorer's per-call rewards) against the group's calls (call) or against the group's calls that answered the same input (state)", default: "state", choices: ["execution", "call", "state"] },
   mode: { kind: "string", doc: "exact tree training or bounded dedup sampling", default: "exact", choices: ["exact", "sampled"] },
   "max-paths": { kind: "integer", doc: "J_max of sampled mode", default: 5 },
   loss: { kind: "string", doc: "decoupled PPO-clip or truncated IS", default: "ppo", choices: ["ppo", "is"] },
