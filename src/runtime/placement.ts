@@ -106,9 +106,10 @@ export const replaceDead = (system: ActorSystemShape, view: RegistryView, option
   Effect.gen(function* () {
     const tried = new Map<string, number>()
     const warned = new Map<string, number>()
-    const place = (key: string, dead: RegistryEntry, revision: number, type: AnyActorType, candidates: Array<Candidate>) =>
+    /** Places `dead` on one of `candidates` (not on `exclude`), counting it there for the rest of the sweep. */
+    const place = (key: string, dead: RegistryEntry, revision: number, type: AnyActorType, candidates: Array<Candidate>, exclude: string | undefined) =>
       Effect.gen(function* () {
-        const to = choose(type.placement, dead.kind, candidates)
+        const to = choose(type.placement, dead.kind, candidates.filter((c) => c.node !== exclude))
         if (to === undefined) {
           if (warned.get(key) !== revision) yield* Effect.logWarning(`${key} is dead and no live node can take it (${type.placement._tag})`)
           warned.set(key, revision)
@@ -137,7 +138,12 @@ export const replaceDead = (system: ActorSystemShape, view: RegistryView, option
             options.spawn(s.entry.kind, s.entry.id).pipe(Effect.catchCause((c) => Effect.logWarning(`${key}: placement not taken up`, c)))
           )
         } else if (s.entry.status === "dead" && type.restart !== "temporary") {
-          yield* place(key, s.entry, s.revision, type, candidates)
+          // Its own node is a candidate only once it has beaten since the actor was declared
+          // dead: an actor's beats and its node's stop together, and the node's last one may
+          // still look recent (a killed node got its actor placed back on itself).
+          const own = view.get(`node/${s.entry.node}`)
+          const silent = own === undefined || own.at <= s.at
+          yield* place(key, s.entry, s.revision, type, candidates, silent ? s.entry.node : undefined)
         }
       }
     })
