@@ -27,45 +27,41 @@ const BATCH = 512
  */
 const IDLE_MS = 60_000
 
-/** `it.next()`, or a rejection when nothing comes within `ms`. */
-const nextWithin = <T>(it: AsyncIterator<T>, ms: number, what: () => string): Promise<IteratorResult<T>> => {
-  if (!Number.isFinite(ms)) return it.next()
-  let timer: ReturnType<typeof setTimeout> | undefined
-  const silence = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`no message for ${ms} ms ${what()}`)), ms)
-  })
-  return Promise.race([it.next(), silence]).finally(() => clearTimeout(timer))
-}
-
 /**
  * The consumer's messages up to sequence `last`, in arrays of what has already arrived (at most
  * `BATCH`): each array is one chunk of the stream, so the stages after the read pay their
- * per-chunk cost once per batch instead of once per message (bench:replay).
+ * per-chunk cost once per batch instead of once per message (bench:replay). A read that waits
+ * `idleMs` for its next message (not counting the time the stages after it hold a batch) is
+ * stopped with an error.
  */
 async function* batches(messages: ConsumerMessages, last: number, idleMs: number): AsyncGenerator<NonEmptyReadonlyArray<JsMsg>> {
   let batch: Array<JsMsg> = []
   let seq = 0
-  const it = messages[Symbol.asyncIterator]()
+  let waitingSince: number | undefined = performance.now()
+  const watchdog = Number.isFinite(idleMs)
+    ? setInterval(() => {
+        if (waitingSince !== undefined && performance.now() - waitingSince > idleMs) {
+          messages.stop(new Error(`no message for ${idleMs} ms after sequence ${seq} (reading up to ${last})`))
+        }
+      }, idleMs / 4)
+    : undefined
   try {
-    for (;;) {
-      const next = await nextWithin(it, idleMs, () => `after sequence ${seq} (reading up to ${last})`)
-      if (next.done === true) break
-      const m = next.value
+    for await (const m of messages) {
       seq = m.seq
+      waitingSince = performance.now()
       batch.push(m)
       const done = m.seq >= last
       if (done || batch.length >= BATCH || messages.getPending() === 0) {
+        waitingSince = undefined
         yield batch as [JsMsg, ...Array<JsMsg>] // non-empty: m was just pushed
+        waitingSince = performance.now()
         batch = []
       }
       if (done) break
     }
   } finally {
-    // The close waits for the iterator to end: stopped first, so that a `next` still pending
-    // (a stalled read) ends with it, then returned.
-    const closed = messages.close().catch(() => undefined)
-    await it.return?.()
-    await closed
+    clearInterval(watchdog)
+    await messages.close().catch(() => undefined)
   }
 }
 

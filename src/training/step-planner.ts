@@ -189,8 +189,8 @@ export class StepPlanner {
     const credit = this.settings.credit ?? "execution"
     if (credit !== "execution") {
       const rewards = scored.map(({ ref, tree }) => Array.from({ length: tree.callCount }, (_, c) => callRewardOf(ref.outcome, tree.call(c).id)!))
-      const inputs = () => scored.map(({ tree }) => Array.from({ length: tree.callCount }, (_, c) => digestOf(tree.newInput(c))))
-      const perCall = credit === "state" ? stateAdvantages(rewards, inputs(), config) : callAdvantages(rewards, config)
+      const inputsOf = (tree: TrajectoryTree) => Array.from({ length: tree.callCount }, (_, c) => digestOf(tree.newInput(c)))
+      const perCall = credit === "state" ? stateAdvantages(rewards, scored.map((m) => inputsOf(m.tree)), config) : callAdvantages(rewards, config)
       return scored.flatMap((m, i) => (perCall[i]!.some((a) => a !== 0) ? [{ execution: m.ref.execution, tree: m.tree, advantage: 0, callAdvantages: perCall[i]! }] : []))
     }
     const advantages = groupAdvantages(scored.map((m) => rewardOf(m.ref.outcome)!), config)

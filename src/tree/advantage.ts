@@ -68,7 +68,13 @@ export const stateAdvantages = (
 ): Array<Float64Array> => {
   const out = callAdvantages(rewards, config)
   const sets = new Map<string, Array<readonly [number, number]>>()
-  keys.forEach((ks, e) => ks.forEach((k, c) => sets.set(k, [...(sets.get(k) ?? []), [e, c] as const])))
+  keys.forEach((ks, e) =>
+    ks.forEach((k, c) => {
+      const calls = sets.get(k)
+      if (calls === undefined) sets.set(k, [[e, c]])
+      else calls.push([e, c])
+    })
+  )
   for (const calls of sets.values()) {
     if (calls.length < 2) continue
     const values = groupAdvantages(calls.map(([e, c]) => rewards[e]![c]!), config)
