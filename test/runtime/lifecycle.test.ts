@@ -102,6 +102,8 @@ describe("a crashing tell", () => {
         )
       )
       const deadAfterMs = performance.now() - t0
+      // The third crash restarts it once more (incarnation 4): the good tell goes to that one.
+      yield* eventually(registryEntry("poison/p1").pipe(Effect.map((e) => (e?.status === "running" && e.incarnation >= 4 ? e : undefined))))
       yield* system.tell(ref("poison", "p1"), "Work", { item: "good" })
       const log = logOf("poison/p1")
       yield* eventually(Effect.sync(() => (log.deliveries.some((d) => d.item === "good") ? true : undefined)))
