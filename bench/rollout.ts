@@ -50,6 +50,8 @@ const MAX_BATCH = 64
 const toyEnv = { TOY_STEPS: String(HORIZON), TOY_TOOL_MS: "0", TOY_MAX_TOKENS: "24", TOY_TEMPERATURE: "1" }
 
 const GATEWAY_CALLS = Number(process.env.BENCH_GATEWAY_CALLS ?? 400)
+/** `BENCH_GATEWAY_ONLY=1`: the gateway phase alone (for profiling it), its figures as the JSON line. */
+const GATEWAY_ONLY = process.env.BENCH_GATEWAY_ONLY === "1"
 
 interface ReplayCall {
   readonly prompt: Int32Array
@@ -231,6 +233,10 @@ const program = Effect.gen(function* () {
   yield* saveCheckpoint(checkpoint, yield* engine.createModel(presets.tiny, { seed: 1 }))
   const systemOf = (run: string) => ActorSystem.layer({ run }).pipe(Layer.provideMerge(Nats.layer({})))
   const gw = yield* Effect.scoped(gatewayPhase.pipe(Effect.provide(systemOf("bench-gateway"))))
+  if (GATEWAY_ONLY) {
+    console.log(JSON.stringify({ gateway_overhead_p50_ms: +gw.overheadP50.toFixed(3), gateway_overhead_p99_ms: +gw.overheadP99.toFixed(3), gateway_cpu_ms_per_call: +gw.gatewayCpu.toFixed(3), raw_nats_p50_ms: +gw.rawP50.toFixed(3), raw_nats_cpu_ms_per_call: +gw.rawCpu.toFixed(3) }))
+    return
+  }
   const actor = yield* Effect.scoped(actorPath.pipe(Effect.provide(systemOf("bench-rollout"))))
   const direct = yield* Effect.scoped(directPath(actor.replay))
   const r = actor.recent

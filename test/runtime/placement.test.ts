@@ -72,9 +72,10 @@ describe("re-placement", () => {
           return es.every((e) => e?.status === "running" && e.node !== "a") ? es : undefined
         })
       )
+      // The claim is written before the new incarnation subscribes: ask until each answers.
       const items = yield* Effect.forEach(ids.slice(0, 3), (key) => {
         const [kind, id] = key.split("/") as [string, string]
-        return system.ask(refOf(ProbeProtocol, address(kind, id)), "Items", undefined)
+        return eventually(system.ask(refOf(ProbeProtocol, address(kind, id)), "Items", undefined))
       })
       yield* Effect.sleep(Duration.millis(1500)) // time enough to place the temporary one, were it placed
       const temporary = yield* registryEntry("temporary/t1")
