@@ -79,9 +79,11 @@ export const gateway = (config: GatewayConfig = {}) =>
         /** A model call: its role, a worker's answer through the router, its record, its figures. */
         const generate: Generate = (call, callId, prompt, sampling, onTokens, finish) =>
           Effect.gen(function* () {
+            const prepared = performance.now()
             const role = yield* roleOf(call.session, call.req)
             const result = yield* router.call({ execution: call.session.execution, route: call.session.route, prompt, sampling, onTokens, clientGone: call.clientGone })
             const { finishReason, toolCalls } = finish(result)
+            const answered = performance.now()
             yield* recorder.record(call.session, {
               callId,
               role,
@@ -94,7 +96,8 @@ export const gateway = (config: GatewayConfig = {}) =>
               finishedAt: Date.now(),
               toolCalls
             })
-            recent.add(performance.now() - call.receivedAt, result)
+            const recorded = performance.now()
+            recent.add({ roundTripMs: recorded - call.receivedAt, preparedMs: prepared - call.receivedAt, recordMs: recorded - answered }, result)
             return result
           })
 

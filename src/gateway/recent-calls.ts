@@ -1,11 +1,19 @@
 /**
  * The gateway's window of its most recent calls: round trip, engine compute and tokens per
  * call, summarised as medians (and the overhead's 99th percentile) and sums for `Status` (and `bench:rollout`).
+ * Two parts of the overhead are kept apart: preparing the call before it is routed, and its
+ * record's publish; the rest is the way to the worker and back (NATS, both actor hosts).
  */
 import type { RecentCalls } from "../protocols/gateway.ts"
 
-interface Row {
+/** Where a call's time outside the worker went, ms. */
+export interface CallPhases {
   readonly roundTripMs: number
+  readonly preparedMs: number
+  readonly recordMs: number
+}
+
+interface Row extends CallPhases {
   readonly computeMs: number
   readonly workerMs: number
   readonly promptTokens: number
@@ -28,10 +36,10 @@ export const recentCalls = (capacity = 4096) => {
   let next = 0
   return {
     add: (
-      roundTripMs: number,
+      phases: CallPhases,
       result: { readonly computeMs: number; readonly workerMs: number; readonly promptTokens: number; readonly cachedTokens: number; readonly output: { readonly length: number } }
     ) => {
-      const row = { roundTripMs, computeMs: result.computeMs, workerMs: result.workerMs, promptTokens: result.promptTokens, cachedTokens: result.cachedTokens, generatedTokens: result.output.length }
+      const row = { ...phases, computeMs: result.computeMs, workerMs: result.workerMs, promptTokens: result.promptTokens, cachedTokens: result.cachedTokens, generatedTokens: result.output.length }
       if (rows.length < capacity) rows.push(row)
       else rows[next] = row
       next = (next + 1) % capacity
@@ -43,6 +51,8 @@ export const recentCalls = (capacity = 4096) => {
       workerP50Ms: median(rows.map((r) => r.workerMs)),
       overheadP50Ms: median(rows.map((r) => r.roundTripMs - r.workerMs)),
       overheadP99Ms: quantile(rows.map((r) => r.roundTripMs - r.workerMs), 0.99),
+      preparedP50Ms: median(rows.map((r) => r.preparedMs)),
+      recordP50Ms: median(rows.map((r) => r.recordMs)),
       promptTokens: rows.reduce((a, r) => a + r.promptTokens, 0),
       cachedTokens: rows.reduce((a, r) => a + r.cachedTokens, 0),
       generatedTokens: rows.reduce((a, r) => a + r.generatedTokens, 0)

@@ -51,6 +51,10 @@ export const RecentCalls = Schema.Struct({
   /** Per call, round trip minus time inside the worker: what HTTP, the gateway and NATS add. */
   overheadP50Ms: Schema.Number,
   overheadP99Ms: Schema.Number,
+  /** Parts of the overhead: from the request's arrival to its routing (body, key, schema, chat template, tokens). */
+  preparedP50Ms: Schema.Number,
+  /** The call record's JetStream publish until acknowledged (stored, and fsynced where the server syncs always). */
+  recordP50Ms: Schema.Number,
   promptTokens: NonNegativeInt,
   /** Prompt tokens the worker found cached (not prefilled again). */
   cachedTokens: NonNegativeInt,
