@@ -56,7 +56,14 @@ export const readDemonstrations = (files: ReadonlyArray<string>): Effect.Effect<
     return out
   })
 
-/** Builds one prefix tree per task from its demonstrated calls, in file order. */
+/** Task ids in order, numbers by value (`train-2` before `train-10`). */
+const byTaskId = (a: string, b: string) => a.localeCompare(b, "en", { numeric: true })
+
+/**
+ * Builds one prefix tree per task from its demonstrated calls (a task's calls in file order),
+ * the trees in task order: harnesses recorded side by side interleave their tasks in the file
+ * by timing, and the warm start's seeded draws index this list, so its order must not.
+ */
 export const demonstrationTrees = (demos: ReadonlyArray<Demonstration>): Array<StepExecution> => {
   const byTask = new Map<string, Array<Demonstration>>()
   for (const d of demos) {
@@ -64,7 +71,7 @@ export const demonstrationTrees = (demos: ReadonlyArray<Demonstration>): Array<S
     calls.push(d)
     byTask.set(d.task, calls)
   }
-  return [...byTask].map(([task, calls]) => {
+  return [...byTask].sort(([a], [b]) => byTaskId(a, b)).map(([task, calls]) => {
     const execution = `demo-${task}`
     const encoder = new DeltaEncoder({ run: "warm-start", task, execution })
     const decoder = new DeltaDecoder(execution)
