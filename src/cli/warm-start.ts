@@ -5,7 +5,8 @@
  * Cached in `.gyre/cache/warm-start-<key>`, the key a digest of everything that shapes it (the
  * suite's files, the chat template, the tokenizer, the warm-start code and the settings), so a
  * second run starts at once and a change to any of them trains a new one. The demonstrations are
- * seeded, so the cached checkpoint is reproducible.
+ * seeded and their trees taken in task order (however the side-by-side harnesses interleaved
+ * them), so the cached checkpoint is reproducible.
  */
 import { createHash } from "node:crypto"
 import * as fs from "node:fs"
