@@ -13,6 +13,7 @@ import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, writeFil
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { describe, expect, it } from "vitest"
+import { headerLength, parseHeader } from "../../src/engine/safetensors.ts"
 import { writeSmolModel } from "./fixtures.ts"
 
 const gyre = new URL("../../bin/gyre.js", import.meta.url).pathname
@@ -62,11 +63,11 @@ const writeLettersSuite = (root: string) => {
   return root
 }
 
-/** The dtypes of a safetensors file's tensors (its JSON header). */
+/** The dtypes of a safetensors file's tensors, read with the engine's header parser. */
 const dtypesOf = (file: string) => {
   const bytes = readFileSync(file)
-  const header = JSON.parse(bytes.subarray(8, 8 + Number(bytes.readBigUInt64LE(0))).toString("utf8")) as Record<string, { dtype?: string }>
-  return new Set(Object.entries(header).filter(([k]) => k !== "__metadata__").map(([, v]) => v.dtype))
+  const length = headerLength(bytes)
+  return new Set(parseHeader(bytes.subarray(8, 8 + length), bytes.length).map((t) => t.dtype))
 }
 
 describe("gyre train on a Hugging Face directory", () => {
