@@ -12,6 +12,9 @@
  * the training role; K CPU devices split the cores): it waits for the run's configuration in the
  * journal, loads its checkpoint and announces the devices to the run's scheduler, which uses them
  * from then on.
+ * `--scheduler` stands by as a candidate for the scheduler of the training run `--run` (its
+ * configuration read from the journal, its train tasks from the suite in `--suites`): it hosts
+ * `scheduler/main` while it holds the run's lease, and takes over when the leader's node dies.
  * `--metrics-port N` serves Prometheus `/metrics` on 127.0.0.1:N (0 = any free port).
  * Settings not given as flags come from the runtime's `Config` (GYRE_HEARTBEAT_MS, ...:
  * src/runtime/config.ts).
@@ -25,21 +28,25 @@ import { pathToFileURL } from "node:url"
 import * as os from "node:os"
 import { Effect, Layer, Schedule } from "effect"
 import { cpuDeviceThreads, device } from "../actors/device.ts"
-import { schedulerAddress } from "../actors/scheduler.ts"
+import { makeScheduler, schedulerAddress } from "../actors/scheduler.ts"
 import { trainingRoleFor } from "../actors/trainer.ts"
 import { Engine } from "../engine/engine.ts"
+import { loadSuite, trainTaskIds } from "../harness/suites.ts"
 import { DEVICE_KIND } from "../protocols/device.ts"
+import { SCHEDULER_KIND } from "../protocols/scheduler.ts"
 import { readRunConfig } from "../scheduling/records.ts"
 import type { ActorSystemShape } from "../runtime/system.ts"
 import type { ActorType } from "../runtime/actor.ts"
 import { Nats } from "../runtime/nats.ts"
 import { observabilityLayer } from "../runtime/observability.ts"
 import { formatAddress, parseAddress } from "../runtime/names.ts"
+import { repoRoot } from "../runtime/nats-server.ts"
 import { startNode } from "../runtime/node.ts"
 import { ActorSystem } from "../runtime/system.ts"
 import { UsageError, parseConfigured, type Command } from "./args.ts"
 import { embeddedNats } from "./auth.ts"
 import { serveUntilStopped } from "./lifetime.ts"
+import { RUN_RUNNERS } from "./run-host.ts"
 
 const flags = {
   name: { kind: "string", doc: "node name (unique in the run)", default: os.hostname().replace(/[^A-Za-z0-9_-]/g, "-") },
@@ -51,6 +58,8 @@ const flags = {
   "dead-after-ms": { kind: "integer", doc: "silence after which an actor is declared dead (default GYRE_DEAD_AFTER_MS or 5000)" },
   "ack-wait-ms": { kind: "integer", doc: "JetStream ack wait of actor consumers (default GYRE_ACK_WAIT_MS or 10000)" },
   devices: { kind: "integer", doc: "host this many device actors of the training run --run (its configuration read from the run's journal)", default: 0 },
+  scheduler: { kind: "boolean", doc: "stand by as a scheduler candidate of the training run --run (it leads while it holds the run's lease)", default: false },
+  suites: { kind: "string", doc: "--scheduler: directory holding the run's suite", default: path.join(repoRoot, "suites") },
   store: { kind: "string", doc: "store directory of the embedded nats-server (default .gyre/nats/<run>.<name>, kept across restarts)" },
   "metrics-port": { kind: "integer", doc: "serve Prometheus /metrics on 127.0.0.1 at this port, 0 = any free one (default GYRE_METRICS_PORT or off)" }
 } as const
@@ -71,13 +80,25 @@ export const loadActorTypes = async (modules: ReadonlyArray<string>): Promise<Ar
 
 const list = (s: string | undefined) => (s ?? "").split(",").map((x) => x.trim()).filter((x) => x !== "")
 
+/** The configuration of the training run this node's system belongs to, once it is journaled. */
+const journaledConfig = (system: ActorSystemShape) =>
+  readRunConfig(system).pipe(
+    Effect.flatMap((c) => (c === undefined ? Effect.fail("waiting" as const) : Effect.succeed(c))),
+    Effect.retry({ while: (e) => e === "waiting", schedule: Schedule.spaced("500 millis") })
+  )
+
+/** A scheduler candidate of the training run (its type, and the stand-by loop to fork once the node runs). */
+const schedulerCandidate = (system: ActorSystemShape, suitesDir: string) =>
+  Effect.gen(function* () {
+    const config = yield* journaledConfig(system)
+    const suite = yield* loadSuite(suitesDir, config.suite)
+    return makeScheduler({ config, trainTasks: trainTaskIds(suite), runners: RUN_RUNNERS })
+  })
+
 /** The device type of the training run this node's system belongs to, once its configuration is journaled. */
 const trainingDevices = (system: ActorSystemShape, count: number) =>
   Effect.gen(function* () {
-    const config = yield* readRunConfig(system).pipe(
-      Effect.flatMap((c) => (c === undefined ? Effect.fail("waiting" as const) : Effect.succeed(c))),
-      Effect.retry({ while: (e) => e === "waiting", schedule: Schedule.spaced("500 millis") })
-    )
+    const config = yield* journaledConfig(system)
     const engine = yield* Engine
     const threads = yield* cpuDeviceThreads(engine, count)
     const type = device({ checkpoint: config.checkpoint, maxBatch: 64, scheduler: formatAddress(schedulerAddress), training: trainingRoleFor(config), threads })
@@ -105,7 +126,8 @@ export const command: Command<typeof flags> = {
     const program = Effect.gen(function* () {
       const system = yield* ActorSystem
       const devices = f.devices > 0 ? yield* trainingDevices(system, f.devices) : undefined
-      const hosted = devices === undefined ? types : [...types, devices.type]
+      const scheduler = f.scheduler ? yield* schedulerCandidate(system, f.suites) : undefined
+      const hosted = [...types, ...(devices === undefined ? [] : [devices.type]), ...(scheduler === undefined ? [] : [scheduler.type])]
       const node = yield* startNode({
         name: f.name,
         types: hosted,
@@ -117,6 +139,7 @@ export const command: Command<typeof flags> = {
       })
       for (const a of spawns) yield* node.spawn(a.kind, a.id)
       if (devices !== undefined) for (let i = 0; i < f.devices; i++) yield* node.spawn(DEVICE_KIND, `${f.name}.${devices.backend}${i}`)
+      if (scheduler !== undefined) yield* Effect.forkScoped(scheduler.standBy(node, system).pipe(Effect.tapCause((c) => Effect.logError("scheduler candidate stopped", c))))
       yield* status({
         event: "ready",
         node: f.name,
@@ -131,7 +154,7 @@ export const command: Command<typeof flags> = {
       yield* serveUntilStopped(system.nats, node.drain)
       yield* status({ event: "drained", node: f.name })
     })
-    const kinds = [...types.map((t) => t.kind), ...(f.devices > 0 ? [DEVICE_KIND] : [])]
+    const kinds = [...types.map((t) => t.kind), ...(f.devices > 0 ? [DEVICE_KIND] : []), ...(f.scheduler ? [SCHEDULER_KIND] : [])]
     const nats = await Effect.runPromise(embeddedNats({ name: `gyre-node-${f.name}`, run: f.run, node: f.name, kinds, store: f.store }))
     const layer = Layer.merge(ActorSystem.layer({ run: f.run }), Engine.layer).pipe(
       Layer.provideMerge(Nats.layer(nats)),

@@ -2,9 +2,13 @@
  * Hosting one training run on this node: `gyre train`'s and `gyre demo`'s shared middle.
  *
  * Starts a node (`main`) with `devices` device actors (each with the training role, announcing
- * itself to `scheduler/main`; CPU devices split the cores), the gateway on a free port, one harness runner with room for every
- * rollout slot, and a scheduler candidate that stands by for the run's lease (the scheduler lives
- * on whichever candidate holds it). Devices of other nodes (`gyre node --devices K` with the same
+ * itself to `scheduler/main`; CPU devices split the cores; none: the run waits for other nodes'
+ * devices), the gateway on a free port, one harness runner with room for every execution the
+ * plan can have open at once (B for each of the max_staleness + 1 open batches, whichever cells
+ * serve them), and a scheduler candidate that stands by for the run's lease (the scheduler lives
+ * on whichever candidate holds it; with `scheduler: false` none here, and the run waits for one on
+ * another node, `gyre node --scheduler`). The run's configuration is journaled first, so candidates
+ * elsewhere can read it. Devices of other nodes (`gyre node --devices K` with the same
  * `NATS_URL` and `--run`) join the same scheduler. Reports each step's metrics as they are
  * journaled and returns when the scheduler journals `run-done`, with the final checkpoint.
  */
@@ -24,6 +28,7 @@ import { StepMetrics } from "../protocols/scheduler.ts"
 import { address, formatAddress } from "../runtime/names.ts"
 import { startNode } from "../runtime/node.ts"
 import { ActorSystem, type ActorSystemShape } from "../runtime/system.ts"
+import { journalRunConfig } from "../scheduling/records.ts"
 import { latestCheckpoint } from "../training/checkpoints.ts"
 
 export interface RunProgress {
@@ -38,6 +43,8 @@ export interface HostRunOptions {
   readonly trainTasks: ReadonlyArray<string>
   readonly devices: number
   readonly suitesDir: string
+  /** Whether this node hosts a scheduler candidate (default true). */
+  readonly scheduler?: boolean
   readonly onProgress: (p: RunProgress) => void
 }
 
@@ -50,6 +57,9 @@ export interface HostedRun {
   /** Seconds from the node's start to `run-done`. */
   readonly runS: number
 }
+
+/** The harness runners of a hosted run (the scheduler runs execution `n` on runner `n mod count`). */
+export const RUN_RUNNERS: ReadonlyArray<string> = ["harness-runner/main"]
 
 const decodeMetrics = Schema.decodeUnknownOption(Schema.fromJsonString(StepMetrics))
 
@@ -64,9 +74,10 @@ export const hostRun = (o: HostRunOptions) =>
       const threads = yield* cpuDeviceThreads(engine, o.devices)
       const workspaces = fs.mkdtempSync(path.join(os.tmpdir(), "gyre-train-ws-"))
       yield* Effect.addFinalizer(() => Effect.sync(() => fs.rmSync(workspaces, { recursive: true, force: true })))
-      const slots = o.config.policyConfig.slots_per_cell * o.devices
+      const { executions_per_step: B, max_staleness } = o.config.policyConfig
       const chat = yield* Effect.promise(() => chatFormatOf(o.config.checkpoint))
-      const scheduler = makeScheduler({ config: o.config, trainTasks: o.trainTasks, runners: ["harness-runner/main"] })
+      const scheduler = o.scheduler === false ? undefined : makeScheduler({ config: o.config, trainTasks: o.trainTasks, runners: RUN_RUNNERS })
+      yield* journalRunConfig(system, o.config)
       const node = yield* startNode({
         name: "main",
         types: [
@@ -75,12 +86,12 @@ export const hostRun = (o: HostRunOptions) =>
           makeHarnessRunner({
             suitesDir: o.suitesDir,
             gateway: address("gateway", "main"),
-            capacity: slots,
+            capacity: B * (max_staleness + 1),
             maxQueued: 4 * o.config.policyConfig.executions_per_step,
             evaluationRetries: 2,
             workspaceRoot: workspaces
           }),
-          scheduler.type
+          ...(scheduler === undefined ? [] : [scheduler.type])
         ]
       })
       const done = yield* Deferred.make<void>()
@@ -97,7 +108,7 @@ export const hostRun = (o: HostRunOptions) =>
       yield* node.spawn("gateway", "main")
       yield* node.spawn("harness-runner", "main")
       for (let i = 0; i < o.devices; i++) yield* node.spawn("device", `main.${backend}${i}`)
-      yield* Effect.forkScoped(scheduler.standBy(node, system))
+      if (scheduler !== undefined) yield* Effect.forkScoped(scheduler.standBy(node, system))
       yield* Deferred.await(done)
       const runS = (Date.now() - started) / 1000
       const checkpoint = yield* latestCheckpoint(o.config.checkpointDir)

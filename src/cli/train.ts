@@ -7,7 +7,9 @@
  * 2. Held-out score of the initial weights (`evaluate.ts`, a run of its own).
  * 3. The run: `--devices` device actors on this node, the gateway, a harness runner and a
  *    scheduler candidate (`scheduler/main` while it holds the run's lease) run `--steps` RL steps
- *    under `--policy`; a progress line per step from the trainer's `StepMetrics`.
+ *    under `--policy`; a progress line per step from the trainer's `StepMetrics`. Candidates on
+ *    other machines (`gyre node --scheduler`) stand by to take over; with `--no-scheduler` this
+ *    process hosts none and the run's scheduler lives on them.
  * 4. Held-out score of the final checkpoint, and a summary counted from the run's journal
  *    (`src/scheduling/audit.ts`); with `--json` the last line is one JSON object.
  * 5. The run's HTML report (`src/replay/report.ts`): `<store>/report.html` on the embedded
@@ -27,7 +29,7 @@
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { Effect, Layer } from "effect"
-import { loadSuite } from "../harness/suites.ts"
+import { loadSuite, trainTaskIds } from "../harness/suites.ts"
 import { Engine } from "../engine/engine.ts"
 import { fixedPolicies } from "../policy/index.ts"
 import { TrainingSettings, type RunConfig } from "../protocols/run.ts"
@@ -51,7 +53,7 @@ export const trainFlags = {
   suites: { kind: "string", doc: "directory holding the suites", default: path.join(repoRoot, "suites") },
   policy: { kind: "string", doc: "scheduling policy", default: "elastic", choices: ["async", ...Object.keys(fixedPolicies)] },
   steps: { kind: "integer", doc: "RL steps", default: 8 },
-  devices: { kind: "integer", doc: "device actors on this node (CPU devices split the cores: floor(cores / K) threads each)", default: 2 },
+  devices: { kind: "integer", doc: "device actors on this node (CPU devices split the cores: floor(cores / K) threads each; 0: only other nodes' devices, `gyre node --devices K`)", default: 2 },
   run: { kind: "string", doc: "run id", default: `train-${Date.now().toString(36)}` },
   store: { kind: "string", doc: "JetStream store of the embedded nats-server (default .gyre/runs/<run>)" },
   checkpoint: { kind: "string", doc: "initial weights (default: the suite's cached warm start)" },
@@ -79,6 +81,7 @@ export const trainFlags = {
   "sft-steps": { kind: "integer", doc: "warm start: supervised steps", default: 150 },
   "sft-lr": { kind: "number", doc: "warm start: peak learning rate", default: 4e-3 },
   quiet: { kind: "boolean", doc: "no progress lines", default: false },
+  "no-scheduler": { kind: "boolean", doc: "host no scheduler candidate here: the run's scheduler lives on `gyre node --scheduler` nodes (the run waits for one)", default: false },
   "from-export": { kind: "string", doc: "train one step of an exported run (gyre replay RUN --export DIR) offline, with its recorded tokens" },
   "export-step": { kind: "integer", doc: "--from-export: the step to train (its weights: the run's checkpoint of that version)", default: 0 }
 } as const
@@ -89,7 +92,8 @@ export type TrainFlags = Flags<typeof trainFlags>
 const suiteEnv = (f: TrainFlags) => ({ TOY_STEPS: String(f.horizon), TOY_TOOL_MS: "20", TOY_TEMPERATURE: "1", ...parseEnv("train", f.env) })
 
 const check = (f: TrainFlags) => {
-  const positive = ["steps", "devices", "executions-per-step", "group-size", "slots", "micro-batch-tokens", "checkpoint-every", "max-paths"] as const
+  if (f.devices < 0) throw new UsageError(`gyre train: --devices must be at least 0, got ${f.devices}`)
+  const positive = ["steps", "executions-per-step", "group-size", "slots", "micro-batch-tokens", "checkpoint-every", "max-paths"] as const
   for (const name of positive) if (f[name] < 1) throw new UsageError(`gyre train: --${name} must be at least 1, got ${f[name]}`)
   if (f["lr-warmup"] < 0) throw new UsageError(`gyre train: --lr-warmup must be at least 0, got ${f["lr-warmup"]}`)
   if (f["executions-per-step"] % f["group-size"] !== 0) {
@@ -160,7 +164,7 @@ export const runTraining = (f: TrainFlags) => {
     const config = resumed ?? runConfigOf(f, run, initial, path.join(store, "checkpoints"))
     if (resumed !== undefined) log(`resuming ${run}: ${resumed.policy}, ${resumed.policyConfig.steps} steps (the journal's configuration)`)
     const suite = yield* loadSuite(f.suites, config.suite)
-    const trainTasks = suite.tasks.filter((t) => t.split === "train").map((t) => t.id)
+    const trainTasks = trainTaskIds(suite)
     const heldout = parseTaskList(f.heldout)
     // A resumed run scores under names of its own (the stopped run's evaluations are in the store).
     const attempt = resumed === undefined ? "" : `-r${Date.now().toString(36)}`
@@ -172,7 +176,7 @@ export const runTraining = (f: TrainFlags) => {
     const result = yield* Effect.scoped(
       Effect.gen(function* () {
         if (progress !== undefined) yield* followRun(progress, connection, run)
-        return yield* hostRun({ config, trainTasks, devices: f.devices, suitesDir: f.suites, onProgress: () => undefined }).pipe(Effect.provide(ActorSystem.layer({ run })))
+        return yield* hostRun({ config, trainTasks, devices: f.devices, suitesDir: f.suites, scheduler: !f["no-scheduler"], onProgress: () => undefined }).pipe(Effect.provide(ActorSystem.layer({ run })))
       })
     )
     const after = yield* score(result.checkpoint, "heldout-after")

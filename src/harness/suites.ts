@@ -194,6 +194,9 @@ export const loadSuite = (suitesDir: string, name: string): Effect.Effect<Suite,
     return parseSuite(name, dir, text)
   })
 
+/** The suite's `train` split, in suite order (the tasks a training run's plan draws from). */
+export const trainTaskIds = (suite: Suite): ReadonlyArray<string> => suite.tasks.filter((t) => t.split === "train").map((t) => t.id)
+
 /** The names of the suites in `suitesDir` (directories holding a suite.json). */
 export const listSuites = (suitesDir: string): ReadonlyArray<string> =>
   fs
