@@ -8,7 +8,10 @@
  * - kill -9 of the second node at the first moment the live journal shows its device training
  *   as a satellite of the running step (a fault aimed at a role): the step finishes on the core;
  * - kill -9 of the nats-server, restarted by its supervisor on the same store and port: the
- *   run finishes (with the default GYRE_DEAD_AFTER_MS; see NATS_DEAD_AFTER_MS).
+ *   run finishes (with the default GYRE_DEAD_AFTER_MS; see NATS_DEAD_AFTER_MS);
+ * - kill -9 of the scheduler alone: `gyre train --no-scheduler` hosts none, two `gyre node
+ *   --scheduler` candidates stand by, and the leader's node is killed; the other takes the
+ *   lapsed lease, replays the journal and finishes the run as the next term.
  *
  * Not here: the core's node (it is the main node: killing it stops the run, which `--resume`
  * continues). The file takes about 2 min alone; the tests run in the normal suite except where
@@ -18,6 +21,7 @@ import { Effect, Stream } from "effect"
 import { afterEach, beforeAll, describe, expect, it } from "vitest"
 import type { PolicyRecord } from "../../src/protocols/scheduler.ts"
 import type { RunConfig } from "../../src/protocols/run.ts"
+import { schedulerRef } from "../../src/actors/scheduler.ts"
 import { ActorSystem } from "../../src/runtime/system.ts"
 import { readStored } from "../../src/runtime/stream-reader.ts"
 import { readRunConfig } from "../../src/scheduling/records.ts"
@@ -37,29 +41,36 @@ afterEach(killChildren)
 
 /**
  * Follows the run's policy records from the first (an ordered consumer that waits for new ones)
- * and kills the second node the moment a record makes its device a satellite of a step
- * (`JoinStep` of its cell).
+ * and kills a node the moment a record makes its device (`device/<node>.cpu0`, one of `nodes`)
+ * the core of a step (`StartStep` with its cell as the core) or a satellite (`JoinStep` of its cell).
  */
-const killOtherAsSatellite = (run: string, url: string, other: NodeProcess) =>
+const killWhen = (role: "core" | "satellite", run: string, url: string, nodes: Readonly<Record<string, NodeProcess>>) =>
   Effect.promise(() =>
     asClient(run, url, undefined, Effect.gen(function* () {
       const system = yield* ActorSystem
       const config = (yield* eventually(readRunConfig(system), 150_000, 100)) as RunConfig
-      let cell: number | undefined
+      const cells = new Map<number, string>()
       let stepsDone = 0
-      const satellite = (r: PolicyRecord) => {
-        if (r.event._tag === "CellJoined" && r.device === OTHER_DEVICE) cell = r.event.cell
+      let hit: string | undefined
+      const aimed = (r: PolicyRecord) => {
+        if (r.event._tag === "CellJoined" && r.device !== undefined) cells.set(r.event.cell, r.device)
         if (r.event._tag === "StepDone") stepsDone++
-        return stepsDone < config.policyConfig.steps && r.actions.some((a) => a._tag === "JoinStep" && a.cell === cell)
+        const cell = r.actions.flatMap((a) => (role === "core" ? (a._tag === "StartStep" ? [a.core] : []) : a._tag === "JoinStep" ? [a.cell] : []))[0]
+        hit = cell === undefined ? undefined : cells.get(cell)
+        return stepsDone < config.policyConfig.steps && hit !== undefined && nodes[nodeOf(hit)] !== undefined
       }
       yield* readStored(system.nats, system.layout.journalStream, { seq: 1 }, system.layout.sys("policy"), true).pipe(
         Stream.map((m) => m.json() as PolicyRecord),
-        Stream.takeUntil(satellite),
+        Stream.takeUntil(aimed),
         Stream.runDrain,
         Effect.timeout("150 seconds")
       )
+      return hit!
     }))
-  ).pipe(Effect.andThen(killOther(other)))
+  ).pipe(Effect.flatMap((device) => killOther(nodes[nodeOf(device)]!, device)))
+
+/** The node of a device `device/<node>.<backend><i>`. */
+const nodeOf = (device: string) => device.slice("device/".length).split(".")[0]!
 
 describe("run-level faults during gyre train", () => {
   it("kill -9 of the second node (a device of the run): the run finishes on the main node, nothing lost or trained twice", { timeout: 300_000 }, async () => {
@@ -80,11 +91,27 @@ describe("run-level faults during gyre train", () => {
       "chaos-satellite",
       3,
       {},
-      (server, { other }) => killOtherAsSatellite("chaos-satellite", server.url, other!).pipe(Effect.tap((k) => Effect.sync(() => (killedAt = k.at)))),
+      (server, { other }) => killWhen("satellite", "chaos-satellite", server.url, { other: other! }).pipe(Effect.tap((k) => Effect.sync(() => (killedAt = k.at)))),
       { afterStep0: false, steps: 5 }
     )
     expect(roleAt(j, OTHER_DEVICE, killedAt)).toBe("training satellite")
     expectCellLost(j, killedAt)
+  })
+
+  // The core is the first cell to join, so `gyre train --devices 0` hosts none and two device
+  // nodes join: the test kills whichever one's device starts a step as its core.
+  it("kill -9 of the node whose device is the core of the running step (gyre train --devices 0, two device nodes): the step starts again on the other cell, the run finishes, nothing lost or trained twice", { timeout: 300_000 }, async () => {
+    let killed = { at: 0, device: "" }
+    const j = await faultedRun(
+      "train: the training core's node kill -9",
+      "chaos-core",
+      5,
+      {},
+      (server, nodes) => killWhen("core", "chaos-core", server.url, nodes).pipe(Effect.tap((k) => Effect.sync(() => (killed = k)))),
+      { afterStep0: false, trainArgs: ["--devices", "0"], nodes: { other: ["--devices", "1"], spare: ["--devices", "1"] } }
+    )
+    expect(roleAt(j, killed.device, killed.at)).toBe("training core")
+    expectCellLost(j, killed.at, killed.device)
   })
 
   it("kill -9 of the nats-server (restarted on the same store and port): the run finishes, nothing lost or trained twice", { timeout: 300_000 }, async () => {
@@ -98,5 +125,34 @@ describe("run-level faults during gyre train", () => {
         return { at, detail: () => `server back after ${restartedS} s` }
       })
     )
+  })
+
+  it("kill -9 of the scheduler's node (two standby candidates, none in gyre train): the other takes over, the run finishes, nothing lost or trained twice", { timeout: 300_000 }, async () => {
+    let leaderTerm = 0
+    const j = await faultedRun(
+      "train: scheduler kill -9 (a standby takes over)",
+      "chaos-scheduler",
+      4,
+      {},
+      (server, nodes) =>
+        Effect.gen(function* () {
+          const status = yield* Effect.promise(() => asClient("chaos-scheduler", server.url, undefined, Effect.gen(function* () {
+            const system = yield* ActorSystem
+            return yield* eventually(system.ask(schedulerRef, "Status", undefined, { timeoutMs: 2000 }).pipe(Effect.option, Effect.map((o) => (o._tag === "Some" ? o.value : undefined))), 60_000, 250)
+          })))
+          const [leader, term] = status.leader.split("#") as [string, string]
+          leaderTerm = Number(term)
+          const victim = nodes[leader]
+          if (victim === undefined) return yield* Effect.die(new Error(`the scheduler leads on ${leader}, not on a standby node`))
+          const at = Date.now()
+          victim.child.kill("SIGKILL")
+          yield* Effect.promise(() => victim.exited)
+          return { at, detail: () => `leader ${leader} (term ${term}) killed after ${status.stepsDone} steps` }
+        }),
+      { trainArgs: ["--no-scheduler"], nodes: { other: ["--devices", "1"], "sched-a": ["--scheduler"], "sched-b": ["--scheduler"] } }
+    )
+    // The killed leader's term wrote records, and a newer one finished the run.
+    expect(j.audit.terms).toContain(leaderTerm)
+    expect(Math.max(...j.audit.terms)).toBeGreaterThan(leaderTerm)
   })
 })

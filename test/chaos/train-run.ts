@@ -1,6 +1,6 @@
 /**
  * A short `gyre train` run with a fault injected, for the run-level chaos tests
- * (`train-faults.test.ts`, `cluster.test.ts`): tiny knobs (STEPS steps of EXECUTIONS
+ * (`train-faults.test.ts`, `cluster.test.ts`, `proxy.test.ts`): tiny knobs (STEPS steps of EXECUTIONS
  * executions, group size 2, tiny preset), on a NATS of the test's choosing (an embedded
  * server of its own by default), with `gyre node` processes joined (by default `other`,
  * one device). After step 0's progress line and a seeded delay (`GYRE_CHAOS_SEED`, default 13)
@@ -217,11 +217,15 @@ export interface RunSetup<S extends { readonly url: string }> {
   readonly nats?: Effect.Effect<S, unknown, Scope.Scope>
   /** `gyre node` processes besides `gyre train`, by name, with their flags (default: `other`, one device). */
   readonly nodes?: Readonly<Record<string, ReadonlyArray<string>>>
+  /** The NATS URL the node `name` connects to (default: the server's `url`, which `gyre train` always uses), e.g. a proxy's. */
+  readonly nodeUrl?: (server: S, name: string) => string
   /** More `gyre train` flags. */
   readonly trainArgs?: ReadonlyArray<string>
   /** Whether `inject` waits for step 0's line and the seeded delay (else it is called once every process runs). */
   readonly afterStep0?: boolean
   readonly steps?: number
+  /** Told each phase of the run as it begins (for a test's watchdog to name where it is stuck). */
+  readonly onPhase?: (phase: string) => void
 }
 
 const defaultNats = startEmbeddedServer({}) as Effect.Effect<never, unknown, Scope.Scope>
@@ -243,18 +247,24 @@ export const faultedRun = <S extends { readonly url: string } = EmbeddedServer>(
     Effect.scoped(
       Effect.gen(function* () {
         const delayMs = Math.floor(mulberry32(SEED * 31 + salt)() * 3000)
-        const { afterStep0 = true, steps = STEPS, trainArgs = [], nodes: flags = { other: ["--devices", "1"] } } = setup
+        const { afterStep0 = true, steps = STEPS, trainArgs = [], nodes: flags = { other: ["--devices", "1"] }, nodeUrl = (s: S) => s.url, onPhase = () => undefined } = setup
+        onPhase("starting the NATS")
         const server = yield* (setup.nats ?? (defaultNats as Effect.Effect<S, unknown, Scope.Scope>))
-        const nodes = Object.fromEntries(Object.entries(flags).map(([name, f]) => [name, startNodeProcess(server.url, ["--name", name, "--run", run, ...f], env)]))
+        const nodes = Object.fromEntries(Object.entries(flags).map(([name, f]) => [name, startNodeProcess(nodeUrl(server, name), ["--name", name, "--run", run, ...f], env)]))
         for (const n of Object.values(nodes)) children.push(n.child)
         const train = startTrain(run, server.url, env, steps, trainArgs)
+        onPhase("waiting for the nodes' ready lines")
         for (const n of Object.values(nodes)) yield* Effect.promise(() => n.waitFor("ready", 200_000))
         if (afterStep0) {
+          onPhase("waiting for step 0's line")
           yield* Effect.promise(() => train.stepLine(0, 200_000))
           yield* sleep(delayMs)
         }
+        onPhase("injecting the fault")
         const injected = yield* inject(server, nodes)
+        onPhase("waiting for gyre train to finish")
         const summary = yield* Effect.promise(() => train.summary)
+        onPhase("reading the journal")
         const j = yield* Effect.promise(() => readRun(run, server.url))
         const { redispatched, suppressed } = redispatches(j)
         const when = afterStep0 ? `seed ${SEED}, ${delayMs} ms after step 0` : "at the role's first sight"
@@ -279,27 +289,27 @@ export const faultedRun = <S extends { readonly url: string } = EmbeddedServer>(
     )
   )
 
-/** kill -9 of the second node now; the detail names its device's role then and when its cell was lost. */
-export const killOther = (other: NodeProcess) =>
+/** kill -9 of a node now (by default the second one); the detail names its device's role then and when its cell was lost. */
+export const killOther = (other: NodeProcess, device = OTHER_DEVICE) =>
   Effect.gen(function* () {
     const at = Date.now()
     other.child.kill("SIGKILL")
     yield* Effect.promise(() => other.exited)
     const lostAfter = (j: RunJournal) => {
-      const lost = j.records.find((r) => r.record.event._tag === "CellLost" && r.record.device === OTHER_DEVICE)
+      const lost = j.records.find((r) => r.record.event._tag === "CellLost" && r.record.device === device)
       return lost === undefined ? "never" : `${((wallOf(j.config, lost) - at) / 1000).toFixed(1)} s`
     }
-    return { at, detail: (j: RunJournal) => `its device a ${roleAt(j, OTHER_DEVICE, at)} when killed, its cell lost after ${lostAfter(j)}` }
+    return { at, device, detail: (j: RunJournal) => `${device} a ${roleAt(j, device, at)} when killed, its cell lost after ${lostAfter(j)}` }
   })
 
 /**
  * The scheduler heard the loss of the killed device's cell, unless the run's last step was done
  * before liveness could declare it dead (GYRE_DEAD_AFTER_MS, 5 s, plus a check interval).
  */
-export const expectCellLost = (j: RunJournal, killedAt: number) => {
-  const lost = j.records.filter((r) => r.record.event._tag === "CellLost" && r.record.device === OTHER_DEVICE)
+export const expectCellLost = (j: RunJournal, killedAt: number, device = OTHER_DEVICE) => {
+  const lost = j.records.filter((r) => r.record.event._tag === "CellLost" && r.record.device === device)
   const lastStep = j.records.filter((r) => r.record.event._tag === "StepDone").at(-1)!
   const endedWithinDeadAfter = wallOf(j.config, lastStep) - killedAt < 5_000 + 2_000
-  expect(lost.length >= 1 || endedWithinDeadAfter, `no CellLost of ${OTHER_DEVICE}, and the run went on ${wallOf(j.config, lastStep) - killedAt} ms after the kill`).toBe(true)
+  expect(lost.length >= 1 || endedWithinDeadAfter, `no CellLost of ${device}, and the run went on ${wallOf(j.config, lastStep) - killedAt} ms after the kill`).toBe(true)
 }
 

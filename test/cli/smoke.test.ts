@@ -74,7 +74,7 @@ describe("gyre commands", () => {
   }, 300_000)
 
   it("answers a bad flag of any command, and an unknown command, with one line and exit code 2", async () => {
-    const cases = [...Object.keys(commands).map((name) => [name, "--no-such-flag"]), ["no-such-command"], ["status"], ["train", "--steps", "many"]]
+    const cases = [...Object.keys(commands).map((name) => [name, "--no-such-flag"]), ["no-such-command"], ["status"], ["train", "--steps", "many"], ["train", "--devices=-1"]]
     const results = await pool(cases, (args) => cli(args))
     cases.forEach((args, i) => {
       expect(results[i]!.code, args.join(" ")).toBe(2)
