@@ -13,7 +13,8 @@
  * crashes to `$GYRE_CHAOS_FUZZ`, summed in `fuzz_cases` and `crashes` (`notes` names a fuzzer
  * that reported nothing). `trained_twice` is the sum over the
  * run-level faults during `gyre train` (test/chaos/train-faults.test.ts: kill -9 of a second
- * node, as a training satellite, and of the nats-server; each `--long` round seeds their moments anew, GYRE_CHAOS_SEED
+ * node, as a training satellite, as the training core, of the nats-server and of the scheduler
+ * alone; each `--long` round seeds their moments anew, GYRE_CHAOS_SEED
  * = 12 + round unless set); null, with a note, when none ran.
  * `by_fault` counts the faults by name; `run_faults` lists each run-level fault's recovery,
  * executions re-dispatched and duplicates suppressed.
