@@ -19,9 +19,11 @@
  * The harness gets no NATS credentials and none of the runner's environment (only `INHERITED`,
  * `HOME` set to the execution's own `home`); a `RunExecution.env` naming a loader, shell
  * start-up or credential variable (`FORBIDDEN_ENV`: `LD_*`, `BASH_ENV`, `NODE_OPTIONS`, ...)
- * is refused with `ForbiddenEnvironment`. With `runAs` (or `GYRE_HARNESS_UID`/`GYRE_HARNESS_GID`,
- * e.g. 65534 for nobody; recommended when the runner is root) harness and scorer run as that
- * user, the execution directory handed to it, so a harness cannot read the runner's
+ * is refused with `ForbiddenEnvironment`. Harness and scorer run as another user where the
+ * runner is root (`harnessUser`): `runAs`, else `GYRE_HARNESS_UID`/`GYRE_HARNESS_GID` (0 keeps
+ * root), else `nobody` (65534) once a probe shows nobody can run node and reach the suites and
+ * the workspaces (else a warning says why they run as root). The execution directory is handed
+ * to that user and the workspace root made traversable, so a harness cannot read the runner's
  * `/proc/<pid>/environ` or its files.
  *
  * At most `capacity` executions run at once (a semaphore); the actor's handler concurrency is
@@ -68,7 +70,7 @@ export interface HarnessRunnerConfig {
   readonly gatewayTimeoutMs?: number
   /** Pause between scorer attempts (default 200 ms). */
   readonly evaluationBackoffMs?: number
-  /** Run harnesses and scorers as this user (default GYRE_HARNESS_UID/GYRE_HARNESS_GID, else as the runner). */
+  /** Run harnesses and scorers as this user (default GYRE_HARNESS_UID/GYRE_HARNESS_GID, else nobody where the runner is root: `harnessUser`). */
   readonly runAs?: { readonly uid: number; readonly gid: number }
 }
 
@@ -91,13 +93,64 @@ const INHERITED = ["PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "T
 export const FORBIDDEN_ENV =
   /^(LD_.*|DYLD_.*|BASH_ENV|ENV|BASH_FUNC_.*|SHELLOPTS|BASHOPTS|PS4|PROMPT_COMMAND|IFS|NODE_OPTIONS|NODE_PATH|NODE_EXTRA_CA_CERTS|PYTHONSTARTUP|PYTHONPATH|PYTHONHOME|PERL5OPT|PERL5LIB|RUBYOPT|RUBYLIB|JAVA_TOOL_OPTIONS|GIT_.*|NATS_.*|GYRE_.*|OPENAI_.*|PATH|HOME)$/
 
-/** The user harnesses run as: `GYRE_HARNESS_UID` (and `GYRE_HARNESS_GID`, default the uid), if set. */
-const runAsFromEnv = (): { uid: number; gid: number } | undefined => {
-  const uid = Number(process.env.GYRE_HARNESS_UID ?? "")
-  if (process.env.GYRE_HARNESS_UID === undefined || !Number.isInteger(uid) || uid < 0) return undefined
-  const gid = Number(process.env.GYRE_HARNESS_GID ?? uid)
-  return { uid, gid: Number.isInteger(gid) && gid >= 0 ? gid : uid }
+interface HarnessUser {
+  readonly uid: number
+  readonly gid: number
 }
+
+/** `nobody`/`nogroup` on Debian, Ubuntu, Fedora and RHEL 8+. */
+const NOBODY: HarnessUser = { uid: 65534, gid: 65534 }
+
+/** A uid or gid variable: a non-negative integer, or a defect naming it. */
+const idOf = (name: string, value: string): number => {
+  const n = Number(value)
+  if (value.trim() === "" || !Number.isInteger(n) || n < 0) throw new Error(`${name} must be a user or group id (an integer >= 0), got '${value}'`)
+  return n
+}
+
+/** The user `GYRE_HARNESS_UID` (and `GYRE_HARNESS_GID`, default the uid) names, if set. */
+const runAsFromEnv = (): HarnessUser | undefined => {
+  const { GYRE_HARNESS_UID: uid, GYRE_HARNESS_GID: gid } = process.env
+  if (uid === undefined) return undefined
+  return { uid: idOf("GYRE_HARNESS_UID", uid), gid: idOf("GYRE_HARNESS_GID", gid ?? uid) }
+}
+
+/**
+ * Whether `user` can run this node and reach `suitesDir` (read) and `workspaceRoot` (traverse):
+ * undefined when it can, else why not.
+ */
+const probe = (user: HarnessUser, suitesDir: string, workspaceRoot: string) =>
+  Effect.promise((signal) =>
+    runInGroup(
+      {
+        command: [process.execPath, "-e", `const fs = require("fs"); fs.accessSync(${JSON.stringify(suitesDir)}, 5); fs.accessSync(${JSON.stringify(workspaceRoot)}, 1)`],
+        cwd: "/",
+        env: baseEnv(),
+        timeoutMs: 10_000,
+        graceMs: 500,
+        outputCapBytes: 4096,
+        uid: user.uid,
+        gid: user.gid
+      },
+      signal
+    )
+  ).pipe(Effect.map((r) => (r.exitCode === 0 ? undefined : `${describeEnd(r)}: ${tailOf(r.stderr.trim().split("\n").find((l) => l.startsWith("Error")) ?? r.stderr.trim(), 300)}`)))
+
+/**
+ * Who harnesses and scorers run as: `runAs`, else GYRE_HARNESS_UID/GID, else nobody where the
+ * runner is root and nobody passes the probe (a warning says why not), else the runner's user.
+ */
+const harnessUser = (config: HarnessRunnerConfig, fromEnv: HarnessUser | undefined) =>
+  Effect.gen(function* () {
+    const chosen = config.runAs ?? fromEnv
+    if (chosen !== undefined || process.getuid?.() !== 0) return chosen
+    const refused = yield* probe(NOBODY, config.suitesDir, config.workspaceRoot)
+    if (refused === undefined) return NOBODY
+    yield* Effect.logWarning(
+      `harness runner: harnesses run as root and can read this process's environment: uid ${NOBODY.uid} cannot reach the suites or the workspaces (${refused}); make ${config.suitesDir} readable by others, or set GYRE_HARNESS_UID (0: root on purpose)`
+    )
+    return undefined
+  })
 
 /** Hands `dir` and everything in it to `user`. */
 const chownTree = async (dir: string, user: { uid: number; gid: number }): Promise<void> => {
@@ -151,7 +204,7 @@ export const makeHarnessRunner = (config: HarnessRunnerConfig) => {
   const gatewayTimeoutMs = config.gatewayTimeoutMs ?? 10_000
   const backoffMs = config.evaluationBackoffMs ?? 200
   const gateway = refOf(GatewayProtocol, config.gateway)
-  const runAs = config.runAs ?? runAsFromEnv()
+  const fromEnv = runAsFromEnv()
 
   return Actor.make({
     kind: "harness-runner",
@@ -164,6 +217,9 @@ export const makeHarnessRunner = (config: HarnessRunnerConfig) => {
         const names = rlLayout(system.run)
         yield* ensureTrajectoryStream(system)
         yield* Effect.promise(() => fs.mkdir(config.workspaceRoot, { recursive: true }))
+        // Others may traverse the workspace root (not list it), to reach their own execution's directory.
+        if (process.getuid?.() === 0) yield* Effect.promise(() => fs.chmod(config.workspaceRoot, 0o711))
+        const runAs = yield* harnessUser(config, fromEnv)
         const slots = yield* Semaphore.make(capacity)
         const inFlight = new Map<string, Deferred.Deferred<ExecutionOutcome>>()
         const recent = new Map<string, ExecutionOutcome>()

@@ -23,6 +23,16 @@ export const fixtureSuites = path.join(repoRoot, "test", "harness", "fixtures", 
 
 export const tempDir = (prefix: string) => fs.mkdtempSync(path.join(os.tmpdir(), `gyre-${prefix}-`))
 
+/**
+ * A temporary directory a harness may write into (sticky, writable by all): where the tests run
+ * as root, harnesses run as nobody (`harnessUser` in src/actors/harness-runner.ts).
+ */
+export const sharedDir = (prefix: string) => {
+  const dir = tempDir(prefix)
+  fs.chmodSync(dir, 0o1777)
+  return dir
+}
+
 export interface ChatRequest {
   readonly key: string
   readonly role: string

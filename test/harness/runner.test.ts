@@ -12,7 +12,7 @@ import { apiKeyDigest } from "../../src/protocols/gateway.ts"
 import { ActorSystem } from "../../src/runtime/system.ts"
 import { oracleReply } from "../../suites/toy/world.mjs"
 import { withSystem } from "../runtime/harness.ts"
-import { request, runExecution, runnerRef, startChatServer, startRunner, stillRunning, suitesDir, tempDir } from "./helpers.ts"
+import { request, runExecution, runnerRef, sharedDir, startChatServer, startRunner, stillRunning, suitesDir, tempDir } from "./helpers.ts"
 
 const behaviours = { suite: "behaviours", task: "t" }
 
@@ -78,7 +78,7 @@ describe("harness runner", () => {
   })
 
   it("kills a timed-out harness's whole process group (TERM, then KILL) and still scores it", async () => {
-    const pids = path.join(tempDir("pids"), "pids")
+    const pids = path.join(sharedDir("pids"), "pids")
     const stubbornPids = `${pids}-stubborn`
     const result = await withSystem("timeout", Effect.gen(function* () {
       yield* startRunner({})
@@ -99,7 +99,7 @@ describe("harness runner", () => {
   })
 
   it("retries a failing scorer within the budget, then drops the execution and counts it; keeps valid per-call rewards", async () => {
-    const counter = path.join(tempDir("counter"), "n")
+    const counter = path.join(sharedDir("counter"), "n")
     const result = await withSystem("scorer", Effect.gen(function* () {
       const system = yield* ActorSystem
       yield* startRunner({ evaluationRetries: 2 })
@@ -190,7 +190,7 @@ describe("harness runner", () => {
   })
 
   it("runs at most `capacity` executions at once and answers Status while full", async () => {
-    const dir = tempDir("cap")
+    const dir = sharedDir("cap")
     const result = await withSystem("capacity", Effect.gen(function* () {
       const system = yield* ActorSystem
       yield* startRunner({ capacity: 2 })
@@ -215,7 +215,7 @@ describe("harness runner", () => {
   it("runs a repeated execution id once and answers both requests with its outcome", async () => {
     const result = await withSystem("dup", Effect.gen(function* () {
       const { log } = yield* startRunner({})
-      const req = request(behaviours, { env: { MODE: "sleep", PIDS: path.join(tempDir("dup"), "p") }, timeoutMs: 500 })
+      const req = request(behaviours, { env: { MODE: "sleep", PIDS: path.join(sharedDir("dup"), "p") }, timeoutMs: 500 })
       const [a, b] = yield* Effect.all([runExecution(req), runExecution(req)], { concurrency: "unbounded" })
       const again = yield* runExecution(req)
       return { a, b, again, opened: log.opened.length }
