@@ -217,9 +217,16 @@ const fuzz = (options: SubjectFuzzOptions, progress: Progress) =>
               tells++
               const subject = system.layout.tell(to)
               progress.tells++
-              await js.publish(subject, c.body, { headers: h, msgID: nuid.next() }).then(
+              // As a client would: a publish whose acknowledgement timed out is sent again with
+              // its message id (JetStream stores it once), up to 5 times.
+              const msgID = nuid.next()
+              const publish = (attempt: number): Promise<unknown> =>
+                js.publish(subject, c.body, { headers: h, msgID }).catch((e: unknown) =>
+                  attempt < 5 && e instanceof Error && e.name === "TimeoutError" ? publish(attempt + 1) : Promise.reject(e)
+                )
+              await publish(1).then(
                 () => void (storedTells++, progress.stored++),
-                (e) => failed(c, subject, `tell not stored: ${e}`)
+                (e) => failed(c, subject, `tell not stored after 5 tries: ${e}`)
               )
               return
             }
