@@ -33,6 +33,7 @@
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
 import { Deferred, Duration, Effect, Exit, Ref, Schedule, Schema, Semaphore } from "effect"
+import { errorLine } from "../common/error-line.ts"
 import * as Actor from "../runtime/actor.ts"
 import { messageOf, TransportError } from "../runtime/errors.ts"
 import { formatAddress, type ActorAddress } from "../runtime/names.ts"
@@ -172,8 +173,6 @@ const baseEnv = (): Record<string, string> => {
 
 const keepRank: Record<KeepPolicy, number> = { never: 0, "on-failure": 1, always: 2 }
 
-/** A tagged error in one line: its tag and fields (the runtime's errors carry no message). */
-const describeError = (e: { readonly _tag: string }) => `${e._tag} ${JSON.stringify(e)}`
 
 const clip = (text: string, max: number) => (text.length <= max ? text : `${text.slice(0, max)}...`)
 const tailOf = (text: string, max: number) => (text.length <= max ? text : `...${text.slice(text.length - max)}`)
@@ -270,7 +269,7 @@ export const makeHarnessRunner = (config: HarnessRunnerConfig) => {
           system.ask(gateway, "OpenExecution", { keyDigest: apiKeyDigest(key), task: taskName, execution, defaultRole: "main" }, { timeoutMs: gatewayTimeoutMs }).pipe(
             Effect.retry({ times: 2, schedule: Schedule.exponential(Duration.millis(200)) }),
             Effect.map((r) => ({ ok: true as const, baseUrl: r.baseUrl })),
-            Effect.catch((e) => Effect.succeed({ ok: false as const, reason: `gateway ${formatAddress(config.gateway)}: ${describeError(e)}` }))
+            Effect.catch((e) => Effect.succeed({ ok: false as const, reason: `gateway ${formatAddress(config.gateway)}: ${errorLine(e)}` }))
           )
 
         const publish = (outcome: ExecutionOutcome) =>
@@ -317,7 +316,7 @@ export const makeHarnessRunner = (config: HarnessRunnerConfig) => {
             } else {
               const harness = yield* run(suite.harness, workspace, { ...env, OPENAI_BASE_URL: opened.baseUrl, OPENAI_API_KEY: key }, req.timeoutMs ?? suite.harness.timeoutMs)
               yield* system.ask(gateway, "CloseExecution", { execution: req.execution }, { timeoutMs: gatewayTimeoutMs }).pipe(
-                Effect.catch((e) => Effect.logWarning(`CloseExecution ${req.execution}: ${describeError(e)}`))
+                Effect.catch((e) => Effect.logWarning(`CloseExecution ${req.execution}: ${errorLine(e)}`))
               )
               yield* writeLog(path.join(dir, "harness.log"), "harness", harness)
               ended = harness.timedOut ? "timed-out" : "finished"

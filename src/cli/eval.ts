@@ -1,7 +1,8 @@
 /**
  * `gyre eval`: scores a checkpoint on named tasks of a suite through the real rollout path
- * (`evaluate.ts`), prints one line per task and, last, one JSON object with `mean_score` and the
- * per-task scores (`--json` prints only the JSON line).
+ * (`evaluate.ts`), prints one line per task and, last, one JSON object with `mean_score`, the
+ * per-task scores and `failures` (task -> why it was not scored: its 0 is not the model's; `{}`
+ * when every task was scored; `--json` prints only the JSON line).
  */
 import * as fs from "node:fs"
 import * as path from "node:path"
@@ -60,7 +61,10 @@ export const command: Command<typeof flags> = {
       console.log(`mean score ${result.meanScore.toFixed(3)} on ${result.tasks.length} tasks in ${result.seconds.toFixed(1)} s`)
     }
     const scores = Object.fromEntries(result.tasks.map((t) => [t.task, Number(t.score.toFixed(4))]))
-    console.log(JSON.stringify({ run: f.run, suite: f.suite, checkpoint: f.checkpoint, mean_score: Number(result.meanScore.toFixed(4)), tasks: result.tasks.length, scores, wall_s: Number(result.seconds.toFixed(1)) }))
+    // Tasks that did not finish with a score (their 0 is not the model's): why, from their outcome.
+    const failures = Object.fromEntries(result.tasks.filter((t) => t.ended !== "finished").map((t) => [t.task, `${t.ended}: ${t.detail}`]))
+    if (!f.json) for (const [task, why] of Object.entries(failures)) console.log(`${task}: ${why}`)
+    console.log(JSON.stringify({ run: f.run, suite: f.suite, checkpoint: f.checkpoint, mean_score: Number(result.meanScore.toFixed(4)), tasks: result.tasks.length, scores, failures, wall_s: Number(result.seconds.toFixed(1)) }))
     return 0
   }
 }

@@ -41,6 +41,8 @@ export interface TaskScore {
   /** 0 for an execution whose evaluation failed (reported in `ended`). */
   readonly score: number
   readonly ended: string
+  /** The outcome's detail: the scorer's details, or why the execution was not scored. */
+  readonly detail: string
   readonly seconds: number
 }
 
@@ -108,7 +110,7 @@ export const evaluate = (options: EvaluationOptions): Effect.Effect<Evaluation, 
               { timeoutMs: 60 * 60_000 }
             )
             const ended = outcome.evaluation === "failed" ? "evaluation-failed" : outcome.ended
-            return { task, execution, score: outcome.score ?? 0, ended, seconds: (Date.now() - t0) / 1000 }
+            return { task, execution, score: outcome.score ?? 0, ended, detail: outcome.detail, seconds: (Date.now() - t0) / 1000 }
           }),
         { concurrency: "unbounded" }
       )

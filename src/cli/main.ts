@@ -8,6 +8,7 @@
  * message on one line); 2 a usage error (a bad flag or value: one line naming it). `gyre node`
  * and `gyre serve` drain on SIGINT / SIGTERM and then exit with 0.
  */
+import { errorLine } from "../common/error-line.ts"
 import { UsageError, usage, type Command } from "./args.ts"
 
 const commands: Record<string, () => Promise<{ readonly command: Command }>> = {
@@ -60,7 +61,7 @@ main(process.argv.slice(2)).then(
       console.error(error.message)
       process.exitCode = 2
     } else {
-      console.error(`gyre: ${error instanceof Error ? error.message : String(error)}`)
+      console.error(`gyre: ${errorLine(error)}`)
       if (process.env.GYRE_DEBUG) console.error(error)
       process.exitCode = 1
     }

@@ -50,6 +50,8 @@ describe("gyre train", () => {
     expect(existsSync(summary.report)).toBe(true)
     const evaluation = lastJson(execFileSync("node", [gyre, "eval", "--checkpoint", summary.checkpoint, "--tasks", "heldout-0,heldout-1", "--env", "TOY_STEPS=3", "--json"], { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] }))
     expect(Object.keys(evaluation.scores)).toEqual(["heldout-0", "heldout-1"])
+    // Every task ran and was scored (a 0 from a harness that could not run says so here).
+    expect(evaluation.failures).toEqual({})
     expect(evaluation.mean_score).toBeGreaterThanOrEqual(0)
     expect(evaluation.mean_score).toBeLessThanOrEqual(1)
   }, 300_000)
