@@ -14,7 +14,8 @@
  * Execution ids are subject tokens: letters, digits, `_` and `-`.
  *
  * `ensureTrajectoryStream` creates the trajectory stream when it is missing; every writer
- * (gateway, harness runner) calls it, so whichever starts first creates it.
+ * (gateway, harness runner) calls it, so whichever starts first creates it. Every stream and
+ * object store here is created with `GYRE_REPLICAS` replicas (`NatsShape.replicas`).
  */
 import { RetentionPolicy, StorageType } from "@nats-io/jetstream"
 import { Effect, Schema } from "effect"
@@ -54,8 +55,8 @@ export type RlLayout = ReturnType<typeof rlLayout>
 
 /**
  * Creates the run's trajectory stream if it does not exist (idempotent; a concurrent
- * creation by another writer is fine): limits retention, file storage, 2-minute duplicate
- * window (writers publish with `Nats-Msg-Id`, so a re-sent record or outcome is stored once).
+ * creation by another writer is fine): limits retention, file storage, `GYRE_REPLICAS`
+ * replicas, 2-minute duplicate window (writers publish with `Nats-Msg-Id`, so a re-sent record or outcome is stored once).
  */
 export const ensureTrajectoryStream = (system: ActorSystemShape) =>
   Effect.tryPromise({
@@ -70,6 +71,7 @@ export const ensureTrajectoryStream = (system: ActorSystemShape) =>
           subjects: names.trajectorySubjects,
           retention: RetentionPolicy.Limits,
           storage: StorageType.File,
+          num_replicas: system.nats.replicas,
           duplicate_window: 120_000 * 1_000_000
         })
         .catch(async (e) => {

@@ -18,7 +18,7 @@ import type { ActorSystemShape } from "../runtime/system.ts"
 import { rlLayout } from "./layout.ts"
 import { WeightsUnavailable } from "./rollout.ts"
 
-const openBucket = (system: ActorSystemShape) => new Objm(system.nats.nc).create(rlLayout(system.run).weightsBucket)
+const openBucket = (system: ActorSystemShape) => new Objm(system.nats.nc).create(rlLayout(system.run).weightsBucket, { replicas: system.nats.replicas })
 
 /**
  * Stores `safetensors` as version `version`, after `optimizer` (the core's AdamW state at that

@@ -68,10 +68,10 @@ export interface LogLocation {
   readonly credsFile?: string | undefined
 }
 
-/** The NATS connection a reader uses: `url`, or a private server on a copy of `store`. */
+/** The NATS connection a reader uses: `url`, or a private server on a copy of `store` (one server: replicas 1, whatever GYRE_REPLICAS says). */
 export const readerNats = (where: LogLocation) =>
   where.store !== undefined
-    ? Layer.unwrap(Effect.map(copyStore(where.store), (copy) => Nats.layer({ storeDir: copy, name: "gyre-replay" })))
+    ? Layer.unwrap(Effect.map(copyStore(where.store), (copy) => Nats.layer({ storeDir: copy, name: "gyre-replay", replicas: 1 })))
     : Nats.layer({ url: where.url, credsFile: where.credsFile, name: "gyre-replay" })
 
 const JOURNAL = /^GYRE_(.+)_JOURNAL$/

@@ -12,6 +12,7 @@
  * | `GYRE_LOG_FORMAT` | `json` (one object a line) or `pretty`, on stderr | `pretty` |
  * | `OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_{TRACES,METRICS,LOGS}_EXPORTER=otlp` | OTLP/HTTP export (observability.ts) | off |
  * | `NATS_URL`, `NATS_CREDS`, `GYRE_NATS_STORE` | see `nats.ts` | embedded server |
+ * | `GYRE_REPLICAS` | replicas (1 to 5) of every stream, KV bucket and object store a process creates; more than 1 needs a cluster of that many servers (`nats.ts`) | 1 |
  */
 import { Config, Option, Schema } from "effect"
 

@@ -9,6 +9,12 @@
  * supervised nats-server (`nats-server.ts`) for the same scope; `auth` makes it require the
  * users of a credentials directory (`auth.ts`) and connects as one of them.
  *
+ * `replicas` (`GYRE_REPLICAS`, 1 to 5, default 1) is how many servers hold each stream, KV bucket
+ * and object store this process creates: 1 on a single server, 3 on a cluster of three or more
+ * (JetStream refuses more replicas than it has servers). It is a setting, not a count of the
+ * cluster's servers: a process sees only the servers it connects to, and a stream is created
+ * once, by whichever process comes first, so every process of a run must agree.
+ *
  * `lost` fails with `NatsUnavailable` once the connection has been down for `goneMs` on end
  * (`GYRE_NATS_GONE_MS`, default 30 s): a long-running command races it against its work and
  * exits non-zero with the reason instead of half-serving. Closing the scope drains the
@@ -51,6 +57,8 @@ export interface NatsOptions {
   readonly storeDir?: string | undefined
   /** Connection name shown by server monitoring. */
   readonly name?: string | undefined
+  /** Replicas of every stream, KV bucket and object store created through this connection (1 to 5; absent = `GYRE_REPLICAS`, default 1). */
+  readonly replicas?: number | undefined
 }
 
 /** An optional setting; empty counts as unset. */
@@ -60,14 +68,26 @@ const setting = (name: string) =>
     Config.map((o) => Option.getOrUndefined(Option.filter(o, (v) => v !== "")))
   )
 
-/** Where to connect, as `Config`: NATS_URL, NATS_CREDS, NATS_NKEY, NATS_TLS_CA, GYRE_NATS_STORE, GYRE_NATS_GONE_MS. */
+const REPLICAS_EXPECTED = "expected an integer from 1 to 5 (the replicas of the run's streams and buckets: 1 on a single server, at most the cluster's servers)"
+
+/** `GYRE_REPLICAS`: replicas of the streams, buckets and object stores a process creates (default 1). */
+export const ReplicasSetting = Config.schema(
+  Schema.String.pipe(Schema.check(Schema.isPattern(/^\s*[1-5]\s*$/, { message: REPLICAS_EXPECTED }))),
+  "GYRE_REPLICAS"
+).pipe(
+  Config.map((s) => Number(s.trim())),
+  Config.withDefault(1)
+)
+
+/** Where to connect, as `Config`: NATS_URL, NATS_CREDS, NATS_NKEY, NATS_TLS_CA, GYRE_NATS_STORE, GYRE_NATS_GONE_MS, GYRE_REPLICAS. */
 export const NatsSettings = Config.all({
   url: setting("NATS_URL"),
   credsFile: setting("NATS_CREDS"),
   nkeyFile: setting("NATS_NKEY"),
   tlsCaFile: setting("NATS_TLS_CA"),
   storeDir: setting("GYRE_NATS_STORE"),
-  goneMs: Config.schema(Schema.Int.pipe(Schema.check(Schema.isGreaterThan(0))), "GYRE_NATS_GONE_MS").pipe(Config.withDefault(30_000))
+  goneMs: Config.schema(Schema.Int.pipe(Schema.check(Schema.isGreaterThan(0))), "GYRE_NATS_GONE_MS").pipe(Config.withDefault(30_000)),
+  replicas: ReplicasSetting
 })
 
 /** `NatsSettings` read now from the environment, for callers outside an Effect. */
@@ -86,6 +106,8 @@ export interface NatsShape {
   readonly journalNc: NatsConnection
   /** The URLs connected to (the embedded server's when embedded). */
   readonly servers: string
+  /** Replicas of every stream, KV bucket and object store created through this connection (`GYRE_REPLICAS`). */
+  readonly replicas: number
   /** True when this scope started its own nats-server. */
   readonly embedded: boolean
   /** The server's version string, as it reports it (e.g. "2.10.27"). */
@@ -186,6 +208,17 @@ const watchLoss = (nc: NatsConnection, servers: string, goneMs: number) =>
 const make = (options: NatsOptions) =>
   Effect.gen(function* () {
     const embedded = options.url === undefined
+    // Read when the layer is built unless the options say it (natsOptionsFromEnv does).
+    const replicas = options.replicas ?? (yield* ReplicasSetting)
+    if (!Number.isInteger(replicas) || replicas < 1 || replicas > 5) {
+      return yield* new NatsConnectError({ servers: options.url ?? "embedded", message: `replicas ${replicas}: ${REPLICAS_EXPECTED}` })
+    }
+    if (embedded && replicas > 1) {
+      return yield* new NatsConnectError({
+        servers: "embedded",
+        message: `GYRE_REPLICAS=${replicas} needs a JetStream cluster of at least ${replicas} servers (NATS_URL); the embedded server is one`
+      })
+    }
     const server = embedded
       ? yield* startEmbeddedServer({
           ...(options.storeDir !== undefined ? { storeDir: options.storeDir } : {}),
@@ -206,6 +239,7 @@ const make = (options: NatsOptions) =>
       jsm,
       kvm: new Kvm(nc),
       servers,
+      replicas,
       embedded,
       serverVersion: nc.info?.version ?? "unknown",
       server,

@@ -91,6 +91,9 @@ export interface ActorSystemShape {
 
 const ms = (n: number) => n * 1_000_000
 
+/** What a refused creation may owe to `GYRE_REPLICAS` (JetStream refuses more replicas than it has servers). */
+const replicasHint = (replicas: number) => (replicas > 1 ? ` (GYRE_REPLICAS=${replicas}: needs a JetStream cluster of at least ${replicas} servers)` : "")
+
 const ensureStream = (jsm: JetStreamManager, config: Partial<StreamConfig> & { name: string }) =>
   Effect.tryPromise({
     try: async () => {
@@ -107,13 +110,13 @@ const ensureStream = (jsm: JetStreamManager, config: Partial<StreamConfig> & { n
         }
       }
     },
-    catch: (e) => new TransportError({ operation: `create stream ${config.name}`, message: messageOf(e) })
+    catch: (e) => new TransportError({ operation: `create stream ${config.name}`, message: messageOf(e) + replicasHint(config.num_replicas ?? 1) })
   })
 
 const openBucket = (nats: NatsShape, name: string) =>
   Effect.tryPromise({
-    try: () => nats.kvm.create(name, { history: 1 }),
-    catch: (e) => new TransportError({ operation: `create KV bucket ${name}`, message: messageOf(e) })
+    try: () => nats.kvm.create(name, { history: 1, replicas: nats.replicas }),
+    catch: (e) => new TransportError({ operation: `create KV bucket ${name}`, message: messageOf(e) + replicasHint(nats.replicas) })
   })
 
 const defaultAskTimeoutMs = 10_000
@@ -156,6 +159,7 @@ const make = (options: SystemOptions) =>
       subjects: names.journalSubjects,
       retention: RetentionPolicy.Limits,
       storage: StorageType.File,
+      num_replicas: nats.replicas,
       max_age: ms(options.journalMaxAgeMs ?? 0),
       duplicate_window: ms(options.duplicateWindowMs ?? 120_000)
     })
@@ -163,7 +167,8 @@ const make = (options: SystemOptions) =>
       name: names.deadStream,
       subjects: names.deadSubjects,
       retention: RetentionPolicy.Limits,
-      storage: StorageType.File
+      storage: StorageType.File,
+      num_replicas: nats.replicas
     })
     const registry = yield* openBucket(nats, names.registryBucket)
     const state = yield* openBucket(nats, names.stateBucket)

@@ -54,7 +54,7 @@ export const openKvStore = Effect.fn("openKvStore")(function* (system: ActorSyst
   const name = rlLayout(system.run).kvBucket
   const objm = new Objm(system.nats.nc)
   return yield* Effect.tryPromise({
-    try: () => objm.create(name, { storage: StorageType.Memory, ttl: 600_000 * 1_000_000 }).catch(() => objm.open(name)),
+    try: () => objm.create(name, { storage: StorageType.Memory, ttl: 600_000 * 1_000_000, replicas: system.nats.replicas }).catch(() => objm.open(name)),
     catch: (e) => new TransportError({ operation: `open object store ${name}`, message: messageOf(e) })
   })
 })

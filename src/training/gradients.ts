@@ -44,7 +44,7 @@ export const openGradientStore = (system: ActorSystemShape, paramCount: number):
     const attempt = <A>(operation: string, f: (store: ObjectStore) => Promise<A>) =>
       Effect.tryPromise({ try: () => f(store), catch: (e) => new TransportError({ operation, message: messageOf(e) }) })
     const store: ObjectStore = yield* Effect.tryPromise({
-      try: () => new Objm(system.nats.nc).create(bucket),
+      try: () => new Objm(system.nats.nc).create(bucket, { replicas: system.nats.replicas }),
       catch: (e) => new TransportError({ operation: `open object store ${bucket}`, message: messageOf(e) })
     })
     return {

@@ -43,6 +43,7 @@ export const ensureMicroBatchStream = (system: ActorSystemShape) => {
         subjects: [names.allMicroBatches],
         retention: RetentionPolicy.Workqueue,
         storage: StorageType.File,
+        num_replicas: system.nats.replicas,
         duplicate_window: 120_000 * 1_000_000
       })
       .catch(async (e) => {
