@@ -5,7 +5,12 @@
  *   a `Nats-Msg-Id` (JetStream drops a re-publish of the same id within its duplicate window;
  *   the actor drops one outside it) and returns once JetStream has stored it.
  * - `ask` is a core NATS request to the actor's ask subject with a timeout; the reply decodes
- *   to the protocol's success or typed error, or to the runtime's `AskError`s.
+ *   to the protocol's success or typed error, or to the runtime's `AskError`s. Core NATS is at
+ *   most once: a request or reply in flight when a connection is cut is lost. So an ask not
+ *   answered within `resendMs` (10 s) is sent again with the same message id until its timeout:
+ *   the actor answers a repeated id with its recorded answer, or with the one it is working
+ *   out, never running the handler twice (`AnswerCache`, intake.ts); an actor that never saw
+ *   the id (the request was lost, or another incarnation holds the address now) handles it.
  *
  * Building the layer creates the run's journal and dead-letter streams and its registry and
  * state KV buckets when they do not exist yet (idempotent, so every node may do it).
@@ -51,6 +56,8 @@ export interface AskOptions {
   readonly msgId?: string
   readonly sender?: string
   readonly incarnation?: number
+  /** Sent again with the same message id when unanswered for this long (default 10 s; see the module doc). */
+  readonly resendMs?: number
 }
 
 export interface SystemOptions {
@@ -120,6 +127,7 @@ const openBucket = (nats: NatsShape, name: string) =>
   })
 
 const defaultAskTimeoutMs = 10_000
+const defaultAskResendMs = 10_000
 
 const askError = (e: unknown, actor: string, request: string, timeoutMs: number): AskError =>
   e instanceof TimeoutError
@@ -203,16 +211,41 @@ const make = (options: SystemOptions) =>
         const rpc = requestOf(ref.protocol, tag)
         if (rpc === undefined) return Effect.die(new Error(`${tag} is not a request of ${actor}'s protocol`))
         const timeoutMs = askOptions?.timeoutMs ?? defaultAskTimeoutMs
+        const resendMs = askOptions?.resendMs ?? defaultAskResendMs
         const headers = requestHeaders(tag, askOptions?.msgId ?? nuid.next(), askOptions, traceparentOf(fiber))
         const data = encodePayload(rpc, payload)
+        const subject = names.ask(ref.address)
         // One callback from the request's promise to the decoded reply: no step between.
         return Effect.callback<unknown, unknown>((resume) => {
-          const failed = (e: unknown) => resume(Effect.fail(askError(e, actor, tag, timeoutMs)))
-          try {
-            nats.nc.request(names.ask(ref.address), data, { timeout: timeoutMs, headers }).then((msg) => resume(replyOf(rpc, msg.data, actor, tag)), failed)
-          } catch (e) {
-            failed(e)
+          const deadline = performance.now() + timeoutMs
+          let settled = false
+          const failed = (e: unknown) => {
+            settled = true
+            resume(Effect.fail(askError(e, actor, tag, timeoutMs)))
           }
+          const send = (waitMs: number) => {
+            try {
+              nats.nc.request(subject, data, { timeout: waitMs, headers }).then(
+                (msg) => {
+                  if (settled) return
+                  settled = true
+                  resume(replyOf(rpc, msg.data, actor, tag))
+                },
+                (e) => {
+                  if (settled) return
+                  const left = deadline - performance.now()
+                  // Unanswered: the request or its reply may have been lost; again, with the same id.
+                  if (e instanceof TimeoutError && left >= 1) send(Math.min(resendMs, left))
+                  else failed(e)
+                }
+              )
+            } catch (e) {
+              failed(e)
+            }
+          }
+          send(Math.min(timeoutMs, resendMs))
+          // Interrupted: nothing more is sent (a request already out times out unheard).
+          return Effect.sync(() => void (settled = true))
         })
       }), "Actor.ask", "client", actor, tag)
     }) as ActorSystemShape["ask"]
