@@ -12,7 +12,9 @@
  * means the holder is gone, and the claimant takes the entry with a compare-and-set on the
  * revision it watched, so of several claimants exactly one wins.
  *
- * The holder renews the claim every beat with a compare-and-set on its last revision. A renewal
+ * The holder renews the claim every beat with a compare-and-set on its last revision (each
+ * renewal cut short after a beat, at least 1 s, so that one lost in a connection cut does not
+ * silence the holder for the client's request timeout). A renewal
  * that finds the entry changed by someone else (a newer incarnation, a death mark) has lost the
  * claim: `held()` turns false and `lost` completes; the incarnation then stops handling and
  * acknowledging (host.ts). Actors are fenced on that evidence only: a holder that cannot reach
@@ -65,6 +67,9 @@ export interface Claim {
   /** Writes a last status if the claim is still held; afterwards it is not. */
   readonly release: (status: "stopped" | "failed") => Effect.Effect<void>
 }
+
+/** How long one renewal may take: a beat, at least 1 s. */
+export const renewalTimeoutMs = (everyMs: number) => Math.max(everyMs, 1000)
 
 const isConflict = (e: unknown): boolean =>
   e instanceof JetStreamApiError &&
@@ -134,10 +139,14 @@ const makeClaim = (registry: KV, at: ActorAddress, holder: string, incarnation: 
         return undefined
       })
 
-    const renewOnce = (load: Readonly<Record<string, unknown>>) =>
+    // A renewal waits at most `renewalTimeoutMs(everyMs)`: one whose request or reply was lost
+    // (a connection cut) would otherwise hold up the beat for the client's whole request
+    // timeout (5 s, as long as GYRE_DEAD_AFTER_MS) after the connection is back. A renewal cut
+    // short may still land: the next one then finds its own entry and writes over it (writeOwn).
+    const renewOnce = (load: Readonly<Record<string, unknown>>, everyMs: number) =>
       Effect.gen(function* () {
         const sentAt = performance.now()
-        const lostBecause = yield* writeOwn("running", load)
+        const lostBecause = yield* writeOwn("running", load).pipe(Effect.timeout(Duration.millis(renewalTimeoutMs(everyMs))))
         if (lostBecause !== undefined) return yield* lose(lostBecause)
         lastRenewedAt = sentAt
       }).pipe(Effect.catch((e) => Effect.logWarning(`${key}: renewal failed`, e)))
@@ -146,7 +155,7 @@ const makeClaim = (registry: KV, at: ActorAddress, holder: string, incarnation: 
       const beat = Effect.gen(function* () {
         while (held) {
           yield* Effect.sleep(Duration.millis(everyMs))
-          if (held) yield* renewOnce(load())
+          if (held) yield* renewOnce(load(), everyMs)
         }
       })
       const stepDownAfterMs = options?.stepDownAfterMs

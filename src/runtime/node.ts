@@ -373,7 +373,7 @@ export const startNode = <R>(
     yield* serving([yield* hostOne(nodeType as Actor.ActorType<any, any, R>, nodeAddress, yield* claim(nodeAddress))])
 
     const view = yield* viewRegistry(system)
-    yield* monitorLiveness(system, view, { deadAfterMs, self: formatAddress(nodeAddress), ...(options.onDead ? { onDead: options.onDead } : {}) })
+    yield* monitorLiveness(system, view, { deadAfterMs, self: formatAddress(nodeAddress), selfEveryMs: hostOptions.heartbeatMs, ...(options.onDead ? { onDead: options.onDead } : {}) })
     yield* replaceDead(system, view, { node: options.name, types: catalogue, deadAfterMs, spawn, accepting: () => !draining })
     yield* serveDiscovery(system.nats.nc, {
       id: nuid.next(),

@@ -246,12 +246,16 @@ export const viewRegistry = (system: ActorSystemShape, options?: WatchOptions) =
 export interface LivenessOptions {
   readonly deadAfterMs: number
   /**
-   * This process's own beating entry (its node's): after this process lost its connection,
-   * nobody is judged silent until its own next beat has reached the registry, and silence is
-   * counted from that beat. A process that could not write could not see others write either
-   * (a restarted server answers requests only once its JetStream has recovered).
+   * This process's own beating entry (its node's): after this process lost its connection, or
+   * while its own entry looks silent (`ownSilentMs`), nobody is judged silent until its own next
+   * beat has reached the registry, and silence is counted from that beat. A process that could
+   * not write could not see others write either (a restarted server answers requests only once
+   * its JetStream has recovered; a cluster's registry stream answers none while it elects a
+   * leader).
    */
   readonly self?: string
+  /** How often `self` beats (its node's heartbeat); see `ownSilentMs`. */
+  readonly selfEveryMs?: number
   readonly checkEveryMs?: number
   readonly onDead?: (event: DeadEvent) => Effect.Effect<void>
 }
@@ -260,11 +264,21 @@ export interface LivenessOptions {
 const expectsBeat = (status: RegistryEntry["status"]) => status === "running" || status === "placing"
 
 /**
- * Since when (`performance.now()`) this process has seen the registry whole: 0 while it never
- * lost its connection, undefined from a disconnect until its own entry `self` next changes
- * (then that change's time). Without `self`, a disconnect is not tracked.
+ * How long this process's own entry may look unchanged before it doubts its view: half the
+ * dead-after time, and at least two of its beats.
  */
-const watchOwnSight = (system: ActorSystemShape, view: RegistryView, self: string | undefined) =>
+const ownSilentMs = (options: LivenessOptions) => Math.max(options.deadAfterMs / 2, 2 * (options.selfEveryMs ?? 0))
+
+/**
+ * Since when (`performance.now()`) this process has seen the registry whole: 0 while it never
+ * lost sight, undefined from losing it until its own entry `self` next changes (then that
+ * change's time). It loses sight at a disconnect, and when its own running entry has looked
+ * unchanged for `silentMs`: then its own beats are not landing or not reaching its watch (the
+ * registry's stream has no leader while a cluster elects one after a server's loss, and every
+ * write fails for seconds), so the others' silence is no evidence either. Without `self`,
+ * nothing is tracked.
+ */
+const watchOwnSight = (system: ActorSystemShape, view: RegistryView, self: string | undefined, silentMs: number) =>
   Effect.gen(function* () {
     let lostAt: number | undefined
     let since = 0
@@ -277,8 +291,11 @@ const watchOwnSight = (system: ActorSystemShape, view: RegistryView, self: strin
       )
     }
     return (): number | undefined => {
+      if (self === undefined) return since
+      const own = view.get(self)
+      const now = performance.now()
+      if (lostAt === undefined && own !== undefined && expectsBeat(own.entry.status) && now - Math.max(own.at, since) > silentMs) lostAt = now
       if (lostAt === undefined) return since
-      const own = view.get(self!)
       if (own === undefined || own.at <= lostAt) return undefined
       lostAt = undefined
       since = own.at
@@ -290,7 +307,7 @@ const watchOwnSight = (system: ActorSystemShape, view: RegistryView, self: strin
 export const monitorLiveness = (system: ActorSystemShape, view: RegistryView, options: LivenessOptions) =>
   Effect.gen(function* () {
     const tried = new Map<string, number>()
-    const sight = yield* watchOwnSight(system, view, options.self)
+    const sight = yield* watchOwnSight(system, view, options.self, ownSilentMs(options))
     const check = Effect.gen(function* () {
       const now = performance.now()
       const since = sight()

@@ -3,11 +3,13 @@
  * a second spawn of a held address is refused naming the holder, concurrent spawns leave one
  * winner, a zombie that sees a newer incarnation stops handling and acknowledging and its
  * messages go to the new one, a fenced incarnation's messages are recognisably stale, and a
- * lease passes to a standby on release, on silence, and is lost when taken or not renewed.
+ * lease passes to a standby on release, on silence, and is lost when taken or not renewed; a
+ * standby waits through an unanswering registry; a renewal lost on the way holds the beat up
+ * for about a second only.
  */
 import { Duration, Effect, Exit, Fiber, Scope } from "effect"
 import { describe, expect, it } from "vitest"
-import { isCurrent } from "../../src/runtime/claim.ts"
+import { acquire, isCurrent, renewalTimeoutMs } from "../../src/runtime/claim.ts"
 import * as Lease from "../../src/runtime/lease.ts"
 import { address } from "../../src/runtime/names.ts"
 import { nodeRef, startNode } from "../../src/runtime/node.ts"
@@ -100,6 +102,36 @@ describe("claims", () => {
     ])
     expect(result.stale).toEqual([false, true])
   })
+
+  it("a renewal whose write is never answered (lost in a connection cut) holds the beat up for about a second, not for good", async () => {
+    const result = await withSystem("lost-renewal", Effect.gen(function* () {
+      const system = yield* ActorSystem
+      // The registry as the claim sees it; `drop` makes its next update a request that never returns.
+      let drop = false
+      const registry = new Proxy(system.registry, {
+        get: (target, p) => {
+          if (p === "update" && drop) {
+            drop = false
+            return () => new Promise(() => undefined)
+          }
+          const v = Reflect.get(target, p, target)
+          return typeof v === "function" ? v.bind(target) : v
+        }
+      })
+      const claim = yield* acquire(registry, address("probe", "beat"), { holder: "x", silentMs: 1000, whenHeld: "refuse" })
+      yield* Effect.forkScoped(claim.renew(() => ({}), 200))
+      const revision = Effect.promise(() => system.registry.get("probe/beat")).pipe(Effect.map((e) => e?.revision ?? 0))
+      yield* Effect.sleep(Duration.millis(600))
+      const before = yield* revision
+      drop = true
+      const t0 = performance.now()
+      yield* eventually(revision.pipe(Effect.map((r) => (r > before + 1 ? r : undefined))), 5000, 20)
+      return { gapMs: performance.now() - t0, held: claim.held() }
+    }))
+    // The lost renewal is given up after renewalTimeoutMs (1 s); the next ones land.
+    expect(result.gapMs).toBeLessThan(renewalTimeoutMs(200) + 1500)
+    expect(result.held).toBe(true)
+  })
 })
 
 describe("leases", () => {
@@ -133,6 +165,35 @@ describe("leases", () => {
     expect(result.third).toBe(8)
     expect(result.silentMs).toBeGreaterThanOrEqual(600)
     expect(result.silentMs).toBeLessThan(3000)
+  })
+
+  it("keeps waiting for a lease while the registry does not answer, and takes it once it does", async () => {
+    const result = await withSystem("lease-wait", Effect.gen(function* () {
+      const system = yield* ActorSystem
+      // The registry's reads fail for the first second (as while a cluster elects its leader).
+      const until = performance.now() + 1000
+      let failed = 0
+      const registry = new Proxy(system.registry, {
+        get: (target, p) => {
+          if (p === "get" && performance.now() < until) {
+            return () => {
+              failed++
+              return Promise.reject(new Error("jetstream is not enabled"))
+            }
+          }
+          const v = Reflect.get(target, p, target)
+          return typeof v === "function" ? v.bind(target) : v
+        }
+      })
+      const t0 = performance.now()
+      const lease = yield* Lease.acquire({ ...system, registry }, "unanswered", "x", { ttlMs: 900 })
+      return { term: lease.term, held: lease.held(), failed, ms: performance.now() - t0 }
+    }))
+    expect(result.failed).toBeGreaterThan(1)
+    expect(result.term).toBe(1)
+    expect(result.held).toBe(true)
+    expect(result.ms).toBeGreaterThanOrEqual(1000)
+    expect(result.ms).toBeLessThan(4000)
   })
 
   it("loses a lease that another holder took, and one it cannot renew for ttl", async () => {
