@@ -12,7 +12,10 @@
  * Records are fenced: each is published with the sequence of the record before it as the
  * subject's expected last sequence, so of two schedulers that believe they lead, only one
  * extends the records; the other's write fails with `JournalFenced` (message ids
- * `policy-<term>-<index>` make a retried write of one record idempotent).
+ * `policy-<term>-<index>` make a retried write of one record idempotent). A write that fails
+ * (no acknowledgement) and finds its own record last (by that message id) was stored: its
+ * acknowledgement was lost, as when the scheduler's server is killed (test/chaos/cluster.test.ts:
+ * the leader took its own record for another's and stopped, and the run stalled).
  */
 import { Effect, Schema, Stream } from "effect"
 import { TransportError, messageOf } from "../runtime/errors.ts"
@@ -86,17 +89,20 @@ export const recordWriter = (system: ActorSystemShape, lastSeq: number) => {
   let last = lastSeq
   return Effect.fn("Scheduler.journal")(function* (record: PolicyRecord) {
     const expected = last
-    const ack = yield* publish(system, subject, encodeRecord(record), {
-      msgID: `policy-${record.term}-${record.index}`,
+    const msgID = `policy-${record.term}-${record.index}`
+    const ack: { readonly seq: number } = yield* publish(system, subject, encodeRecord(record), {
+      msgID,
       expect: { lastSubjectSequence: expected }
     }).pipe(
       Effect.catchTag("TransportError", (e) =>
         readLast(system.nats, system.layout.journalStream, subject).pipe(
-          Effect.flatMap((m): Effect.Effect<never, TransportError | JournalFenced> =>
-            m !== undefined && m.seq !== expected
-              ? Effect.fail(new JournalFenced({ index: record.index, term: record.term, expectedSeq: expected, foundSeq: m.seq }))
-              : Effect.fail(e)
-          )
+          Effect.flatMap((m): Effect.Effect<{ readonly seq: number }, TransportError | JournalFenced> => {
+            if (m === undefined || m.seq === expected) return Effect.fail(e)
+            // This very record, stored with its acknowledgement lost (a connection cut while the
+            // server stored it): written, not fenced.
+            if (m.header?.get("Nats-Msg-Id") === msgID) return Effect.succeed({ seq: m.seq })
+            return Effect.fail(new JournalFenced({ index: record.index, term: record.term, expectedSeq: expected, foundSeq: m.seq }))
+          })
         )
       )
     )
