@@ -321,16 +321,19 @@ export const makeTrainingRole = (
           if (checkpointDue(config, version)) {
             yield* saveTrainingCheckpoint(config.checkpointDir, model, trainer, { run: system.run, version }).pipe(Effect.orDie)
           }
-          const metrics = s.metrics.metrics({
-            step,
-            figures: s.planner.figures,
-            microBatches: s.planner.microBatches,
-            devices: s.devices,
-            gradNorm,
-            clock: s.clock,
-            reduceMs: publishStart - reduceStart,
-            publishMs: Date.now() - publishStart
-          })
+          const metrics = {
+            ...s.metrics.metrics({
+              step,
+              figures: s.planner.figures,
+              microBatches: s.planner.microBatches,
+              devices: s.devices,
+              gradNorm,
+              clock: s.clock,
+              reduceMs: publishStart - reduceStart,
+              publishMs: Date.now() - publishStart
+            }),
+            plan: s.plan
+          }
           yield* system.publishEvent("step", metrics).pipe(Effect.retry(transient), Effect.orDie)
           yield* system
             .tell(scheduler, "StepDone", { step, version, metrics }, { msgId: `step-${step}-done`, sender: me })

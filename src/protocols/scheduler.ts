@@ -12,7 +12,7 @@ import { Rpc, RpcGroup } from "effect/rpc"
 import { PolicyAction, PolicyEvent, Role } from "../policy/vocabulary.ts"
 import { ExecutionOutcome } from "../tree/outcome.ts"
 import { ExecutionId } from "./layout.ts"
-import { SwitchResult } from "./device.ts"
+import { StepPlan, SwitchResult } from "./device.ts"
 
 const Count = Schema.Int.check(Schema.isGreaterThanOrEqualTo(0))
 
@@ -63,7 +63,13 @@ export const StepMetrics = Schema.Struct({
   /** Each told execution's tree as the core rebuilt it (`gyre replay --trees` checks them). */
   trees: Schema.optional(Schema.Array(TreeFigures)),
   /** `packedBatchDigest` of each planned micro-batch, by index. */
-  batchDigests: Schema.optional(Schema.Array(Schema.String))
+  batchDigests: Schema.optional(Schema.Array(Schema.String)),
+  /**
+   * The plan the core trained the step on (its last attempt's): what `gyre replay --trees`
+   * re-plans with. Journaled here, durably, because the `StartStep` ask's journal copy is at
+   * most once (a server lost at that moment loses it).
+   */
+  plan: Schema.optional(StepPlan)
 })
 export type StepMetrics = typeof StepMetrics.Type
 

@@ -2,7 +2,8 @@
  * `gyre replay --trees`: every execution's trajectory tree rebuilt from the recorded call records
  * (the trajectory stream, through the trainer's `DeltaDecoder`) and checked against what the core
  * trainer journaled for its step (`StepMetrics.trees`: calls, unique tokens, paths, `treeDigest`);
- * then the step's planning replayed (`StepPlanner` on the step's `StartStep` plan, told the
+ * then the step's planning replayed (`StepPlanner` on the plan the step's metrics carry, else on
+ * its first `StartStep`'s journal copy, told the
  * step's `TrainExecution`s in journal order with the rebuilt trees) and each micro-batch's
  * `packedBatchDigest` compared with the journaled `batchDigests`. A mismatch names the step,
  * the execution (and the first figure that differs) or the micro-batch and its executions.
@@ -33,7 +34,7 @@ export interface TreeCheck {
   readonly executions: number
   readonly microBatches: number
   readonly mismatches: ReadonlyArray<TreeMismatch>
-  /** Steps whose metrics carry no trees (a trainer older than this check). */
+  /** Steps whose metrics carry no trees (a trainer older than this check), or no plan with no `StartStep` copy journaled either. */
   readonly unrecorded: ReadonlyArray<number>
 }
 
@@ -84,7 +85,9 @@ export const checkTrees = (log: JournalSource, config: RunConfig): Effect.Effect
     let checkedBatches = 0
     for (const [step, s] of [...steps.entries()].sort((a, b) => a[0] - b[0])) {
       const m = s.metrics
-      if (m?.trees === undefined || m.batchDigests === undefined || s.plan === undefined) {
+      // The plan the step's metrics carry (durable), else the first StartStep's journal copy (older trainers).
+      const plan = m?.plan ?? s.plan
+      if (m?.trees === undefined || m.batchDigests === undefined || plan === undefined) {
         if (m !== undefined) unrecorded.push(step)
         continue
       }
@@ -95,7 +98,7 @@ export const checkTrees = (log: JournalSource, config: RunConfig): Effect.Effect
         const field = (["calls", "uniqueTokens", "paths", "digest"] as const).find((k) => rebuilt?.[k] !== recorded[k])
         if (field !== undefined) mismatches.push({ step, execution: recorded.execution, what: field, expected: rebuilt?.[field] ?? "no call records", recorded: recorded[field] })
       }
-      const planner = new StepPlanner(s.plan, config.training, config.seed)
+      const planner = new StepPlanner(plan, config.training, config.seed)
       const digests: Array<{ readonly digest: string; readonly executions: ReadonlyArray<string> }> = []
       for (const ref of s.told) {
         const told = planner.tell(ref, treeOf(ref.execution) ?? new TrajectoryTree())

@@ -4,8 +4,9 @@
  * planned, a checkpoint after every step): every execution's tree rebuilt from its call records
  * matches what the core trainer journaled, and the re-planned micro-batches match its packed-batch
  * digests; an export trained offline gives the live step's weights byte for byte, and an export
- * with altered log-probs does not; with one call record deleted from the trajectory stream the
- * tree check fails naming the execution.
+ * with altered log-probs does not; with the StartStep asks' journal copies deleted the check
+ * still passes (each step's metrics carry its plan); with one call record deleted from the
+ * trajectory stream the tree check fails naming the execution.
  */
 import { execFileSync } from "node:child_process"
 import { mkdtempSync, readFileSync, writeFileSync } from "node:fs"
@@ -53,6 +54,27 @@ describe("gyre replay --trees", { timeout: 240_000 }, () => {
     const altered = await gyreCli(["train", "--from-export", dir])
     expect(altered.code).toBe(1)
     expect(altered.stdout).toMatch(/DIFFERENT from the live/)
+  })
+
+  it("passes with the StartStep asks' journal copies gone (at most once: a server lost then loses one): the plan comes from the step's metrics", async () => {
+    const deleted = await Effect.runPromise(
+      Effect.scoped(
+        Effect.gen(function* () {
+          const nats = yield* Nats
+          const copies = yield* readStored(nats, `GYRE_${run}_JOURNAL`).pipe(
+            Stream.filter((m) => m.subject.startsWith(`gyre.${run}.asked.device.`) && m.headers?.get("Gyre-Request") === "StartStep"),
+            Stream.map((m) => m.seq),
+            Stream.runCollect
+          )
+          for (const seq of copies) yield* Effect.promise(() => nats.jsm.streams.deleteMessage(`GYRE_${run}_JOURNAL`, seq))
+          return copies.length
+        }).pipe(Effect.provide(Nats.layer({ storeDir: store })))
+      )
+    )
+    expect(deleted).toBeGreaterThanOrEqual(2)
+    const r = await gyreCli(["replay", run, "--store", store, "--trees", "--json"])
+    expect(r.code).toBe(0)
+    expect(JSON.parse(r.stdout)).toMatchObject({ ok: true, steps: 2, executions: 8, mismatches: [], unrecorded: [] })
   })
 
   it("fails naming the execution when one of its call records is gone", async () => {
