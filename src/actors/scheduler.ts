@@ -20,7 +20,7 @@
  * the shell only chooses what the policy leaves open (hand-off destinations in the order the
  * design fixes, runner `n mod runners` for execution `n`).
  */
-import { Duration, Effect, FiberSet, Schedule, Schema } from "effect"
+import { Cause, Duration, Effect, FiberSet, Schedule, Schema } from "effect"
 import * as Actor from "../runtime/actor.ts"
 import { address, formatAddress, parseAddress } from "../runtime/names.ts"
 import type { NodeHandle } from "../runtime/node.ts"
@@ -120,7 +120,7 @@ export const makeScheduler = (options: SchedulerOptions) => {
    * (`src/runtime/lease.ts`), hosts the scheduler while holding it (claiming its address may
    * wait for a killed leader's activation to fall silent), stops it when the lease is lost,
    * and waits again. Fails with `SchedulerStopped` when the scheduler's supervisor gives up
-   * while this candidate leads.
+   * while this candidate leads; any end but an interruption is logged as an error (callers fork it).
    */
   const standBy = (node: NodeHandle, system: ActorSystemShape) =>
     Effect.gen(function* () {
@@ -143,7 +143,7 @@ export const makeScheduler = (options: SchedulerOptions) => {
           }).pipe(Effect.ensuring(Effect.sync(() => (leadership = undefined))))
         )
       }
-    })
+    }).pipe(Effect.tapCause((cause) => (Cause.hasInterruptsOnly(cause) ? Effect.void : Effect.logError(`scheduler candidate on ${node.name} stopped`, cause))))
 
   return { type, standBy }
 }

@@ -139,7 +139,7 @@ export const command: Command<typeof flags> = {
       })
       for (const a of spawns) yield* node.spawn(a.kind, a.id)
       if (devices !== undefined) for (let i = 0; i < f.devices; i++) yield* node.spawn(DEVICE_KIND, `${f.name}.${devices.backend}${i}`)
-      if (scheduler !== undefined) yield* Effect.forkScoped(scheduler.standBy(node, system).pipe(Effect.tapCause((c) => Effect.logError("scheduler candidate stopped", c))))
+      if (scheduler !== undefined) yield* Effect.forkScoped(scheduler.standBy(node, system))
       yield* status({
         event: "ready",
         node: f.name,

@@ -10,22 +10,27 @@ import { Duration, Effect, Fiber } from "effect"
 import { describe, expect, it } from "vitest"
 import { encodeJson } from "../../src/runtime/protocol.ts"
 import { monitorLiveness, type DeadEvent, type Observed, type RegistryEntry, type RegistryView } from "../../src/runtime/registry.ts"
-import { ActorSystem } from "../../src/runtime/system.ts"
+import { ActorSystem, type ActorSystemShape } from "../../src/runtime/system.ts"
 import { withSystem } from "./harness.ts"
 
 const entryOf = (kind: string, id: string): RegistryEntry => ({ kind, id, node: id, incarnation: 1, status: "running", heartbeatAt: Date.now(), load: {} })
+
+/** A view driven by hand: `beat` writes an entry to the registry and marks it seen now (its revision, for the death mark). */
+const handView = (system: ActorSystemShape) => {
+  const seen = new Map<string, Observed>()
+  const beat = (key: string, entry: RegistryEntry) =>
+    Effect.promise(() => system.registry.put(key, encodeJson(entry))).pipe(
+      Effect.map((revision) => void seen.set(key, { entry, revision, at: performance.now() }))
+    )
+  const view: RegistryView = { get: (key) => seen.get(key), entries: () => seen.entries() }
+  return { beat, view }
+}
 
 describe("liveness and the monitor's own sight", () => {
   it("declares no one dead while its own node looks silent too; counts silence again from its own next beat", { timeout: 30_000 }, async () => {
     const result = await withSystem("sight", Effect.gen(function* () {
       const system = yield* ActorSystem
-      const seen = new Map<string, Observed>()
-      // A beat: the entry written to the registry and seen now (its revision, for the death mark).
-      const beat = (key: string, entry: RegistryEntry) =>
-        Effect.promise(() => system.registry.put(key, encodeJson(entry))).pipe(
-          Effect.map((revision) => void seen.set(key, { entry, revision, at: performance.now() }))
-        )
-      const view: RegistryView = { get: (key) => seen.get(key), entries: () => seen.entries() }
+      const { beat, view } = handView(system)
       const dead: Array<{ key: string; at: number }> = []
       yield* beat("node/self", entryOf("node", "self"))
       yield* beat("node/other", entryOf("node", "other"))
@@ -57,12 +62,7 @@ describe("liveness and the monitor's own sight", () => {
   it("declares a silent node dead after dead-after while its own node beats", { timeout: 30_000 }, async () => {
     const result = await withSystem("sight-ok", Effect.gen(function* () {
       const system = yield* ActorSystem
-      const seen = new Map<string, Observed>()
-      const beat = (key: string, entry: RegistryEntry) =>
-        Effect.promise(() => system.registry.put(key, encodeJson(entry))).pipe(
-          Effect.map((revision) => void seen.set(key, { entry, revision, at: performance.now() }))
-        )
-      const view: RegistryView = { get: (key) => seen.get(key), entries: () => seen.entries() }
+      const { beat, view } = handView(system)
       const dead: Array<number> = []
       yield* beat("node/self", entryOf("node", "self"))
       yield* beat("node/other", entryOf("node", "other"))
