@@ -7,7 +7,8 @@
  * the live scheduler journals it (a `PolicyRecord` with its actions and the policy-state digest,
  * on `gyre.<run>.sys.policy`, after a `run-config`), on an embedded nats-server. Then, timed:
  * - decode: every entry read and decoded (`readEntries`: subject, headers, JSON, the record's
- *   schema), targets >= 50k entries/s;
+ *   schema), three times over; `decode_per_s` is the median read, target >= 50k entries/s, and
+ *   `decode_first_per_s` the first (a cold process: the JIT compiles the read path during it);
  * - verify: `verifyRun` (the read, the integrity scan, every record replayed through the policy
  *   and its digest compared), target >= 20k entries/s.
  */
@@ -92,18 +93,22 @@ const main = async () => {
     const total = journal.length + 1
     while ((yield* Effect.promise(() => nats.jsm.streams.info(names.journalStream))).state.messages < total) yield* Effect.sleep("50 millis")
     const log = yield* openRun(nats, run)
-    const decode = yield* Effect.promise(() => timed(() => Effect.runPromise(Stream.runCount(readEntries(log)))))
+    const decodes: Array<{ value: number; s: number }> = []
+    for (let i = 0; i < 3; i++) decodes.push(yield* Effect.promise(() => timed(() => Effect.runPromise(Stream.runCount(readEntries(log))))))
+    const decode = [...decodes].sort((a, b) => a.s - b.s)[1]!
     const verify = yield* Effect.promise(() => timed(() => Effect.runPromise(verifyRun(log, false))))
     if (!verified(verify.value)) throw new Error(`the generated journal did not verify: ${JSON.stringify(verify.value).slice(0, 400)}`)
-    return { events: decode.value, decodeS: decode.s, verifyS: verify.s }
+    return { events: decode.value, decodeS: decode.s, firstS: decodes[0]!.s, verifyS: verify.s }
   })
   const r = await Effect.runPromise(Effect.scoped(program).pipe(Effect.provide(Layer.fresh(Nats.layer({})))))
   const decodePerS = Math.round(r.events / r.decodeS)
   const verifyPerS = Math.round(r.events / r.verifyS)
+  const firstPerS = Math.round(r.events / r.firstS)
   console.log(`journal entries  ${r.events} (${steps} simulated steps of ${scenario.executions_per_step} executions, elastic, ${scenario.cells} cells)`)
-  console.log(`decode           ${r.decodeS.toFixed(2)} s   ${decodePerS} entries/s   (target >= 50000)`)
+  console.log(`decode           ${r.decodeS.toFixed(2)} s   ${decodePerS} entries/s   (median of 3 reads; target >= 50000)`)
+  console.log(`decode, first   ${r.firstS.toFixed(2)} s   ${firstPerS} entries/s   (a cold process)`)
   console.log(`verify           ${r.verifyS.toFixed(2)} s   ${verifyPerS} entries/s   (target >= 20000)`)
-  console.log(JSON.stringify({ events: r.events, decode_per_s: decodePerS, verify_per_s: verifyPerS }))
+  console.log(JSON.stringify({ events: r.events, decode_per_s: decodePerS, decode_first_per_s: firstPerS, verify_per_s: verifyPerS }))
 }
 
 await main()

@@ -13,8 +13,24 @@ import type { NatsShape } from "./nats.ts"
 
 export type StartAt = { readonly seq: number } | { readonly time: Date }
 
-/** Most bytes one pull asks for. */
+/** Bytes a read keeps requested from the server, as a count of the stream's mean-sized messages. */
 const PULL_BYTES = 8 << 20
+
+/** Fewest and most messages a read keeps requested. */
+const PULL_MIN = 8
+const PULL_MAX = 512
+
+/**
+ * How many messages a read keeps requested: `PULL_BYTES` worth at the stream's mean message size,
+ * within [`PULL_MIN`, `PULL_MAX`]. A count, not a byte limit: nats.js caps a byte-limited pull at
+ * 100 messages and re-pulls every 25, and that pipelining left a whole-journal read waiting on
+ * the server (bench:replay read 1.5-2x slower than with 500 messages requested). Sized by the
+ * mean so a stream of near-`max_payload` messages (the subject fuzz's dead letters) asks for
+ * `PULL_MIN` of them, not hundreds: asking the server for more than a client may have pending
+ * stalled such a read (seen in CI when reads pulled 4000 messages).
+ */
+export const pullCount = (bytes: number, messages: number): number =>
+  messages === 0 ? PULL_MAX : Math.max(PULL_MIN, Math.min(PULL_MAX, Math.floor(PULL_BYTES / Math.max(1, bytes / messages))))
 
 /** Most messages one chunk of a read holds. */
 const BATCH = 512
@@ -75,12 +91,13 @@ export const readStored = (
 ): Stream.Stream<JsMsg, TransportError> =>
   Stream.unwrap(
     Effect.gen(function* () {
-      const { last, lastTime } = yield* Effect.tryPromise({
+      const { last, lastTime, pull } = yield* Effect.tryPromise({
         try: async () => {
           const info = await nats.jsm.streams.info(stream)
-          if (subject === undefined) return { last: info.state.last_seq, lastTime: Date.parse(info.state.last_ts) }
+          const pull = pullCount(info.state.bytes, info.state.messages)
+          if (subject === undefined) return { last: info.state.last_seq, lastTime: Date.parse(info.state.last_ts), pull }
           const m = await nats.jsm.streams.getMessage(stream, { last_by_subj: subject })
-          return m === null ? { last: 0, lastTime: 0 } : { last: m.seq, lastTime: m.time.getTime() }
+          return m === null ? { last: 0, lastTime: 0, pull } : { last: m.seq, lastTime: m.time.getTime(), pull }
         },
         catch: (e) => new TransportError({ operation: `stream info ${stream}`, message: messageOf(e) })
       })
@@ -99,11 +116,9 @@ export const readStored = (
         catch: (e) => new TransportError({ operation: `read ${stream}`, message: messageOf(e) })
       })
       const messages = yield* Effect.tryPromise({
-        // Pulls bounded by bytes, not messages: the default of 100 messages made a whole-journal
-        // read wait on pulls (bench:replay), and a count alone lets a stream of near-`max_payload`
-        // messages (oversize dead letters) ask the server for more than a client may have pending
-        // (64 MB): a slow reader then stalled (the subject fuzz's dead-letter read hung so in CI).
-        try: () => consumer.consume({ max_bytes: PULL_BYTES }),
+        // Iterated, not called back: nats.js queues each re-pull behind the messages before it,
+        // so a slow reader (`--pace original`) holds back the pulls instead of buffering the stream.
+        try: () => consumer.consume({ max_messages: pull }),
         catch: (e) => new TransportError({ operation: `read ${stream}`, message: messageOf(e) })
       })
       return Stream.fromAsyncIterable(batches(messages, follow ? Infinity : last, follow ? Infinity : IDLE_MS), (e) => new TransportError({ operation: `read ${stream}`, message: messageOf(e) })).pipe(
