@@ -9,7 +9,7 @@
 import { Cause, Duration, Effect, Fiber, Layer, Stream } from "effect"
 import { entryJson, entryLine, tagged } from "../replay/format.ts"
 import { exportRun, type ExportFailed } from "../replay/export.ts"
-import { checkTrees } from "../replay/trees.ts"
+import { checkTrees, type NodeDifference } from "../replay/trees.ts"
 import { verified, verifyRun, type Verification } from "../replay/verify.ts"
 import { whatIf } from "../replay/what-if.ts"
 import { readRunConfig, type JournalDiverged } from "../scheduling/records.ts"
@@ -133,6 +133,14 @@ const counterfactual = (log: JournalSource, policy: string, f: ReplayFlags) =>
     return 0
   })
 
+/** Where the first differing node is, in words. */
+const nodeLine = (n: NodeDifference) => {
+  const at = n.rebuilt === undefined
+    ? "the rebuilt tree has no such node"
+    : `tokens ${n.rebuilt.depth}..${n.rebuilt.depth + n.rebuilt.length - 1} (${n.rebuilt.length}), made by call ${n.rebuilt.call}`
+  return `first differing node: #${n.index} in preorder, ${at}; rebuilt ${n.rebuiltNodes} nodes, recorded ${n.recordedNodes}`
+}
+
 const trees = (log: JournalSource, f: ReplayFlags) =>
   Effect.gen(function* () {
     const config = yield* readRunConfig(log)
@@ -143,6 +151,7 @@ const trees = (log: JournalSource, f: ReplayFlags) =>
     else {
       for (const m of c.mismatches) {
         console.log(`mismatch in step ${m.step}${m.execution === undefined ? "" : `, execution ${m.execution}`}: ${m.what}: rebuilt ${JSON.stringify(m.expected)}, recorded ${JSON.stringify(m.recorded)}`)
+        if (m.node !== undefined) console.log(`  ${nodeLine(m.node)}`)
       }
       if (c.unrecorded.length > 0) console.log(`not checked: steps ${c.unrecorded.join(", ")} journal no trees (a trainer before this check)`)
       console.log(`${ok ? "trees verified" : "FAILED"}: ${c.executions} executions, ${c.microBatches} micro-batches in ${c.steps} steps, ${c.mismatches.length} mismatches`)

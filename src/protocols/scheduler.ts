@@ -26,7 +26,13 @@ export const TreeFigures = Schema.Struct({
   /** Leaves: root-to-leaf paths. */
   paths: Count,
   /** `treeDigest` (src/tree/stats.ts). */
-  digest: Schema.String
+  digest: Schema.String,
+  /**
+   * `nodeDigests` (src/tree/stats.ts): 8 hex digits per node in canonical preorder, so a replay
+   * can name the first node that differs. Absent from trainers before it, and on the trees of a
+   * step past `NODE_DIGEST_BUDGET` characters (src/training/step-planner.ts).
+   */
+  nodes: Schema.optional(Schema.String)
 })
 export type TreeFigures = typeof TreeFigures.Type
 

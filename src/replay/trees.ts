@@ -6,7 +6,9 @@
  * its first `StartStep`'s journal copy, told the
  * step's `TrainExecution`s in journal order with the rebuilt trees) and each micro-batch's
  * `packedBatchDigest` compared with the journaled `batchDigests`. A mismatch names the step,
- * the execution (and the first figure that differs) or the micro-batch and its executions.
+ * the execution (the first figure that differs, and, where the trainer recorded its node digests,
+ * the first node that differs: its place in canonical preorder, where its tokens sit and the call
+ * that made it) or the micro-batch and its executions.
  */
 import { Effect, Stream } from "effect"
 import type { StepExecutionRef, StepPlan } from "../protocols/device.ts"
@@ -16,13 +18,24 @@ import { readTrajectories } from "../protocols/trajectories.ts"
 import type { TransportError } from "../runtime/errors.ts"
 import type { JournalSource } from "../runtime/journal.ts"
 import { StepPlanner } from "../training/step-planner.ts"
-import { treeDigest } from "../tree/stats.ts"
+import { firstDifferingNode, NODE_DIGEST_CHARS, nodeDigests, treeDigest } from "../tree/stats.ts"
 import { TrajectoryTree } from "../tree/tree.ts"
 import { readEntries } from "./read.ts"
+
+/** The first node where a rebuilt tree and the trainer's differ. */
+export interface NodeDifference {
+  /** Index in canonical preorder (the root not counted). */
+  readonly index: number
+  /** The rebuilt tree's node there (absent when the rebuilt tree has fewer nodes). */
+  readonly rebuilt?: { readonly depth: number; readonly length: number; readonly call: string }
+  readonly rebuiltNodes: number
+  readonly recordedNodes: number
+}
 
 export interface TreeMismatch {
   readonly step: number
   readonly execution?: string
+  readonly node?: NodeDifference
   readonly microBatch?: number
   readonly what: string
   readonly expected: unknown
@@ -73,6 +86,20 @@ export const stepLogs = (log: JournalSource): Effect.Effect<Map<number, StepLog>
 
 const figuresOf = (tree: TrajectoryTree) => ({ calls: tree.callCount, uniqueTokens: tree.uniqueTokens, paths: tree.leaves().length, digest: treeDigest(tree) })
 
+/** Where the rebuilt tree first differs from the trainer's node digests (`recorded`). */
+export const nodeDifference = (tree: TrajectoryTree, recorded: string): NodeDifference | undefined => {
+  const index = firstDifferingNode(nodeDigests(tree), recorded)
+  if (index === undefined) return undefined
+  const order = tree.preorder()
+  const node = order[index]
+  return {
+    index,
+    ...(node === undefined ? {} : { rebuilt: { depth: tree.depthOf(node), length: tree.lengthOf(node), call: tree.call(tree.creatorOf(node)).id } }),
+    rebuiltNodes: order.length,
+    recordedNodes: recorded.length / NODE_DIGEST_CHARS
+  }
+}
+
 /** Checks the trees and micro-batches of every step (see the module comment). */
 export const checkTrees = (log: JournalSource, config: RunConfig): Effect.Effect<TreeCheck, TransportError> =>
   Effect.gen(function* () {
@@ -96,7 +123,9 @@ export const checkTrees = (log: JournalSource, config: RunConfig): Effect.Effect
         const tree = treeOf(recorded.execution)
         const rebuilt = tree === undefined ? undefined : figuresOf(tree)
         const field = (["calls", "uniqueTokens", "paths", "digest"] as const).find((k) => rebuilt?.[k] !== recorded[k])
-        if (field !== undefined) mismatches.push({ step, execution: recorded.execution, what: field, expected: rebuilt?.[field] ?? "no call records", recorded: recorded[field] })
+        if (field === undefined) continue
+        const node = tree !== undefined && recorded.nodes !== undefined ? nodeDifference(tree, recorded.nodes) : undefined
+        mismatches.push({ step, execution: recorded.execution, ...(node === undefined ? {} : { node }), what: field, expected: rebuilt?.[field] ?? "no call records", recorded: recorded[field] })
       }
       const planner = new StepPlanner(plan, config.training, config.seed)
       const digests: Array<{ readonly digest: string; readonly executions: ReadonlyArray<string> }> = []

@@ -28,7 +28,7 @@ import { callAdvantages, groupAdvantages, stateAdvantages, type AdvantageConfig 
 import { digestOf } from "../tree/hash.ts"
 import { callRewardOf, rewardOf } from "../tree/outcome.ts"
 import { packMicroBatches } from "../tree/pack.ts"
-import { treeDigest } from "../tree/stats.ts"
+import { NODE_DIGEST_CHARS, nodeDigests, treeDigest } from "../tree/stats.ts"
 import type { TreeFigures } from "../protocols/scheduler.ts"
 import type { TrajectoryTree } from "../tree/tree.ts"
 import { stepUnits, type StepExecution, type TrainingMode } from "../tree/units.ts"
@@ -100,12 +100,20 @@ export interface PlanFigures {
   readonly batchDigests: Array<string>
 }
 
+/**
+ * Most characters of node digests one step's metrics carry (a tree's `nodes`: 8 per node), so
+ * the metrics stay far below a message's `max_payload` (1 MiB) however long the trees; the trees
+ * told after the budget is spent record their figures without `nodes`.
+ */
+export const NODE_DIGEST_BUDGET = 256 * 1024
+
 export class StepPlanner {
   private readonly groups: Array<Array<Member>>
   private readonly told = new Set<string>()
   private readonly remaining = new Map<string, { count: number; readonly tokens: number }>()
   private readonly byIndex: Array<ReadonlyArray<string>> = []
   private readonly mode: TrainingMode
+  private nodeDigestChars = 0
   readonly figures: PlanFigures = { told: 0, dropped: 0, scored: 0, scoreSum: 0, callTokens: 0, uniqueTokens: 0, trees: [], batchDigests: [] }
 
   constructor(
@@ -136,7 +144,7 @@ export class StepPlanner {
     f.told++
     f.callTokens += tree.totalCallTokens
     f.uniqueTokens += tree.uniqueTokens
-    f.trees.push({ execution: ref.execution, calls: tree.callCount, uniqueTokens: tree.uniqueTokens, paths: tree.leaves().length, digest: treeDigest(tree) })
+    f.trees.push({ execution: ref.execution, calls: tree.callCount, uniqueTokens: tree.uniqueTokens, paths: tree.leaves().length, digest: treeDigest(tree), ...this.nodesOf(tree) })
     const reward = rewardOf(ref.outcome)
     if (reward === undefined) f.dropped++
     else {
@@ -157,6 +165,14 @@ export class StepPlanner {
       if (--r.count === 0) tokens += r.tokens
     }
     return tokens
+  }
+
+  /** The tree's `nodes` while the step's budget lasts. */
+  private nodesOf(tree: TrajectoryTree): { readonly nodes?: string } {
+    const chars = (tree.nodeCount - 1) * NODE_DIGEST_CHARS
+    if (this.nodeDigestChars + chars > NODE_DIGEST_BUDGET) return {}
+    this.nodeDigestChars += chars
+    return { nodes: nodeDigests(tree) }
   }
 
   private check(ref: StepExecutionRef): string | undefined {

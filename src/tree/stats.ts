@@ -48,18 +48,46 @@ export const executionStats = (tree: TrajectoryTree): ExecutionStats => {
   }
 }
 
+/** A node's content as hashed: the depth of its first token, its length, its tokens. */
+const nodeParts = (tree: TrajectoryTree, node: number, into: Array<number>): void => {
+  const tokens = tree.tokensOf(node)
+  into.push(tree.depthOf(node), tokens.length)
+  for (const t of tokens) into.push(t)
+}
+
 /**
  * Digest (16 hex digits, `hash.ts`) of the tree's content: every node in canonical preorder as
  * (depth of its first token, length, tokens). Two trees with the same nodes and tokens agree,
  * whatever the order their calls were inserted in.
  */
 export const treeDigest = (tree: TrajectoryTree): string => {
-  const order = tree.preorder()
   const parts: Array<number> = []
-  for (const node of order) {
-    const tokens = tree.tokensOf(node)
-    parts.push(tree.depthOf(node), tokens.length)
-    for (const t of tokens) parts.push(t)
-  }
+  for (const node of tree.preorder()) nodeParts(tree, node, parts)
   return digestOf(Int32Array.from(parts))
+}
+
+/** Hex digits per node in `nodeDigests`. */
+export const NODE_DIGEST_CHARS = 8
+
+/**
+ * Each node's own digest (its first 8 hex digits) in canonical preorder, concatenated: where two
+ * trees' strings first differ is their first differing node (`gyre replay --trees`).
+ */
+export const nodeDigests = (tree: TrajectoryTree): string => {
+  let out = ""
+  for (const node of tree.preorder()) {
+    const parts: Array<number> = []
+    nodeParts(tree, node, parts)
+    out += digestOf(Int32Array.from(parts)).slice(0, NODE_DIGEST_CHARS)
+  }
+  return out
+}
+
+/** The first node (index in canonical preorder) where two `nodeDigests` differ; undefined when equal. */
+export const firstDifferingNode = (a: string, b: string): number | undefined => {
+  if (a === b) return undefined
+  const n = Math.min(a.length, b.length)
+  let i = 0
+  while (i < n && a[i] === b[i]) i++
+  return Math.floor(i / NODE_DIGEST_CHARS)
 }

@@ -1,7 +1,8 @@
 /**
  * `gyre replay` on a recorded run (recorded.ts: the live scheduler with scripted devices on a
  * real nats-server, its store stopped): every entry in order, positions and filters selecting
- * exactly what they say, `--follow` on a live server, `--verify` passing on the run and failing,
+ * exactly what they say, `--follow` on a live server, `--pace original` keeping the run's own
+ * intervals, `--verify` passing on the run and failing,
  * naming the sequence, on a journal with one action altered and on one with a gap.
  */
 import { spawn } from "node:child_process"
@@ -144,6 +145,37 @@ describe("gyre replay", { timeout: 180_000 }, () => {
         })
       )
     )
+  })
+
+  it("--pace original prints each entry as long after the first as the run journaled it", async () => {
+    const entries = await read({})
+    // A window of at most 1.5 s of the run's own time, with at least 200 ms between its ends.
+    const start = entries[0]!
+    const window = entries.filter((e) => e.time.getTime() - start.time.getTime() <= 1500)
+    const end = window.at(-1)!
+    const span = end.time.getTime() - start.time.getTime()
+    expect(span).toBeGreaterThanOrEqual(200)
+    const arrivals = await new Promise<Array<{ readonly seq: number; readonly at: number }>>((resolve, reject) => {
+      const child = spawn("node", [gyre, "replay", rec.run, "--store", rec.store, "--from", String(start.seq), "--to", String(end.seq), "--pace", "original", "--json"])
+      const got: Array<{ seq: number; at: number }> = []
+      let buffered = ""
+      child.stdout.on("data", (d) => {
+        const at = performance.now()
+        buffered += String(d)
+        const lines = buffered.split("\n")
+        buffered = lines.pop()!
+        for (const l of lines) if (l.trim() !== "") got.push({ seq: JSON.parse(l).seq, at })
+      })
+      child.on("exit", (code) => (code === 0 ? resolve(got) : reject(new Error(`replay exited ${code}`))))
+    })
+    expect(arrivals.map((a) => a.seq)).toEqual(window.map((e) => e.seq))
+    // Each entry is printed no sooner after the first than it was journaled after it (the print of
+    // the first may lag its read by a few ms: 20 ms of slack), and not much later.
+    arrivals.forEach((a, i) => {
+      const recorded = window[i]!.time.getTime() - start.time.getTime()
+      expect(a.at - arrivals[0]!.at).toBeGreaterThanOrEqual(recorded - 20)
+      expect(a.at - arrivals[0]!.at).toBeLessThanOrEqual(recorded + 1000)
+    })
   })
 
   it("--export writes the run as JSON lines: records, actions, calls decoded to token ids, outcomes, steps, config", async () => {

@@ -6,7 +6,7 @@
  * digests; an export trained offline gives the live step's weights byte for byte, and an export
  * with altered log-probs does not; with the StartStep asks' journal copies deleted the check
  * still passes (each step's metrics carry its plan); with one call record deleted from the
- * trajectory stream the tree check fails naming the execution.
+ * trajectory stream the tree check fails naming the execution and the first node that differs.
  */
 import { execFileSync } from "node:child_process"
 import { mkdtempSync, readFileSync, writeFileSync } from "node:fs"
@@ -96,6 +96,13 @@ describe("gyre replay --trees", { timeout: 240_000 }, () => {
     const r = await gyreCli(["replay", run, "--store", store, "--trees"])
     expect(r.code).toBe(1)
     expect(r.stdout).toMatch(new RegExp(`mismatch in step 0, execution ${victim}: (calls|uniqueTokens|paths|digest): rebuilt`))
+    expect(r.stdout).toMatch(/\n  first differing node: #\d+ in preorder, /)
     expect(r.stdout).toMatch(/FAILED: 8 executions/)
+    // The trainer journaled the tree's node digests: the rebuilt tree, one call short, differs at a node of it.
+    const j = JSON.parse((await gyreCli(["replay", run, "--store", store, "--trees", "--json"])).stdout)
+    const [m] = j.mismatches
+    expect(m).toMatchObject({ step: 0, execution: victim })
+    expect(m.node.recordedNodes).toBeGreaterThan(0)
+    expect(m.node.index).toBeLessThan(Math.max(m.node.recordedNodes, m.node.rebuiltNodes))
   })
 })
