@@ -3,6 +3,7 @@
  * ActorSystem per test, and helpers to start `gyre node` child processes against it.
  */
 import { spawn, type ChildProcess } from "node:child_process"
+import * as fs from "node:fs"
 import * as path from "node:path"
 import * as readline from "node:readline"
 import { Duration, Effect, Layer, Schema, Scope } from "effect"
@@ -10,6 +11,18 @@ import { RegistryEntry } from "../../src/runtime/registry.ts"
 import { Nats } from "../../src/runtime/nats.ts"
 import { ActorSystem } from "../../src/runtime/system.ts"
 import { repoRoot } from "../../src/runtime/nats-server.ts"
+
+/**
+ * Stops process `pid` with SIGSTOP and waits until the kernel says it is stopped (state `T` in
+ * /proc): on a loaded machine the signal can land after the next request was already served.
+ */
+export const stopProcess = (pid: number) =>
+  Effect.gen(function* () {
+    process.kill(pid, "SIGSTOP")
+    const state = () => fs.readFileSync(`/proc/${pid}/stat`, "utf8").replace(/^.*\) /s, "")[0]
+    for (let i = 0; i < 400 && state() !== "T"; i++) yield* Effect.sleep("5 millis")
+    if (state() !== "T") return yield* Effect.die(new Error(`process ${pid} did not stop on SIGSTOP`))
+  })
 
 export const systemLayer = (run: string) => ActorSystem.layer({ run }).pipe(Layer.provideMerge(Nats.layer({})))
 

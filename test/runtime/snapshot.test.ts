@@ -18,7 +18,7 @@ import { runIncarnation } from "../../src/runtime/host.ts"
 import { makeSnapshotStore, Snapshot } from "../../src/runtime/snapshot.ts"
 import { ActorSystem, refOf } from "../../src/runtime/system.ts"
 import { Ledger, LedgerProtocol } from "../fixtures/actors.ts"
-import { withSystem } from "./harness.ts"
+import { stopProcess, withSystem } from "./harness.ts"
 
 const Counter = Schema.Struct({ n: Schema.Number })
 
@@ -65,7 +65,7 @@ describe("snapshot writes", () => {
             // Without retries, a write to a server that does not answer (SIGSTOP) is a TransportError.
             const once = store(system, 1, { key: "counter/once", retry: Schedule.recurs(0), timeoutMs: 300 })
             yield* once.restore
-            process.kill(server.pid, "SIGSTOP")
+            yield* stopProcess(server.pid)
             const failed = yield* Effect.exit(once.write({ n: 1 }, new HandledIds()))
             process.kill(server.pid, "SIGCONT")
             // With retries, the write lands once the server answers again, although its first
@@ -79,7 +79,7 @@ describe("snapshot writes", () => {
               )
             })
             yield* patient.restore
-            process.kill(server.pid, "SIGSTOP")
+            yield* stopProcess(server.pid)
             const resume = setTimeout(() => process.kill(server.pid, "SIGCONT"), 1200)
             const written = yield* Effect.exit(patient.write({ n: 7 }, new HandledIds()))
             clearTimeout(resume)
