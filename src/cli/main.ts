@@ -6,7 +6,8 @@
  * native engine and `gyre engine` never connects to NATS. Exit codes (README, ARCHITECTURE):
  * 0 done; 1 the command failed (a run that cannot be read, a check that failed, an error: its
  * message on one line); 2 a usage error (a bad flag or value: one line naming it). `gyre node`
- * and `gyre serve` drain on SIGINT / SIGTERM and then exit with 0.
+ * and `gyre serve` drain on SIGINT / SIGTERM and then exit with 0. A read command whose stdout
+ * is closed (`gyre replay RUN | head`) exits with 0 at once.
  */
 import { errorLine } from "../common/error-line.ts"
 import { UsageError, usage, type Command } from "./args.ts"
@@ -51,6 +52,21 @@ const main = async (argv: ReadonlyArray<string>): Promise<number> => {
   }
   return command.run(rest)
 }
+
+/** Commands whose output is all they do: when its reader goes away (`gyre replay ... | head`), they stop, with 0. */
+const readers = new Set(["replay", "runs", "status", "report", "sim", "engine", "eval"])
+
+// A closed stdout is not an error of the command's: a reader stops as on Ctrl-C (its scopes
+// closed: a `--store` copy removed), or at once when it has no such handler; a host (`node`,
+// `serve`, `train`, `demo`) keeps running with its output dropped.
+let readerGone = false
+process.stdout.on("error", (e: NodeJS.ErrnoException) => {
+  if (e.code !== "EPIPE" && e.code !== "ERR_STREAM_DESTROYED") throw e
+  if (readerGone || !readers.has(process.argv[2] ?? "")) return
+  readerGone = true
+  if (process.listenerCount("SIGINT") > 0) process.emit("SIGINT")
+  else process.exit(0)
+})
 
 main(process.argv.slice(2)).then(
   (code) => {

@@ -178,6 +178,23 @@ describe("gyre replay", { timeout: 180_000 }, () => {
     })
   })
 
+  it("stops quietly with 0 when its reader goes away (| head)", async () => {
+    const r = await new Promise<{ code: number | null; stderr: string; lines: number }>((resolve) => {
+      const child = spawn("node", [gyre, "replay", rec.run, "--store", rec.store, "--pace", "original"])
+      let stderr = ""
+      let lines = 0
+      child.stderr.on("data", (d) => (stderr += String(d)))
+      child.stdout.on("data", (d) => {
+        lines += String(d).split("\n").length - 1
+        if (lines > 0) child.stdout.destroy() // the reader goes away after its first line
+      })
+      child.on("exit", (code) => resolve({ code, stderr, lines }))
+    })
+    expect(r.lines).toBeGreaterThan(0)
+    expect(r.stderr).toBe("")
+    expect(r.code).toBe(0)
+  })
+
   it("--export writes the run as JSON lines: records, actions, calls decoded to token ids, outcomes, steps, config", async () => {
     const dir = mkdtempSync(join(tmpdir(), "gyre-replay-export-"))
     const r = await gyreCli(["replay", rec.run, "--store", rec.store, "--export", dir, "--json"])
