@@ -54,11 +54,11 @@ const main = async (argv: ReadonlyArray<string>): Promise<number> => {
 }
 
 /** Commands whose output is all they do: when its reader goes away (`gyre replay ... | head`), they stop, with 0. */
-const readers = new Set(["replay", "runs", "status", "report", "sim", "engine", "eval"])
+const readers = new Set(["replay", "runs", "status", "report", "sim"])
 
 // A closed stdout is not an error of the command's: a reader stops as on Ctrl-C (its scopes
 // closed: a `--store` copy removed), or at once when it has no such handler; a host (`node`,
-// `serve`, `train`, `demo`) keeps running with its output dropped.
+// `serve`, `train`, `demo`) and a writer (`engine`, `eval`) keep running with the output dropped.
 let readerGone = false
 process.stdout.on("error", (e: NodeJS.ErrnoException) => {
   if (e.code !== "EPIPE" && e.code !== "ERR_STREAM_DESTROYED") throw e
