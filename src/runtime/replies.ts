@@ -6,8 +6,8 @@
  *
  * A request publishes with a reply subject `<inbox>.<n>` and waits `waitMs` for the one reply;
  * its outcome is a reply, a timeout, no responders (the server's 503 status) or a failure (the
- * publish refused, or the subscription closed), told once. The inbox is made under the connection's inbox prefix, so a user
- * limited to its own inboxes (`auth.ts`) may subscribe to it.
+ * publish refused, or the subscription closed), told once. The inbox is made under the
+ * connection's inbox prefix, so a user limited to its own inboxes (`auth.ts`) may subscribe to it.
  */
 import { createInbox, type Msg, type MsgHdrs, type NatsConnection } from "@nats-io/transport-node"
 import { Effect, type Scope } from "effect"
@@ -35,13 +35,15 @@ export const makeReplies = (nc: NatsConnection): Effect.Effect<Replies, never, S
     const inbox = createInbox(prefix)
     const pending = new Map<string, Pending>()
     let next = 0
-    const settle = (token: string, outcome: ReplyOutcome) => {
+    /** The request of `token`, no longer pending (its timer stopped); undefined when it was not. */
+    const take = (token: string): Pending | undefined => {
       const p = pending.get(token)
-      if (p === undefined) return
+      if (p === undefined) return undefined
       pending.delete(token)
       clearTimeout(p.timer)
-      p.done(outcome)
+      return p
     }
+    const settle = (token: string, outcome: ReplyOutcome) => take(token)?.done(outcome)
     const closeAll = (message: string) => {
       for (const token of [...pending.keys()]) settle(token, { _tag: "Failed", message })
     }
@@ -68,12 +70,7 @@ export const makeReplies = (nc: NatsConnection): Effect.Effect<Replies, never, S
       } catch (e) {
         settle(token, { _tag: "Failed", message: e instanceof Error ? e.message : String(e) })
       }
-      return () => {
-        const p = pending.get(token)
-        if (p === undefined) return
-        pending.delete(token)
-        clearTimeout(p.timer)
-      }
+      return () => void take(token)
     }
     return { request }
   })

@@ -12,6 +12,7 @@ import { execFileSync } from "node:child_process"
 import { mkdtempSync, readFileSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
+import type { JsMsg } from "@nats-io/jetstream"
 import { Effect, Stream } from "effect"
 import { beforeAll, describe, expect, it } from "vitest"
 import { Nats } from "../../src/runtime/nats.ts"
@@ -27,6 +28,19 @@ beforeAll(() => {
   const warm = ["--demo-tasks", "8", "--sft-steps", "30", "--env", "TOY_TOOL_MS=20,TOY_MAX_TOKENS=24", "--heldout", "heldout-0", "--store", store, "--checkpoint-every", "1", "--json"]
   execFileSync("node", [gyre, ...args, ...warm], { stdio: "ignore", timeout: 280_000 })
 }, 300_000)
+
+/** Deletes the messages `choose` picks from `stream` of the stopped store; returns them. */
+const deleteStored = (stream: string, choose: (msgs: ReadonlyArray<JsMsg>) => ReadonlyArray<JsMsg>) =>
+  Effect.runPromise(
+    Effect.scoped(
+      Effect.gen(function* () {
+        const nats = yield* Nats
+        const chosen = choose([...(yield* Stream.runCollect(readStored(nats, stream)))])
+        for (const m of chosen) yield* Effect.promise(() => nats.jsm.streams.deleteMessage(stream, m.seq))
+        return chosen
+      }).pipe(Effect.provide(Nats.layer({ storeDir: store })))
+    )
+  )
 
 describe("gyre replay --trees", { timeout: 240_000 }, () => {
   it("passes on the real run: every tree and every planned micro-batch as the trainer recorded it", async () => {
@@ -57,42 +71,19 @@ describe("gyre replay --trees", { timeout: 240_000 }, () => {
   })
 
   it("passes with the StartStep asks' journal copies gone (at most once: a server lost then loses one): the plan comes from the step's metrics", async () => {
-    const deleted = await Effect.runPromise(
-      Effect.scoped(
-        Effect.gen(function* () {
-          const nats = yield* Nats
-          const copies = yield* readStored(nats, `GYRE_${run}_JOURNAL`).pipe(
-            Stream.filter((m) => m.subject.startsWith(`gyre.${run}.asked.device.`) && m.headers?.get("Gyre-Request") === "StartStep"),
-            Stream.map((m) => m.seq),
-            Stream.runCollect
-          )
-          for (const seq of copies) yield* Effect.promise(() => nats.jsm.streams.deleteMessage(`GYRE_${run}_JOURNAL`, seq))
-          return copies.length
-        }).pipe(Effect.provide(Nats.layer({ storeDir: store })))
-      )
+    const deleted = await deleteStored(`GYRE_${run}_JOURNAL`, (msgs) =>
+      msgs.filter((m) => m.subject.startsWith(`gyre.${run}.asked.device.`) && m.headers?.get("Gyre-Request") === "StartStep")
     )
-    expect(deleted).toBeGreaterThanOrEqual(2)
+    expect(deleted.length).toBeGreaterThanOrEqual(2)
     const r = await gyreCli(["replay", run, "--store", store, "--trees", "--json"])
     expect(r.code).toBe(0)
     expect(JSON.parse(r.stdout)).toMatchObject({ ok: true, steps: 2, executions: 8, mismatches: [], unrecorded: [] })
   })
 
   it("fails naming the execution when one of its call records is gone", async () => {
-    const victim = await Effect.runPromise(
-      Effect.scoped(
-        Effect.gen(function* () {
-          const nats = yield* Nats
-          const calls = yield* readStored(nats, `GYRE_${run}_TRAJECTORIES`).pipe(
-            Stream.filter((m) => m.subject.startsWith(`gyre.${run}.calls.`)),
-            Stream.map((m) => ({ seq: m.seq, execution: m.subject.split(".").at(-1)! })),
-            Stream.runCollect
-          )
-          const last = [...calls].filter((m) => m.execution === "b0-x1").at(-1)!
-          yield* Effect.promise(() => nats.jsm.streams.deleteMessage(`GYRE_${run}_TRAJECTORIES`, last.seq))
-          return last.execution
-        }).pipe(Effect.provide(Nats.layer({ storeDir: store })))
-      )
-    )
+    // The last call record of one execution.
+    const [gone] = await deleteStored(`GYRE_${run}_TRAJECTORIES`, (msgs) => msgs.filter((m) => m.subject === `gyre.${run}.calls.b0-x1`).slice(-1))
+    const victim = gone!.subject.split(".").at(-1)!
     const r = await gyreCli(["replay", run, "--store", store, "--trees"])
     expect(r.code).toBe(1)
     expect(r.stdout).toMatch(new RegExp(`mismatch in step 0, execution ${victim}: (calls|uniqueTokens|paths|digest): rebuilt`))
