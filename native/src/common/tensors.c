@@ -1,7 +1,7 @@
 /* tensors.c - one parameter tensor in or out in a stored dtype (F32, F16, BF16): reading a
  * memory-mapped file range into the model, and writing the model's values rounded to 16 bits.
  * Conversions are exact into F32 and round to nearest even out of it. */
-#define _DEFAULT_SOURCE /* mmap, MAP_POPULATE, sysconf */
+#define _DEFAULT_SOURCE /* mmap, sysconf */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -129,7 +129,8 @@ gyre_status gyre_model_read_tensor(gyre_model *m, int32_t index, int32_t dtype, 
   for (int64_t done = 0; st == GYRE_OK && done < numel; done += per_window) {
     int64_t count = numel - done < per_window ? numel - done : per_window;
     int64_t start = offset + done * width, base = start / page * page, span = start - base + count * width;
-    uint8_t *map = mmap(NULL, (size_t)span, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, (off_t)base);
+    /* not MAP_POPULATE: the converting threads fault the pages in, in parallel */
+    uint8_t *map = mmap(NULL, (size_t)span, PROT_READ, MAP_PRIVATE, fd, (off_t)base);
     if (map == MAP_FAILED) {
       st = gyre_fail(GYRE_ERR_BAD_CHECKPOINT, "gyre_model_read_tensor: mmap %s: %s", path, strerror(errno));
       break;

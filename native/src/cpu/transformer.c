@@ -1,5 +1,6 @@
 /* transformer.c - the CPU model's weights and the decoder layer forward (llm.c style). */
-#define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, madvise */
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -8,16 +9,34 @@
 #include "kernels.h"
 #include "transformer.h"
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14; older kernels refuse it and the pages fault in on first write */
+#endif
+
+/* Maps in the pages of [p, p + bytes) ahead of their first write, the threads each taking one
+ * part: in the kernel's batched path, not one fault per 4 KiB page as the writes go (a loaded
+ * 2 GB model: 0.9 s instead of 1.0-1.3 s on 2 cores, bench:load). */
+static void populate(void *p, size_t bytes) {
+  const size_t page = 4096, pages = (bytes + page - 1) / page;
+#pragma omp parallel num_threads(cpu_threads_for((double)bytes))
+  {
+    size_t T = (size_t)omp_get_num_threads(), part = (pages + T - 1) / T * page, from = (size_t)omp_get_thread_num() * part;
+    if (from < bytes) madvise((char *)p + from, from + part > bytes ? bytes - from : part, MADV_POPULATE_WRITE);
+  }
+}
+
 gyre_status be_model_create(const param_layout *lay, be_model **out) {
   be_model *m = calloc(1, sizeof *m);
   if (m == NULL) return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cpu: out of host memory");
   m->lay = lay;
   m->d = lay->d;
   size_t table = (size_t)m->d.max_pos * (m->d.hd / 2);
-  /* Mapped, not memset: pages are zero until first written (a loaded model writes each once). */
+  /* Mapped, not memset: pages are zero until first written (a loaded model writes each once);
+   * populated at once, in parallel. */
   m->w_bytes = sizeof(float) * (size_t)(lay->n_params > 0 ? lay->n_params : 1);
   void *w = mmap(NULL, m->w_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   m->w = w == MAP_FAILED ? NULL : (float *)w;
+  if (m->w != NULL) populate(w, m->w_bytes);
 
   m->rope_cos = aligned_calloc(sizeof(float) * table);
   m->rope_sin = aligned_calloc(sizeof(float) * table);
