@@ -139,6 +139,15 @@ static float exp_sum(float *row, int n, float m) {
   return sum;
 }
 
+#define PREFETCH_RUNS 1 /* runs ahead whose chunk each pass asks the memory for */
+
+/* Asks for the cache lines of rows [0, n) x floats [0, width) of p (row stride ld): a block
+ * table need not be consecutive, so the passes name the next runs' chunks themselves. */
+static inline void prefetch_rows(const float *p, size_t ld, int n, int width) {
+  for (int i = 0; i < n; i++)
+    for (int c = 0; c < width; c += 16) __builtin_prefetch(p + (size_t)i * ld + c);
+}
+
 /* Attention of R queries over runs of keys, flash-attention style in two passes per group
  * of QB queries (no score matrix beyond the group's rows): scores of every 16-key chunk
  * for the QB queries at once (the chunk's K columns stay in L1), then per query the
@@ -167,6 +176,8 @@ static void attend(int R, const float *const *q, const int *limit, const key_run
           kt = pad;
           ldk = CHUNK;
         }
+        if (k + PREFETCH_RUNS < n_runs && j0 < runs[k + PREFETCH_RUNS].n)
+          prefetch_rows(runs[k + PREFETCH_RUNS].kt + j0, runs[k + PREFETCH_RUNS].ldk, hd, CHUNK);
         v16 s[QB];
         scores(nq, s, q + r0, kt, ldk, hd);
         for (int r = 0; r < nq; r++) { /* scaled, keys past the query's limit masked */
@@ -192,6 +203,8 @@ static void attend(int R, const float *const *q, const int *limit, const key_run
       for (int j0 = 0; j0 < run->n && run->pos0 + j0 <= top; j0 += CHUNK) {
         int w = run->n - j0 < CHUNK ? run->n - j0 : CHUNK;
         const float *v = run->v + (size_t)j0 * run->ldv;
+        if (k + PREFETCH_RUNS < n_runs && j0 < runs[k + PREFETCH_RUNS].n)
+          prefetch_rows(runs[k + PREFETCH_RUNS].v + (size_t)j0 * runs[k + PREFETCH_RUNS].ldv, runs[k + PREFETCH_RUNS].ldv, CHUNK, hd);
         for (int r = 0; r < nq; r++) {
           int visible = limit[r0 + r] - (run->pos0 + j0) + 1;
           if (visible > w) visible = w;
@@ -248,8 +261,9 @@ void kv_store(const kv_pool *pool, const dims *d, int layer, const fwd_batch *b,
 void kv_copy_block(const kv_pool *pool, const dims *d, int32_t dst, int32_t src) {
   for (int l = 0; l < d->L; l++)
     for (int g = 0; g < d->KV; g++)
-      memcpy(pool->data + kv_offset(d, pool, dst, l, 0, g), pool->data + kv_offset(d, pool, src, l, 0, g),
-             sizeof(float) * 2 * pool->B * d->hd);
+      for (int kind = 0; kind < 2; kind++)
+        memcpy(pool->data + kv_offset(d, pool, dst, l, kind, g), pool->data + kv_offset(d, pool, src, l, kind, g),
+               sizeof(float) * pool->B * d->hd);
 }
 
 void kv_transfer(const kv_pool *pool, const dims *d, const int32_t *blocks, int32_t length, float *payload,

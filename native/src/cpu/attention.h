@@ -5,9 +5,10 @@
 
 #include "../backend.h"
 
-/* The KV block pool, ordered [layer][kv head][block][K | V][B * hd], so that the blocks one
- * (layer, head) attention pass reads are one run of memory (block ids of a sequence are
- * mostly consecutive), which the hardware prefetchers stream:
+/* The KV block pool, ordered [layer][kv head][K | V][block][B * hd], so that what each of
+ * an attention's two passes reads (the scores pass K, the P.V pass V) over the blocks of one
+ * (layer, head) is one run of memory (block ids of a sequence are mostly consecutive), which
+ * the hardware prefetchers stream:
  *   K of block b at data + kv_offset(b, l, 0, g) as [hd][B]  (transposed: keys contiguous)
  *   V of block b at data + kv_offset(b, l, 1, g) as [B][hd]                                */
 typedef struct kv_pool {
@@ -17,7 +18,7 @@ typedef struct kv_pool {
 } kv_pool;
 
 static inline size_t kv_offset(const dims *d, const kv_pool *p, int32_t block, int layer, int kind, int g) {
-  return ((((size_t)layer * d->KV + g) * p->num_blocks + block) * 2 + kind) * (size_t)p->B * d->hd;
+  return ((((size_t)layer * d->KV + g) * 2 + kind) * p->num_blocks + block) * (size_t)p->B * d->hd;
 }
 static inline size_t kv_pool_floats(const dims *d, int B, int num_blocks) {
   return (size_t)d->L * d->KV * num_blocks * 2 * B * d->hd;
