@@ -399,11 +399,11 @@ void paged_attention(float *att, const float *qkv, const kv_pool *pool, const di
 
 /* ---- forest (training) ---- */
 
-/* dst[KV][hd][T] = the kv head columns starting at column `from` of rows[T, ld] */
+/* dst[KV][hd][forest_ld(T)] = the kv head columns starting at column `from` of rows[T, ld] */
 static void transpose_heads(float *dst, const float *rows, size_t ld, int from, int T, const dims *d) {
 #pragma omp parallel for num_threads(cpu_threads_for(4.0 * T * d->kv_dim)) schedule(static)
   for (int gc = 0; gc < d->KV * d->hd; gc++) {
-    float *out = dst + (size_t)gc * T;
+    float *out = dst + (size_t)gc * forest_ld(T);
     const float *src = rows + from + gc;
     for (int t = 0; t < T; t++) out[t] = src[(size_t)t * ld];
   }
@@ -428,12 +428,12 @@ static int forest_tiles(const forest *f, int T, int rows, int32_t *tiles) {
 static int forest_runs(key_run *runs, const forest *f, int i0, int i1, int g, const float *qkv, const float *kt,
                        const float *vt, int T, const dims *d) {
   int first = f->range_off[i0], n = f->range_off[i0 + 1] - first;
-  size_t col = (size_t)g * d->hd * T;
+  size_t ld = forest_ld(T), col = (size_t)g * d->hd * ld;
   const float *kg = qkv + d->q_dim + g * d->hd;
   for (int k = 0; k < n; k++) {
     int a = f->ranges[2 * (first + k)], e = k == n - 1 ? i1 - 1 : f->ranges[2 * (first + k) + 1];
-    runs[k] = (key_run){kt + col + a, (size_t)T, kg + d->kv_dim + (size_t)a * d->qkv_dim, (size_t)d->qkv_dim,
-                        vt != NULL ? vt + col + a : NULL, (size_t)T, kg + (size_t)a * d->qkv_dim, (size_t)d->qkv_dim, e - a + 1, a};
+    runs[k] = (key_run){kt + col + a, ld, kg + d->kv_dim + (size_t)a * d->qkv_dim, (size_t)d->qkv_dim,
+                        vt != NULL ? vt + col + a : NULL, ld, kg + (size_t)a * d->qkv_dim, (size_t)d->qkv_dim, e - a + 1, a};
   }
   return n;
 }
@@ -462,6 +462,15 @@ void forest_attention_forward(float *att, float *lse, const float *qkv, float *k
       attend(n, q, limit, runs, n_runs, d->hd, scale, out, tile_lse, work, (size_t)T);
       for (int k = 0; k < n; k++) lse[(size_t)(i0 + k / nh) * d->H + t.h0 + k % nh] = tile_lse[k];
     }
+  }
+}
+
+/* ds[u] = p_u (dp_u - dsum) with p_u = exp(scale s_u - lse) for the chunk's keys u < visible,
+ * 0 past them: a loop of its own, which GCC vectorises (inside attend_grad_queries it did not). */
+static void grad_scores(float *ds, const float *s, const float *dp, int visible, float scale, float lse, float dsum) {
+  for (int u = 0; u < CHUNK; u++) {
+    float e = fast_exp(s[u] * scale - lse) * (dp[u] - dsum);
+    ds[u] = u < visible ? e : 0.0f;
   }
 }
 
@@ -501,10 +510,8 @@ static void attend_grad_queries(int R, const float *const *q, const float *const
           int visible = limit[r0 + r] - (run->pos0 + j0) + 1;
           if (visible > w) visible = w;
           if (visible <= 0) continue;
-          float sr[CHUNK], dr[CHUNK], ds[CHUNK];
-          memcpy(sr, &s[r], sizeof sr);
-          memcpy(dr, &dp[r], sizeof dr);
-          for (int u = 0; u < CHUNK; u++) ds[u] = u < visible ? fast_exp(sr[u] * scale - lse[r0 + r]) * (dr[u] - dsum[r0 + r]) : 0.0f;
+          float ds[CHUNK];
+          grad_scores(ds, (const float *)&s[r], (const float *)&dp[r], visible, scale, lse[r0 + r], dsum[r0 + r]);
           float *ar = acc + r * hd;
           int c = 0;
           for (; c + CHUNK / 2 <= hd; c += CHUNK / 2) { /* 8 columns of dq in a register over the keys */
@@ -531,9 +538,10 @@ static void attend_grad_keys(int j0, int j1, int g, const float *qkv, const floa
                              const float *kt, const float *vt, const forest *f, int T, const dims *d, float scale, float *dqkv,
                              float *work) {
   int hd = d->hd, G = d->H / d->KV;
+  size_t ld = forest_ld(T);
   float *dkt = work, *dvt = dkt + (size_t)hd * CHUNK;
   memset(dkt, 0, sizeof(float) * 2 * hd * CHUNK);
-  const float *ktg = kt + (size_t)g * hd * T + j0, *vtg = vt + (size_t)g * hd * T + j0;
+  const float *ktg = kt + (size_t)g * hd * ld + j0, *vtg = vt + (size_t)g * hd * ld + j0;
   for (int i = j0; i < T; i++) {
     float vis[CHUNK] = {0};
     int any = 0;
@@ -547,7 +555,7 @@ static void attend_grad_keys(int j0, int j1, int g, const float *qkv, const floa
       const float *q = qkv + (size_t)i * d->qkv_dim + (size_t)h * hd, *dout = datt + (size_t)i * d->q_dim + (size_t)h * hd;
       v8 s0 = {0}, s1 = {0}, dp0 = {0}, dp1 = {0}; /* halves of the chunk's scores and dP */
       for (int c = 0; c < hd; c++) {
-        const float *kc = ktg + (size_t)c * T, *vc = vtg + (size_t)c * T;
+        const float *kc = ktg + (size_t)c * ld, *vc = vtg + (size_t)c * ld;
         s0 += q[c] * load8(kc);
         s1 += q[c] * load8(kc + CHUNK / 2);
         dp0 += dout[c] * load8(vc);

@@ -45,13 +45,23 @@ size_t paged_staging_floats(const dims *d, int B);
 void paged_attention(float *att, const float *qkv, const kv_pool *pool, const dims *d, int layer,
                      const fwd_batch *b, float *scratch, size_t scratch_floats, int32_t *tiles);
 
+/* Training keeps K and V transposed per kv head, [KV][hd][forest_ld(T)]: a row stride of an
+ * odd number of 64-byte lines, so the hd rows a 16-key chunk reads fall in different cache
+ * sets (with a stride of T = 1024 floats, 4 KiB, they all fell in one set of the L1).
+ * forest_transposed_floats: the floats of one such buffer, with 16 of padding past its end. */
+static inline size_t forest_ld(int T) {
+  size_t ld = ((size_t)T + 15) / 16 * 16;
+  return ld / 16 % 2 == 0 ? ld + 16 : ld;
+}
+static inline size_t forest_transposed_floats(const dims *d, int T) { return (size_t)d->kv_dim * forest_ld(T) + 16; }
+
 /* Training: att[T, q_dim] and lse[T, H] for token rows attending to their ancestors.
- * kt: scratch [KV][hd][T] (filled here from qkv); scratch: per thread scratch_floats (with
- * max_runs = T); tiles: 2T + 2 ints. */
+ * kt: scratch of forest_transposed_floats (filled here from qkv); scratch: per thread
+ * scratch_floats (with max_runs = T); tiles: 2T + 2 ints. */
 void forest_attention_forward(float *att, float *lse, const float *qkv, float *kt, const forest *f,
                               int T, const dims *d, float *scratch, size_t scratch_floats, int32_t *tiles);
-/* dqkv[T, qkv_dim] (overwritten) from datt[T, q_dim]; kt, vt scratch [KV][hd][T] plus 16
- * floats; dsum scratch [T, H]; scratch per thread scratch_floats >=
+/* dqkv[T, qkv_dim] (overwritten) from datt[T, q_dim]; kt, vt scratch of
+ * forest_transposed_floats; dsum scratch [T, H]; scratch per thread scratch_floats >=
  * attention_grad_scratch_floats(d, T); tiles 2T + 2 ints. */
 size_t attention_grad_scratch_floats(const dims *d, int max_runs);
 void forest_attention_backward(float *dqkv, const float *datt, const float *qkv, const float *att,

@@ -36,8 +36,8 @@ static size_t lay_out(be_trainer *t, float *base) {
   train_acts_lay_out(&t->acts, d, T, base, &at);
   t->dlogits = arena_carve(base, &at, T * d->V);
   t->coef = arena_carve(base, &at, T);
-  t->kt = arena_carve(base, &at, T * d->kv_dim + 16); /* + 16: attention reads whole 16-key chunks */
-  t->vt = arena_carve(base, &at, T * d->kv_dim + 16);
+  t->kt = arena_carve(base, &at, forest_transposed_floats(d, t->Tm));
+  t->vt = arena_carve(base, &at, forest_transposed_floats(d, t->Tm));
   return at;
 }
 
