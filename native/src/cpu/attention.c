@@ -529,59 +529,103 @@ static void attend_grad_queries(int R, const float *const *q, const float *const
   }
 }
 
+#define RB 4 /* (row, head) pairs of pass B sharing one pass over the chunk's K and V columns */
+
+/* One (row, head) pair of pass B: its query, output gradient, mask over the chunk's keys,
+ * log-sum-exp and dsum. */
+typedef struct grad_pair {
+  const float *q, *dout, *vis;
+  float lse, dsum;
+} grad_pair;
+
+/* p_u = vis_u exp(scale s_u - lse) and ds_u = scale p_u (dp_u - dsum) over a chunk. */
+static void grad_probs(float *p, float *ds, const float *s, const float *dp, const grad_pair *pair, float scale) {
+  for (int u = 0; u < CHUNK; u++) {
+    p[u] = pair->vis[u] * fast_exp(s[u] * scale - pair->lse);
+    ds[u] = scale * p[u] * (dp[u] - pair->dsum);
+  }
+}
+
+/* s[r] (+)= a_r . cols for RB rows a_r, one load of each column serving all of them. */
+static inline void pair_scores(v8 s[RB][2], const float *const a[RB], const float *cols, size_t ld, int hd) {
+  for (int c = 0; c < hd; c++) {
+    v8 x0 = load8(cols + (size_t)c * ld), x1 = load8(cols + (size_t)c * ld + CHUNK / 2);
+    for (int r = 0; r < RB; r++) {
+      s[r][0] += a[r][c] * x0;
+      s[r][1] += a[r][c] * x1;
+    }
+  }
+}
+
+/* acc[c] += a_r[c] w_r for r = 0..RB-1 in turn (the sums one pair at a time would make), one
+ * load and store of each accumulator column serving all of them. */
+static inline void pair_update(float *acc, const float *const a[RB], v8 w[RB][2], int hd) {
+  for (int c = 0; c < hd; c++) {
+    float *col = acc + c * CHUNK;
+    v8 x0 = load8(col), x1 = load8(col + CHUNK / 2);
+    for (int r = 0; r < RB; r++) {
+      x0 += a[r][c] * w[r][0];
+      x1 += a[r][c] * w[r][1];
+    }
+    memcpy(col, &x0, sizeof x0);
+    memcpy(col + CHUNK / 2, &x1, sizeof x1);
+  }
+}
+
+/* dkt += scale ds q and dvt += p dout for RB pairs, dkt and dvt [hd][CHUNK]. */
+static void grad_pairs(const grad_pair *pairs, const float *ktg, const float *vtg, size_t ld, int hd, float scale,
+                       float *dkt, float *dvt) {
+  const float *q[RB], *dout[RB];
+  v8 s[RB][2], dp[RB][2], p[RB][2], ds[RB][2];
+  for (int r = 0; r < RB; r++) {
+    q[r] = pairs[r].q;
+    dout[r] = pairs[r].dout;
+    s[r][0] = s[r][1] = dp[r][0] = dp[r][1] = (v8){0};
+  }
+  pair_scores(s, q, ktg, ld, hd);
+  pair_scores(dp, dout, vtg, ld, hd);
+  for (int r = 0; r < RB; r++) grad_probs((float *)p[r], (float *)ds[r], (const float *)s[r], (const float *)dp[r], &pairs[r], scale);
+  pair_update(dkt, q, ds, hd);
+  pair_update(dvt, dout, p, hd);
+}
+
 /* Pass B of the backward, per chunk of CHUNK key rows [j0, j1) of kv head g: for every query
  * row i that sees one of them (i >= j0) and each head of the group,
  *   dk_j += scale ds_ij q_i,  dv_j += p_ij dout_i,
  * accumulated transposed ([hd][CHUNK]: one vector per dimension) and summed over i in
- * ascending order. kt, vt hold CHUNK floats of padding past their end. */
+ * ascending order, RB (row, head) pairs at a time (a last short batch is filled with pairs
+ * that see no key: they add zeros). kt, vt hold CHUNK floats of padding past their end. */
 static void attend_grad_keys(int j0, int j1, int g, const float *qkv, const float *datt, const float *lse, const float *dsum,
                              const float *kt, const float *vt, const forest *f, int T, const dims *d, float scale, float *dqkv,
                              float *work) {
-  int hd = d->hd, G = d->H / d->KV;
+  static const float unseen[CHUNK];
+  int hd = d->hd, G = d->H / d->KV, n = 0;
   size_t ld = forest_ld(T);
-  float *dkt = work, *dvt = dkt + (size_t)hd * CHUNK;
+  float *dkt = work, *dvt = dkt + (size_t)hd * CHUNK, vis[RB][CHUNK];
   memset(dkt, 0, sizeof(float) * 2 * hd * CHUNK);
   const float *ktg = kt + (size_t)g * hd * ld + j0, *vtg = vt + (size_t)g * hd * ld + j0;
+  grad_pair pairs[RB];
   for (int i = j0; i < T; i++) {
-    float vis[CHUNK] = {0};
+    float row_vis[CHUNK] = {0};
     int any = 0;
     for (int k = f->range_off[i]; k < f->range_off[i + 1]; k++) {
       int a = f->ranges[2 * k], b = f->ranges[2 * k + 1];
       if (a >= j1) break;
-      for (int j = a > j0 ? a : j0; j <= b && j < j1; j++, any = 1) vis[j - j0] = 1.0f;
+      for (int j = a > j0 ? a : j0; j <= b && j < j1; j++, any = 1) row_vis[j - j0] = 1.0f;
     }
-    if (!any) continue;
-    for (int h = g * G; h < (g + 1) * G; h++) {
-      const float *q = qkv + (size_t)i * d->qkv_dim + (size_t)h * hd, *dout = datt + (size_t)i * d->q_dim + (size_t)h * hd;
-      v8 s0 = {0}, s1 = {0}, dp0 = {0}, dp1 = {0}; /* halves of the chunk's scores and dP */
-      for (int c = 0; c < hd; c++) {
-        const float *kc = ktg + (size_t)c * ld, *vc = vtg + (size_t)c * ld;
-        s0 += q[c] * load8(kc);
-        s1 += q[c] * load8(kc + CHUNK / 2);
-        dp0 += dout[c] * load8(vc);
-        dp1 += dout[c] * load8(vc + CHUNK / 2);
-      }
-      float sr[CHUNK], dr[CHUNK], p[CHUNK], ds[CHUNK];
-      memcpy(sr, &s0, sizeof s0);
-      memcpy(sr + CHUNK / 2, &s1, sizeof s1);
-      memcpy(dr, &dp0, sizeof dp0);
-      memcpy(dr + CHUNK / 2, &dp1, sizeof dp1);
-      float l = lse[(size_t)i * d->H + h], D = dsum[(size_t)i * d->H + h];
-      for (int u = 0; u < CHUNK; u++) {
-        p[u] = vis[u] * fast_exp(sr[u] * scale - l);
-        ds[u] = scale * p[u] * (dr[u] - D);
-      }
-      v8 p0 = load8(p), p1 = load8(p + CHUNK / 2), ds0 = load8(ds), ds1 = load8(ds + CHUNK / 2);
-      for (int c = 0; c < hd; c++) {
-        float *kc = dkt + c * CHUNK, *vc = dvt + c * CHUNK;
-        v8 k0 = load8(kc) + q[c] * ds0, k1 = load8(kc + CHUNK / 2) + q[c] * ds1;
-        v8 v0 = load8(vc) + dout[c] * p0, v1 = load8(vc + CHUNK / 2) + dout[c] * p1;
-        memcpy(kc, &k0, sizeof k0);
-        memcpy(kc + CHUNK / 2, &k1, sizeof k1);
-        memcpy(vc, &v0, sizeof v0);
-        memcpy(vc + CHUNK / 2, &v1, sizeof v1);
+    for (int h = g * G; any && h < (g + 1) * G; h++) {
+      memcpy(vis[n], row_vis, sizeof row_vis);
+      pairs[n] = (grad_pair){qkv + (size_t)i * d->qkv_dim + (size_t)h * hd, datt + (size_t)i * d->q_dim + (size_t)h * hd,
+                             vis[n], lse[(size_t)i * d->H + h], dsum[(size_t)i * d->H + h]};
+      if (++n == RB) {
+        grad_pairs(pairs, ktg, vtg, ld, hd, scale, dkt, dvt);
+        n = 0;
       }
     }
+  }
+  if (n > 0) {
+    for (int r = n; r < RB; r++) pairs[r] = (grad_pair){pairs[0].q, pairs[0].dout, unseen, 0.0f, 0.0f};
+    grad_pairs(pairs, ktg, vtg, ld, hd, scale, dkt, dvt);
   }
   for (int j = j0; j < j1; j++) {
     float *dk = dqkv + (size_t)j * d->qkv_dim + d->q_dim + g * hd, *dv = dk + d->kv_dim;
