@@ -148,6 +148,38 @@ static inline void prefetch_rows(const float *p, size_t ld, int n, int width) {
     for (int c = 0; c < width; c += 16) __builtin_prefetch(p + (size_t)i * ld + c);
 }
 
+/* orow[c0..c0+W) += sum over u < n of p[u] v[u][c0..], W / 8 accumulators in registers,
+ * each summing over u in ascending order: independent chains, so the FMAs' latency overlaps
+ * (with two, a 16-key chunk's P.V waited on it). W: 64, 32 or 16. */
+#define DEFINE_PV_COLUMNS(W)                                                                     \
+  static inline void pv_columns_##W(float *orow, const float *p, const float *v, size_t ldv, int n) { \
+    v8 acc[W / 8];                                                                               \
+    for (int i = 0; i < W / 8; i++) acc[i] = load8(orow + 8 * i);                                \
+    for (int u = 0; u < n; u++)                                                                  \
+      for (int i = 0; i < W / 8; i++) acc[i] += p[u] * load8(v + (size_t)u * ldv + 8 * i);       \
+    for (int i = 0; i < W / 8; i++) memcpy(orow + 8 * i, &acc[i], sizeof acc[i]);               \
+  }
+DEFINE_PV_COLUMNS(64)
+DEFINE_PV_COLUMNS(32)
+DEFINE_PV_COLUMNS(16)
+
+/* orow[0..hd) += sum over u < n of p[u] v[u * ldv + 0..hd): 64-, 32- and 16-column blocks,
+ * then the rest one column at a time; each column sums over u in ascending order. */
+static void pv_row(float *orow, const float *p, const float *v, size_t ldv, int n, int hd) {
+  int c = 0;
+  for (; hd - c >= 64; c += 64) pv_columns_64(orow + c, p, v + c, ldv, n);
+  if (hd - c >= 32) {
+    pv_columns_32(orow + c, p, v + c, ldv, n);
+    c += 32;
+  }
+  if (hd - c >= 16) {
+    pv_columns_16(orow + c, p, v + c, ldv, n);
+    c += 16;
+  }
+  for (int u = 0; u < n; u++)
+    for (int cc = c; cc < hd; cc++) orow[cc] += p[u] * v[(size_t)u * ldv + cc];
+}
+
 /* Attention of R queries over runs of keys, flash-attention style in two passes per group
  * of QB queries (no score matrix beyond the group's rows): scores of every 16-key chunk
  * for the QB queries at once (the chunk's K columns stay in L1), then per query the
@@ -210,21 +242,7 @@ static void attend(int R, const float *const *q, const int *limit, const key_run
           if (visible > w) visible = w;
           const float *pr = sc + r * max_keys + at;
           float *orow = o + r * hd;
-          for (int c = 0; c < hd; c += CHUNK) { /* CHUNK-wide columns (two halves), then the rest */
-            if (hd - c >= CHUNK) {
-              v8 acc0 = load8(orow + c), acc1 = load8(orow + c + CHUNK / 2);
-              for (int u = 0; u < visible; u++) {
-                const float *vu = v + (size_t)u * run->ldv + c;
-                acc0 += pr[u] * load8(vu);
-                acc1 += pr[u] * load8(vu + CHUNK / 2);
-              }
-              memcpy(orow + c, &acc0, sizeof acc0);
-              memcpy(orow + c + CHUNK / 2, &acc1, sizeof acc1);
-            } else {
-              for (int u = 0; u < visible; u++)
-                for (int cc = c; cc < hd; cc++) orow[cc] += pr[u] * v[(size_t)u * run->ldv + cc];
-            }
-          }
+          pv_row(orow, pr, v, run->ldv, visible, hd);
         }
         at += w;
       }
