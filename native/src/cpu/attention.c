@@ -180,6 +180,11 @@ static void pv_row(float *orow, const float *p, const float *v, size_t ldv, int 
     for (int cc = c; cc < hd; cc++) orow[cc] += p[u] * v[(size_t)u * ldv + cc];
 }
 
+/* The run PREFETCH_RUNS after run k, if it has a chunk at j0 (else NULL). */
+static inline const key_run *run_ahead(const key_run *runs, int n_runs, int k, int j0) {
+  return k + PREFETCH_RUNS < n_runs && j0 < runs[k + PREFETCH_RUNS].n ? &runs[k + PREFETCH_RUNS] : NULL;
+}
+
 /* Attention of R queries over runs of keys, flash-attention style in two passes per group
  * of QB queries (no score matrix beyond the group's rows): scores of every 16-key chunk
  * for the QB queries at once (the chunk's K columns stay in L1), then per query the
@@ -208,8 +213,8 @@ static void attend(int R, const float *const *q, const int *limit, const key_run
           kt = pad;
           ldk = CHUNK;
         }
-        if (k + PREFETCH_RUNS < n_runs && j0 < runs[k + PREFETCH_RUNS].n)
-          prefetch_rows(runs[k + PREFETCH_RUNS].kt + j0, runs[k + PREFETCH_RUNS].ldk, hd, CHUNK);
+        const key_run *ahead = run_ahead(runs, n_runs, k, j0);
+        if (ahead != NULL) prefetch_rows(ahead->kt + j0, ahead->ldk, hd, CHUNK);
         v16 s[QB];
         scores(nq, s, q + r0, kt, ldk, hd);
         for (int r = 0; r < nq; r++) { /* scaled, keys past the query's limit masked */
@@ -235,8 +240,8 @@ static void attend(int R, const float *const *q, const int *limit, const key_run
       for (int j0 = 0; j0 < run->n && run->pos0 + j0 <= top; j0 += CHUNK) {
         int w = run->n - j0 < CHUNK ? run->n - j0 : CHUNK;
         const float *v = run->v + (size_t)j0 * run->ldv;
-        if (k + PREFETCH_RUNS < n_runs && j0 < runs[k + PREFETCH_RUNS].n)
-          prefetch_rows(runs[k + PREFETCH_RUNS].v + (size_t)j0 * runs[k + PREFETCH_RUNS].ldv, runs[k + PREFETCH_RUNS].ldv, CHUNK, hd);
+        const key_run *ahead = run_ahead(runs, n_runs, k, j0);
+        if (ahead != NULL) prefetch_rows(ahead->v + (size_t)j0 * ahead->ldv, ahead->ldv, CHUNK, hd);
         for (int r = 0; r < nq; r++) {
           int visible = limit[r0 + r] - (run->pos0 + j0) + 1;
           if (visible > w) visible = w;
@@ -547,7 +552,7 @@ static void attend_grad_queries(int R, const float *const *q, const float *const
   }
 }
 
-#define RB 4 /* (row, head) pairs of pass B sharing one pass over the chunk's K and V columns */
+#define RB 4 /* (row, head) pairs of pass B sharing the loads of the chunk's K and V columns */
 
 /* One (row, head) pair of pass B: its query, output gradient, mask over the chunk's keys,
  * log-sum-exp and dsum. */
@@ -564,26 +569,15 @@ static void grad_probs(float *p, float *ds, const float *s, const float *dp, con
   }
 }
 
-/* s[r] (+)= a_r . cols for RB rows a_r, one load of each column serving all of them. */
-static inline void pair_scores(v8 s[RB][2], const float *const a[RB], const float *cols, size_t ld, int hd) {
-  for (int c = 0; c < hd; c++) {
-    v8 x0 = load8(cols + (size_t)c * ld), x1 = load8(cols + (size_t)c * ld + CHUNK / 2);
-    for (int r = 0; r < RB; r++) {
-      s[r][0] += a[r][c] * x0;
-      s[r][1] += a[r][c] * x1;
-    }
-  }
-}
-
 /* acc[c] += a_r[c] w_r for r = 0..RB-1 in turn (the sums one pair at a time would make), one
  * load and store of each accumulator column serving all of them. */
-static inline void pair_update(float *acc, const float *const a[RB], v8 w[RB][2], int hd) {
+static inline void pair_update(float *acc, const float *const a[RB], const v16 w[RB], int hd) {
   for (int c = 0; c < hd; c++) {
     float *col = acc + c * CHUNK;
     v8 x0 = load8(col), x1 = load8(col + CHUNK / 2);
     for (int r = 0; r < RB; r++) {
-      x0 += a[r][c] * w[r][0];
-      x1 += a[r][c] * w[r][1];
+      x0 += a[r][c] * load8((const float *)&w[r]);
+      x1 += a[r][c] * load8((const float *)&w[r] + CHUNK / 2);
     }
     memcpy(col, &x0, sizeof x0);
     memcpy(col + CHUNK / 2, &x1, sizeof x1);
@@ -594,15 +588,14 @@ static inline void pair_update(float *acc, const float *const a[RB], v8 w[RB][2]
 static void grad_pairs(const grad_pair *pairs, const float *ktg, const float *vtg, size_t ld, int hd, float scale,
                        float *dkt, float *dvt) {
   const float *q[RB], *dout[RB];
-  v8 s[RB][2], dp[RB][2], p[RB][2], ds[RB][2];
+  v16 s[RB], dp[RB], p[RB], ds[RB];
   for (int r = 0; r < RB; r++) {
     q[r] = pairs[r].q;
     dout[r] = pairs[r].dout;
-    s[r][0] = s[r][1] = dp[r][0] = dp[r][1] = (v8){0};
   }
-  pair_scores(s, q, ktg, ld, hd);
-  pair_scores(dp, dout, vtg, ld, hd);
-  for (int r = 0; r < RB; r++) grad_probs((float *)p[r], (float *)ds[r], (const float *)s[r], (const float *)dp[r], &pairs[r], scale);
+  scores(RB, s, q, ktg, ld, hd);
+  scores(RB, dp, dout, vtg, ld, hd);
+  for (int r = 0; r < RB; r++) grad_probs((float *)&p[r], (float *)&ds[r], (const float *)&s[r], (const float *)&dp[r], &pairs[r], scale);
   pair_update(dkt, q, ds, hd);
   pair_update(dvt, dout, p, hd);
 }
