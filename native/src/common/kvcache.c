@@ -72,7 +72,8 @@ static gyre_status seq_new(gyre_cache *c, int32_t *id) {
 }
 
 static void seq_release(gyre_cache *c, sequence *s) {
-  for (int32_t k = 0; k < s->n_blocks; k++) block_drop(c, s->table[k]);
+  /* last block first: the stack then hands a later sequence ascending ids (memory order) */
+  for (int32_t k = s->n_blocks - 1; k >= 0; k--) block_drop(c, s->table[k]);
   free(s->table);
   memset(s, 0, sizeof *s);
 }
