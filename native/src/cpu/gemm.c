@@ -204,6 +204,29 @@ static void macro_kernel(int mc, int kc, const float *ap, const float *bp, int j
 #define FEW_ROWS 16
 #define FEW_BLOCK 4
 
+/* out[j] = the sum of acc[j]'s lanes. With 8-lane vectors a transposing tree (pairs within
+ * each 128-bit half, twice, then the two halves: 7 vector ops for the 4 sums, where adding
+ * lane by lane takes 28 dependent scalar adds), else lane by lane. */
+static inline void lane_sums(const vf acc[FEW_BLOCK], float out[FEW_BLOCK]) {
+#if VL == 8 && FEW_BLOCK == 4
+  vf ab = __builtin_shufflevector(acc[0], acc[1], 0, 2, 8, 10, 4, 6, 12, 14) +
+          __builtin_shufflevector(acc[0], acc[1], 1, 3, 9, 11, 5, 7, 13, 15);
+  vf cd = __builtin_shufflevector(acc[2], acc[3], 0, 2, 8, 10, 4, 6, 12, 14) +
+          __builtin_shufflevector(acc[2], acc[3], 1, 3, 9, 11, 5, 7, 13, 15);
+  vf sums = __builtin_shufflevector(ab, cd, 0, 2, 8, 10, 4, 6, 12, 14) + __builtin_shufflevector(ab, cd, 1, 3, 9, 11, 5, 7, 13, 15);
+  float lanes[VL]; /* lane j: acc[j]'s lanes 0-3, lane j + 4: its lanes 4-7 */
+  memcpy(lanes, &sums, sizeof lanes);
+  for (int j = 0; j < FEW_BLOCK; j++) out[j] = lanes[j] + lanes[j + 4];
+#else
+  for (int j = 0; j < FEW_BLOCK; j++) {
+    float lanes[VL];
+    memcpy(lanes, &acc[j], sizeof lanes);
+    out[j] = 0.0f;
+    for (int l = 0; l < VL; l++) out[j] += lanes[l];
+  }
+#endif
+}
+
 static void gemm_few_rows(int M, int N, int K, const float *a, int lda, const float *w, int ldw, float *c, int ldc,
                           int accumulate, int threads) {
   int blocks = (N + FEW_BLOCK - 1) / FEW_BLOCK, kv = K / VL * VL;
@@ -227,15 +250,16 @@ static void gemm_few_rows(int M, int N, int K, const float *a, int lda, const fl
           for (int j = 0; j < FEW_BLOCK; j++) acc[i][j] += av * wv[j];
         }
       }
-      for (int i = 0; i < mm; i++)
+      for (int i = 0; i < mm; i++) {
+        float sums[FEW_BLOCK];
+        lane_sums(acc[i], sums);
         for (int j = 0; j < nn; j++) {
-          float lanes[VL], sum = 0.0f;
-          memcpy(lanes, &acc[i][j], sizeof lanes);
-          for (int l = 0; l < VL; l++) sum += lanes[l];
+          float sum = sums[j];
           for (int k = kv; k < K; k++) sum += ar[i][k] * wr[j][k];
           float *dst = c + (size_t)(m0 + i) * ldc + n0 + j;
           *dst = accumulate ? *dst + sum : sum;
         }
+      }
     }
   }
 }
