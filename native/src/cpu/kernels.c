@@ -170,13 +170,13 @@ void adamw(float *w, const float *g, float *m, float *v, size_t n, const gyre_ad
   float b1 = opt->beta1, b2 = opt->beta2;
   double bc1 = 1.0 - pow(b1, (double)step), bc2 = 1.0 - pow(b2, (double)step);
   float step_size = (float)(opt->lr / bc1), bc2_sqrt = (float)sqrt(bc2);
-  float decay = 1.0f - opt->lr * opt->weight_decay;
+  float decay = 1.0f - opt->lr * opt->weight_decay, eps = opt->eps; /* a local: stores to w, m, v may alias *opt */
 #pragma omp parallel for num_threads(cpu_threads()) schedule(static)
   for (size_t i = 0; i < n; i++) {
     float gi = g[i] * grad_scale;
     m[i] = b1 * m[i] + (1.0f - b1) * gi;
     v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
-    float denom = sqrtf(v[i]) / bc2_sqrt + opt->eps;
+    float denom = sqrtf(v[i]) / bc2_sqrt + eps;
     w[i] = w[i] * decay - step_size * m[i] / denom;
   }
 }
