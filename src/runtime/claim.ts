@@ -47,6 +47,8 @@ export interface AcquireOptions {
   readonly whenHeld: "refuse" | "wait"
   /** How often a held entry is read while watching it (default silentMs / 8, 20..250 ms). */
   readonly pollMs?: number
+  /** The load the claim's first entry carries (default none; `renew` writes it afterwards). */
+  readonly load?: Readonly<Record<string, unknown>>
 }
 
 export interface RenewOptions {
@@ -214,7 +216,7 @@ export const acquire = Effect.fn("Claim.acquire")(function* (registry: KV, at: A
       yield* Effect.logWarning(`${key}: ${current.entry!.node} (incarnation ${current.entry!.incarnation}) silent for ${options.silentMs} ms; taking over`)
     }
     const incarnation = (current.entry?.incarnation ?? 0) + 1
-    const revision = yield* writeOver(registry, key, current, entryOf(at, options.holder, incarnation, "running", {}))
+    const revision = yield* writeOver(registry, key, current, entryOf(at, options.holder, incarnation, "running", options.load ?? {}))
     if (revision !== undefined) return yield* makeClaim(registry, at, options.holder, incarnation, revision)
     current = yield* readEntry(registry, key)
   }

@@ -29,7 +29,7 @@ import { Escalation, TransportError } from "./errors.ts"
 import { runIncarnation, type IncarnationControl } from "./host.ts"
 import { serveMetrics, type MetricsServerError } from "./metrics.ts"
 import { address, formatAddress, InvalidAddress, type ActorAddress } from "./names.ts"
-import { replaceDead, type NodeLoad } from "./placement.ts"
+import { GroupSpec, groupAddress, replaceDead, type NodeLoad } from "./placement.ts"
 import { monitorLiveness, viewRegistry, type DeadEvent } from "./registry.ts"
 import { defaultSupervision, supervise, superviseGroup, type ChildEnd, type ChildSpec, type OnRestart, type SupervisionPolicy } from "./supervisor.ts"
 import { ActorSystem, refOf } from "./system.ts"
@@ -70,13 +70,6 @@ export type HostedActor = typeof HostedActor.Type
 
 const ActorId = { kind: Schema.String, id: Schema.String }
 
-export const GroupSpec = Schema.Struct({
-  name: Schema.String,
-  strategy: Schema.Literals(["one-for-one", "one-for-all"]),
-  members: Schema.Array(Schema.Struct(ActorId))
-})
-export type GroupSpec = typeof GroupSpec.Type
-
 const SpawnError = Schema.Union([UnknownActorKind, NodeDraining, InvalidAddress, AlreadyHosted, Claim.AddressClaimed, TransportError])
 
 export const NodeProtocol = RpcGroup.make(
@@ -113,6 +106,8 @@ interface Hosted {
   readonly stats: EndpointStats
   readonly group: string | undefined
   restarts: number
+  /** Ended for good by a failure (an escalation, a temporary actor's crash). */
+  failed: boolean
   /** The claim of the latest incarnation. */
   claim: Claim.Claim
 }
@@ -160,15 +155,15 @@ export const startNode = <R>(
     const metricsPort = options.metricsPort ?? settings.metricsPort
     const metricsUrl = metricsPort === undefined ? undefined : yield* serveMetrics(metricsPort)
 
-    const claim = (at: ActorAddress) =>
-      Claim.acquire(system.registry, at, { holder: options.name, silentMs: deadAfterMs, whenHeld: "refuse" })
+    const claim = (at: ActorAddress, load?: Readonly<Record<string, unknown>>) =>
+      Claim.acquire(system.registry, at, { holder: options.name, silentMs: deadAfterMs, whenHeld: "refuse", ...(load ? { load } : {}) })
 
-    /** Claims every address, or none: on a failure the claims taken so far are released. */
-    const claimAll = (ats: ReadonlyArray<ActorAddress>) =>
+    /** Claims every address (each with its first load), or none: on a failure the claims taken so far are released. */
+    const claimAll = (ats: ReadonlyArray<readonly [ActorAddress, Readonly<Record<string, unknown>> | undefined]>) =>
       Effect.gen(function* () {
         const taken: Array<Claim.Claim> = []
-        for (const at of ats) {
-          taken.push(yield* claim(at).pipe(Effect.onError(() => Effect.forEach(taken, (c) => c.release("stopped"), { discard: true }))))
+        for (const [at, load] of ats) {
+          taken.push(yield* claim(at, load).pipe(Effect.onError(() => Effect.forEach(taken, (c) => c.release("stopped"), { discard: true }))))
         }
         return taken
       })
@@ -184,6 +179,7 @@ export const startNode = <R>(
           stats,
           group,
           restarts: 0,
+          failed: false,
           claim: first
         }
         hosted.set(key, entry)
@@ -230,6 +226,7 @@ export const startNode = <R>(
         const at = entry.address
         const key = formatAddress(at)
         if (Exit.isFailure(exit) && !Cause.hasInterruptsOnly(exit.cause)) {
+          entry.failed = true
           const error = Cause.findError(exit.cause)
           yield* entry.claim.release("failed")
           if (Result.isSuccess(error) && error.success instanceof Escalation) {
@@ -309,20 +306,35 @@ export const startNode = <R>(
         return { kind, id, node: options.name, alreadyRunning: false }
       })
 
+    /**
+     * Holds the group's entry while any member is hosted: renewed with the members still here
+     * (what re-placement spawns again if this node dies), released when the last one has left.
+     */
+    const keepGroup = (c: Claim.Claim, group: GroupSpec, entries: ReadonlyArray<Hosted>) => {
+      const here = () => entries.filter((e) => hosted.get(formatAddress(e.address)) === e)
+      const load = () => ({ group: { ...group, members: here().map((e) => ({ kind: e.address.kind, id: e.address.id })) } })
+      const allLeft = Effect.forEach(entries, (e) => Deferred.await(e.ended), { discard: true })
+      return Effect.raceFirst(c.renew(load, hostOptions.heartbeatMs), allLeft).pipe(
+        Effect.andThen(c.release(entries.some((e) => e.failed) ? "failed" : "stopped"))
+      )
+    }
+
     const spawnGroup: NodeHandle["spawnGroup"] = (group, supervision) =>
       Effect.gen(function* () {
         const members = yield* Effect.forEach(group.members, (m) => resolve(m.kind, m.id))
-        for (const [, at] of members) {
-          const key = formatAddress(at)
-          if (hosted.has(key) || spawning.has(key)) return yield* Effect.fail(new AlreadyHosted({ ...at, node: options.name }))
+        const at = yield* Effect.try({ try: () => groupAddress(group.name), catch: (e) => e as InvalidAddress })
+        for (const [, member] of members) {
+          const key = formatAddress(member)
+          if (hosted.has(key) || spawning.has(key)) return yield* Effect.fail(new AlreadyHosted({ ...member, node: options.name }))
         }
-        const claims = yield* claimAll(members.map(([, at]) => at))
+        const [groupClaim, ...claims] = yield* claimAll([[at, { group }], ...members.map(([, m]) => [m, undefined] as const)])
         const entries =
           group.strategy === "one-for-all"
             ? yield* hostAll(group.name, members, claims, supervision ?? members[0]?.[0].supervision ?? defaultSupervision)
-            : yield* Effect.forEach(members, ([type, at], i) => hostOne(type, at, claims[i]!, group.name))
+            : yield* Effect.forEach(members, ([type, m], i) => hostOne(type, m, claims[i]!, group.name))
+        yield* run(keepGroup(groupClaim!, group, entries))
         yield* serving(entries)
-        return members.map(([, at]) => ({ kind: at.kind, id: at.id, node: options.name, alreadyRunning: false }))
+        return members.map(([, m]) => ({ kind: m.kind, id: m.id, node: options.name, alreadyRunning: false }))
       })
 
     const stop: NodeHandle["stop"] = (kind, id) =>
@@ -374,7 +386,7 @@ export const startNode = <R>(
 
     const view = yield* viewRegistry(system)
     yield* monitorLiveness(system, view, { deadAfterMs, self: formatAddress(nodeAddress), selfEveryMs: hostOptions.heartbeatMs, ...(options.onDead ? { onDead: options.onDead } : {}) })
-    yield* replaceDead(system, view, { node: options.name, types: catalogue, deadAfterMs, spawn, accepting: () => !draining })
+    yield* replaceDead(system, view, { node: options.name, types: catalogue, deadAfterMs, spawn, spawnGroup: (group) => spawnGroup(group), accepting: () => !draining })
     yield* serveDiscovery(system.nats.nc, {
       id: nuid.next(),
       version: options.version ?? "0.1.0",

@@ -14,9 +14,17 @@
  * takes up is declared dead again by liveness after `deadAfterMs` and placed anew. Stopped and
  * failed actors are never re-placed; a dead one that no live node can take stays dead until one
  * can.
+ *
+ * A group (`GroupSpec`, spawned by `SpawnGroup`) is placed again as a group: its node claims
+ * `group/<name>` beside its members and renews it with the spec of the members it still hosts
+ * (`load.group`). When that entry is dead, one node writes it `placing` on a live node that has
+ * every member's kind (the first restartable member's policy decides) and that node spawns the
+ * group again, so one-for-all members stay together. A member of a dead node's group is left
+ * to its group; a member that died while its node lives is placed again alone, as above.
  */
 import { Duration, Effect, Schedule, Schema, type Scope } from "effect"
 import type { AnyActorType } from "./actor.ts"
+import { address, type ActorAddress } from "./names.ts"
 import { encodeJson } from "./protocol.ts"
 import type { RegistryEntry, RegistryView } from "./registry.ts"
 import type { ActorSystemShape } from "./system.ts"
@@ -50,9 +58,25 @@ export interface Candidate {
   readonly devices: ReadonlyArray<string>
 }
 
-/** The node `policy` picks for an actor of `kind` among `candidates`, or undefined when none fits. */
-export const choose = (policy: Placement, kind: string, candidates: ReadonlyArray<Candidate>): string | undefined => {
-  const able = candidates.filter((c) => c.types.includes(kind))
+/** A group of actors spawned together: one-for-all restarts them all when one is restarted. */
+export const GroupSpec = Schema.Struct({
+  name: Schema.String,
+  strategy: Schema.Literals(["one-for-one", "one-for-all"]),
+  members: Schema.Array(Schema.Struct({ kind: Schema.String, id: Schema.String }))
+})
+export type GroupSpec = typeof GroupSpec.Type
+
+const groupKind = "group"
+
+/** The registry address a group's node claims for it (`group` is a reserved kind, as `node` is). */
+export const groupAddress = (name: string): ActorAddress => address(groupKind, name)
+
+/** What a group's entry carries: the members its node hosts (or, while `placing`, is to host). */
+const decodeGroupLoad = Schema.decodeUnknownOption(Schema.Struct({ group: GroupSpec }))
+
+/** The node `policy` picks for actors of `kinds` (all on one node) among `candidates`, or undefined when none fits. */
+export const choose = (policy: Placement, kinds: ReadonlyArray<string>, candidates: ReadonlyArray<Candidate>): string | undefined => {
+  const able = candidates.filter((c) => kinds.every((k) => c.types.includes(k)))
   switch (policy._tag) {
     case "Node":
       return able.some((c) => c.node === policy.node) ? policy.node : undefined
@@ -97,8 +121,28 @@ export interface PlacementOptions {
   readonly checkEveryMs?: number
   /** Spawns an actor on this node (idempotent). */
   readonly spawn: (kind: string, id: string) => Effect.Effect<unknown, unknown>
+  /** Spawns a group on this node. */
+  readonly spawnGroup: (group: GroupSpec) => Effect.Effect<unknown, unknown>
   /** False while this node is draining: it neither places nor takes placements. */
   readonly accepting: () => boolean
+}
+
+/** A dead entry as it is placed: the kinds its node must have, the policy that picks it, what its `placing` entry carries. */
+interface Placeable {
+  readonly kinds: ReadonlyArray<string>
+  readonly policy: Placement
+  readonly load: Readonly<Record<string, unknown>>
+}
+
+/** The members of the groups in the view that still stand (not stopped or failed), by `kind/id`. */
+const groupMembers = (view: RegistryView): Set<string> => {
+  const out = new Set<string>()
+  for (const [key, s] of view.entries()) {
+    if (!key.startsWith(`${groupKind}/`) || s.entry.status === "stopped" || s.entry.status === "failed") continue
+    const load = decodeGroupLoad(s.entry.load)
+    if (load._tag === "Some") for (const m of load.value.group.members) out.add(`${m.kind}/${m.id}`)
+  }
+  return out
 }
 
 /** Places dead actors of this node's types again and takes up placements naming this node, for the lifetime of the scope. */
@@ -106,44 +150,78 @@ export const replaceDead = (system: ActorSystemShape, view: RegistryView, option
   Effect.gen(function* () {
     const tried = new Map<string, number>()
     const warned = new Map<string, number>()
+    const warnOnce = (key: string, revision: number, message: string) =>
+      warned.get(key) === revision ? Effect.void : Effect.logWarning(message).pipe(Effect.andThen(Effect.sync(() => warned.set(key, revision))))
+
     /** Places `dead` on one of `candidates` (not on `exclude`), counting it there for the rest of the sweep. */
-    const place = (key: string, dead: RegistryEntry, revision: number, type: AnyActorType, candidates: Array<Candidate>, exclude: string | undefined) =>
+    const place = (key: string, dead: RegistryEntry, revision: number, what: Placeable, candidates: Array<Candidate>, exclude: string | undefined) =>
       Effect.gen(function* () {
-        const to = choose(type.placement, dead.kind, candidates.filter((c) => c.node !== exclude))
-        if (to === undefined) {
-          if (warned.get(key) !== revision) yield* Effect.logWarning(`${key} is dead and no live node can take it (${type.placement._tag})`)
-          warned.set(key, revision)
-          return
-        }
+        const to = choose(what.policy, what.kinds, candidates.filter((c) => c.node !== exclude))
+        if (to === undefined) return yield* warnOnce(key, revision, `${key} is dead and no live node can take it (${what.policy._tag})`)
         tried.set(key, revision)
-        const placing: RegistryEntry = { ...dead, node: to, status: "placing", heartbeatAt: Date.now(), load: { from: dead.node, by: options.node } }
+        const placing: RegistryEntry = { ...dead, node: to, status: "placing", heartbeatAt: Date.now(), load: { ...what.load, from: dead.node, by: options.node } }
         const won = yield* Effect.promise(() => system.registry.update(key, encodeJson(placing), revision).then(() => true, () => false))
         if (!won) return
         const chosen = candidates.find((c) => c.node === to)!
-        candidates[candidates.indexOf(chosen)] = { ...chosen, actors: chosen.actors + 1 }
+        candidates[candidates.indexOf(chosen)] = { ...chosen, actors: chosen.actors + what.kinds.length }
         const event: PlacedEvent = { kind: dead.kind, id: dead.id, from: dead.node, to, incarnation: dead.incarnation, by: options.node }
         yield* Effect.logInfo(`${key}: placed again on ${to} (was on ${dead.node})`)
         yield* system.publishEvent("placed", event).pipe(Effect.catchCause((c) => Effect.logWarning("placed event not published", c)))
       })
 
+    /**
+     * A dead group as it is placed: its restartable members, when this node knows every
+     * member's kind (another node may), under the first one's policy; undefined when there is
+     * nothing to place here.
+     */
+    const asGroup = (entry: RegistryEntry): Placeable | undefined => {
+      const load = decodeGroupLoad(entry.load)
+      if (load._tag === "None") return undefined
+      const spec = load.value.group
+      const types = spec.members.map((m) => options.types.get(m.kind))
+      if (types.some((t) => t === undefined)) return undefined
+      const members = spec.members.filter((_, i) => types[i]!.restart !== "temporary")
+      if (members.length === 0) return undefined
+      return { kinds: members.map((m) => m.kind), policy: options.types.get(members[0]!.kind)!.placement, load: { group: { ...spec, members } } }
+    }
+
+    /** How a dead entry is placed; undefined when it is not (temporary, going with its group, a group with nothing to place here). */
+    const placeable = (entry: RegistryEntry, type: AnyActorType | undefined, withGroup: boolean): Placeable | undefined => {
+      if (entry.kind === groupKind) return asGroup(entry)
+      if (type === undefined || type.restart === "temporary" || withGroup) return undefined
+      return { kinds: [entry.kind], policy: type.placement, load: {} }
+    }
+
+    const takeUp = (key: string, entry: RegistryEntry) => {
+      const group = decodeGroupLoad(entry.load)
+      const spawned =
+        entry.kind !== groupKind
+          ? options.spawn(entry.kind, entry.id)
+          : group._tag === "Some"
+            ? options.spawnGroup(group.value.group)
+            : Effect.logWarning(`${key}: placed here without its members; not taken up`)
+      return Effect.forkScoped(spawned.pipe(Effect.catchCause((c) => Effect.logWarning(`${key}: placement not taken up`, c))))
+    }
+
     const sweep = Effect.gen(function* () {
       if (!options.accepting()) return
       const candidates = liveNodes(view, options.deadAfterMs)
+      const grouped = groupMembers(view)
       for (const [key, s] of [...view.entries()]) {
         const type = options.types.get(s.entry.kind)
-        if (type === undefined || tried.get(key) === s.revision) continue
+        if ((type === undefined && s.entry.kind !== groupKind) || tried.get(key) === s.revision) continue
         if (s.entry.status === "placing" && s.entry.node === options.node) {
           tried.set(key, s.revision)
-          yield* Effect.forkScoped(
-            options.spawn(s.entry.kind, s.entry.id).pipe(Effect.catchCause((c) => Effect.logWarning(`${key}: placement not taken up`, c)))
-          )
-        } else if (s.entry.status === "dead" && type.restart !== "temporary") {
+          yield* takeUp(key, s.entry)
+        } else if (s.entry.status === "dead") {
           // Its own node is a candidate only once it has beaten since the actor was declared
           // dead: an actor's beats and its node's stop together, and the node's last one may
           // still look recent (a killed node got its actor placed back on itself).
           const own = view.get(`node/${s.entry.node}`)
           const silent = own === undefined || own.at <= s.at
-          yield* place(key, s.entry, s.revision, type, candidates, silent ? s.entry.node : undefined)
+          // A member of a silent node's group goes with its group.
+          const what = placeable(s.entry, type, silent && grouped.has(key))
+          if (what !== undefined) yield* place(key, s.entry, s.revision, what, candidates, silent ? s.entry.node : undefined)
         }
       }
     })

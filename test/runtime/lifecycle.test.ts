@@ -200,7 +200,7 @@ describe("restart types", () => {
 })
 
 describe("groups", () => {
-  it("one-for-all restarts every member when one crashes; one-for-one only that one; a member stopped alone leaves the rest", async () => {
+  it("one-for-all restarts every member when one crashes; one-for-one only that one; a member stopped alone leaves the rest; the group's entry is held until the last one leaves", async () => {
     const result = await withSystem("groups", Effect.gen(function* () {
       const system = yield* ActorSystem
       const node = yield* startNode({ name: "n1", types: [probe("rollout"), probe("trainer")] })
@@ -221,7 +221,15 @@ describe("groups", () => {
       yield* node.stop("trainer", "d0")
       yield* Effect.sleep(Duration.millis(300))
       const r0After = yield* whoami("rollout", "d0")
-      return { before, r0, t0, r1, t1, listed, r0After, hostedAfter: node.hosted().map((h) => `${h.kind}/${h.id}`) }
+      const hostedAfter = node.hosted().map((h) => `${h.kind}/${h.id}`)
+      // The group's own entry: held while a member is hosted (a second node cannot take the
+      // name), released when the last one has left.
+      const other = yield* startNode({ name: "n2", types: [probe("rollout")] })
+      const takenElsewhere = yield* Effect.flip(other.spawnGroup({ name: "device-0", strategy: "one-for-one", members: [{ kind: "rollout", id: "d9" }] }))
+      const groupWhileHosted = yield* statusOf("group/device-0")
+      yield* node.stop("rollout", "d0")
+      const groupAfter = yield* eventually(statusOf("group/device-0").pipe(Effect.map((s) => (s === "stopped" ? s : undefined))))
+      return { before, r0, t0, r1, t1, listed, r0After, hostedAfter, takenElsewhere, groupWhileHosted, groupAfter }
     }))
     expect(result.r0).not.toBe(result.before.r0)
     expect(result.t0).not.toBe(result.before.t0)
@@ -239,5 +247,8 @@ describe("groups", () => {
     expect(result.r0After).toBe(result.r0)
     expect(result.hostedAfter).not.toContain("trainer/d0")
     expect(result.hostedAfter).toContain("rollout/d0")
+    expect(result.takenElsewhere).toMatchObject({ _tag: "AddressClaimed", address: "group/device-0", node: "n1" })
+    expect(result.groupWhileHosted).toBe("running")
+    expect(result.groupAfter).toBe("stopped")
   })
 })

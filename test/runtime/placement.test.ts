@@ -1,7 +1,8 @@
 /**
  * Re-placement: the policy as a pure choice; actors of a node that stopped beating placed again
  * as their policies say (spread, on a device, on a node; temporary ones not at all), once each,
- * resuming from their snapshots; and a `gyre node` process killed with SIGKILL whose actor then
+ * resuming from their snapshots; a silent node's group placed again as one group, with the
+ * members it still hosted; and a `gyre node` process killed with SIGKILL whose actor then
  * answers from the other node.
  */
 import { Duration, Effect, Exit, Schema, Scope } from "effect"
@@ -29,15 +30,21 @@ describe("placement policy", () => {
   const nodes = [c("b", 3, ["w"]), c("a", 1, ["w", "x"], ["gpu0"]), c("c", 1, ["w"], ["gpu1"])]
 
   it("spreads to the node with the fewest actors that has the type (ties by name), pins to a node or a device, or finds none", () => {
-    expect(choose(spread, "w", nodes)).toBe("a")
-    expect(choose(spread, "x", nodes)).toBe("a")
-    expect(choose(spread, "y", nodes)).toBeUndefined()
-    expect(choose(onNode("b"), "w", nodes)).toBe("b")
-    expect(choose(onNode("b"), "x", nodes)).toBeUndefined()
-    expect(choose(onNode("z"), "w", nodes)).toBeUndefined()
-    expect(choose(onDevice("gpu1"), "w", nodes)).toBe("c")
-    expect(choose(onDevice("gpu1"), "x", nodes)).toBeUndefined()
-    expect(choose(onDevice("gpu9"), "w", nodes)).toBeUndefined()
+    expect(choose(spread, ["w"], nodes)).toBe("a")
+    expect(choose(spread, ["x"], nodes)).toBe("a")
+    expect(choose(spread, ["y"], nodes)).toBeUndefined()
+    expect(choose(onNode("b"), ["w"], nodes)).toBe("b")
+    expect(choose(onNode("b"), ["x"], nodes)).toBeUndefined()
+    expect(choose(onNode("z"), ["w"], nodes)).toBeUndefined()
+    expect(choose(onDevice("gpu1"), ["w"], nodes)).toBe("c")
+    expect(choose(onDevice("gpu1"), ["x"], nodes)).toBeUndefined()
+    expect(choose(onDevice("gpu9"), ["w"], nodes)).toBeUndefined()
+  })
+
+  it("places several kinds together only on a node that has every one", () => {
+    expect(choose(spread, ["w", "x"], nodes)).toBe("a")
+    expect(choose(onDevice("gpu1"), ["w", "x"], nodes)).toBeUndefined()
+    expect(choose(spread, ["x", "y"], nodes)).toBeUndefined()
   })
 })
 
@@ -90,6 +97,51 @@ describe("re-placement", () => {
     expect(result.temporary).toMatchObject({ node: "a", status: "dead" })
     expect(result.events.map((e) => `${e.kind}/${e.id}`).sort()).toEqual(["on-device/d1", "on-node/n1", "spread/s1"])
     expect(result.events.every((e) => e.from === "a" && e.incarnation === 1 && ["b", "c"].includes(e.by))).toBe(true)
+  })
+})
+
+describe("re-placement of a group", () => {
+  it("places a silent node's group again as a group, on a node with every member's kind, with the members it still hosted", async () => {
+    const types = [probeType("grp-a"), probeType("grp-b"), probeType("grp-t", { restart: "temporary" })]
+    const timing = { heartbeatMs: 150, deadAfterMs: 1000 }
+    const result = await withSystem("place-group", Effect.gen(function* () {
+      const system = yield* ActorSystem
+      const placed = placedEvents(system)
+      const scopeA = yield* Scope.make()
+      const a = yield* startNode({ name: "a", types, ...timing }).pipe(Scope.provide(scopeA))
+      // b cannot host grp-b, so the group can only go to c; grp-a alone would spread to b (ties by name).
+      yield* startNode({ name: "b", types: [types[0]!], ...timing })
+      const c = yield* startNode({ name: "c", types, ...timing })
+      const members = ["grp-a/x", "grp-b/x", "grp-t/x", "grp-a/y"].map((k) => ({ kind: k.split("/")[0]!, id: k.split("/")[1]! }))
+      yield* a.spawnGroup({ name: "dev-0", strategy: "one-for-all", members })
+      for (const m of members.slice(0, 2)) yield* system.ask(refOf(ProbeProtocol, address(m.kind, m.id)), "Record", { item: `before-${m.kind}` })
+      yield* a.stop("grp-a", "y") // leaves the group: not placed again with it
+      yield* Effect.sleep(Duration.millis(400)) // a beat of the group entry without it; b and c have reported their types
+      const groupBefore = yield* registryEntry("group/dev-0")
+      yield* Scope.close(scopeA, Exit.void)
+      const moved = yield* eventually(
+        Effect.gen(function* () {
+          const es = yield* Effect.forEach(["group/dev-0", "grp-a/x", "grp-b/x"], registryEntry)
+          return es.every((e) => e?.status === "running" && e.node !== "a") ? es : undefined
+        })
+      )
+      const items = yield* Effect.forEach(members.slice(0, 2), (m) => eventually(system.ask(refOf(ProbeProtocol, address(m.kind, m.id)), "Items", undefined)))
+      yield* Effect.sleep(Duration.millis(1500)) // time enough to place the others, were they placed
+      const others = yield* Effect.forEach(["grp-t/x", "grp-a/y"], registryEntry)
+      placed.stop()
+      return { groupBefore, moved, items, others, hostedOnC: c.hosted().filter((h) => h.kind !== "node"), events: placed.events }
+    }))
+    expect(result.groupBefore).toMatchObject({ node: "a", status: "running", load: { group: { name: "dev-0", strategy: "one-for-all" } } })
+    expect((result.groupBefore!.load as { group: { members: unknown } }).group.members).toEqual([
+      { kind: "grp-a", id: "x" },
+      { kind: "grp-b", id: "x" },
+      { kind: "grp-t", id: "x" }
+    ])
+    expect(result.moved.map((e) => `${e!.kind}/${e!.id}@${e!.node}#${e!.incarnation}`)).toEqual(["group/dev-0@c#2", "grp-a/x@c#2", "grp-b/x@c#2"])
+    expect(result.items).toEqual([["before-grp-a"], ["before-grp-b"]])
+    expect(result.hostedOnC.map((h) => `${h.kind}/${h.id}@${h.group}`).sort()).toEqual(["grp-a/x@dev-0", "grp-b/x@dev-0"])
+    expect(result.others.map((e) => `${e!.node}:${e!.status}`)).toEqual(["a:dead", "a:stopped"])
+    expect(result.events).toEqual([{ kind: "group", id: "dev-0", from: "a", to: "c", incarnation: 1, by: "c" }])
   })
 })
 
