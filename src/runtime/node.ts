@@ -18,7 +18,7 @@
  * when the node starts.
  */
 import { nuid } from "@nats-io/transport-node"
-import { Cause, Deferred, Effect, Exit, Result, Schema, Scope } from "effect"
+import { Cause, Deferred, Duration, Effect, Exit, Result, Schedule, Schema, Scope } from "effect"
 import type { ConfigError } from "effect/Config"
 import { Rpc, RpcGroup } from "effect/rpc"
 import * as Actor from "./actor.ts"
@@ -30,7 +30,7 @@ import { runIncarnation, type IncarnationControl } from "./host.ts"
 import { serveMetrics, type MetricsServerError } from "./metrics.ts"
 import { address, formatAddress, InvalidAddress, type ActorAddress } from "./names.ts"
 import { GroupSpec, groupAddress, replaceDead, type NodeLoad } from "./placement.ts"
-import { monitorLiveness, viewRegistry, type DeadEvent } from "./registry.ts"
+import { monitorLiveness, readEntry, viewRegistry, type DeadEvent } from "./registry.ts"
 import { defaultSupervision, supervise, superviseGroup, type ChildEnd, type ChildSpec, type OnRestart, type SupervisionPolicy } from "./supervisor.ts"
 import { ActorSystem, refOf } from "./system.ts"
 
@@ -382,7 +382,23 @@ export const startNode = <R>(
         )
     })
     const nodeAddress = address("node", options.name)
-    yield* serving([yield* hostOne(nodeType as Actor.ActorType<any, any, R>, nodeAddress, yield* claim(nodeAddress))])
+    // The node actor, hosted again when liveness marked its entry dead while this process lives
+    // (its event loop stalled past deadAfterMs); not when another process of this name took it.
+    const hostNode: Effect.Effect<void, TransportError | Claim.AddressClaimed, R> = Effect.gen(function* () {
+      const entry = yield* hostOne(nodeType as Actor.ActorType<any, any, R>, nodeAddress, yield* claim(nodeAddress))
+      yield* serving([entry])
+      yield* run(Deferred.await(entry.ended).pipe(Effect.andThen(reclaimNode)))
+    })
+    const reclaimNode: Effect.Effect<void, never, R> = Effect.gen(function* () {
+      const { entry } = yield* readEntry(system.registry, nodeKey)
+      if (draining || entry?.status !== "dead") return
+      yield* Effect.logWarning(`${nodeKey} was declared dead while this node lives; claiming it again`)
+      yield* hostNode
+    }).pipe(
+      Effect.retry({ while: (e) => e._tag === "TransportError", schedule: Schedule.spaced(Duration.millis(hostOptions.heartbeatMs)) }),
+      Effect.catch((e) => Effect.logWarning(`${nodeKey} not claimed again`, e))
+    )
+    yield* hostNode
 
     const view = yield* viewRegistry(system)
     yield* monitorLiveness(system, view, { deadAfterMs, self: formatAddress(nodeAddress), selfEveryMs: hostOptions.heartbeatMs, ...(options.onDead ? { onDead: options.onDead } : {}) })

@@ -2,13 +2,14 @@
  * Re-placement: the policy as a pure choice; actors of a node that stopped beating placed again
  * as their policies say (spread, on a device, on a node; temporary ones not at all), once each,
  * resuming from their snapshots; a silent node's group placed again as one group, with the
- * members it still hosted; and a `gyre node` process killed with SIGKILL whose actor then
+ * members it still hosted; a node declared dead while it lives claiming its entry again; and a `gyre node` process killed with SIGKILL whose actor then
  * answers from the other node.
  */
 import { Duration, Effect, Exit, Schema, Scope } from "effect"
 import { afterEach, describe, expect, it } from "vitest"
 import { address } from "../../src/runtime/names.ts"
-import { startNode } from "../../src/runtime/node.ts"
+import { nodeRef, startNode } from "../../src/runtime/node.ts"
+import { encodeJson } from "../../src/runtime/protocol.ts"
 import { choose, onDevice, onNode, spread, PlacedEvent, type Candidate } from "../../src/runtime/placement.ts"
 import { ActorSystem, refOf } from "../../src/runtime/system.ts"
 import { LedgerProtocol, RelayProtocol } from "../fixtures/actors.ts"
@@ -97,6 +98,29 @@ describe("re-placement", () => {
     expect(result.temporary).toMatchObject({ node: "a", status: "dead" })
     expect(result.events.map((e) => `${e.kind}/${e.id}`).sort()).toEqual(["on-device/d1", "on-node/n1", "spread/s1"])
     expect(result.events.every((e) => e.from === "a" && e.incarnation === 1 && ["b", "c"].includes(e.by))).toBe(true)
+  })
+})
+
+describe("a node declared dead while it lives", () => {
+  it("claims its entry again (a new incarnation) and takes spawns", async () => {
+    const result = await withSystem("reclaim", Effect.gen(function* () {
+      const system = yield* ActorSystem
+      yield* startNode({ name: "a", types: [probeType("spread")], heartbeatMs: 150, deadAfterMs: 1000 })
+      const before = (yield* registryEntry("node/a"))!
+      // What liveness writes when it has not seen the entry change for deadAfterMs (retried past renewals).
+      yield* eventually(
+        Effect.promise(async () => {
+          const stored = await system.registry.get("node/a")
+          const dead = { ...(stored!.json() as object), status: "dead" }
+          return system.registry.update("node/a", encodeJson(dead), stored!.revision).then(() => true, () => undefined)
+        })
+      )
+      const after = yield* eventually(registryEntry("node/a").pipe(Effect.map((e) => (e?.status === "running" && e.incarnation > before.incarnation ? e : undefined))))
+      const spawned = yield* eventually(system.ask(nodeRef("a"), "Spawn", { kind: "spread", id: "s9" }))
+      return { before, after, spawned }
+    }))
+    expect(result.after.incarnation).toBe(result.before.incarnation + 1)
+    expect(result.spawned).toMatchObject({ kind: "spread", id: "s9", node: "a", alreadyRunning: false })
   })
 })
 
