@@ -11,7 +11,10 @@
  * - `switch_control_p50_ms` / `_p99_ms`: stopping admission and pausing generations, per switch;
  *   `kv_transfer_p50_ms`: whole switches to training (the KV hand-off); `reprefill_tokens`;
  * - `sim_over_live` per policy: the simulator fed this run's measured execution durations and tokens,
- *   training rate, switch costs and weight-sync times, its makespan over the live one.
+ *   training rate, switch costs and weight-sync times, its makespan over the live one;
+ * - `lower_bound_s` per policy: the makespan no policy can beat on that run's executions and rates
+ *   (src/sim/bound.ts), and `async_over_bound`: the async makespan over the bound of the elastic
+ *   run's executions, the most `elastic_over_async` could be on this workload.
  *
  * Flags: --steps N (8), --devices K (2), --checkpoint DIR (default: the cached warm start),
  * --policies a,b,c, --horizon, --executions-per-step, --group-size, --slots.
@@ -31,6 +34,7 @@ import { Nats } from "../src/runtime/nats.ts"
 import { repoRoot } from "../src/runtime/nats-server.ts"
 import { ActorSystem } from "../src/runtime/system.ts"
 import { runScenario } from "../src/replay/what-if.ts"
+import { lowerBound } from "../src/sim/bound.ts"
 import { executionsOf } from "../src/sim/scenario.ts"
 import { simulate } from "../src/sim/simulate.ts"
 
@@ -81,7 +85,7 @@ const main = async () => {
     ))
   const B = Number(knobs["executions-per-step"])
   const slots = Number(knobs.slots)
-  const rows: Array<{ policy: string; runS: number; audit: RunAudit; simS: number; utilization: number }> = []
+  const rows: Array<{ policy: string; runS: number; audit: RunAudit; simS: number; boundS: number; utilization: number }> = []
   const reports: Array<RunReport> = []
   for (const policy of policies) {
     const store = fs.mkdtempSync(path.join(os.tmpdir(), `gyre-bench-${policy}-`))
@@ -97,9 +101,10 @@ const main = async () => {
     reports.push(report)
     const scenario = runScenario(audit, { policyConfig: { slots_per_cell: slots, executions_per_step: B, steps, max_staleness: 1 } }, devices)
     const simPolicy = policy === "async" ? asyncSplit(1) : fixedPolicies[policy]!
-    const sim = simulate(scenario, executionsOf(scenario), simPolicy)
+    const executions = executionsOf(scenario)
+    const sim = simulate(scenario, executions, simPolicy)
     const useful = audit.executions.reduce((a, e) => a + e.duration_s / slots + e.tokens / scenario.train_tokens_per_s_per_cell, 0)
-    rows.push({ policy, runS: summary.run_s, audit, simS: sim.makespan_s, utilization: useful / (devices * summary.run_s) })
+    rows.push({ policy, runS: summary.run_s, audit, simS: sim.makespan_s, boundS: lowerBound(scenario, executions).lower_bound_s, utilization: useful / (devices * summary.run_s) })
     fs.rmSync(store, { recursive: true, force: true })
   }
   // The policies side by side in one page (gyre report's, with every run's timeline).
@@ -107,9 +112,9 @@ const main = async () => {
   fs.writeFileSync(page, renderReport(reports))
   console.log(`report ${page}`)
   const by = (p: string) => rows.find((r) => r.policy === p)
-  console.log(`policy             makespan_s  sim_s   sim/live  utilization  switches  reprefill  kv_bytes`)
+  console.log(`policy             makespan_s  sim_s   sim/live  bound_s  utilization  switches  reprefill  kv_bytes`)
   for (const r of rows) {
-    console.log(`${r.policy.padEnd(18)} ${r.runS.toFixed(1).padStart(10)}  ${r.simS.toFixed(1).padStart(6)}  ${(r.simS / r.runS).toFixed(3).padStart(8)}  ${r.utilization.toFixed(3).padStart(11)}  ${String(r.audit.switches).padStart(8)}  ${String(r.audit.reprefillTokens).padStart(9)}  ${r.audit.kvHandoffBytes}`)
+    console.log(`${r.policy.padEnd(18)} ${r.runS.toFixed(1).padStart(10)}  ${r.simS.toFixed(1).padStart(6)}  ${(r.simS / r.runS).toFixed(3).padStart(8)}  ${r.boundS.toFixed(1).padStart(7)}  ${r.utilization.toFixed(3).padStart(11)}  ${String(r.audit.switches).padStart(8)}  ${String(r.audit.reprefillTokens).padStart(9)}  ${r.audit.kvHandoffBytes}`)
   }
   const elastic = by("elastic")
   const ratio = (other: string) => (elastic !== undefined && by(other) !== undefined ? Number((by(other)!.runS / elastic.runS).toFixed(3)) : null)
@@ -128,7 +133,9 @@ const main = async () => {
       switch_control_p99_ms: Number(quantile(all, 0.99).toFixed(2)),
       kv_transfer_p50_ms: Number(quantile(rows.flatMap((r) => r.audit.switchMs.training), 0.5).toFixed(1)),
       reprefill_tokens: rows.reduce((a, r) => a + r.audit.reprefillTokens, 0),
-      sim_over_live: Object.fromEntries(rows.map((r) => [r.policy, Number((r.simS / r.runS).toFixed(3))]))
+      sim_over_live: Object.fromEntries(rows.map((r) => [r.policy, Number((r.simS / r.runS).toFixed(3))])),
+      lower_bound_s: Object.fromEntries(rows.map((r) => [r.policy, Number(r.boundS.toFixed(1))])),
+      async_over_bound: elastic !== undefined && by("async") !== undefined ? Number((by("async")!.runS / elastic.boundS).toFixed(3)) : null
     })
   )
 }

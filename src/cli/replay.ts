@@ -127,7 +127,8 @@ const counterfactual = (log: JournalSource, policy: string, f: ReplayFlags) =>
             `run ${w.run}: ${w.policy} on ${w.cells} cells, ${w.executions} executions`,
             `  real makespan        ${s(w.realS)}`,
             `  simulated (${w.policy})  ${s(w.simulatedS)} (sim / real ${(w.simulatedS / Math.max(1e-9, w.realS)).toFixed(3)})`,
-            `  what-if ${w.whatIf.policy} on ${w.whatIf.cells} cells: ${s(w.whatIf.makespanS)} (${(w.whatIf.makespanS / Math.max(1e-9, w.simulatedS)).toFixed(3)} x the simulated run)`
+            `  what-if ${w.whatIf.policy} on ${w.whatIf.cells} cells: ${s(w.whatIf.makespanS)} (${(w.whatIf.makespanS / Math.max(1e-9, w.simulatedS)).toFixed(3)} x the simulated run)`,
+            `  lower bound on ${w.whatIf.cells} cells: ${s(w.whatIf.lowerBoundS)} (no policy beats it${w.whatIf.cells === w.cells ? `; the simulated run is ${(w.simulatedS / Math.max(1e-9, w.whatIf.lowerBoundS)).toFixed(3)} x it` : ""})`
           ].join("\n")
     )
     return 0

@@ -3,13 +3,16 @@
  * measured training rate, switch costs and weight-sync times (all from the journal's audit) as a
  * simulator scenario (`runScenario`, which `bench:elastic` uses too), run through `src/sim` under
  * another policy or cell count; the makespan it would have had beside the real one and beside
- * the simulator's own figure for the policy the run used (how far to trust the counterfactual).
+ * the simulator's own figure for the policy the run used (how far to trust the counterfactual),
+ * and the makespan no policy can beat on those cells (`src/sim/bound.ts`: how much any policy
+ * could still win).
  */
 import { Effect } from "effect"
 import { asyncSplit, fixedPolicies, type Policy } from "../policy/index.ts"
 import type { RunConfig } from "../protocols/run.ts"
 import type { TransportError } from "../runtime/errors.ts"
 import type { JournalSource } from "../runtime/journal.ts"
+import { lowerBound } from "../sim/bound.ts"
 import { executionsOf, parseScenario, type Scenario } from "../sim/scenario.ts"
 import { simulate } from "../sim/simulate.ts"
 import { auditRun, type RunAudit } from "../scheduling/audit.ts"
@@ -64,7 +67,7 @@ export interface WhatIf {
   readonly realS: number
   /** The simulator under the run's own policy and cells, fed the same figures. */
   readonly simulatedS: number
-  readonly whatIf: { readonly policy: string; readonly cells: number; readonly makespanS: number }
+  readonly whatIf: { readonly policy: string; readonly cells: number; readonly makespanS: number; readonly lowerBoundS: number }
   readonly executions: number
 }
 
@@ -75,7 +78,8 @@ export const whatIf = (log: JournalSource, config: RunConfig, policy: string, ce
     if (audit.executions.length === 0) return "the run has no finished executions to replay"
     const realCells = Math.max(1, audit.cells.length)
     const own = simulated(runScenario(audit, config, realCells), config.policy === "async" ? `async:${config.rolloutCells ?? 1}` : config.policy)
-    const other = simulated(runScenario(audit, config, cells ?? realCells), policy)
+    const scenario = runScenario(audit, config, cells ?? realCells)
+    const other = simulated(scenario, policy)
     if (typeof own === "string") return own
     if (typeof other === "string") return other
     return {
@@ -84,7 +88,7 @@ export const whatIf = (log: JournalSource, config: RunConfig, policy: string, ce
       cells: realCells,
       realS: audit.lastStepDoneS,
       simulatedS: own.makespanS,
-      whatIf: { policy: other.policy, cells: cells ?? realCells, makespanS: other.makespanS },
+      whatIf: { policy: other.policy, cells: scenario.cells, makespanS: other.makespanS, lowerBoundS: lowerBound(scenario, executionsOf(scenario)).lower_bound_s },
       executions: audit.executions.length
     }
   })

@@ -222,16 +222,21 @@ describe("gyre replay", { timeout: 180_000 }, () => {
     expect(JSON.parse(readFileSync(join(dir, "manifest.json"), "utf8"))).toMatchObject({ format: 1, run: rec.run, calls: rec.calls.length, events: records.length, malformed: 0 })
   })
 
-  it("--what-if replays the recorded executions under another policy and cell count", async () => {
+  it("--what-if replays the recorded executions under another policy and cell count, beside the lower bound", async () => {
     const own = JSON.parse((await gyreCli(["replay", rec.run, "--store", rec.store, "--what-if", "colocate", "--json"])).stdout)
     const done = rec.journal.filter((m) => m.subject.endsWith(".sys.policy") && m.json.event._tag === "StepDone").map((m) => m.json.event.at)
     expect(own).toMatchObject({ run: rec.run, policy: "elastic", cells: 2, executions: 12, whatIf: { policy: "colocate", cells: 2 } })
     expect(own.realS).toBe(Math.max(...done))
     expect(own.simulatedS).toBeGreaterThan(0)
     expect(own.whatIf.makespanS).toBeGreaterThan(0)
+    // The lower bound holds under every policy the simulator runs on the same cells.
+    expect(own.whatIf.lowerBoundS).toBeGreaterThan(0)
+    expect(own.whatIf.lowerBoundS).toBeLessThanOrEqual(Math.min(own.simulatedS, own.whatIf.makespanS) + 1e-9)
     const wider = JSON.parse((await gyreCli(["replay", rec.run, "--store", rec.store, "--what-if", "async", "--cells", "4", "--json"])).stdout)
     expect(wider.whatIf).toMatchObject({ cells: 4, policy: expect.stringMatching(/^async:[123]$/) })
     expect(wider.simulatedS).toBe(own.simulatedS)
+    expect(wider.whatIf.lowerBoundS).toBeLessThanOrEqual(wider.whatIf.makespanS + 1e-9)
+    expect(wider.whatIf.lowerBoundS).toBeLessThanOrEqual(own.whatIf.lowerBoundS + 1e-9) // more cells never raise it
     const bad = await gyreCli(["replay", rec.run, "--store", rec.store, "--what-if", "fastest"])
     expect(bad.code).toBe(1)
     expect(bad.stderr).toMatch(/unknown policy 'fastest'/)
