@@ -14,6 +14,7 @@
 import { Objm } from "@nats-io/obj"
 import { Effect } from "effect"
 import { TransportError, messageOf } from "../runtime/errors.ts"
+import { putObject } from "../runtime/nats.ts"
 import type { ActorSystemShape } from "../runtime/system.ts"
 import { rlLayout } from "./layout.ts"
 import { WeightsUnavailable } from "./rollout.ts"
@@ -35,10 +36,10 @@ export const publishWeights = Effect.fn("publishWeights")(function* (
     try: async () => {
       const store = await openBucket(system)
       if (optimizer !== undefined) {
-        await store.putBlob({ name: layout.optimizerObject(version) }, optimizer)
+        await putObject(store, layout.optimizerObject(version), optimizer)
         await store.delete(layout.optimizerObject(version - 2)).catch(() => undefined)
       }
-      await store.putBlob({ name: layout.weightsObject(version) }, safetensors)
+      await putObject(store, layout.weightsObject(version), safetensors)
     },
     catch: (e) => new TransportError({ operation: `publish weights v${version} to ${layout.weightsBucket}`, message: messageOf(e) })
   })

@@ -16,6 +16,7 @@ import { Objm, type ObjectStore } from "@nats-io/obj"
 import { nuid } from "@nats-io/transport-node"
 import { Effect } from "effect"
 import { TransportError, messageOf } from "../runtime/errors.ts"
+import { putObject } from "../runtime/nats.ts"
 import { parseAddress } from "../runtime/names.ts"
 import { refOf, type ActorSystemShape } from "../runtime/system.ts"
 import { DeviceProtocol, type ContextHandoff } from "../protocols/device.ts"
@@ -131,7 +132,7 @@ export const sendContexts = Effect.fn("sendContexts")(function* (
   contexts: ReadonlyArray<OutgoingContext>
 ) {
   const put = (c: OutgoingContext) =>
-    Effect.tryPromise(() => store.putBlob({ name: `h.${nuid.next()}` }, c.exported.buffer)).pipe(
+    Effect.tryPromise(() => putObject(store, `h.${nuid.next()}`, c.exported.buffer)).pipe(
       Effect.map((info): ContextHandoff | undefined => ({
         execution: c.execution,
         request: c.exported.request,

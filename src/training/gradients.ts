@@ -14,6 +14,7 @@ import { Effect, Schema } from "effect"
 import { gradientObject } from "../protocols/device.ts"
 import { rlLayout } from "../protocols/layout.ts"
 import { TransportError, messageOf } from "../runtime/errors.ts"
+import { putObject } from "../runtime/nats.ts"
 import type { ActorSystemShape } from "../runtime/system.ts"
 
 /** A gradient object is missing or does not hold `paramCount` floats. */
@@ -50,7 +51,7 @@ export const openGradientStore = (system: ActorSystemShape, paramCount: number):
     return {
       put: (at, index, grads) =>
         attempt(`store ${objectOf(at, index)}`, (s) =>
-          s.putBlob({ name: objectOf(at, index) }, new Uint8Array(grads.buffer, grads.byteOffset, grads.byteLength))
+          putObject(s, objectOf(at, index), new Uint8Array(grads.buffer, grads.byteOffset, grads.byteLength))
         ).pipe(Effect.asVoid),
       get: (at, index) =>
         Effect.gen(function* () {
