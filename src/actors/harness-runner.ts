@@ -4,8 +4,8 @@
  * `RunExecution`: a fresh workspace (`<workspaceRoot>/<execution>/workspace`, copied from the
  * task's template); a random bearer key registered with the gateway (`OpenExecution`); the
  * suite's harness command in its own process group with `OPENAI_BASE_URL`, `OPENAI_API_KEY`,
- * `GYRE_TASK_ID`, `GYRE_WORKSPACE`, `GYRE_SUITE_DIR` (+ the suite's, task's and request's
- * environment), killed at the wall-clock limit (SIGTERM, SIGKILL after a grace period); the
+ * `GYRE_TASK_ID`, `GYRE_EXECUTION_ID`, `GYRE_WORKSPACE`, `GYRE_SUITE_DIR`, `GYRE_SEED` (the
+ * request's seed, when it has one) (+ the suite's, task's and request's environment), killed at the wall-clock limit (SIGTERM, SIGKILL after a grace period); the
  * key revoked (`CloseExecution`); then the suite's scorer on the workspace, whatever state
  * it is in. The scorer's last stdout line is `{"score": x, "details": ..., "no_artifact"?: true,
  * "rewards"?: {<call id>: r}}` (`rewards`: per-call rewards, kept on the outcome);
@@ -299,7 +299,17 @@ export const makeHarnessRunner = (config: HarnessRunnerConfig) => {
               await fs.mkdir(path.join(dir, "home"))
               if (runAs !== undefined) await chownTree(dir, runAs)
             })
-            const env = { ...baseEnv(), ...task.env, ...req.env, HOME: path.join(dir, "home"), GYRE_TASK_ID: task.id, GYRE_WORKSPACE: workspace, GYRE_SUITE_DIR: suite.dir }
+            const env = {
+              ...baseEnv(),
+              ...task.env,
+              ...req.env,
+              HOME: path.join(dir, "home"),
+              GYRE_TASK_ID: task.id,
+              GYRE_EXECUTION_ID: req.execution,
+              GYRE_WORKSPACE: workspace,
+              GYRE_SUITE_DIR: suite.dir,
+              ...(req.seed !== undefined ? { GYRE_SEED: String(req.seed) } : {})
+            }
 
             const key = newApiKey()
             // Before any call of this run of it is recorded (a run again after a runner died starts the execution afresh).

@@ -173,10 +173,13 @@ export const runTraining = (f: TrainFlags) => {
     const before = yield* score(initial, "heldout-before")
     log(`held-out before: ${before.meanScore.toFixed(3)} on ${heldout.length} tasks (${before.seconds.toFixed(0)} s)`)
     const connection = yield* Nats
+    // The policy clock starts with the run, not with the held-out evaluation before it (a
+    // resumed run continues the journal's clock).
+    const hosted = resumed ?? { ...config, startedAt: Date.now() }
     const result = yield* Effect.scoped(
       Effect.gen(function* () {
         if (progress !== undefined) yield* followRun(progress, connection, run)
-        return yield* hostRun({ config, trainTasks, devices: f.devices, suitesDir: f.suites, scheduler: !f["no-scheduler"], onProgress: () => undefined }).pipe(Effect.provide(ActorSystem.layer({ run })))
+        return yield* hostRun({ config: hosted, trainTasks, devices: f.devices, suitesDir: f.suites, scheduler: !f["no-scheduler"], onProgress: () => undefined }).pipe(Effect.provide(ActorSystem.layer({ run })))
       })
     )
     const after = yield* score(result.checkpoint, "heldout-after")

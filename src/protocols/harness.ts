@@ -32,7 +32,9 @@ export const RunExecution = Schema.Struct({
   /** Keep the workspace afterwards: never, when the harness or the evaluation failed, or always. */
   keepWorkspace: Schema.Literals(["never", "on-failure", "always"]),
   /** Extra environment for the harness (e.g. the toy suite's horizon). */
-  env: Schema.Record(Schema.String, Schema.String)
+  env: Schema.Record(Schema.String, Schema.String),
+  /** The run's seed, given to the harness as `GYRE_SEED` (with `GYRE_EXECUTION_ID`) so what it draws can be drawn again. */
+  seed: Schema.optional(Schema.Int)
 })
 export type RunExecution = typeof RunExecution.Type
 

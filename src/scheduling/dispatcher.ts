@@ -122,7 +122,8 @@ export const runOnRunner = (options: RunnerOptions) => {
       execution: plan.execution,
       timeoutMs: null,
       keepWorkspace: "never" as const,
-      env: config.env
+      env: config.env,
+      seed: config.seed
     }
     const published = (e: AskTimeout | ActorUnavailable) =>
       readOutcome(system, plan.execution).pipe(Effect.flatMap((o) => (o === undefined ? Effect.fail(e) : Effect.succeed(o))))

@@ -17,6 +17,8 @@
  * rewards are keyed by it).
  * With TOY_POLICY=oracle the scripted oracle answers instead of the model (no HTTP), and
  * TOY_DEMOS=<file> appends each call's messages and reply as JSONL (demonstrations).
+ * Draws (tool latency, failures) are seeded by TOY_RANDOM_SEED, else by the run's GYRE_SEED and
+ * GYRE_EXECUTION_ID (`executionSeed`), else at random.
  */
 import * as fs from "node:fs"
 import * as path from "node:path"

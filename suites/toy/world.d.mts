@@ -31,6 +31,7 @@ export declare const configFrom: (env: Readonly<Record<string, string | undefine
 export declare const systemPrompt: string
 export declare const compactRequest: string
 export declare const generator: (seed: number) => () => number
+export declare const executionSeed: (seed: string, execution: string) => number
 export declare const seedOf: (text: string) => number
 export declare const scriptOf: (taskId: string, cfg: ToyConfig) => ReadonlyArray<ToyStep>
 export declare const expectedReplies: (script: ReadonlyArray<ToyStep>) => Map<string, string>

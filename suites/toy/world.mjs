@@ -50,8 +50,24 @@ export const configFrom = (env) => {
     model: env.TOY_MODEL || "gyre",
     policy,
     demos: env.TOY_DEMOS || undefined,
-    randomSeed: env.TOY_RANDOM_SEED === undefined || env.TOY_RANDOM_SEED === "" ? undefined : num("TOY_RANDOM_SEED", 0, 0)
+    randomSeed:
+      env.TOY_RANDOM_SEED !== undefined && env.TOY_RANDOM_SEED !== ""
+        ? num("TOY_RANDOM_SEED", 0, 0)
+        : env.GYRE_SEED && env.GYRE_EXECUTION_ID
+          ? executionSeed(env.GYRE_SEED, env.GYRE_EXECUTION_ID)
+          : undefined
   }
+}
+
+/**
+ * The seed of one execution's draws (tool latency, failures) from the run's seed and the
+ * execution's id (FNV-1a of `seed/id`): the same run seed draws the same again, execution by
+ * execution, whatever the policy or the order executions run in.
+ */
+export const executionSeed = (seed, execution) => {
+  let h = 0x811c9dc5
+  for (const ch of `${seed}/${execution}`) h = Math.imul(h ^ ch.charCodeAt(0), 0x01000193) >>> 0
+  return h
 }
 
 export const systemPrompt = "Walk the places. Answer the last message with one command: get PLACE, take ITEM, spawn PLACE, report ITEM; asked to compact, note the next command."

@@ -53,10 +53,10 @@ describe("harness runner", () => {
   it("gives the harness a fresh workspace from the template and its environment, without NATS settings", async () => {
     const result = await withSystem("env", Effect.gen(function* () {
       const { log, workspaceRoot } = yield* startRunner({ baseUrl: "http://127.0.0.1:1/v1" })
-      const req = request({ suite: "behaviours", task: "series-8" }, { keepWorkspace: "always", env: { MODE: "env", FROM_REQUEST: "yes" } })
+      const req = request({ suite: "behaviours", task: "series-8" }, { keepWorkspace: "always", env: { MODE: "env", FROM_REQUEST: "yes" }, seed: 41 })
       const outcome = yield* runExecution(req)
       const dir = path.join(workspaceRoot, req.execution)
-      return { outcome, log, dir, env: JSON.parse(fs.readFileSync(path.join(dir, "workspace", "env.json"), "utf8")) }
+      return { outcome, log, dir, execution: req.execution, env: JSON.parse(fs.readFileSync(path.join(dir, "workspace", "env.json"), "utf8")) }
     }))
     const workspace = path.join(result.dir, "workspace")
     expect(apiKeyDigest(result.env.key)).toBe(result.log.opened[0]!.keyDigest)
@@ -64,6 +64,8 @@ describe("harness runner", () => {
       base: "http://127.0.0.1:1/v1",
       key: result.env.key,
       task: "series-8",
+      execution: result.execution,
+      seed: "41",
       workspace,
       suiteDir: expect.stringMatching(/fixtures\/suites\/behaviours$/),
       suite: "from-suite",

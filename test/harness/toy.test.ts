@@ -10,7 +10,7 @@ import * as path from "node:path"
 import { Effect } from "effect"
 import { describe, expect, it } from "vitest"
 import { readDemonstrations } from "../../src/training/warm-start.ts"
-import { compactRequest, configFrom, creditOf, expectedReplies, generator, latencySampler, oracleReply, scriptOf, systemPrompt, wellFormed, type ToyMessage } from "../../suites/toy/world.mjs"
+import { compactRequest, configFrom, creditOf, executionSeed, expectedReplies, generator, latencySampler, oracleReply, scriptOf, systemPrompt, wellFormed, type ToyMessage } from "../../suites/toy/world.mjs"
 import { startChatServer, suitesDir, tempDir, type ChatRequest } from "./helpers.ts"
 
 const toyDir = path.join(suitesDir, "toy")
@@ -169,6 +169,20 @@ describe("toy suite", () => {
     expect(text("train-0")).not.toBe(text("train-1"))
     expect(() => configFrom({ TOY_STEPS: "1" })).toThrow(/TOY_STEPS=1/)
     expect(() => configFrom({ TOY_POLICY: "human" })).toThrow(/TOY_POLICY/)
+  })
+
+  it("seeds an execution's draws from the run's seed and its id; TOY_RANDOM_SEED wins; neither: random", () => {
+    const seedOf = (env: Record<string, string>) => configFrom(env).randomSeed
+    const a = seedOf({ GYRE_SEED: "1", GYRE_EXECUTION_ID: "b0-x3" })
+    expect(a).toBe(executionSeed("1", "b0-x3"))
+    expect(seedOf({ GYRE_SEED: "1", GYRE_EXECUTION_ID: "b0-x3" })).toBe(a)
+    const others = [seedOf({ GYRE_SEED: "1", GYRE_EXECUTION_ID: "b0-x4" }), seedOf({ GYRE_SEED: "2", GYRE_EXECUTION_ID: "b0-x3" })]
+    expect(new Set([a, ...others]).size).toBe(3)
+    expect(seedOf({ GYRE_SEED: "1", GYRE_EXECUTION_ID: "b0-x3", TOY_RANDOM_SEED: "9" })).toBe(9)
+    expect(seedOf({ GYRE_EXECUTION_ID: "b0-x3" })).toBeUndefined()
+    // The same execution of the same run is as slow again.
+    const slowness = (seed: number) => latencySampler(generator(seed), configFrom({})).slowness
+    expect(slowness(a!)).toBe(slowness(seedOf({ GYRE_SEED: "1", GYRE_EXECUTION_ID: "b0-x3" })!))
   })
 
   it("tool latency is heavy-tailed: a few executions are many times slower than the median", () => {
