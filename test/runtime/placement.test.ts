@@ -26,6 +26,16 @@ const placedEvents = (system: typeof ActorSystem.Service) => {
   return { events, stop: () => sub.unsubscribe() }
 }
 
+const timing = { heartbeatMs: 150, deadAfterMs: 1000 }
+
+/** Node `a` in a scope of its own: `silence` closes it, so the node stops beating without a word (nothing released). */
+const silenceable = (types: Parameters<typeof startNode>[0]["types"]) =>
+  Effect.gen(function* () {
+    const scope = yield* Scope.make()
+    const node = yield* startNode({ name: "a", types, ...timing }).pipe(Scope.provide(scope))
+    return { node, silence: Scope.close(scope, Exit.void) }
+  })
+
 describe("placement policy", () => {
   const c = (node: string, actors: number, types: Array<string>, devices: Array<string> = []): Candidate => ({ node, actors, types, devices })
   const nodes = [c("b", 3, ["w"]), c("a", 1, ["w", "x"], ["gpu0"]), c("c", 1, ["w"], ["gpu1"])]
@@ -57,12 +67,10 @@ describe("re-placement", () => {
       probeType("on-node", { placement: onNode("c") }),
       probeType("temporary", { restart: "temporary" })
     ]
-    const timing = { heartbeatMs: 150, deadAfterMs: 1000 }
     const result = await withSystem("place", Effect.gen(function* () {
       const system = yield* ActorSystem
       const placed = placedEvents(system)
-      const scopeA = yield* Scope.make()
-      const a = yield* startNode({ name: "a", types, ...timing }).pipe(Scope.provide(scopeA))
+      const { node: a, silence } = yield* silenceable(types)
       yield* startNode({ name: "b", types, devices: ["gpu7"], ...timing })
       yield* startNode({ name: "c", types, ...timing })
       const ids = ["spread/s1", "on-device/d1", "on-node/n1", "temporary/t1"]
@@ -73,7 +81,7 @@ describe("re-placement", () => {
       }
       yield* Effect.sleep(Duration.millis(400)) // b and c have reported their types
       // Node a stops beating without a word (its scope closes; nothing is released).
-      yield* Scope.close(scopeA, Exit.void)
+      yield* silence
       const moved = yield* eventually(
         Effect.gen(function* () {
           const es = yield* Effect.forEach(ids.slice(0, 3), registryEntry)
@@ -105,7 +113,7 @@ describe("a node declared dead while it lives", () => {
   it("claims its entry again (a new incarnation) and takes spawns", async () => {
     const result = await withSystem("reclaim", Effect.gen(function* () {
       const system = yield* ActorSystem
-      yield* startNode({ name: "a", types: [probeType("spread")], heartbeatMs: 150, deadAfterMs: 1000 })
+      yield* startNode({ name: "a", types: [probeType("spread")], ...timing })
       const before = (yield* registryEntry("node/a"))!
       // What liveness writes when it has not seen the entry change for deadAfterMs (retried past renewals).
       yield* eventually(
@@ -127,12 +135,10 @@ describe("a node declared dead while it lives", () => {
 describe("re-placement of a group", () => {
   it("places a silent node's group again as a group, on a node with every member's kind, with the members it still hosted", async () => {
     const types = [probeType("grp-a"), probeType("grp-b"), probeType("grp-t", { restart: "temporary" })]
-    const timing = { heartbeatMs: 150, deadAfterMs: 1000 }
     const result = await withSystem("place-group", Effect.gen(function* () {
       const system = yield* ActorSystem
       const placed = placedEvents(system)
-      const scopeA = yield* Scope.make()
-      const a = yield* startNode({ name: "a", types, ...timing }).pipe(Scope.provide(scopeA))
+      const { node: a, silence } = yield* silenceable(types)
       // b cannot host grp-b, so the group can only go to c; grp-a alone would spread to b (ties by name).
       yield* startNode({ name: "b", types: [types[0]!], ...timing })
       const c = yield* startNode({ name: "c", types, ...timing })
@@ -142,7 +148,7 @@ describe("re-placement of a group", () => {
       yield* a.stop("grp-a", "y") // leaves the group: not placed again with it
       yield* Effect.sleep(Duration.millis(400)) // a beat of the group entry without it; b and c have reported their types
       const groupBefore = yield* registryEntry("group/dev-0")
-      yield* Scope.close(scopeA, Exit.void)
+      yield* silence
       const moved = yield* eventually(
         Effect.gen(function* () {
           const es = yield* Effect.forEach(["group/dev-0", "grp-a/x", "grp-b/x"], registryEntry)
