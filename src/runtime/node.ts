@@ -307,16 +307,42 @@ export const startNode = <R>(
       })
 
     /**
-     * Holds the group's entry while any member is hosted: renewed with the members still here
-     * (what re-placement spawns again if this node dies), released when the last one has left.
+     * Claims `at` again when liveness marked its entry dead while this node lives (its event
+     * loop stalled past deadAfterMs) and carries on with the new claim; not when someone else
+     * holds the entry now (another process of this node's name, a re-placement).
      */
-    const keepGroup = (c: Claim.Claim, group: GroupSpec, entries: ReadonlyArray<Hosted>) => {
+    const claimAgainIfDead = (
+      at: ActorAddress,
+      load: Readonly<Record<string, unknown>> | undefined,
+      carryOn: (c: Claim.Claim) => Effect.Effect<void, never, R>
+    ): Effect.Effect<void, never, R> =>
+      Effect.gen(function* () {
+        const { entry } = yield* readEntry(system.registry, formatAddress(at))
+        if (draining || entry?.status !== "dead") return
+        yield* Effect.logWarning(`${formatAddress(at)} was declared dead while this node lives; claiming it again`)
+        yield* carryOn(yield* claim(at, load))
+      }).pipe(
+        Effect.retry({ while: (e) => e._tag === "TransportError", schedule: Schedule.spaced(Duration.millis(hostOptions.heartbeatMs)) }),
+        Effect.catch((e) => Effect.logWarning(`${formatAddress(at)} not claimed again`, e))
+      )
+
+    /**
+     * Holds the group's entry while any member is hosted: renewed with the members still here
+     * (what re-placement spawns again if this node dies), released when the last one has left,
+     * claimed again if it was declared dead while they are here.
+     */
+    const keepGroup = (c: Claim.Claim, group: GroupSpec, entries: ReadonlyArray<Hosted>): Effect.Effect<void, never, R> => {
       const here = () => entries.filter((e) => hosted.get(formatAddress(e.address)) === e)
       const load = () => ({ group: { ...group, members: here().map((e) => ({ kind: e.address.kind, id: e.address.id })) } })
       const allLeft = Effect.forEach(entries, (e) => Deferred.await(e.ended), { discard: true })
-      return Effect.raceFirst(c.renew(load, hostOptions.heartbeatMs), allLeft).pipe(
-        Effect.andThen(c.release(entries.some((e) => e.failed) ? "failed" : "stopped"))
+      const after = Effect.suspend(() =>
+        c.held()
+          ? c.release(entries.some((e) => e.failed) ? "failed" : "stopped")
+          : here().length > 0
+            ? claimAgainIfDead(c.address, load(), (next) => keepGroup(next, group, entries))
+            : Effect.void
       )
+      return Effect.raceFirst(c.renew(load, hostOptions.heartbeatMs), allLeft).pipe(Effect.andThen(after))
     }
 
     const spawnGroup: NodeHandle["spawnGroup"] = (group, supervision) =>
@@ -382,23 +408,14 @@ export const startNode = <R>(
         )
     })
     const nodeAddress = address("node", options.name)
-    // The node actor, hosted again when liveness marked its entry dead while this process lives
-    // (its event loop stalled past deadAfterMs); not when another process of this name took it.
-    const hostNode: Effect.Effect<void, TransportError | Claim.AddressClaimed, R> = Effect.gen(function* () {
-      const entry = yield* hostOne(nodeType as Actor.ActorType<any, any, R>, nodeAddress, yield* claim(nodeAddress))
-      yield* serving([entry])
-      yield* run(Deferred.await(entry.ended).pipe(Effect.andThen(reclaimNode)))
-    })
-    const reclaimNode: Effect.Effect<void, never, R> = Effect.gen(function* () {
-      const { entry } = yield* readEntry(system.registry, nodeKey)
-      if (draining || entry?.status !== "dead") return
-      yield* Effect.logWarning(`${nodeKey} was declared dead while this node lives; claiming it again`)
-      yield* hostNode
-    }).pipe(
-      Effect.retry({ while: (e) => e._tag === "TransportError", schedule: Schedule.spaced(Duration.millis(hostOptions.heartbeatMs)) }),
-      Effect.catch((e) => Effect.logWarning(`${nodeKey} not claimed again`, e))
-    )
-    yield* hostNode
+    // The node actor, hosted again when its entry was declared dead while this process lives.
+    const hostNode = (c: Claim.Claim): Effect.Effect<void, never, R> =>
+      Effect.gen(function* () {
+        const entry = yield* hostOne(nodeType as Actor.ActorType<any, any, R>, nodeAddress, c)
+        yield* serving([entry])
+        yield* run(Deferred.await(entry.ended).pipe(Effect.andThen(claimAgainIfDead(nodeAddress, undefined, hostNode))))
+      })
+    yield* hostNode(yield* claim(nodeAddress))
 
     const view = yield* viewRegistry(system)
     yield* monitorLiveness(system, view, { deadAfterMs, self: formatAddress(nodeAddress), selfEveryMs: hostOptions.heartbeatMs, ...(options.onDead ? { onDead: options.onDead } : {}) })

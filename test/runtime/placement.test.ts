@@ -2,7 +2,8 @@
  * Re-placement: the policy as a pure choice; actors of a node that stopped beating placed again
  * as their policies say (spread, on a device, on a node; temporary ones not at all), once each,
  * resuming from their snapshots; a silent node's group placed again as one group, with the
- * members it still hosted; a node declared dead while it lives claiming its entry again; and a `gyre node` process killed with SIGKILL whose actor then
+ * members it still hosted; a node declared dead while it lives claiming its and its group's
+ * entries again; and a `gyre node` process killed with SIGKILL whose actor then
  * answers from the other node.
  */
 import { Duration, Effect, Exit, Schema, Scope } from "effect"
@@ -110,25 +111,41 @@ describe("re-placement", () => {
 })
 
 describe("a node declared dead while it lives", () => {
-  it("claims its entry again (a new incarnation) and takes spawns", async () => {
+  it("claims its entry and its group's again (new incarnations), keeps its members and takes spawns", async () => {
     const result = await withSystem("reclaim", Effect.gen(function* () {
       const system = yield* ActorSystem
-      yield* startNode({ name: "a", types: [probeType("spread")], ...timing })
-      const before = (yield* registryEntry("node/a"))!
-      // What liveness writes when it has not seen the entry change for deadAfterMs (retried past renewals).
-      yield* eventually(
-        Effect.promise(async () => {
-          const stored = await system.registry.get("node/a")
-          const dead = { ...(stored!.json() as object), status: "dead" }
-          return system.registry.update("node/a", encodeJson(dead), stored!.revision).then(() => true, () => undefined)
-        })
+      const placed = placedEvents(system)
+      const a = yield* startNode({ name: "a", types: [probeType("spread")], ...timing })
+      yield* a.spawnGroup({ name: "g1", strategy: "one-for-all", members: [{ kind: "spread", id: "m1" }] })
+      const before = yield* Effect.forEach(["node/a", "group/g1"], registryEntry)
+      // What liveness writes when it has not seen an entry change for deadAfterMs (retried past renewals).
+      const markDead = (key: string) =>
+        eventually(
+          Effect.promise(async () => {
+            const stored = await system.registry.get(key)
+            const dead = { ...(stored!.json() as object), status: "dead" }
+            return system.registry.update(key, encodeJson(dead), stored!.revision).then(() => true, () => undefined)
+          })
+        )
+      yield* markDead("node/a")
+      yield* markDead("group/g1")
+      const after = yield* eventually(
+        Effect.forEach(["node/a", "group/g1"], registryEntry).pipe(
+          Effect.map((es) => (es.every((e, i) => e?.status === "running" && e.incarnation > before[i]!.incarnation) ? es : undefined))
+        )
       )
-      const after = yield* eventually(registryEntry("node/a").pipe(Effect.map((e) => (e?.status === "running" && e.incarnation > before.incarnation ? e : undefined))))
       const spawned = yield* eventually(system.ask(nodeRef("a"), "Spawn", { kind: "spread", id: "s9" }))
-      return { before, after, spawned }
+      yield* Effect.sleep(Duration.millis(1500)) // time enough to place the group elsewhere, were it placed
+      const member = yield* registryEntry("spread/m1")
+      placed.stop()
+      return { before, after, spawned, member, hosted: a.hosted().map((h) => `${h.kind}/${h.id}`), events: placed.events }
     }))
-    expect(result.after.incarnation).toBe(result.before.incarnation + 1)
+    expect(result.after.map((e) => e!.incarnation)).toEqual(result.before.map((e) => e!.incarnation + 1))
+    expect(result.after[1]!.load).toEqual({ group: { name: "g1", strategy: "one-for-all", members: [{ kind: "spread", id: "m1" }] } })
     expect(result.spawned).toMatchObject({ kind: "spread", id: "s9", node: "a", alreadyRunning: false })
+    expect(result.member).toMatchObject({ node: "a", status: "running", incarnation: 1 })
+    expect(result.hosted).toEqual(expect.arrayContaining(["spread/m1", "spread/s9"]))
+    expect(result.events).toEqual([])
   })
 })
 
