@@ -133,17 +133,24 @@ export const claimLoop = <E>(system: ActorSystemShape, options: ClaimLoopOptions
       })
     )
     if (consumer === undefined) return
+    const open = attempt(`consumer info ${durable}`, () =>
+      system.nats.jsm.consumers.info(names.microBatchStream, durable).then(() => true, (e) => (notFound(e) ? false : Promise.reject(e)))
+    )
     while (!options.stop()) {
+      // A pull from a consumer deleted meanwhile (the step ended) is answered "no responders".
       const next = yield* attempt(`claim from ${durable}`, () => consumer.next({ expires: 1000 })).pipe(
         Effect.map((msg) => ({ msg })),
-        Effect.catch((e) => (notFound(e.message) ? Effect.succeed({ msg: "closed" as const }) : Effect.fail(e)))
+        Effect.catch((e) =>
+          notFound(e.message)
+            ? Effect.succeed({ msg: "closed" as const })
+            : /no responders/i.test(e.message)
+              ? Effect.flatMap(open, (still) => (still ? Effect.fail(e) : Effect.succeed({ msg: "closed" as const })))
+              : Effect.fail(e)
+        )
       )
       if (next.msg === "closed") return
       if (next.msg === null) {
-        const open = yield* attempt(`consumer info ${durable}`, () =>
-          system.nats.jsm.consumers.info(names.microBatchStream, durable).then(() => true, (e) => (notFound(e) ? false : Promise.reject(e)))
-        )
-        if (!open) return
+        if (!(yield* open)) return
         continue
       }
       const msg = next.msg
