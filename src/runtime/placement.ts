@@ -214,14 +214,15 @@ export const replaceDead = (system: ActorSystemShape, view: RegistryView, option
           tried.set(key, s.revision)
           yield* takeUp(key, s.entry)
         } else if (s.entry.status === "dead") {
-          // Its own node is a candidate only once it has beaten since the actor was declared
+          // Its own node lives only if it has beaten (running) since the actor was declared
           // dead: an actor's beats and its node's stop together, and the node's last one may
-          // still look recent (a killed node got its actor placed back on itself).
+          // still look recent (a killed node got its actor placed back on itself), or the
+          // change seen since may be its own death mark.
           const own = view.get(`node/${s.entry.node}`)
-          const silent = own === undefined || own.at <= s.at
-          // A member of a silent node's group goes with its group.
-          const what = placeable(s.entry, type, silent && grouped.has(key))
-          if (what !== undefined) yield* place(key, s.entry, s.revision, what, candidates, silent ? s.entry.node : undefined)
+          const lives = own !== undefined && own.entry.status === "running" && own.at > s.at
+          // A member of a dead node's group goes with its group.
+          const what = placeable(s.entry, type, !lives && grouped.has(key))
+          if (what !== undefined) yield* place(key, s.entry, s.revision, what, candidates, lives ? undefined : s.entry.node)
         }
       }
     })

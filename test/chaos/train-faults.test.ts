@@ -149,7 +149,9 @@ describe("run-level faults during gyre train", () => {
           yield* Effect.promise(() => victim.exited)
           return { at, detail: () => `leader ${leader} (term ${term}) killed after ${status.stepsDone} steps` }
         }),
-      { trainArgs: ["--no-scheduler"], nodes: { other: ["--devices", "1"], "sched-a": ["--scheduler"], "sched-b": ["--scheduler"] } }
+      // Steps enough that the run cannot end between the Status answer and the kill (it did once:
+      // a 4-step run journaled run-done under the leader it was about to lose).
+      { steps: 6, trainArgs: ["--no-scheduler"], nodes: { other: ["--devices", "1"], "sched-a": ["--scheduler"], "sched-b": ["--scheduler"] } }
     )
     // The killed leader's term wrote records, and a newer one finished the run.
     expect(j.audit.terms).toContain(leaderTerm)
