@@ -192,16 +192,15 @@ export const replaceDead = (system: ActorSystemShape, view: RegistryView, option
       return { kinds: [entry.kind], policy: type.placement, load: {} }
     }
 
-    const takeUp = (key: string, entry: RegistryEntry) => {
+    /** What a placement naming this node spawns: the actor, or the group its entry lists. */
+    const spawnFor = (key: string, entry: RegistryEntry): Effect.Effect<unknown, unknown> => {
+      if (entry.kind !== groupKind) return options.spawn(entry.kind, entry.id)
       const group = decodeGroupLoad(entry.load)
-      const spawned =
-        entry.kind !== groupKind
-          ? options.spawn(entry.kind, entry.id)
-          : group._tag === "Some"
-            ? options.spawnGroup(group.value.group)
-            : Effect.logWarning(`${key}: placed here without its members; not taken up`)
-      return Effect.forkScoped(spawned.pipe(Effect.catchCause((c) => Effect.logWarning(`${key}: placement not taken up`, c))))
+      return group._tag === "Some" ? options.spawnGroup(group.value.group) : Effect.logWarning(`${key}: placed here without its members; not taken up`)
     }
+
+    const takeUp = (key: string, entry: RegistryEntry) =>
+      Effect.forkScoped(spawnFor(key, entry).pipe(Effect.catchCause((c) => Effect.logWarning(`${key}: placement not taken up`, c))))
 
     const sweep = Effect.gen(function* () {
       if (!options.accepting()) return
