@@ -60,9 +60,12 @@ static inline vf load_v(const float *p) {
 
 static inline void store_v(float *p, vf v) { memcpy(p, &v, sizeof v); }
 
-/* c[MR x NR] (ldc) = (accumulate ? c : 0) + ap[kc x MR]^T . bp[kc x NR] */
-static void micro_kernel(int kc, const float *restrict ap, const float *restrict bp, float *restrict c,
-                         int ldc, int accumulate) {
+/* c[MR x NR] (ldc) = (accumulate ? c : 0) + A . bp[kc x NR], A(i, k) = a[i * ars + k * acs] for
+ * i < MR, k < kc: a packed sliver (ars 1, acs MR) or MR rows of a row-major A read in place
+ * (ars lda, acs 1). Inlined, so each caller's strides are constants where they are. */
+static inline __attribute__((always_inline)) void micro_kernel(int kc, const float *restrict a, size_t ars, size_t acs,
+                                                               const float *restrict bp, float *restrict c, int ldc,
+                                                               int accumulate) {
   vf acc[MR][NV];
   for (int i = 0; i < MR; i++)
     for (int v = 0; v < NV; v++) acc[i][v] = (vf){0};
@@ -70,8 +73,8 @@ static void micro_kernel(int kc, const float *restrict ap, const float *restrict
     vf b[NV];
     for (int v = 0; v < NV; v++) b[v] = load_v(bp + v * VL);
     for (int i = 0; i < MR; i++)
-      for (int v = 0; v < NV; v++) acc[i][v] += ap[i] * b[v];
-    ap += MR;
+      for (int v = 0; v < NV; v++) acc[i][v] += a[i * ars] * b[v];
+    a += acs;
     bp += NR;
   }
   for (int i = 0; i < MR; i++)
@@ -175,9 +178,17 @@ static int ensure_buffers(int threads) {
   return 1;
 }
 
-/* Runs the MR x NR tiles of one packed A block against B slivers [j0, j1). */
-static void macro_kernel(int mc, int kc, const float *ap, const float *bp, int j0, int j1, int n0, int N,
-                         float *c, int ldc, int m0, int M, int accumulate) {
+/* The A of one task: an MC-tall block at (m0, k0), packed into MR-row slivers, or (a row-major A,
+ * not transposed) read in place, only a last sliver of fewer than MR rows packed. */
+typedef struct a_block {
+  const float *a; /* its first row at k0 (in place) or the packed slivers */
+  size_t lda;     /* in place: A's row stride; packed: 0 */
+  const float *tail; /* in place: the packed last sliver when rows do not fill it (else NULL) */
+} a_block;
+
+/* Runs the MR x NR tiles of one A block against B slivers [j0, j1). */
+static void macro_kernel(int mc, int kc, a_block ab, const float *bp, int j0, int j1, int n0, int N, float *c, int ldc,
+                         int m0, int M, int accumulate) {
   float edge[MR * NR];
   for (int js = j0; js < j1; js++) {
     int n = n0 + js * NR;
@@ -186,16 +197,29 @@ static void macro_kernel(int mc, int kc, const float *ap, const float *bp, int j
     for (int s = 0; s < mc; s += MR) {
       int rows = M - (m0 + s) < MR ? M - (m0 + s) : MR;
       float *dst = c + (size_t)(m0 + s) * ldc + n;
-      if (rows == MR && cols == NR) {
-        micro_kernel(kc, ap + (size_t)s * kc, bs, dst, ldc, accumulate);
-        continue;
-      }
-      micro_kernel(kc, ap + (size_t)s * kc, bs, edge, NR, 0);
+      int full = rows == MR && cols == NR;
+      float *out = full ? dst : edge;
+      int ld = full ? ldc : NR, acc = full && accumulate;
+      if (ab.lda == 0) micro_kernel(kc, ab.a + (size_t)s * kc, 1, MR, bs, out, ld, acc);
+      else if (rows < MR) micro_kernel(kc, ab.tail, 1, MR, bs, out, ld, acc);
+      else micro_kernel(kc, ab.a + (size_t)s * ab.lda, ab.lda, 1, bs, out, ld, acc);
+      if (full) continue;
       for (int i = 0; i < rows; i++)
         for (int j = 0; j < cols; j++)
           dst[(size_t)i * ldc + j] = (accumulate ? dst[(size_t)i * ldc + j] : 0.0f) + edge[i * NR + j];
     }
   }
+}
+
+/* Packs what the task's A block needs (all of it when transposed, else a short last sliver). */
+static a_block a_block_of(int mc, int kc, const float *a, int lda, int trans_a, int m0, int k0, int M, float *ap) {
+  if (trans_a) {
+    pack_a(mc, kc, a, lda, trans_a, m0, k0, M, ap);
+    return (a_block){ap, 0, NULL};
+  }
+  int rows = M - m0 < mc ? M - m0 : mc, last = rows / MR * MR;
+  if (last < rows) pack_a(rows - last, kc, a, lda, 0, m0 + last, k0, M, ap);
+  return (a_block){a + (size_t)m0 * lda + k0, (size_t)lda, last < rows ? ap : NULL};
 }
 
 /* Few rows times a row-major weight (C = A . W^T, W [N, K]): each output is a dot product
@@ -301,8 +325,8 @@ void gemm(int M, int N, int K, const float *a, int lda, int trans_a, const float
           int ic = task / shares, share = task % shares;
           int m0 = ic * MC, mc = M - m0 < MC ? M - m0 : MC;
           int j0 = n_slivers * share / shares, j1 = n_slivers * (share + 1) / shares;
-          pack_a(mc, kc, a, lda, trans_a, m0, k0, M, ap);
-          macro_kernel(mc, kc, ap, bpanel, j0, j1, n0, N, c, ldc, m0, M, acc);
+          a_block ab = a_block_of(mc, kc, a, lda, trans_a, m0, k0, M, ap);
+          macro_kernel(mc, kc, ab, bpanel, j0, j1, n0, N, c, ldc, m0, M, acc);
         }
 #pragma omp barrier
       }
