@@ -288,6 +288,15 @@ static void gemm_few_rows(int M, int N, int K, const float *a, int lda, const fl
   }
 }
 
+/* How many A blocks an M-row product is cut into: enough that each fits the packing buffer (MC
+ * rows) and, when there are at least as many as threads, a multiple of the threads, so that each
+ * thread gets as many rows (two blocks of 96 and 32 rows had one thread do three times the other's work). */
+static int a_block_count(int M, int nt) {
+  int slivers = (M + MR - 1) / MR, blocks = (slivers + MC / MR - 1) / (MC / MR);
+  if (blocks >= nt) blocks = (blocks + nt - 1) / nt * nt;
+  return blocks < slivers ? blocks : slivers;
+}
+
 void gemm(int M, int N, int K, const float *a, int lda, int trans_a, const float *b, int ldb, int trans_b,
           float *c, int ldc, int accumulate) {
   if (M <= 0 || N <= 0) return;
@@ -302,11 +311,11 @@ void gemm(int M, int N, int K, const float *a, int lda, int trans_a, const float
     return;
   }
   if (!ensure_buffers(threads)) abort(); /* a few MB; failing here means the host is out of memory */
-  int n_ic = (M + MC - 1) / MC;
   float *bpanel = b_buf, **ablocks = a_bufs;
 #pragma omp parallel num_threads(threads)
   {
     int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+    int n_ic = a_block_count(M, nt), m_slivers = (M + MR - 1) / MR;
     float *ap = ablocks[tid];
     for (int n0 = 0; n0 < N; n0 += NC) {
       int nc = N - n0 < NC ? N - n0 : NC;
@@ -323,7 +332,8 @@ void gemm(int M, int N, int K, const float *a, int lda, int trans_a, const float
         int tasks = n_ic * shares;
         for (int task = tid; task < tasks; task += nt) {
           int ic = task / shares, share = task % shares;
-          int m0 = ic * MC, mc = M - m0 < MC ? M - m0 : MC;
+          int m0 = MR * (m_slivers * ic / n_ic), m1 = MR * (m_slivers * (ic + 1) / n_ic);
+          int mc = (m1 < M ? m1 : M) - m0;
           int j0 = n_slivers * share / shares, j1 = n_slivers * (share + 1) / shares;
           a_block ab = a_block_of(mc, kc, a, lda, trans_a, m0, k0, M, ap);
           macro_kernel(mc, kc, ab, bpanel, j0, j1, n0, N, c, ldc, m0, M, acc);
