@@ -54,16 +54,24 @@ static inline v16 load16(const float *p) {
     for (int r = 0; r < NQ; r++) s[r] = acc[r];                                                \
   }
 #else
+/* Up to 4 queries take both halves in one pass over the columns: 2 NQ independent sums in
+ * flight instead of NQ (decode's 2 heads per kv head left each FMA waiting on the one before);
+ * each lane still sums over c in ascending order, so the scores are the same bits. */
 #define DEFINE_SCORES(NQ)                                                                      \
   static inline void scores_##NQ(v16 *s, const float *const *q, const float *cols, size_t ld, int hd) { \
-    for (int half = 0; half < CHUNK; half += CHUNK / 2) {                                      \
-      v8 acc[NQ];                                                                              \
-      for (int r = 0; r < NQ; r++) acc[r] = (v8){0};                                           \
+    enum { HALVES = NQ <= 4 ? 2 : 1 };                                                         \
+    for (int half = 0; half < CHUNK; half += HALVES * CHUNK / 2) {                             \
+      v8 acc[NQ][HALVES];                                                                      \
+      for (int r = 0; r < NQ; r++)                                                             \
+        for (int h = 0; h < HALVES; h++) acc[r][h] = (v8){0};                                  \
       for (int c = 0; c < hd; c++) {                                                           \
-        v8 col = load8(cols + (size_t)c * ld + half);                                          \
-        for (int r = 0; r < NQ; r++) acc[r] += q[r][c] * col;                                  \
+        v8 col[HALVES];                                                                        \
+        for (int h = 0; h < HALVES; h++) col[h] = load8(cols + (size_t)c * ld + half + h * CHUNK / 2); \
+        for (int r = 0; r < NQ; r++)                                                           \
+          for (int h = 0; h < HALVES; h++) acc[r][h] += q[r][c] * col[h];                      \
       }                                                                                        \
-      for (int r = 0; r < NQ; r++) memcpy((float *)&s[r] + half, &acc[r], sizeof acc[r]);     \
+      for (int r = 0; r < NQ; r++)                                                             \
+        for (int h = 0; h < HALVES; h++) memcpy((float *)&s[r] + half + h * CHUNK / 2, &acc[r][h], sizeof acc[r][h]); \
     }                                                                                          \
   }
 #endif
