@@ -338,7 +338,10 @@ void gemm(int M, int N, int K, const float *a, int lda, int trans_a, const float
           a_block ab = a_block_of(mc, kc, a, lda, trans_a, m0, k0, M, ap);
           macro_kernel(mc, kc, ab, bpanel, j0, j1, n0, N, c, ldc, m0, M, acc);
         }
+        /* the next slice's packing overwrites the panel; after the last, the region's end waits */
+        if (k0 + KC < K || n0 + NC < N) {
 #pragma omp barrier
+        }
       }
     }
   }
