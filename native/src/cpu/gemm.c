@@ -1,11 +1,11 @@
 /* gemm.c - cache-blocked SGEMM with packed panels, a register-blocked micro-kernel and OpenMP.
  *
  * The BLIS loop nest: for each NC-wide column panel and KC-deep slice of B, B is packed
- * once (all threads together) into NR-wide slivers; then tasks (an MC-tall block of A times
- * a range of B slivers) are spread over the threads, each packing its A block into MR-tall
- * slivers and running the MR x NR micro-kernel over them. Packing also performs the
- * transposes, so one kernel serves X.W^T (forward), dY.W (input gradient) and dY^T.X
- * (weight gradient). The micro-kernel is written with GCC vector extensions: AVX-512 gives
+ * once (all threads together) into NR-wide slivers; then tasks (a block of at most MC rows of
+ * A, blocks of equal rows, times a range of B slivers) are spread over the threads, each
+ * running the MR x NR micro-kernel over its block's MR-row slivers: read in place from a
+ * row-major A, packed from a transposed one. Packing performs the transposes, so one kernel
+ * serves X.W^T (forward), dY.W (input gradient) and dY^T.X (weight gradient). The micro-kernel is written with GCC vector extensions: AVX-512 gives
  * 16-float vectors (MR x NR = 8 x 32), AVX2 8-float vectors (6 x 16), anything else 4-float
  * vectors the compiler lowers as it can.
  */
