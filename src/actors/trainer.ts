@@ -25,7 +25,8 @@
  * (zeroGrads, train, getGrads) with the run's loss (decoupled PPO whose proximal policy is the
  * step's weights), and either stores it (`s<k>.m<i>`) and tells the core `GradientReady`
  * (satellite) or hands it over in memory (core), then acknowledges. The core sums gradients in
- * index order, and once every planned execution is told and every gradient is in: AdamW,
+ * index order, and once every planned execution is told and every gradient is in: AdamW (and
+ * with PPO epochs the later passes, `src/training/update.ts`),
  * `v<k+1>` published, a checkpoint when due, the metrics journaled and `StepDone` told to the
  * scheduler (`StepProgress` after every gradient).
  */
@@ -33,9 +34,9 @@ import { Cause, Duration, Effect, Fiber, Schedule, Semaphore, type Scope } from 
 import type { RpcGroup } from "effect/rpc"
 import type { EngineShape, Model } from "../engine/engine.ts"
 import type { NativeError } from "../engine/native.ts"
-import { adamwDefaults, type Trainer } from "../engine/trainer.ts"
+import type { Trainer } from "../engine/trainer.ts"
 import { DeviceRefused, TrainingProtocol, type MicroBatchJson, type StepExecutionRef, type StepPlan } from "../protocols/device.ts"
-import { stepLearningRate, type RunConfig } from "../protocols/run.ts"
+import type { RunConfig } from "../protocols/run.ts"
 import { SCHEDULER_KIND, SchedulerProtocol } from "../protocols/scheduler.ts"
 import { readExecution } from "../protocols/trajectories.ts"
 import { fetchOptimizer, fetchWeights, publishWeights } from "../protocols/weights.ts"
@@ -47,6 +48,7 @@ import { InOrderSum, openGradientStore, type GradientSource, type StepAttempt } 
 import { claimLoop, closeStepQueue, ensureMicroBatchStream, openStepQueue, publishMicroBatch, type Claim } from "../training/microbatch-queue.ts"
 import { MetricsSum, PhaseClock, microBatchStats, summarize, type BatchSummary, type MicroBatchStats } from "../training/step-metrics.ts"
 import { StepPlanner, stepLoss, type PlannedMicroBatch } from "../training/step-planner.ts"
+import { stepUpdate, type StepUpdate } from "../training/update.ts"
 import type { TrainingRoleFactory } from "../serving/training-role.ts"
 
 /** The model's policy version and the one way the role changes its weights. */
@@ -287,23 +289,23 @@ export const makeTrainingRole = (
             Effect.asVoid
           )
 
-    /** AdamW on the summed gradients (none when nothing was trained), under `swap`; the gradient norm. */
+    /** The step's update (`stepUpdate`; none when nothing was trained), under `swap`. */
     const update = (s: CoreStep) =>
       Effect.gen(function* () {
-        let norm = 0
+        let result: StepUpdate = { gradNorm: 0, clipFraction: undefined }
         const next = s.plan.step + 1
+        const batches = [...s.planned.keys()].sort((a, b) => a - b).map((i) => s.planned.get(i)!.microBatch.batch)
         const apply =
           s.planner.microBatches === 0
             ? Effect.void
-            : trainer.setGrads(s.sum.sum).pipe(
-                Effect.andThen(trainer.step({ ...adamwDefaults, lr: stepLearningRate(config.training, s.plan.step) })),
-                Effect.map((n) => {
-                  norm = n
+            : stepUpdate(trainer, config, s.plan.step, batches, s.sum.sum).pipe(
+                Effect.map((r) => {
+                  result = r
                 })
               )
         yield* trainerLock.withPermit(weights.swap(apply, next))
         optimizerAt = next
-        return norm
+        return result
       })
 
     /** The update, once; then each publication retried on its own (never the update). */
@@ -313,7 +315,7 @@ export const makeTrainingRole = (
           const step = s.plan.step
           const version = step + 1
           const reduceStart = Date.now()
-          const gradNorm = yield* update(s).pipe(Effect.orDie)
+          const { gradNorm, clipFraction } = yield* update(s).pipe(Effect.orDie)
           const publishStart = Date.now()
           const safetensors = yield* model.save().pipe(Effect.orDie)
           const optimizer = yield* trainerLock.withPermit(trainer.saveOptimizer()).pipe(Effect.orDie)
@@ -328,6 +330,7 @@ export const makeTrainingRole = (
               microBatches: s.planner.microBatches,
               devices: s.devices,
               gradNorm,
+              clipFraction,
               clock: s.clock,
               reduceMs: publishStart - reduceStart,
               publishMs: Date.now() - publishStart

@@ -68,6 +68,7 @@ export const trainFlags = {
   env: { kind: "string", doc: "more suite knobs, KEY=VALUE,KEY=VALUE", default: "" },
   heldout: { kind: "string", doc: "held-out tasks scored before and after", default: "heldout-0..heldout-15" },
   lr: { kind: "number", doc: "AdamW learning rate", default: 3e-4 },
+  "ppo-epochs": { kind: "integer", doc: "updates per step over its micro-batches (PPO epochs): the first on every training device, the rest on the core, clipped against the step's weights", default: 1 },
   "lr-warmup": { kind: "integer", doc: "steps of linear learning-rate warm-up (0: none)", default: 4 },
   advantage: { kind: "string", doc: "advantage estimator", default: "grpo", choices: ["grpo", "dr-grpo", "rloo"] },
   credit: { kind: "string", doc: "a call trains with its execution's score, or its own reward (the scorer's per-call rewards) against the group's calls (call) or against the group's calls that answered the same input (state)", default: "state", choices: ["execution", "call", "state"] },
@@ -93,7 +94,7 @@ const suiteEnv = (f: TrainFlags) => ({ TOY_STEPS: String(f.horizon), TOY_TOOL_MS
 
 const check = (f: TrainFlags) => {
   if (f.devices < 0) throw new UsageError(`gyre train: --devices must be at least 0, got ${f.devices}`)
-  const positive = ["steps", "executions-per-step", "group-size", "slots", "micro-batch-tokens", "checkpoint-every", "max-paths"] as const
+  const positive = ["steps", "executions-per-step", "group-size", "slots", "micro-batch-tokens", "checkpoint-every", "max-paths", "ppo-epochs"] as const
   for (const name of positive) if (f[name] < 1) throw new UsageError(`gyre train: --${name} must be at least 1, got ${f[name]}`)
   if (f["lr-warmup"] < 0) throw new UsageError(`gyre train: --lr-warmup must be at least 0, got ${f["lr-warmup"]}`)
   if (f["executions-per-step"] % f["group-size"] !== 0) {
@@ -125,6 +126,7 @@ export const runConfigOf = (f: TrainFlags, run: string, checkpoint: string, chec
     isCap: 2,
     lr: f.lr,
     lrWarmup: f["lr-warmup"],
+    ppoEpochs: f["ppo-epochs"],
     microBatchTokens: f["micro-batch-tokens"],
     checkpointEvery: f["checkpoint-every"]
   }),

@@ -42,6 +42,11 @@ export const TrainingSettings = Schema.Struct({
    * Absent (runs journaled before it existed) or 0: the full rate from the first step.
    */
   lrWarmup: Schema.optional(Schema.Int.check(Schema.isGreaterThanOrEqualTo(0))),
+  /**
+   * PPO epochs: updates per step over the step's micro-batches, the first distributed, the
+   * rest on the core (`src/training/update.ts`). Absent (runs journaled before it): 1.
+   */
+  ppoEpochs: Schema.optional(Positive),
   /** Tokens per micro-batch. */
   microBatchTokens: Positive,
   /** Checkpoint every this many steps (and after the last). */

@@ -5,21 +5,21 @@
  * gateway and trainer do); the step's plan and its executions, told in the recorded order, go
  * through the trainer's `StepPlanner`, so the micro-batches are the live step's; each micro-batch's
  * gradient is computed alone on the step's weights with the run's loss (`stepLoss`), summed in
- * index order (`InOrderSum`), and AdamW applied, exactly as the core does. The result is saved
- * as a checkpoint and compared, byte for byte, with the live run's checkpoint of that version
- * when one exists.
+ * index order (`InOrderSum`), and the update applied (`stepUpdate`), exactly as the core does.
+ * The result is saved as a checkpoint and compared, byte for byte, with the live run's
+ * checkpoint of that version when one exists.
  */
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { Effect, Schema } from "effect"
 import { packedBatchDigest } from "../common/packed-batch.ts"
 import { loadCheckpoint, MODEL_FILE, saveCheckpoint } from "../engine/checkpoint.ts"
-import { adamwDefaults } from "../engine/trainer.ts"
 import { StepExecutionRef, StepPlan } from "../protocols/device.ts"
-import { RunConfig, stepLearningRate } from "../protocols/run.ts"
+import { RunConfig } from "../protocols/run.ts"
 import { checkpointPath, restoreTrainingCheckpoint } from "../training/checkpoints.ts"
 import { InOrderSum } from "../training/gradients.ts"
 import { StepPlanner, stepLoss, type PlannedMicroBatch } from "../training/step-planner.ts"
+import { stepUpdate } from "../training/update.ts"
 import { DeltaDecoder } from "../tree/decoder.ts"
 import { DeltaEncoder } from "../tree/encoder.ts"
 import { plainCall } from "../tree/record.ts"
@@ -122,11 +122,7 @@ export const trainFromExport = (dir: string, step: number, out: string) =>
       sum.offer(mb.index, grads)
       yield* sum.drain(() => Effect.die(new Error("no stored gradients offline")))
     }
-    let gradNorm = 0
-    if (batches.length > 0) {
-      yield* trainer.setGrads(sum.sum)
-      gradNorm = yield* trainer.step({ ...adamwDefaults, lr: stepLearningRate(s.config.training, step) })
-    }
+    const gradNorm = batches.length > 0 ? (yield* stepUpdate(trainer, s.config, step, batches.map((b) => b.batch), sum.sum)).gradNorm : 0
     yield* saveCheckpoint(out, model, trainer)
     const liveDir = checkpointPath(s.config.checkpointDir, step + 1)
     const liveModel = path.join(liveDir, MODEL_FILE)

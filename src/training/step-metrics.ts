@@ -115,6 +115,8 @@ export class MetricsSum {
     readonly microBatches: number
     readonly devices: ReadonlyArray<string>
     readonly gradNorm: number
+    /** The later PPO epochs' clip fraction, which replaces the first pass's (always 0: r = 1). */
+    readonly clipFraction?: number | undefined
     readonly clock: PhaseClock
     readonly reduceMs: number
     readonly publishMs: number
@@ -130,7 +132,7 @@ export class MetricsSum {
       tokensTrained: this.tokens,
       loss: this.loss,
       entropy: per(this.entropy, 0),
-      clipFraction: per(this.clip, 0),
+      clipFraction: fields.clipFraction ?? per(this.clip, 0),
       isWeightMean: per(this.isWeight, 1),
       isWeightMax: this.tokens > 0 ? this.isWeightMax : 1,
       behaviourKl: per(this.behaviourSum - this.logpSum, 0),

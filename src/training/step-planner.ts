@@ -33,8 +33,11 @@ import type { TreeFigures } from "../protocols/scheduler.ts"
 import type { TrajectoryTree } from "../tree/tree.ts"
 import { stepUnits, type StepExecution, type TrainingMode } from "../tree/units.ts"
 
-/** The run's loss for micro-batches of step `step` (see ARCHITECTURE.md, "Training": ppo and is coincide while r = 1). */
-export const stepLoss = (config: RunConfig, step: number): LossConfig => {
+/**
+ * The run's loss for micro-batches of step `step` (see ARCHITECTURE.md, "Training": ppo and is
+ * coincide while r = 1); `proximal` "given": the later PPO epochs (`src/training/update.ts`).
+ */
+export const stepLoss = (config: RunConfig, step: number, proximal: "current" | "given" = "current"): LossConfig => {
   const t = config.training
   const ppo = t.loss === "ppo"
   return {
@@ -44,7 +47,7 @@ export const stepLoss = (config: RunConfig, step: number): LossConfig => {
     isCap: t.isCap,
     currentVersion: step,
     maxStaleness: config.policyConfig.max_staleness,
-    proximal: "current"
+    proximal
   }
 }
 

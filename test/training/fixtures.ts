@@ -125,7 +125,13 @@ export const isStepDone = (step: number) => (e: SchedulerEvent): e is Extract<Sc
 export const runConfig = (
   run: string,
   checkpointDir: string,
-  over: { readonly maxStaleness?: number; readonly microBatchTokens?: number; readonly executions?: number; readonly loss?: "ppo" | "is" } = {}
+  over: {
+    readonly maxStaleness?: number
+    readonly microBatchTokens?: number
+    readonly executions?: number
+    readonly loss?: "ppo" | "is"
+    readonly ppoEpochs?: number
+  } = {}
 ): RunConfig => ({
   run,
   policy: "elastic",
@@ -143,6 +149,7 @@ export const runConfig = (
     clipHigh: 0.28,
     isCap: 2,
     lr: 1e-3,
+    ...(over.ppoEpochs === undefined ? {} : { ppoEpochs: over.ppoEpochs }),
     microBatchTokens: over.microBatchTokens ?? 64,
     checkpointEvery: 1
   },

@@ -59,10 +59,10 @@ const published = (version: number) =>
   })
 
 /** Starts a node with the scheduler stand-in and the core `device/a.0`. */
-const coreNode = (core: Partial<DeviceFixture>, checkpointDir: string, loss: "ppo" | "is" = "ppo") =>
+const coreNode = (core: Partial<DeviceFixture>, checkpointDir: string, over: Parameters<typeof runConfig>[2] = {}) =>
   Effect.gen(function* () {
     const events = yield* Ref.make<ReadonlyArray<SchedulerEvent>>([])
-    const config = runConfig(RUN, checkpointDir, { loss })
+    const config = runConfig(RUN, checkpointDir, over)
     const satellite = trainingDevice({ checkpoint: other, config, version: 99 })
     const node = yield* startNode({
       name: "a",
@@ -82,14 +82,15 @@ const coreNode = (core: Partial<DeviceFixture>, checkpointDir: string, loss: "pp
 const stepZero = (
   core: Partial<DeviceFixture>,
   checkpointDir: string,
-  between: (satellite: ReturnType<typeof trainingDevice>) => Effect.Effect<Effect.Effect<void> | void, unknown, ActorSystem | Engine | Scope.Scope>
+  between: (satellite: ReturnType<typeof trainingDevice>) => Effect.Effect<Effect.Effect<void> | void, unknown, ActorSystem | Engine | Scope.Scope>,
+  over: Parameters<typeof runConfig>[2] = {}
 ) =>
   withSystem(
     RUN,
     quiet(
       Effect.gen(function* () {
         const system = yield* ActorSystem
-        const { events, satellite } = yield* coreNode(core, checkpointDir)
+        const { events, satellite } = yield* coreNode(core, checkpointDir, over)
         // v0 is published so a satellite on other weights can load it
         yield* publishWeights(system, 0, yield* Effect.promise(() => readFile(join(initial, "model.safetensors"))))
         const refs = yield* batchExecutions(RUN, 0, 2)
@@ -170,6 +171,33 @@ describe("a step of the training role", () => {
     )
     expect(Buffer.from(before.buffer).equals(Buffer.from(alone.weights.buffer))).toBe(false)
   }, 60_000)
+
+  it("PPO epochs: the core's later passes clip against the step's weights, and a satellite joining leaves the update bit-identical", async () => {
+    await checkpoints
+    const alone = await coreAlone()
+    const epochs = { ppoEpochs: 3 }
+    const core = await stepZero({}, join(dir, "epochs-alone"), () => Effect.void, epochs)
+    const joined = await stepZero(
+      { onClaim: () => Effect.sleep(150) },
+      join(dir, "epochs-joined"),
+      (satellite) =>
+        Effect.gen(function* () {
+          const system = yield* ActorSystem
+          const node = yield* startNode({ name: "b", types: [satellite], heartbeatMs: 250 })
+          yield* node.spawn("device", "b.0")
+          expect(yield* system.ask(device("b.0"), "JoinStep", { step: 0, attempt: 0, version: 0, core: "device/a.0" })).toEqual({ joined: true })
+        }),
+      epochs
+    )
+    expect(joined.done.metrics.devices).toEqual(["device/a.0", "device/b.0"])
+    expect(Buffer.from(joined.weights.buffer).equals(Buffer.from(core.weights.buffer))).toBe(true)
+    // the later passes moved the weights past the one-pass update, and their ratios left 1
+    expect(Buffer.from(core.weights.buffer).equals(Buffer.from(alone.weights.buffer))).toBe(false)
+    expect(core.done.metrics.tokensTrained).toBe(alone.done.metrics.tokensTrained)
+    expect(core.done.metrics.gradNorm).toBe(alone.done.metrics.gradNorm)
+    expect(core.done.metrics.clipFraction).toBeGreaterThan(0)
+    expect(core.done.metrics.clipFraction).toBeLessThan(1)
+  }, 90_000)
 
   it("a satellite killed mid-micro-batch: the micro-batch is redelivered and the update is the same", async () => {
     await checkpoints
@@ -305,7 +333,7 @@ describe("a step of the training role", () => {
       quiet(
         Effect.gen(function* () {
           const system = yield* ActorSystem
-          const { events } = yield* coreNode({ version: 3 }, join(dir, "stale"), "is")
+          const { events } = yield* coreNode({ version: 3 }, join(dir, "stale"), { loss: "is" })
           const refs = yield* batchExecutions(RUN, 3, 1, versions)
           yield* tellAll(refs.slice(0, 1)) // before its step starts: kept for it
           const core = device("a.0")
