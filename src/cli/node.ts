@@ -26,7 +26,7 @@
 import * as path from "node:path"
 import { pathToFileURL } from "node:url"
 import * as os from "node:os"
-import { Effect, Layer, Schedule } from "effect"
+import { Effect, Fiber, Layer, Schedule } from "effect"
 import { cpuDeviceThreads, device } from "../actors/device.ts"
 import { makeScheduler, schedulerAddress } from "../actors/scheduler.ts"
 import { trainingRoleFor } from "../actors/trainer.ts"
@@ -139,7 +139,7 @@ export const command: Command<typeof flags> = {
       })
       for (const a of spawns) yield* node.spawn(a.kind, a.id)
       if (devices !== undefined) for (let i = 0; i < f.devices; i++) yield* node.spawn(DEVICE_KIND, `${f.name}.${devices.backend}${i}`)
-      if (scheduler !== undefined) yield* Effect.forkScoped(scheduler.standBy(node, system))
+      const candidate = scheduler === undefined ? undefined : yield* Effect.forkScoped(scheduler.standBy(node, system))
       yield* status({
         event: "ready",
         node: f.name,
@@ -151,7 +151,8 @@ export const command: Command<typeof flags> = {
         ...(node.metricsUrl !== undefined ? { metrics: node.metricsUrl } : {})
       })
       yield* Effect.logInfo(`node ${f.name} serving run ${f.run} on ${system.nats.servers}`)
-      yield* serveUntilStopped(system.nats, node.drain)
+      // the candidate goes first: a scheduler stopped by the drain under it would read as one that gave up
+      yield* serveUntilStopped(system.nats, Effect.andThen(candidate === undefined ? Effect.void : Fiber.interrupt(candidate), node.drain))
       yield* status({ event: "drained", node: f.name })
     })
     const kinds = [...types.map((t) => t.kind), ...(f.devices > 0 ? [DEVICE_KIND] : []), ...(f.scheduler ? [SCHEDULER_KIND] : [])]

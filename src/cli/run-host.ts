@@ -15,7 +15,7 @@
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
-import { Deferred, Effect, Schema } from "effect"
+import { Deferred, Effect, Fiber, Schema } from "effect"
 import { cpuDeviceThreads, device } from "../actors/device.ts"
 import { gateway } from "../actors/gateway.ts"
 import { makeHarnessRunner } from "../actors/harness-runner.ts"
@@ -108,10 +108,12 @@ export const hostRun = (o: HostRunOptions) =>
       yield* node.spawn("gateway", "main")
       yield* node.spawn("harness-runner", "main")
       for (let i = 0; i < o.devices; i++) yield* node.spawn("device", `main.${backend}${i}`)
-      if (scheduler !== undefined) yield* Effect.forkScoped(scheduler.standBy(node, system))
+      const candidate = scheduler === undefined ? undefined : yield* Effect.forkScoped(scheduler.standBy(node, system))
       yield* Deferred.await(done)
       const runS = (Date.now() - started) / 1000
       const checkpoint = yield* latestCheckpoint(o.config.checkpointDir)
+      // the candidate goes first: a scheduler stopped by the drain under it would read as one that gave up
+      if (candidate !== undefined) yield* Fiber.interrupt(candidate)
       yield* node.drain
       return { system, config: o.config, checkpoint: checkpoint?.dir ?? o.config.checkpoint, runS }
     })
