@@ -109,6 +109,15 @@ const stepZero = (
     )
   )
 
+/** Starts `satellite` as `device/b.0` on its own node and has it join step 0. */
+const joinSatellite = (satellite: ReturnType<typeof trainingDevice>) =>
+  Effect.gen(function* () {
+    const system = yield* ActorSystem
+    const node = yield* startNode({ name: "b", types: [satellite], heartbeatMs: 250 })
+    yield* node.spawn("device", "b.0")
+    expect(yield* system.ask(device("b.0"), "JoinStep", { step: 0, attempt: 0, version: 0, core: "device/a.0" })).toEqual({ joined: true })
+  })
+
 let reference: ReturnType<typeof stepZero> | undefined
 const coreAlone = () => {
   reference ??= stepZero({}, join(dir, "alone"), () => Effect.void)
@@ -149,13 +158,7 @@ describe("a step of the training role", () => {
       // the core dawdles over each claim so the satellite gets some of group 1's micro-batches
       { onClaim: () => Effect.sleep(150) },
       join(dir, "joined"),
-      (satellite) =>
-        Effect.gen(function* () {
-          const system = yield* ActorSystem
-          const node = yield* startNode({ name: "b", types: [satellite], heartbeatMs: 250 })
-          yield* node.spawn("device", "b.0")
-          expect(yield* system.ask(device("b.0"), "JoinStep", { step: 0, attempt: 0, version: 0, core: "device/a.0" })).toEqual({ joined: true })
-        })
+      joinSatellite
     )
     expect(withSatellite.done.metrics.devices).toEqual(["device/a.0", "device/b.0"])
     expect(withSatellite.done.metrics.microBatches).toBe(m.microBatches)
@@ -180,13 +183,7 @@ describe("a step of the training role", () => {
     const joined = await stepZero(
       { onClaim: () => Effect.sleep(150) },
       join(dir, "epochs-joined"),
-      (satellite) =>
-        Effect.gen(function* () {
-          const system = yield* ActorSystem
-          const node = yield* startNode({ name: "b", types: [satellite], heartbeatMs: 250 })
-          yield* node.spawn("device", "b.0")
-          expect(yield* system.ask(device("b.0"), "JoinStep", { step: 0, attempt: 0, version: 0, core: "device/a.0" })).toEqual({ joined: true })
-        }),
+      joinSatellite,
       epochs
     )
     expect(joined.done.metrics.devices).toEqual(["device/a.0", "device/b.0"])
