@@ -237,9 +237,9 @@ const program = Effect.gen(function* () {
   const engine = yield* Engine
   yield* saveCheckpoint(checkpoint, yield* engine.createModel(presets.tiny, { seed: 1 }))
   const systemOf = (run: string) => ActorSystem.layer({ run }).pipe(Layer.provideMerge(Nats.layer({})))
-  const gw = yield* Effect.scoped(gatewayPhase.pipe(Effect.provide(systemOf("bench-gateway"))))
+  const gw = yield* gatewayPhase.pipe(Effect.scoped, Effect.provide(systemOf("bench-gateway"))) // the worker child stops before its server
   if (GATEWAY_ONLY) return console.log(JSON.stringify(gw))
-  const actor = yield* Effect.scoped(actorPath.pipe(Effect.provide(systemOf("bench-rollout"))))
+  const actor = yield* actorPath.pipe(Effect.scoped, Effect.provide(systemOf("bench-rollout")))
   const direct = yield* Effect.scoped(directPath(actor.replay))
   const r = actor.recent
   const result = {
