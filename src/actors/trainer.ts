@@ -375,6 +375,8 @@ export const makeTrainingRole = (
       claimLoop(system, { step: c.step, ackWaitMs, stop: () => c.stop }, deliver).pipe(
         Effect.tapError((e) => Effect.logWarning(`${me}: claiming step ${c.step} failed, retrying: ${String(e)}`)),
         Effect.retry({ while: () => !c.stop, schedule: Schedule.spaced(Duration.millis(500)) }),
+        // Stopped while waiting to retry: the loop ends as asked (a claim in hand was handed back).
+        Effect.catch((e) => (c.stop ? Effect.void : Effect.fail(e))),
         Effect.tapCause((cause) =>
           Cause.hasInterruptsOnly(cause) ? Effect.void : Effect.logError(`${me}: claim loop of step ${c.step} stopped`, cause)
         ),
