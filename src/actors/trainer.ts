@@ -43,6 +43,7 @@ import { fetchOptimizer, fetchWeights, publishWeights } from "../protocols/weigh
 import type * as Actor from "../runtime/actor.ts"
 import { address, formatAddress, parseAddress } from "../runtime/names.ts"
 import { refOf } from "../runtime/system.ts"
+import { persistently } from "../common/retry.ts"
 import { checkpointDue, saveTrainingCheckpoint } from "../training/checkpoints.ts"
 import { InOrderSum, openGradientStore, type GradientSource, type StepAttempt } from "../training/gradients.ts"
 import { claimLoop, closeStepQueue, ensureMicroBatchStream, openStepQueue, publishMicroBatch, type Claim } from "../training/microbatch-queue.ts"
@@ -117,7 +118,12 @@ interface Claiming {
   fiber: Fiber.Fiber<void, unknown> | undefined
 }
 
-/** Transport hiccups are retried; what still fails after that is a defect of the incarnation. */
+/**
+ * Transport hiccups in a handler are retried; what still fails after that is a defect of the
+ * incarnation (it crashes, and the request comes back to the next one). Work of the role's own
+ * fibers (finishing a step, a claimed gradient) has no one to ask again: it retries
+ * `persistently`, through an outage of NATS of any length, until the incarnation ends.
+ */
 const transient = { times: 8, schedule: Schedule.exponential(Duration.millis(100)) }
 
 const toJson = (plan: StepPlan, core: string, mb: PlannedMicroBatch): MicroBatchJson => ({
@@ -199,10 +205,14 @@ export const makeTrainingRole = (
 
     const outstanding = (s: CoreStep) => s.planner.microBatches - s.received.size
 
+    /** Progress is a running total: one that cannot be told is said in the log and left to the next one (or `StepDone`). */
     const tellProgress = (s: CoreStep) =>
       system
         .tell(scheduler, "StepProgress", { step: s.plan.step, trainedTokens: s.trainedTokens }, { msgId: `progress-${s.plan.step}-${s.plan.attempt}-${++s.progressTold}`, sender: me })
-        .pipe(Effect.retry(transient), Effect.orDie)
+        .pipe(
+          Effect.retry(transient),
+          Effect.catch((e) => Effect.logWarning(`${me}: progress of step ${s.plan.step} not told: ${e.message}`))
+        )
 
     /** Records micro-batch `index`'s gradient (once), adds what is in order, tells progress. */
     const gradientIn = (at: StepAttempt, index: number, device: string, stats: MicroBatchStats, source: GradientSource) =>
@@ -230,14 +240,9 @@ export const makeTrainingRole = (
      */
     const storedGradient = (s: CoreStep, index: number) =>
       gradients.get(s.plan, index).pipe(
-        Effect.retry({ ...transient, while: (e) => e._tag === "TransportError" }),
-        Effect.catchTag("GradientUnreadable", (e) =>
-          Effect.logWarning(`${me}: ${e.object} unreadable (${e.reason}); recomputing it`).pipe(
-            Effect.andThen(compute(s.planned.get(index)!.microBatch)),
-            Effect.map((r) => r.grads)
-          )
-        ),
-        Effect.orDie
+        Effect.catchTag("GradientUnreadable", (e) => Effect.as(Effect.logWarning(`${me}: ${e.object} unreadable (${e.reason}); recomputing it`), undefined)),
+        persistently(`reading the gradient of micro-batch ${s.plan.step}.${index}`),
+        Effect.flatMap((grads) => (grads !== undefined ? Effect.succeed(grads) : compute(s.planned.get(index)!.microBatch).pipe(Effect.map((r) => r.grads), Effect.orDie)))
       )
 
     /** Micro-batches of a completed group: kept, then published in index order. */
@@ -319,7 +324,7 @@ export const makeTrainingRole = (
           const publishStart = Date.now()
           const safetensors = yield* model.save().pipe(Effect.orDie)
           const optimizer = yield* trainerLock.withPermit(trainer.saveOptimizer()).pipe(Effect.orDie)
-          yield* publishWeights(system, version, safetensors, optimizer).pipe(Effect.retry(transient), Effect.orDie)
+          yield* publishWeights(system, version, safetensors, optimizer).pipe(persistently(`publishing v${version}`))
           if (checkpointDue(config, version)) {
             yield* saveTrainingCheckpoint(config.checkpointDir, model, trainer, { run: system.run, version }).pipe(Effect.orDie)
           }
@@ -337,10 +342,8 @@ export const makeTrainingRole = (
             }),
             plan: s.plan
           }
-          yield* system.publishEvent("step", metrics).pipe(Effect.retry(transient), Effect.orDie)
-          yield* system
-            .tell(scheduler, "StepDone", { step, version, metrics }, { msgId: `step-${step}-done`, sender: me })
-            .pipe(Effect.retry(transient), Effect.orDie)
+          yield* system.publishEvent("step", metrics).pipe(persistently(`journaling step ${step}'s metrics`))
+          yield* system.tell(scheduler, "StepDone", { step, version, metrics }, { msgId: `step-${step}-done`, sender: me }).pipe(persistently(`telling StepDone ${step}`))
           stepsDone = version
           core = undefined
           yield* Effect.all([closeStepQueue(system, step), gradients.removeStep(s.plan, s.planner.microBatches)]).pipe(

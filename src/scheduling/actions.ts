@@ -31,7 +31,7 @@ import type { Book, Finished, StepView } from "./book.ts"
 import { readOutcome, type Ran, type Running } from "./dispatcher.ts"
 import { auditRun } from "./audit.ts"
 import { journalRunDone, runDoneJournaled, type RunSummary } from "./records.ts"
-import { persistently } from "./retry.ts"
+import { persistently } from "../common/retry.ts"
 
 /** Message id of the completion of the switch asked for by record `index`. */
 export const switchMessageId = (index: number, cell: number) => `switch-${index}-${cell}`

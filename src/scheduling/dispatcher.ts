@@ -28,7 +28,7 @@ import { rlLayout } from "../protocols/layout.ts"
 import { readExecution } from "../protocols/trajectories.ts"
 import { readLast } from "../runtime/stream-reader.ts"
 import { ExecutionOutcome } from "../tree/outcome.ts"
-import { persistently } from "./retry.ts"
+import { persistently } from "../common/retry.ts"
 
 export interface Running {
   readonly plan: PlannedExecution

@@ -61,6 +61,13 @@ interface TrainProcess {
   readonly summary: Promise<Record<string, unknown>>
 }
 
+/** The last 5 lines of a run's output, after its last 30 warnings and errors (what a failure shows). */
+const lastLines = (lines: ReadonlyArray<string>) => {
+  const tail = lines.slice(-5)
+  const said = lines.slice(0, -5).filter((l) => / (WARN|ERROR) /.test(l)).slice(-30)
+  return [...said, ...tail]
+}
+
 /** `gyre train` of run `run` on `url` (progress lines on stdout, the JSON summary last). */
 const startTrain = (run: string, url: string, env: Record<string, string>, stepCount: number, extra: ReadonlyArray<string>): TrainProcess => {
   const args = ["train", "--run", run, "--checkpoint", checkpoint, "--steps", String(stepCount), "--devices", "1", "--executions-per-step", String(EXECUTIONS), "--group-size", "2", ...extra]
@@ -84,7 +91,7 @@ const startTrain = (run: string, url: string, env: Record<string, string>, stepC
     child.once("exit", (code, signal) => {
       clearTimeout(limit)
       if (code === 0) resolve(JSON.parse(lines.at(-1)!))
-      else reject(new Error(`gyre train exited ${code ?? signal}:\n${lines.slice(-5).join("\n")}\n${err}`))
+      else reject(new Error(`gyre train exited ${code ?? signal}:\n${lastLines(lines).join("\n")}\n${err}`))
     })
   )
   const stepLine = (step: number, timeoutMs: number) =>
@@ -117,6 +124,14 @@ export const readRun = (run: string, url: string) =>
     }
   }))
 export type RunJournal = Awaited<ReturnType<typeof readRun>>
+
+/** The last policy records of a run that did not finish (what it stalled on), one line each. */
+const journalTail = (run: string, url: string) =>
+  asClient(run, url, undefined, Effect.gen(function* () {
+    const records = yield* readRecords(yield* ActorSystem)
+    const lines = records.slice(-20).map(({ record: r }) => `#${r.index} term ${r.term} ${JSON.stringify(r.event)} -> ${JSON.stringify(r.actions)}`)
+    return `the journal's last policy records (${records.length} in all):\n${lines.join("\n")}`
+  })).catch((e) => `the journal could not be read: ${String(e)}`)
 
 /** Wall-clock ms of a record (the policy clock is seconds since the run's start). */
 export const wallOf = (config: RunConfig, r: StoredRecord) => config.startedAt + r.record.event.at * 1000
@@ -263,7 +278,9 @@ export const faultedRun = <S extends { readonly url: string } = EmbeddedServer>(
         onPhase("injecting the fault")
         const injected = yield* inject(server, nodes)
         onPhase("waiting for gyre train to finish")
-        const summary = yield* Effect.promise(() => train.summary)
+        const summary = yield* Effect.tryPromise(() => train.summary).pipe(
+          Effect.catch((e) => Effect.flatMap(Effect.promise(() => journalTail(run, server.url)), (tail) => Effect.die(new Error(`${e.cause}\n${tail}`))))
+        )
         onPhase("reading the journal")
         const j = yield* Effect.promise(() => readRun(run, server.url))
         const { redispatched, suppressed } = redispatches(j)

@@ -1,9 +1,11 @@
 /**
- * How the scheduler's action fibers retry: every request they make is idempotent (an
- * execution id joins its running execution, a device request is idempotent per step or
- * version, a tell carries its message id), so a failure is retried until it succeeds, with
- * exponential backoff capped at a few seconds, or until the fiber is interrupted (its cell
- * lost, the scheduler stopped).
+ * Retrying until done, for work that has no one to ask for it again: the scheduler's action
+ * fibers and the training role's own fibers (finishing a step, a claimed gradient). What they
+ * retry is idempotent (an execution id joins its running execution, a device request is
+ * idempotent per step or version, a tell carries its message id, an object put replaces the
+ * same bytes), so a failure is retried until it succeeds, with exponential backoff capped at a
+ * few seconds, through an outage of NATS of any length, or until the fiber is interrupted (its
+ * cell lost, the scheduler or the device's incarnation stopped).
  */
 import { Duration, Effect, Schedule } from "effect"
 
