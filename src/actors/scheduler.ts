@@ -56,10 +56,14 @@ export interface SchedulerOptions {
   readonly deviceTimeoutMs?: number
 }
 
+/** Ends of the scheduler while one candidate led it, within `ENDINGS_WINDOW_MS`, at which the candidate gives up. */
+const ENDINGS_GIVEN_UP = 6
+const ENDINGS_WINDOW_MS = 120_000
+
 /** The scheduler was started without holding the run's lease. */
 export class NotLeader extends Schema.TaggedError<NotLeader>()("NotLeader", { actor: Schema.String }) {}
 
-/** The scheduler actor stopped for good (its supervisor gave up) while this candidate led. */
+/** The scheduler actor ended again and again while this candidate led (`standBy`): it stopped standing by. */
 export class SchedulerStopped extends Schema.TaggedError<SchedulerStopped>()("SchedulerStopped", { node: Schema.String, term: Schema.Number }) {}
 
 const lostStatuses = new Set(["dead", "stopped", "failed"])
@@ -119,14 +123,19 @@ export const makeScheduler = (options: SchedulerOptions) => {
    * Stands by on `node` for the lifetime of the scope: waits for the run's scheduler lease
    * (`src/runtime/lease.ts`), hosts the scheduler while holding it (claiming its address may
    * wait for a killed leader's activation to fall silent), stops it when the lease is lost,
-   * and waits again. Fails with `SchedulerStopped` when the scheduler's supervisor gives up
-   * while this candidate leads; any end but an interruption is logged as an error (callers fork it).
+   * and waits again. A scheduler that ends while this candidate leads (its incarnation crashed:
+   * a journal write failed in an outage of NATS; the type is `temporary`, so nothing restarts
+   * it) gives the lease back, and after a backoff the candidate stands by again: the next term,
+   * here or on another candidate, takes over from the journal. The `ENDINGS_GIVEN_UP`-th such
+   * end within `ENDINGS_WINDOW_MS` fails with `SchedulerStopped`; any end but an interruption is
+   * logged as an error (callers fork it).
    */
   const standBy = (node: NodeHandle, system: ActorSystemShape) =>
     Effect.gen(function* () {
       const hosted = () => node.hosted().some((h) => h.kind === SCHEDULER_KIND && h.id === SCHEDULER_ID)
+      let endings: Array<number> = []
       while (true) {
-        yield* Effect.scoped(
+        const term = yield* Effect.scoped(
           Effect.gen(function* () {
             const lead = yield* Lease.acquire(system, SCHEDULER_KIND, node.name, { ttlMs: options.leaseTtlMs ?? 5000 })
             leadership = lead
@@ -136,12 +145,19 @@ export const makeScheduler = (options: SchedulerOptions) => {
               Effect.orDie
             )
             const gaveUp = Effect.sleep(Duration.millis(250)).pipe(Effect.repeat({ until: () => !hosted() }))
-            const stopped = yield* Effect.raceFirst(lead.lost.pipe(Effect.as(false)), spawned.pipe(Effect.andThen(gaveUp), Effect.as(true)))
+            const ended = yield* Effect.raceFirst(lead.lost.pipe(Effect.as(false)), spawned.pipe(Effect.andThen(gaveUp), Effect.as(true)))
             leadership = undefined
             yield* node.stop(SCHEDULER_KIND, SCHEDULER_ID)
-            if (stopped) return yield* new SchedulerStopped({ node: node.name, term: lead.term })
+            return ended ? lead.term : undefined
           }).pipe(Effect.ensuring(Effect.sync(() => (leadership = undefined))))
         )
+        if (term === undefined) continue
+        const now = Date.now()
+        endings = [...endings.filter((t) => now - t < ENDINGS_WINDOW_MS), now]
+        if (endings.length >= ENDINGS_GIVEN_UP) return yield* new SchedulerStopped({ node: node.name, term })
+        const backoffMs = Math.min(10_000, 1000 * 2 ** (endings.length - 1))
+        yield* Effect.logWarning(`scheduler/main ended while ${node.name} led it (term ${term}); standing by again in ${backoffMs} ms`)
+        yield* Effect.sleep(Duration.millis(backoffMs))
       }
     }).pipe(Effect.tapCause((cause) => (Cause.hasInterruptsOnly(cause) ? Effect.void : Effect.logError(`scheduler candidate on ${node.name} stopped`, cause))))
 

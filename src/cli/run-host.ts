@@ -15,7 +15,7 @@
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
-import { Deferred, Effect, Fiber, Schema } from "effect"
+import { Deferred, Duration, Effect, Fiber, Schedule, Schema } from "effect"
 import { cpuDeviceThreads, device } from "../actors/device.ts"
 import { gateway } from "../actors/gateway.ts"
 import { makeHarnessRunner } from "../actors/harness-runner.ts"
@@ -28,7 +28,7 @@ import { StepMetrics } from "../protocols/scheduler.ts"
 import { address, formatAddress } from "../runtime/names.ts"
 import { startNode } from "../runtime/node.ts"
 import { ActorSystem, type ActorSystemShape } from "../runtime/system.ts"
-import { journalRunConfig } from "../scheduling/records.ts"
+import { journalRunConfig, runDoneJournaled } from "../scheduling/records.ts"
 import { latestCheckpoint } from "../training/checkpoints.ts"
 
 export interface RunProgress {
@@ -109,7 +109,13 @@ export const hostRun = (o: HostRunOptions) =>
       yield* node.spawn("harness-runner", "main")
       for (let i = 0; i < o.devices; i++) yield* node.spawn("device", `main.${backend}${i}`)
       const candidate = scheduler === undefined ? undefined : yield* Effect.forkScoped(scheduler.standBy(node, system))
-      yield* Deferred.await(done)
+      // run-done is core NATS, at most once: one published while this connection was down is
+      // missed, so the journal is asked too, every few seconds.
+      const journaled = runDoneJournaled(system).pipe(
+        Effect.orElseSucceed(() => false),
+        Effect.repeat({ schedule: Schedule.spaced(Duration.seconds(3)), until: (d) => d })
+      )
+      yield* Effect.raceFirst(Deferred.await(done), journaled)
       const runS = (Date.now() - started) / 1000
       const checkpoint = yield* latestCheckpoint(o.config.checkpointDir)
       // the candidate goes first: a scheduler stopped by the drain under it would read as one that gave up

@@ -10,7 +10,7 @@ import * as readline from "node:readline"
 import { Duration, Effect, Exit, Scope } from "effect"
 import type { Rpc, RpcGroup } from "effect/rpc"
 import { afterEach, describe, expect, it } from "vitest"
-import type { SchedulerProtocol } from "../../src/protocols/scheduler.ts"
+import { SCHEDULER_KIND, type SchedulerProtocol } from "../../src/protocols/scheduler.ts"
 import { makeScheduler, schedulerRef, type SchedulerOptions } from "../../src/actors/scheduler.ts"
 import { executionName } from "../../src/protocols/run.ts"
 import { repoRoot } from "../../src/runtime/nats-server.ts"
@@ -100,6 +100,32 @@ describe("live scheduler: leadership and takeover", () => {
     expect(result.journal.terms).toEqual([1, 2])
     expect(result.summary.terms).toEqual([1, 2])
     expect(result.summary.stepsDone).toBe(4)
+  })
+
+  it("a candidate whose scheduler ends while it leads (as when its incarnation crashes) stands by again and leads the next term to the run's end", async () => {
+    const run = "sched-ended"
+    const config = runConfig(run, 4)
+    const seen = observed()
+    const options: SchedulerOptions = { config, trainTasks, runners: ["harness-runner/r0"], leaseTtlMs: 1500 }
+    const result = await withSystem(run, Effect.gen(function* () {
+      const system = yield* ActorSystem
+      const scheduler = makeScheduler(options)
+      const node = yield* startNode({ name: "a", types: [scheduler.type], heartbeatMs: 300, ackWaitMs: 1500, deadAfterMs: 2000 })
+      yield* Effect.forkScoped(scheduler.standBy(node, system))
+      yield* startFakes(seen)
+      const before = yield* statusWhen(system, midRun)
+      // The scheduler type is temporary: nothing restarts it but its candidate.
+      yield* node.stop(SCHEDULER_KIND, "main")
+      const after = yield* statusWhen(system, (s) => s.leader !== before.leader)
+      const summary = yield* runDone(system)
+      return { before, after, summary, journal: yield* checkJournal(system, config, seen) }
+    }))
+    expect(result.before.leader).toBe("a#1")
+    expect(result.after.leader).toBe("a#2")
+    expect(result.journal.terms).toEqual([1, 2])
+    expect(result.summary.stepsDone).toBe(4)
+    expect(result.summary.executionsLost).toBe(0)
+    expect(result.summary.trainedTwice).toBe(0)
   })
 
   it("a standby process takes over when the leader's process is killed with SIGKILL mid-run", async () => {
