@@ -20,7 +20,6 @@
  *
  * The configuration comes from the caller or from the environment (`rolloutConfigFromEnv`).
  */
-import { Objm } from "@nats-io/obj"
 import { Effect, Schema } from "effect"
 import type { RpcGroup } from "effect/rpc"
 import { loadCheckpoint } from "../engine/checkpoint.ts"
@@ -28,6 +27,7 @@ import { Engine } from "../engine/engine.ts"
 import type * as Actor from "../runtime/actor.ts"
 import { formatAddress } from "../runtime/names.ts"
 import { rlLayout } from "../protocols/layout.ts"
+import { fetchWeights } from "../protocols/weights.ts"
 import { RolloutWorkerProtocol, TokenChunk, WeightsUnavailable, type WorkerLoad } from "../protocols/rollout.ts"
 import { makeBatcher } from "./batcher.ts"
 
@@ -119,7 +119,6 @@ export const startRollout = Effect.fn("startRollout")(function* (
   })
   const layout = rlLayout(ctx.system.run)
   const nc = ctx.system.nats.nc
-  const objm = new Objm(nc)
 
   const publish = (request: string, chunk: TokenChunk) => {
     try {
@@ -129,24 +128,16 @@ export const startRollout = Effect.fn("startRollout")(function* (
     }
   }
 
-  const fetchWeights = (version: number) =>
-    Effect.gen(function* () {
-      const unavailable = (reason: string) => new WeightsUnavailable({ version, reason })
-      const store = yield* Effect.tryPromise({ try: () => objm.open(layout.weightsBucket), catch: (e) => unavailable(String(e)) })
-      const name = layout.weightsObject(version)
-      const blob = yield* Effect.tryPromise({ try: () => store.getBlob(name), catch: (e) => unavailable(String(e)) })
-      if (blob === null) return yield* unavailable(`no object ${name} in ${layout.weightsBucket}`)
-      return yield* Effect.scoped(
-        engine.loadModel(modelConfig, blob, { device }).pipe(
-          Effect.flatMap((m) => m.getWeights()),
-          Effect.mapError((e) => unavailable(e.message))
-        )
-      )
-    })
+  /** Version `version`'s published weights, decoded to the model's flat parameters. */
+  const fetchFlatWeights = (version: number) =>
+    fetchWeights(ctx.system, version).pipe(
+      Effect.flatMap((blob) => Effect.scoped(engine.loadModel(modelConfig, blob, { device }).pipe(Effect.flatMap((m) => m.getWeights())))),
+      Effect.mapError((e) => (e._tag === "WeightsUnavailable" ? e : new WeightsUnavailable({ version, reason: e.message })))
+    )
 
   /** Reads version `version`'s weights and swaps them in between two engine steps. */
   const loadWeights = (version: number) =>
-    fetchWeights(version).pipe(
+    fetchFlatWeights(version).pipe(
       Effect.flatMap((weights) => batcher.swapWeights(model.setWeights(weights), version).pipe(Effect.orDie)),
       Effect.as({ version })
     )
