@@ -7,8 +7,8 @@
  * secret), one seed file `<user>.nk` per user (mode 0600: the credential a client presents,
  * `NATS_NKEY`), and `users.json` (each user's roles and public key). Every user gets its own
  * reply-inbox prefix `_I.<user>` and may subscribe only there, so no user reads another's
- * replies; a user may answer a request it received (`allow_responses`) but publish to no
- * other inbox. There is no `no_auth_user`: an anonymous connection is refused. TLS is optional
+ * replies; a user may answer a request it received (`allow_responses`, once, within
+ * `RESPONSE_EXPIRY_S`) but publish to no other inbox. There is no `no_auth_user`: an anonymous connection is refused. TLS is optional
  * (`tls { cert_file, key_file }` in the same block when a certificate is given).
  */
 import * as fs from "node:fs"
@@ -47,6 +47,15 @@ export const AUTH_CONF = "auth.conf"
 export const USERS_JSON = "users.json"
 export const seedFile = (dir: string, user: string) => path.join(dir, `${user}.nk`)
 
+/**
+ * How long after a request its receiver may still answer it (`allow_responses.expires`):
+ * nats-server's default is 2 minutes, and a later answer is refused ("Permissions Violation for
+ * Publish to _I.<user>...") while its asker still waits. Longer than any ask Gyre makes (`gyre
+ * eval`'s RunExecution waits up to 60 min, the gateway's Generate 10 min).
+ */
+export const RESPONSE_EXPIRY_S = 2 * 60 * 60
+const ALLOW_RESPONSES = `allow_responses: { max: 1, expires: "${RESPONSE_EXPIRY_S}s" }`
+
 const list = (subjects: ReadonlyArray<string>) => `[${subjects.map((s) => JSON.stringify(s)).join(", ")}]`
 
 const renderUser = (publicKey: string, u: UserSpec) =>
@@ -54,7 +63,7 @@ const renderUser = (publicKey: string, u: UserSpec) =>
     `    { nkey: ${publicKey}, permissions: {`,
     `        publish: { allow: ${list(u.permissions.publish.allow)}, deny: ${list(u.permissions.publish.deny)} }`,
     `        subscribe: { allow: ${list([...u.permissions.subscribe.allow, `${inboxPrefix(u.name)}.>`])}, deny: ${list(u.permissions.subscribe.deny)} }`,
-    `        allow_responses: true`,
+    `        ${ALLOW_RESPONSES}`,
     `    } }`
   ].join("\n")
 
@@ -95,7 +104,9 @@ export const readAuthDir = (dir: string) =>
   })
 
 /** The server's configuration text for a credentials directory (its `auth.conf`; nats-server resolves `include` relative to the including file). */
-export const serverConfigOf = (dir: string) => fs.readFileSync(path.resolve(dir, AUTH_CONF), "utf8")
+export const serverConfigOf = (dir: string) =>
+  // A directory written before the expiry was set says `allow_responses: true` (2 minutes).
+  fs.readFileSync(path.resolve(dir, AUTH_CONF), "utf8").replaceAll("allow_responses: true", ALLOW_RESPONSES)
 
 /** The connection options of user `name` whose seed is `file`. */
 export const clientAuth = (file: string, user: string) => ({

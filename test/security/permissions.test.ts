@@ -15,7 +15,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { embeddedNats } from "../../src/cli/auth.ts"
 import { TRAIN_KINDS } from "../../src/cli/train.ts"
 import { defaultUsers } from "../../src/protocols/roles.ts"
-import { clientAuth, seedFile, serverConfigOf, writeAuthDir } from "../../src/runtime/auth.ts"
+import { RESPONSE_EXPIRY_S, clientAuth, seedFile, serverConfigOf, writeAuthDir } from "../../src/runtime/auth.ts"
 import { startEmbeddedServer } from "../../src/runtime/nats-server.ts"
 
 const RUN = "sec"
@@ -127,6 +127,20 @@ describe("per-role NATS permissions", () => {
     if (file !== undefined) fs.writeFileSync(file, JSON.stringify({ permission_attempts: attempts.length, permission_refusals: refusals }))
     expect(attempts.filter((a) => !a.refused).map((a) => a.what)).toEqual([])
     expect(refusals).toBe(attempts.length)
+  })
+
+  it("lets every user answer a request long after it came (nats-server's default allows 2 minutes; gyre eval waits 60)", async () => {
+    const conf = serverConfigOf(dir)
+    const users = conf.match(/nkey: /g)?.length ?? 0
+    expect(users).toBe(defaultUsers("*").length)
+    expect(conf.match(/allow_responses: \{ max: 1, expires: "(\d+)s" \}/g)?.length).toBe(users)
+    expect(RESPONSE_EXPIRY_S).toBeGreaterThanOrEqual(60 * 60)
+    // The server runs on this configuration (beforeAll), and an answer within it arrives.
+    const [asker, answerer] = [await as("train"), await as("harness-runner")]
+    answerer.subscribe(`gyre.${RUN}.ask.harness-runner.main`, { callback: (_e, m) => void setTimeout(() => m.respond("done"), 500) })
+    await answerer.flush()
+    expect((await asker.request(`gyre.${RUN}.ask.harness-runner.main`, "run", { timeout: 5000 })).string()).toBe("done")
+    await Promise.all([asker.close(), answerer.close()])
   })
 
   it("allows the same operations in role: records by the gateway, outcomes by the runner, the workers' queue group by workers", async () => {
