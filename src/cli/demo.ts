@@ -15,6 +15,9 @@ import { runTraining, summaryLines, trainFlags } from "./train.ts"
 const flags = {
   ...trainFlags,
   steps: { ...trainFlags.steps, default: 8 },
+  // Half of train's batch and one epoch: the demo shows the loop in a few minutes, not the most learning.
+  "executions-per-step": { ...trainFlags["executions-per-step"], default: 8 },
+  "ppo-epochs": { ...trainFlags["ppo-epochs"], default: 1 },
   run: { ...trainFlags.run, default: `demo-${Date.now().toString(36)}` }
 } as const
 
