@@ -47,6 +47,13 @@ const candidate = (natsUrl: string, name: string, run: string, options: Schedule
       })
   )
 
+/** Run `run` of 4 steps: its configuration, what the fakes see of it, and its schedulers' options (runner r0, lease 1.5 s). */
+const fourSteps = (run: string) => {
+  const config = runConfig(run, 4)
+  const options: SchedulerOptions = { config, trainTasks, runners: ["harness-runner/r0"], leaseTtlMs: 1500 }
+  return { run, config, seen: observed(), options }
+}
+
 /** The fakes (three devices, one runner) on a node of their own. */
 const startFakes = (seen: Observed) =>
   Effect.gen(function* () {
@@ -72,10 +79,7 @@ const midRun = (s: Status) => s.stepsDone >= 1 && s.started > s.finished
 
 describe("live scheduler: leadership and takeover", () => {
   it("a standby in the same process takes over when the leader's scope is interrupted mid-run", async () => {
-    const run = "sched-interrupt"
-    const config = runConfig(run, 4)
-    const seen = observed()
-    const options: SchedulerOptions = { config, trainTasks, runners: ["harness-runner/r0"], leaseTtlMs: 1500 }
+    const { run, config, seen, options } = fourSteps("sched-interrupt")
     const result = await withSystem(run, Effect.gen(function* () {
       const system = yield* ActorSystem
       const scopes = { a: yield* Scope.make(), b: yield* Scope.make() }
@@ -103,10 +107,7 @@ describe("live scheduler: leadership and takeover", () => {
   })
 
   it("a candidate whose scheduler ends while it leads (as when its incarnation crashes) stands by again and leads the next term to the run's end", async () => {
-    const run = "sched-ended"
-    const config = runConfig(run, 4)
-    const seen = observed()
-    const options: SchedulerOptions = { config, trainTasks, runners: ["harness-runner/r0"], leaseTtlMs: 1500 }
+    const { run, config, seen, options } = fourSteps("sched-ended")
     const result = await withSystem(run, Effect.gen(function* () {
       const system = yield* ActorSystem
       const scheduler = makeScheduler(options)
@@ -129,10 +130,7 @@ describe("live scheduler: leadership and takeover", () => {
   })
 
   it("a standby process takes over when the leader's process is killed with SIGKILL mid-run", async () => {
-    const run = "sched-kill"
-    const config = runConfig(run, 4)
-    const seen = observed()
-    const options: SchedulerOptions = { config, trainTasks, runners: ["harness-runner/r0"], leaseTtlMs: 1500 }
+    const { run, config, seen, options } = fourSteps("sched-kill")
     const result = await withSystem(run, Effect.gen(function* () {
       const system = yield* ActorSystem
       // Both stand by before any device joins, so the run starts under the first leader.
@@ -158,13 +156,11 @@ describe("live scheduler: leadership and takeover", () => {
   })
 
   it("a device stopped mid-run becomes CellLost, its running executions are asked again and join; a new device gets the newest weights; a restarted device joins again; the run finishes", async () => {
-    const run = "sched-lost"
-    const config = runConfig(run, 4)
-    const seen = observed()
+    const { run, config, seen, options } = fourSteps("sched-lost")
     const result = await withSystem(run, Effect.gen(function* () {
       const system = yield* ActorSystem
       const fakes = yield* startFakes(seen)
-      const scheduler = makeScheduler({ config, trainTasks, runners: ["harness-runner/r0"], leaseTtlMs: 1500 })
+      const scheduler = makeScheduler(options)
       const node = yield* startNode({ name: "s", types: [scheduler.type] })
       yield* Effect.forkScoped(scheduler.standBy(node, system))
       yield* statusWhen(system, midRun)
