@@ -39,7 +39,7 @@ import { DeviceRefused, TrainingProtocol, type MicroBatchJson, type StepExecutio
 import type { RunConfig } from "../protocols/run.ts"
 import { SCHEDULER_KIND, SchedulerProtocol } from "../protocols/scheduler.ts"
 import { readExecution } from "../protocols/trajectories.ts"
-import { fetchOptimizer, fetchWeights, publishWeights } from "../protocols/weights.ts"
+import { fetchOptimizer, publishWeights } from "../protocols/weights.ts"
 import type * as Actor from "../runtime/actor.ts"
 import { address, formatAddress, parseAddress } from "../runtime/names.ts"
 import { refOf } from "../runtime/system.ts"
@@ -50,6 +50,7 @@ import { claimLoop, closeStepQueue, ensureMicroBatchStream, openStepQueue, publi
 import { MetricsSum, PhaseClock, microBatchStats, summarize, type BatchSummary, type MicroBatchStats } from "../training/step-metrics.ts"
 import { StepPlanner, stepLoss, type PlannedMicroBatch } from "../training/step-planner.ts"
 import { stepUpdate, type StepUpdate } from "../training/update.ts"
+import { fetchFlatWeights } from "../serving/rollout-role.ts"
 import type { TrainingRoleFactory } from "../serving/training-role.ts"
 
 /** The model's policy version and the one way the role changes its weights. */
@@ -168,11 +169,7 @@ export const makeTrainingRole = (
     const ensureVersion = (version: number) =>
       weights.version() === version
         ? Effect.void
-        : Effect.gen(function* () {
-            const blob = yield* fetchWeights(system, version)
-            const flat = yield* Effect.scoped(engine.loadModel(model.config, blob, { device: model.device }).pipe(Effect.flatMap((m) => m.getWeights())))
-            yield* weights.swap(model.setWeights(flat), version)
-          })
+        : fetchFlatWeights(system, engine, model, version).pipe(Effect.flatMap((flat) => weights.swap(model.setWeights(flat), version)))
 
     /** Brings the optimizer to its state at `version`: the core that made it stored it beside the weights. */
     const ensureOptimizer = (version: number) =>

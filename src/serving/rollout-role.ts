@@ -23,8 +23,9 @@
 import { Effect, Schema } from "effect"
 import type { RpcGroup } from "effect/rpc"
 import { loadCheckpoint } from "../engine/checkpoint.ts"
-import { Engine } from "../engine/engine.ts"
+import { Engine, type EngineShape, type Model } from "../engine/engine.ts"
 import type * as Actor from "../runtime/actor.ts"
+import type { ActorSystemShape } from "../runtime/system.ts"
 import { formatAddress } from "../runtime/names.ts"
 import { rlLayout } from "../protocols/layout.ts"
 import { fetchWeights } from "../protocols/weights.ts"
@@ -96,6 +97,13 @@ export type RolloutHandlers = Actor.Handlers<RpcGroup.Rpcs<typeof RolloutWorkerP
 
 const encodeChunk = Schema.encodeSync(TokenChunk)
 
+/** Version `version`'s published weights, decoded by `engine` to the flat parameters of `model` (its config, on its device). */
+export const fetchFlatWeights = (system: ActorSystemShape, engine: EngineShape, model: Model, version: number) =>
+  fetchWeights(system, version).pipe(
+    Effect.flatMap((blob) => Effect.scoped(engine.loadModel(model.config, blob, { device: model.device }).pipe(Effect.flatMap((m) => m.getWeights())))),
+    Effect.mapError((e) => (e._tag === "WeightsUnavailable" ? e : new WeightsUnavailable({ version, reason: e.message })))
+  )
+
 /** Loads the model, its KV cache and the batcher in the current scope; the rollout handlers over them. */
 export const startRollout = Effect.fn("startRollout")(function* (
   ctx: Pick<Actor.ActorContext<unknown>, "address" | "system">,
@@ -128,16 +136,9 @@ export const startRollout = Effect.fn("startRollout")(function* (
     }
   }
 
-  /** Version `version`'s published weights, decoded to the model's flat parameters. */
-  const fetchFlatWeights = (version: number) =>
-    fetchWeights(ctx.system, version).pipe(
-      Effect.flatMap((blob) => Effect.scoped(engine.loadModel(modelConfig, blob, { device }).pipe(Effect.flatMap((m) => m.getWeights())))),
-      Effect.mapError((e) => (e._tag === "WeightsUnavailable" ? e : new WeightsUnavailable({ version, reason: e.message })))
-    )
-
   /** Reads version `version`'s weights and swaps them in between two engine steps. */
   const loadWeights = (version: number) =>
-    fetchFlatWeights(version).pipe(
+    fetchFlatWeights(ctx.system, engine, model, version).pipe(
       Effect.flatMap((weights) => batcher.swapWeights(model.setWeights(weights), version).pipe(Effect.orDie)),
       Effect.as({ version })
     )
