@@ -18,7 +18,7 @@
 import { nuid, type MsgHdrs } from "@nats-io/transport-node"
 import { RetentionPolicy, StorageType, type JetStreamManager, type StreamConfig } from "@nats-io/jetstream"
 import type { KV } from "@nats-io/kv"
-import { Context, Effect, Layer, Tracer } from "effect"
+import { Context, Duration, Effect, Layer, Schedule, Tracer } from "effect"
 import type { Rpc, RpcGroup } from "effect/rpc"
 import { ActorOverloaded, ActorUnavailable, AskTimeout, RequestRejected, TransportError, messageOf, type AskError } from "./errors.ts"
 import { Nats, type NatsShape } from "./nats.ts"
@@ -102,8 +102,22 @@ const ms = (n: number) => n * 1_000_000
 /** What a refused creation may owe to `GYRE_REPLICAS` (JetStream refuses more replicas than it has servers). */
 const replicasHint = (replicas: number) => (replicas > 1 ? ` (GYRE_REPLICAS=${replicas}: needs a JetStream cluster of at least ${replicas} servers)` : "")
 
+const isTimeout = (e: TransportError) => /timeout/i.test(e.message)
+
+/**
+ * A creation that timed out is tried again, every second for up to 30 s: a JetStream cluster
+ * answers nothing while it elects its leaders after a server's loss (found by
+ * test/chaos/cluster.test.ts: the held-out evaluation after a run whose cluster lost a server
+ * failed on its first stream). A refusal (too many replicas, a permission) fails at once.
+ */
+const untilElected = <A>(create: Effect.Effect<A, TransportError>) =>
+  create.pipe(
+    Effect.tapError((e) => (isTimeout(e) ? Effect.logWarning(`${e.operation}: ${e.message}; trying again`) : Effect.void)),
+    Effect.retry({ while: isTimeout, times: 30, schedule: Schedule.spaced(Duration.seconds(1)) })
+  )
+
 const ensureStream = (jsm: JetStreamManager, config: Partial<StreamConfig> & { name: string }) =>
-  Effect.tryPromise({
+  untilElected(Effect.tryPromise({
     try: async () => {
       try {
         await jsm.streams.info(config.name)
@@ -119,13 +133,13 @@ const ensureStream = (jsm: JetStreamManager, config: Partial<StreamConfig> & { n
       }
     },
     catch: (e) => new TransportError({ operation: `create stream ${config.name}`, message: messageOf(e) + replicasHint(config.num_replicas ?? 1) })
-  })
+  }))
 
 const openBucket = (nats: NatsShape, name: string) =>
-  Effect.tryPromise({
+  untilElected(Effect.tryPromise({
     try: () => nats.kvm.create(name, { history: 1, replicas: nats.replicas }),
     catch: (e) => new TransportError({ operation: `create KV bucket ${name}`, message: messageOf(e) + replicasHint(nats.replicas) })
-  })
+  }))
 
 const defaultAskTimeoutMs = 10_000
 const defaultAskResendMs = 10_000
