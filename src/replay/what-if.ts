@@ -1,6 +1,6 @@
 /**
  * `gyre replay --what-if POLICY`: the run's recorded execution durations and token counts, its
- * measured training rate, switch costs and weight-sync times (all from the journal's audit) as a
+ * measured training rate, switch costs, step updates and weight-sync times (all from the journal's audit) as a
  * simulator scenario (`runScenario`, which `bench:elastic` uses too), run through `src/sim` under
  * another policy or cell count; the makespan it would have had beside the real one and beside
  * the simulator's own figure for the policy the run used (how far to trust the counterfactual),
@@ -32,6 +32,7 @@ export const runScenario = (audit: RunAudit, config: Pick<RunConfig, "policyConf
       switch_to_train_s: mean(audit.switchMs.training) / 1000,
       switch_to_rollout_s: mean(audit.switchMs.rollout) / 1000,
       weight_sync_s: mean(audit.weightSyncS),
+      step_update_s: mean(audit.steps.map((s) => s.reduceMs + s.publishMs)) / 1000,
       steps: Math.max(1, audit.stepsDone),
       executions_per_step: p.executions_per_step,
       max_staleness: p.max_staleness,

@@ -11,9 +11,10 @@
  * monotone in earlier values (the greedy FIFO schedule on M slots that are never taken away).
  *
  * - critical path: step k trains its batch's tokens at most at R = cells x rate and not before
- *   step k-1 has ended or the tokens' execution has finished, so T_k = max(T_{k-1} + N_k / R,
- *   max_j f_j + (tokens of the batch's executions with f >= f_j) / R), f the earliest finishes,
- *   N_k the batch's tokens; the part is T of the last step;
+ *   step k-1 has ended or the tokens' execution has finished, then ends `step_update_s` (u) after
+ *   its last token, so T_k = max(T_{k-1} + N_k / R, max_j f_j + (tokens of the batch's executions
+ *   with f >= f_j) / R) + u, f the earliest finishes, N_k the batch's tokens; the part is T of the
+ *   last step;
  * - work: at any time tau the cells still have to do every execution's rollout time left after
  *   tau (at least min(d_i, f_i - tau) of it on one slot of a cell) and to train every token not
  *   trainable before tau (its execution's earliest finish or its previous step's T is >= tau), so
@@ -40,6 +41,7 @@ const earliest = (s: Scenario, e: Executions): Earliest => {
   const B = s.executions_per_step
   const M = s.cells * s.slots_per_cell
   const R = s.train_tokens_per_s_per_cell * s.cells
+  const update = s.step_update_s ?? 0
   const n = s.steps * B
   const start = new Float64Array(n)
   const finish = new Float64Array(n)
@@ -71,7 +73,7 @@ const earliest = (s: Scenario, e: Executions): Earliest => {
       after += e.tokens[i]!
       t = Math.max(t, finish[i]! + after / R)
     }
-    T[k] = t
+    T[k] = t + update
   }
   return { start, finish, stepEnd: T }
 }

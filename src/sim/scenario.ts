@@ -37,6 +37,11 @@ export const Scenario = Schema.Struct({
   switch_to_train_s: NonNegative,
   switch_to_rollout_s: NonNegative,
   weight_sync_s: NonNegative,
+  /**
+   * The update that ends a step once its last token is trained (the optimizer, later PPO epochs,
+   * saving and publishing the weights), on the step's core. Absent: 0.
+   */
+  step_update_s: Schema.optionalKey(NonNegative),
   steps: Int(1),
   executions_per_step: Int(1),
   max_staleness: Int(0),

@@ -16,9 +16,12 @@
  *   `train_tokens_per_s_per_cell` each; with nothing left to train they wait for data; the
  *   step's core (it holds the optimizer state and the accumulated gradients) leaves the step
  *   last and rejoins it first;
+ * - a step whose batch has finished and is all trained ends `step_update_s` later (its update on
+ *   the core; the policy hears the drained state first, as from the live core's last progress);
+ *   a core that leaves for rollout during the update serves once it is done;
  * - a version published at t reaches the rollout cells at t + `weight_sync_s`; executions use
  *   the newest version that has arrived when they start;
- * - the makespan is the time the last step's training ends.
+ * - the makespan is the time the last step ends.
  * An action the cluster cannot carry out (a policy bug) throws a `PolicyViolation`.
  */
 import type { Policy } from "../policy/policy.ts"
@@ -88,6 +91,7 @@ class Simulation<S> {
   private readonly B: number
   private readonly steps: number
   private readonly rate: number
+  private readonly update: number
   private readonly n: number
   private readonly dur: Float64Array
   private readonly tok: Float64Array
@@ -137,12 +141,16 @@ class Simulation<S> {
   private target = 0
   private wakeAt = Infinity
   private drainedNotified = false
+  /** When the running step's update ends; NaN while none runs. */
+  private updateEnd = NaN
   private stepsDone = 0
   private readonly stepsDoneAt: Array<number> = []
 
-  // heap ids: [0, n) executions, n + c switch of cell c, n + C training wake, n + C + 1 + v publish v
+  // heap ids: [0, n) executions, n + c switch of cell c, n + C training wake, n + C + 1 update
+  // end, n + C + 2 + v publish v
   private readonly idSwitch: number
   private readonly idWake: number
+  private readonly idUpdate: number
   private readonly idPublish: number
 
   constructor(
@@ -156,6 +164,7 @@ class Simulation<S> {
     this.B = scenario.executions_per_step
     this.steps = scenario.steps
     this.rate = scenario.train_tokens_per_s_per_cell
+    this.update = scenario.step_update_s ?? 0
     this.n = this.steps * this.B
     this.dur = executions.durations
     this.tok = executions.tokens
@@ -170,7 +179,8 @@ class Simulation<S> {
     this.finishedCount = new Int32Array(this.steps)
     this.idSwitch = this.n
     this.idWake = this.n + this.C
-    this.idPublish = this.n + this.C + 1
+    this.idUpdate = this.n + this.C + 1
+    this.idPublish = this.n + this.C + 2
     this.state = policy.initial(policyConfigOf(scenario))
     this.journal = options.journal ? [] : undefined
     this.timeline = options.timeline ? Array.from({ length: this.C }, () => []) : undefined
@@ -242,6 +252,11 @@ class Simulation<S> {
       this.now = t
       this.advance()
       this.reschedule()
+    } else if (id === this.idUpdate) {
+      if (this.updateEnd !== t) return
+      this.now = t
+      this.updateEnd = NaN
+      this.stepDone()
     } else {
       const v = id - this.idPublish
       this.now = t
@@ -329,10 +344,15 @@ class Simulation<S> {
     this.target = this.finishedTokens[this.trainStep]!
     if (this.trained >= this.target) {
       this.wakeAt = Infinity
-      if (this.finishedCount[this.trainStep] === this.B) this.stepDone()
-      else if (!this.drainedNotified) {
+      const complete = this.finishedCount[this.trainStep] === this.B
+      if (complete && this.update === 0) return this.stepDone()
+      if (!this.drainedNotified) {
         this.drainedNotified = true
         this.emit({ _tag: "MicroStepDone", step: this.trainStep, trained_tokens: this.trained, at: this.now })
+      }
+      if (complete && Number.isNaN(this.updateEnd)) {
+        this.updateEnd = this.now + this.update
+        this.heap.push(this.updateEnd, this.idUpdate)
       }
       return
     }
@@ -396,7 +416,9 @@ class Simulation<S> {
         }
         this.switches++
         this.setCell(a.cell, a.role === "training" ? CellState.toTraining : CellState.toRollout)
-        const t = this.now + (a.role === "training" ? this.scenario.switch_to_train_s : this.scenario.switch_to_rollout_s)
+        const switched = this.now + (a.role === "training" ? this.scenario.switch_to_train_s : this.scenario.switch_to_rollout_s)
+        // A core serving again before its step's update is done waits for it (one device's compute).
+        const t = a.cell === this.core && this.updateEnd > switched ? this.updateEnd : switched
         this.switchAt[a.cell] = t
         this.heap.push(t, this.idSwitch + a.cell)
         return

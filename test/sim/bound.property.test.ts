@@ -15,6 +15,7 @@ const scenario = fc.record({
   switch_to_train_s: fc.double({ min: 0, max: 5, noNaN: true }),
   switch_to_rollout_s: fc.double({ min: 0, max: 5, noNaN: true }),
   weight_sync_s: fc.double({ min: 0, max: 5, noNaN: true }),
+  step_update_s: fc.oneof(fc.constant(0), fc.double({ min: 0, max: 5, noNaN: true })),
   steps: fc.integer({ min: 1, max: 4 }),
   executions_per_step: fc.integer({ min: 1, max: 6 }),
   max_staleness: fc.integer({ min: 0, max: 2 }),

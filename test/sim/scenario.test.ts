@@ -35,6 +35,7 @@ describe("scenario", () => {
       [{ ...valid, slot_per_cell: 3 }, "s.json: field slot_per_cell: unknown field"],
       [(({ steps: _steps, ...rest }) => rest)(valid), "s.json: field steps: is required"],
       [{ ...valid, weight_sync_s: "20" }, `s.json: field weight_sync_s: Expected number, got "20"`],
+      [{ ...valid, step_update_s: -1 }, "s.json: field step_update_s: Expected a value greater than or equal to 0, got -1"],
       [generated, "s.json: field executions: give exactly one of executions or generator"],
       [
         { ...valid, generator: { kind: "lognormal", median_s: 10, sigma: 1, max_s: 100, tokens_per_s: 1, seed: 1 } },

@@ -55,6 +55,29 @@ describe("tiny scenarios, by hand", () => {
     })
   }
 
+  it("a step's update: the step ends step_update_s after its batch is trained; a core back to rollout waits for it", () => {
+    const withUpdate = (max_staleness: number, steps: number) => parseScenario({ ...tinyScenario, max_staleness, steps, step_update_s: 4 })
+    // async 1+1 as above, each step 4 s longer: step 0 30-50, update 50-54, version 1 at 57 |
+    // e2 57-67, e3 67-87 | step 1 87-107, update 107-111.
+    const s0 = withUpdate(0, 2)
+    expect(makespan(s0, asyncSplit(1))).toBeCloseTo(111, 9)
+    // Lower bound: T0 = 25 + 4, version 1 at 32, e2 32-42, e3 32-52, T1 = max(39, 57, 52) + 4 = 61;
+    // work at tau = 42: 42 + (10 s of e3 left + 200 tokens at 10/s) / 2 = 57.
+    expect(lowerBound(s0, executionsOf(s0))).toEqual({ lower_bound_s: 61, work_s: 57, critical_path_s: 61 })
+    // elastic, one version stale, 3 steps: the core trains step 0 21-41, cell 1 joins at 41 with
+    // nothing left; update 41-45. Step 1 (batch 1 all in) on both cells 45-55: drained, batch 2
+    // waits for slots, so both cells return at 55: cell 1 serves at 57, the core at 59 (its
+    // switch ends at 57, its update at 59); step 1 ends at 59. e4 57-67, e5 59-79; the core
+    // leaves at 67 (67-68) and trains e4's tokens 68-78; cell 1 leaves at 79 (79-80): 90
+    // tokens left at 20/s, 80-84.5; update 84.5-88.5.
+    const s1 = withUpdate(1, 3)
+    const r = simulate(s1, executionsOf(s1), elastic, { timeline: true })
+    expect(r.makespan_s).toBeCloseTo(88.5, 9)
+    expect(r.timeline!.stepsDoneAt).toEqual([45, 59, 88.5])
+    expect(r.timeline!.cells[0]).toEqual([0, 1, 20, 3, 21, 2, 55, 4, 59, 1, 67, 3, 68, 2])
+    expect(r.timeline!.cells[1]).toEqual([0, 1, 40, 3, 41, 2, 55, 4, 57, 1, 79, 3, 80, 2])
+  })
+
   it("lower bound: work and critical path by hand", () => {
     // Earliest schedule on M = 2 slots, R = 20 tokens/s: e0 0-10, e1 0-20; step 0 ends no
     // earlier than T0 = max(200/20, 20 + 100/20, 10 + 200/20) = 25; version 1 arrives 28, so
