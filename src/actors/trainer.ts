@@ -23,8 +23,9 @@
  * publishes them to the step's work queue. Every training device claims them one at a time,
  * brings its model to the micro-batch's version, computes that micro-batch's gradient alone
  * (zeroGrads, train, getGrads) with the run's loss (decoupled PPO whose proximal policy is the
- * step's weights), and either stores it (`s<k>.m<i>`) and tells the core `GradientReady`
- * (satellite) or hands it over in memory (core), then acknowledges. The core sums gradients in
+ * step's weights) and its tokens' log-probs, and either stores both (`s<k>.a<n>.m<i>`) and
+ * tells the core `GradientReady` (satellite) or hands them over in memory (core), then
+ * acknowledges. The core sums gradients in
  * index order, and once every planned execution is told and every gradient is in: AdamW (and
  * with PPO epochs the later passes, `src/training/update.ts`),
  * `v<k+1>` published, a checkpoint when due, the metrics journaled and `StepDone` told to the
@@ -45,7 +46,7 @@ import { address, formatAddress, parseAddress } from "../runtime/names.ts"
 import { refOf } from "../runtime/system.ts"
 import { persistently } from "../common/retry.ts"
 import { checkpointDue, saveTrainingCheckpoint } from "../training/checkpoints.ts"
-import { InOrderSum, openGradientStore, type GradientSource, type StepAttempt } from "../training/gradients.ts"
+import { InOrderSum, openGradientStore, type GradientSource, type MicroBatchGradient, type StepAttempt } from "../training/gradients.ts"
 import { claimLoop, closeStepQueue, ensureMicroBatchStream, openStepQueue, publishMicroBatch, type Claim } from "../training/microbatch-queue.ts"
 import { MetricsSum, PhaseClock, microBatchStats, summarize, type BatchSummary, type MicroBatchStats } from "../training/step-metrics.ts"
 import { StepPlanner, stepLoss, type PlannedMicroBatch } from "../training/step-planner.ts"
@@ -193,8 +194,8 @@ export const makeTrainingRole = (
         Effect.gen(function* () {
           yield* trainer.zeroGrads()
           const result = yield* trainer.train(mb.batch, stepLoss(config, mb.step))
-          const grads = yield* trainer.getGrads()
-          return { grads, stats: microBatchStats(result, mb.batch, mb.step, maxStaleness, config.training.isCap) }
+          const gradient: MicroBatchGradient = { grads: yield* trainer.getGrads(), logprobs: result.tokenLogprobs }
+          return { gradient, stats: microBatchStats(result, mb.batch, mb.step, maxStaleness, config.training.isCap) }
         })
       )
 
@@ -236,10 +237,10 @@ export const makeTrainingRole = (
      * acknowledged) is recomputed here, from the batch the core planned, on the same weights.
      */
     const storedGradient = (s: CoreStep, index: number) =>
-      gradients.get(s.plan, index).pipe(
+      gradients.get(s.plan, index, s.planned.get(index)!.microBatch.batch.length).pipe(
         Effect.catchTag("GradientUnreadable", (e) => Effect.as(Effect.logWarning(`${me}: ${e.object} unreadable (${e.reason}); recomputing it`), undefined)),
         persistently(`reading the gradient of micro-batch ${s.plan.step}.${index}`),
-        Effect.flatMap((grads) => (grads !== undefined ? Effect.succeed(grads) : compute(s.planned.get(index)!.microBatch).pipe(Effect.map((r) => r.grads), Effect.orDie)))
+        Effect.flatMap((stored) => (stored !== undefined ? Effect.succeed(stored) : compute(s.planned.get(index)!.microBatch).pipe(Effect.map((r) => r.gradient), Effect.orDie)))
       )
 
     /** Micro-batches of a completed group: kept, then published in index order. */
@@ -300,7 +301,7 @@ export const makeTrainingRole = (
         const apply =
           s.planner.microBatches === 0
             ? Effect.void
-            : stepUpdate(trainer, config, s.plan.step, batches, s.sum.sum).pipe(
+            : stepUpdate(trainer, config, s.plan.step, batches, s.sum).pipe(
                 Effect.map((r) => {
                   result = r
                 })
@@ -359,9 +360,9 @@ export const makeTrainingRole = (
           Effect.gen(function* () {
             yield* options.onClaim?.({ step: mb.step, index: mb.index, deliveryCount: claim.deliveryCount }) ?? Effect.void
             yield* ensureVersion(mb.version)
-            const { grads, stats } = yield* compute(mb)
-            if (mb.core === me) return yield* gradientIn(mb, mb.index, me, stats, grads)
-            yield* gradients.put(mb, mb.index, grads)
+            const { gradient, stats } = yield* compute(mb)
+            if (mb.core === me) return yield* gradientIn(mb, mb.index, me, stats, gradient)
+            yield* gradients.put(mb, mb.index, gradient)
             const coreRef = refOf(TrainingProtocol, parseAddress(mb.core))
             const ready = { step: mb.step, attempt: mb.attempt, index: mb.index, device: me, stats }
             yield* system.tell(coreRef, "GradientReady", ready, { msgId: `grad-${mb.step}-${mb.attempt}-${mb.index}`, sender: me })

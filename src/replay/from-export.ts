@@ -117,12 +117,12 @@ export const trainFromExport = (dir: string, step: number, out: string) =>
     const sum = new InOrderSum(model.paramCount)
     for (const mb of batches) {
       yield* trainer.zeroGrads()
-      yield* trainer.train(mb.batch, stepLoss(s.config, step))
+      const { tokenLogprobs } = yield* trainer.train(mb.batch, stepLoss(s.config, step))
       const grads = yield* trainer.getGrads()
-      sum.offer(mb.index, grads)
+      sum.offer(mb.index, { grads, logprobs: tokenLogprobs })
       yield* sum.drain(() => Effect.die(new Error("no stored gradients offline")))
     }
-    const gradNorm = batches.length > 0 ? (yield* stepUpdate(trainer, s.config, step, batches.map((b) => b.batch), sum.sum)).gradNorm : 0
+    const gradNorm = batches.length > 0 ? (yield* stepUpdate(trainer, s.config, step, batches.map((b) => b.batch), sum)).gradNorm : 0
     yield* saveCheckpoint(out, model, trainer)
     const liveDir = checkpointPath(s.config.checkpointDir, step + 1)
     const liveModel = path.join(liveDir, MODEL_FILE)

@@ -1,9 +1,11 @@
 /**
  * Gradients of a step's micro-batches and their reduce.
  *
- * A satellite stores the gradient of each micro-batch it computed as object `s<step>.a<attempt>.m<index>`
- * of `GYRE_<run>_grads`: the flat F32 gradient (gyre.h layout, little-endian) of that
- * micro-batch alone. The core sums the gradients in micro-batch index order (`InOrderSum`):
+ * A micro-batch's result is its gradient alone and its tokens' log-probs on the step's weights
+ * (the proximal policy of the later PPO epochs, `update.ts`, so the core need not score the
+ * batch again). A satellite stores it as object `s<step>.a<attempt>.m<index>` of
+ * `GYRE_<run>_grads`: the flat F32 gradient (gyre.h layout) then the micro-batch's F32 token
+ * log-probs, little-endian. The core sums the gradients in micro-batch index order (`InOrderSum`):
  * float addition is not associative, so a fixed order is what makes the update bit-identical
  * whoever computed which micro-batch and whenever a satellite joined. The sum streams: each
  * gradient is added as soon as every lower index has been, so only out-of-order arrivals wait
@@ -17,15 +19,22 @@ import { TransportError, messageOf } from "../runtime/errors.ts"
 import { putObject } from "../runtime/nats.ts"
 import type { ActorSystemShape } from "../runtime/system.ts"
 
-/** A gradient object is missing or does not hold `paramCount` floats. */
+/** A gradient object is missing or does not hold `paramCount` + the micro-batch's tokens floats. */
 export class GradientUnreadable extends Schema.TaggedError<GradientUnreadable>()("GradientUnreadable", {
   object: Schema.String,
   reason: Schema.String
 }) {}
 
+/** What a micro-batch's computation hands the core: its gradient alone and its tokens' log-probs. */
+export interface MicroBatchGradient {
+  readonly grads: Float32Array
+  readonly logprobs: Float32Array
+}
+
 export interface GradientStore {
-  readonly put: (at: StepAttempt, index: number, grads: Float32Array) => Effect.Effect<void, TransportError>
-  readonly get: (at: StepAttempt, index: number) => Effect.Effect<Float32Array, TransportError | GradientUnreadable>
+  readonly put: (at: StepAttempt, index: number, gradient: MicroBatchGradient) => Effect.Effect<void, TransportError>
+  /** Reads micro-batch `index`'s result; `tokens` is the micro-batch's length. */
+  readonly get: (at: StepAttempt, index: number, tokens: number) => Effect.Effect<MicroBatchGradient, TransportError | GradientUnreadable>
   /** Deletes the attempt's objects of micro-batches 0 .. count - 1 (missing ones are fine). */
   readonly removeStep: (at: StepAttempt, count: number) => Effect.Effect<void, TransportError>
 }
@@ -49,21 +58,23 @@ export const openGradientStore = (system: ActorSystemShape, paramCount: number):
       catch: (e) => new TransportError({ operation: `open object store ${bucket}`, message: messageOf(e) })
     })
     return {
-      put: (at, index, grads) =>
-        attempt(`store ${objectOf(at, index)}`, (s) =>
-          putObject(s, objectOf(at, index), new Uint8Array(grads.buffer, grads.byteOffset, grads.byteLength))
-        ).pipe(Effect.asVoid),
-      get: (at, index) =>
+      put: (at, index, { grads, logprobs }) =>
+        attempt(`store ${objectOf(at, index)}`, (s) => {
+          const out = new Float32Array(grads.length + logprobs.length)
+          out.set(grads)
+          out.set(logprobs, grads.length)
+          return putObject(s, objectOf(at, index), new Uint8Array(out.buffer))
+        }).pipe(Effect.asVoid),
+      get: (at, index, tokens) =>
         Effect.gen(function* () {
           const object = objectOf(at, index)
           const bytes = yield* attempt(`read ${object}`, (s) => s.getBlob(object))
           if (bytes === null) return yield* new GradientUnreadable({ object, reason: `not in ${bucket}` })
-          if (bytes.length !== paramCount * 4) {
-            return yield* new GradientUnreadable({ object, reason: `${bytes.length} bytes, expected ${paramCount * 4}` })
-          }
-          const out = new Float32Array(paramCount)
-          new Uint8Array(out.buffer).set(bytes)
-          return out
+          const expected = (paramCount + tokens) * 4
+          if (bytes.length !== expected) return yield* new GradientUnreadable({ object, reason: `${bytes.length} bytes, expected ${expected}` })
+          const floats = new Float32Array(paramCount + tokens)
+          new Uint8Array(floats.buffer).set(bytes)
+          return { grads: floats.subarray(0, paramCount), logprobs: floats.subarray(paramCount) }
         }),
       removeStep: (at, count) =>
         attempt(`delete gradients of step ${at.step} attempt ${at.attempt}`, async (s) => {
@@ -73,11 +84,13 @@ export const openGradientStore = (system: ActorSystemShape, paramCount: number):
   })
 
 /** Where a gradient waiting for its turn is: in memory (the core's own) or in the store. */
-export type GradientSource = Float32Array | "stored"
+export type GradientSource = MicroBatchGradient | "stored"
 
 /** The running sum of a step's gradients in index order (see the module comment). */
 export class InOrderSum {
   readonly sum: Float32Array
+  /** The summed micro-batches' token log-probs, in index order. */
+  readonly logprobs: Array<Float32Array> = []
   private next = 0
   private readonly waiting = new Map<number, GradientSource>()
 
@@ -98,16 +111,17 @@ export class InOrderSum {
   }
 
   /** Adds every gradient whose turn has come, fetching stored ones with `load`. */
-  drain<E>(load: (index: number) => Effect.Effect<Float32Array, E>): Effect.Effect<void, E> {
+  drain<E>(load: (index: number) => Effect.Effect<MicroBatchGradient, E>): Effect.Effect<void, E> {
     return Effect.whileLoop({
       while: () => this.waiting.has(this.next),
       body: () => {
         const source = this.waiting.get(this.next)!
         return source === "stored" ? load(this.next) : Effect.succeed(source)
       },
-      step: (g) => {
+      step: ({ grads, logprobs }) => {
         const sum = this.sum
-        for (let i = 0; i < sum.length; i++) sum[i] = sum[i]! + g[i]!
+        for (let i = 0; i < sum.length; i++) sum[i] = sum[i]! + grads[i]!
+        this.logprobs.push(logprobs)
         this.waiting.delete(this.next)
         this.next++
       }

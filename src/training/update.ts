@@ -6,7 +6,8 @@
  * (proximal policy = those weights, so r = 1), summed in index order by the caller; AdamW on
  * that sum. With `ppoEpochs` E > 1, E - 1 more passes follow on the core alone, each over the
  * same micro-batches in index order on the weights the previous pass left, with the step's
- * weights as the proximal policy (their log-probs scored before the first AdamW), then AdamW:
+ * weights as the proximal policy (their log-probs, which pass 1 computed with each gradient),
+ * then AdamW:
  * PPO's epochs, where the clip range bounds how far the later passes move each token's
  * probability. The later passes depend only on the first pass's sum and the batches, so the
  * update stays the same whoever computed the first pass.
@@ -15,6 +16,7 @@ import { Effect } from "effect"
 import type { PackedBatch } from "../common/packed-batch.ts"
 import { adamwDefaults, type Trainer } from "../engine/trainer.ts"
 import { stepLearningRate, type RunConfig } from "../protocols/run.ts"
+import type { InOrderSum } from "./gradients.ts"
 import { stepLoss } from "./step-planner.ts"
 
 export interface StepUpdate {
@@ -27,22 +29,21 @@ export interface StepUpdate {
 /** PPO epochs of the run (absent in runs journaled before the setting: 1). */
 export const ppoEpochs = (config: RunConfig): number => config.training.ppoEpochs ?? 1
 
-/** AdamW on the step's summed first-pass gradients `sum`, then the later passes (see the module comment). */
+/**
+ * AdamW on the step's summed first-pass gradients `sum`, then the later passes (see the module
+ * comment) with each batch's token log-probs from pass 1, in index order (`InOrderSum`).
+ */
 export const stepUpdate = Effect.fn("stepUpdate")(function* (
   trainer: Trainer,
   config: RunConfig,
   step: number,
   batches: ReadonlyArray<PackedBatch>,
-  sum: Float32Array
+  first: Pick<InOrderSum, "sum" | "logprobs">
 ) {
   const epochs = ppoEpochs(config)
   const adamw = { ...adamwDefaults, lr: stepLearningRate(config.training, step) }
-  const loss = stepLoss(config, step)
   const given = stepLoss(config, step, "given")
-  const proximal: Array<Float32Array> = []
-  if (epochs > 1) {
-    for (const batch of batches) proximal.push((yield* trainer.train(batch, loss, { backward: false })).tokenLogprobs)
-  }
+  const { sum, logprobs: proximal } = first
   yield* trainer.setGrads(sum)
   const gradNorm = yield* trainer.step(adamw)
   let clipped = 0

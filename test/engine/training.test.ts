@@ -146,6 +146,8 @@ describe("the trained weights as proximal policy", () => {
       })
     )
     expect(r.current.stats).toEqual(r.given.stats)
+    // a training pass's log-probs are the scoring pass's (the later PPO epochs take pass 1's as proximal)
+    expect(Buffer.from(r.given.tokenLogprobs.buffer).equals(Buffer.from(r.scored.tokenLogprobs.buffer))).toBe(true)
     expect(r.current.stats.meanRatio).toBe(1)
     expect(r.current.stats.clipFraction).toBe(0)
     // w = min(pi / mu, 1.5) per trained token, pi the policy's own log-probs
