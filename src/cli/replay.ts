@@ -125,6 +125,7 @@ const counterfactual = (log: JournalSource, policy: string, f: ReplayFlags) =>
         ? JSON.stringify(w)
         : [
             `run ${w.run}: ${w.policy} on ${w.cells} cells, ${w.executions} executions`,
+            `  measured: training ${w.costs.train_tokens_per_s_per_cell.toFixed(0)} tokens/s a cell, switches ${s(w.costs.switch_to_train_s)} to training / ${s(w.costs.switch_to_rollout_s)} back, step update ${s(w.costs.step_update_s ?? 0)}, weight sync ${s(w.costs.weight_sync_s)}`,
             `  real makespan        ${s(w.realS)}`,
             `  simulated (${w.policy})  ${s(w.simulatedS)} (sim / real ${(w.simulatedS / Math.max(1e-9, w.realS)).toFixed(3)})`,
             `  what-if ${w.whatIf.policy} on ${w.whatIf.cells} cells: ${s(w.whatIf.makespanS)} (${(w.whatIf.makespanS / Math.max(1e-9, w.simulatedS)).toFixed(3)} x the simulated run)`,

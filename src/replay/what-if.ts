@@ -30,7 +30,9 @@ export const runScenario = (audit: RunAudit, config: Pick<RunConfig, "policyConf
       slots_per_cell: p.slots_per_cell,
       train_tokens_per_s_per_cell: Math.max(1, trainedTokens / Math.max(1e-3, cellSeconds)),
       switch_to_train_s: mean(audit.switchMs.training) / 1000,
-      switch_to_rollout_s: mean(audit.switchMs.rollout) / 1000,
+      // A running step's core serves again once its update is done, which the simulator models
+      // itself (step_update_s): its switches count only when no other cell's are there.
+      switch_to_rollout_s: mean(audit.switchMs.rollout.length > 0 ? audit.switchMs.rollout : audit.switchMs.rolloutCore) / 1000,
       weight_sync_s: mean(audit.weightSyncS),
       step_update_s: mean(audit.steps.map((s) => s.reduceMs + s.publishMs)) / 1000,
       steps: Math.max(1, audit.stepsDone),
@@ -70,6 +72,11 @@ export interface WhatIf {
   readonly simulatedS: number
   readonly whatIf: { readonly policy: string; readonly cells: number; readonly makespanS: number; readonly lowerBoundS: number }
   readonly executions: number
+  /** The costs measured from the run that the simulator was fed (the scenario's fields). */
+  readonly costs: Pick<
+    Scenario,
+    "train_tokens_per_s_per_cell" | "switch_to_train_s" | "switch_to_rollout_s" | "step_update_s" | "weight_sync_s"
+  >
 }
 
 /** A counterfactual of `log`'s run under `policy` on `cells` cells (default: the run's). */
@@ -90,6 +97,13 @@ export const whatIf = (log: JournalSource, config: RunConfig, policy: string, ce
       realS: audit.lastStepDoneS,
       simulatedS: own.makespanS,
       whatIf: { policy: other.policy, cells: scenario.cells, makespanS: other.makespanS, lowerBoundS: lowerBound(scenario, executionsOf(scenario)).lower_bound_s },
-      executions: audit.executions.length
+      executions: audit.executions.length,
+      costs: {
+        train_tokens_per_s_per_cell: scenario.train_tokens_per_s_per_cell,
+        switch_to_train_s: scenario.switch_to_train_s,
+        switch_to_rollout_s: scenario.switch_to_rollout_s,
+        step_update_s: scenario.step_update_s ?? 0,
+        weight_sync_s: scenario.weight_sync_s
+      }
     }
   })

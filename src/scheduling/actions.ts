@@ -29,12 +29,9 @@ import type { Role } from "../policy/vocabulary.ts"
 import type { ExecutionOutcome } from "../tree/outcome.ts"
 import type { Book, Finished, StepView } from "./book.ts"
 import { readOutcome, type Ran, type Running } from "./dispatcher.ts"
-import { auditRun } from "./audit.ts"
+import { auditRun, switchMessageId } from "./audit.ts"
 import { journalRunDone, runDoneJournaled, type RunSummary } from "./records.ts"
 import { persistently } from "../common/retry.ts"
-
-/** Message id of the completion of the switch asked for by record `index`. */
-export const switchMessageId = (index: number, cell: number) => `switch-${index}-${cell}`
 
 type SchedulerRpcs = RpcGroup.Rpcs<typeof SchedulerProtocol>
 

@@ -33,8 +33,11 @@ export interface RunAudit {
   readonly reprefillTokens: number
   readonly kvHandoffBytes: number
   readonly switchControlMs: ReadonlyArray<number>
-  /** Whole switches, milliseconds, by the role the cell went to. */
-  readonly switchMs: { readonly rollout: ReadonlyArray<number>; readonly training: ReadonlyArray<number> }
+  /**
+   * Whole switches, milliseconds, by the role the cell went to; `rolloutCore`: to rollout by the
+   * core of a running step (it serves once its step's update is done), `rollout` the others.
+   */
+  readonly switchMs: { readonly rollout: ReadonlyArray<number>; readonly rolloutCore: ReadonlyArray<number>; readonly training: ReadonlyArray<number> }
   /** Finished executions in run order: the policy's duration and token count of each. */
   readonly executions: ReadonlyArray<{ readonly execution: number; readonly duration_s: number; readonly tokens: number }>
   /** Per published version: seconds from its `StepDone` to its `WeightsPublished` (policy clock). */
@@ -45,6 +48,25 @@ export interface RunAudit {
   readonly steps: ReadonlyArray<StepMetrics>
   /** Journal messages that did not decode as what their subject promises. */
   readonly malformed: ReadonlyArray<{ readonly seq: number; readonly reason: string }>
+}
+
+/** Message id of the `SwitchCompleted` of the switch asked for by record `index` (the shell writes it, the audit reads it). */
+export const switchMessageId = (index: number, cell: number) => `switch-${index}-${cell}`
+
+/** Message ids of the switches to rollout asked of a running step's core, from the records in index order. */
+export const coreLeavingSwitches = (
+  records: ReadonlyArray<Pick<PolicyRecord, "index" | "event" | "actions">>
+): ReadonlySet<string> => {
+  const ids = new Set<string>()
+  let runningCore = -1
+  for (const { index, event, actions } of records) {
+    if (event._tag === "StepDone") runningCore = -1
+    for (const a of actions) {
+      if (a._tag === "StartStep") runningCore = a.core
+      if (a._tag === "SwitchRole" && a.role === "rollout" && a.cell === runningCore) ids.add(switchMessageId(index, a.cell))
+    }
+  }
+  return ids
 }
 
 const decodeRecord = Schema.decodeUnknownExit(PolicyRecord)
@@ -59,7 +81,7 @@ export const auditRun = (system: JournalSource, executionsPerStep: number): Effe
     // attempt that counted after any a lost core journaled before it died (its update was discarded).
     const byStep = new Map<number, StepMetrics>()
     const malformed: Array<{ seq: number; reason: string }> = []
-    const switches: Array<{ role: string; reprefill: number; bytes: number; controlMs: number; ms: number }> = []
+    const switches: Array<{ role: string; msgId: string | undefined; reprefill: number; bytes: number; controlMs: number; ms: number }> = []
     yield* readJournal(system, { protocols: { [SCHEDULER_KIND]: SchedulerProtocol } }).pipe(
       Stream.runForEach((entry) =>
         Effect.sync(() => {
@@ -77,7 +99,7 @@ export const auditRun = (system: JournalSource, executionsPerStep: number): Effe
           } else if (entry.via === "tell" && entry.actor?.kind === SCHEDULER_KIND && entry.name === "SwitchCompleted") {
             if (entry.error !== undefined) return void malformed.push({ seq: entry.seq, reason: entry.error })
             const { role, result } = entry.payload as { readonly role: string; readonly result: { reprefillTokens: number; bytesMoved: number; controlMs: number; ms: number } }
-            switches.push({ role, reprefill: result.reprefillTokens, bytes: result.bytesMoved, controlMs: result.controlMs, ms: result.ms })
+            switches.push({ role, msgId: entry.msgId, reprefill: result.reprefillTokens, bytes: result.bytesMoved, controlMs: result.controlMs, ms: result.ms })
           }
         })
       )
@@ -93,6 +115,7 @@ export const auditRun = (system: JournalSource, executionsPerStep: number): Effe
     const stepDoneAt = new Map<number, number>()
     const weightSyncS: Array<number> = []
     const cells: Array<string> = []
+    const coreLeaving = coreLeavingSwitches(indices.map((index) => records.get(index)!.record))
     for (const i of indices) {
       const { event, actions, device } = records.get(i)!.record
       if (event._tag === "CellJoined" && device !== undefined) cells.push(device)
@@ -127,7 +150,8 @@ export const auditRun = (system: JournalSource, executionsPerStep: number): Effe
       kvHandoffBytes: sum(switches.map((s) => s.bytes)),
       switchControlMs: switches.map((s) => s.controlMs),
       switchMs: {
-        rollout: switches.filter((s) => s.role === "rollout").map((s) => s.ms),
+        rollout: switches.filter((s) => s.role === "rollout" && !coreLeaving.has(s.msgId ?? "")).map((s) => s.ms),
+        rolloutCore: switches.filter((s) => s.role === "rollout" && coreLeaving.has(s.msgId ?? "")).map((s) => s.ms),
         training: switches.filter((s) => s.role === "training").map((s) => s.ms)
       },
       executions: [...finished.values()].sort((a, b) => a.execution - b.execution),

@@ -20,7 +20,7 @@ import type { Handlers, MessageMeta } from "../runtime/actor.ts"
 import type { PolicyEvent } from "../policy/vocabulary.ts"
 import { parseExecutionName } from "../protocols/run.ts"
 import type { SchedulerProtocol } from "../protocols/scheduler.ts"
-import { switchMessageId } from "./actions.ts"
+import { switchMessageId } from "./audit.ts"
 import type { Book } from "./book.ts"
 import type { Driver, FeedContext } from "./driver.ts"
 
