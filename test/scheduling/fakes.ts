@@ -7,8 +7,9 @@
  * - The fake device tells `DeviceJoined` when it starts (each incarnation; `Drain` crashes it). As a step's core (`StartStep`) it
  *   trains every execution told (`TrainExecution`, deduplicated by execution) for
  *   `trainMs`, one at a time and only while it is in the training role, reporting
- *   `StepProgress` after each and, once the batch's executions are all trained, its metrics
- *   on `gyre.<run>.sys.step` (as the real trainer) and `StepDone`.
+ *   `StepProgress` after each and, once the batch's executions are all trained, takes
+ *   `updateMs` for its update, then reports its metrics (the measured training and update
+ *   times as `computeMs` and `reduceMs`) on `gyre.<run>.sys.step` (as the real trainer) and `StepDone`.
  * - The fake runner sleeps `executionMs(n)`, writes `calls(n)` call records of the execution to
  *   the trajectory stream (through the gateway's delta encoder) and its outcome, and answers;
  *   a second `RunExecution` of one execution joins the running one or gets its outcome.
@@ -32,6 +33,7 @@ export interface Script {
   readonly executionMs: (n: number) => number
   readonly switchMs: number
   readonly trainMs: number
+  readonly updateMs: number
   readonly calls: (n: number) => number
 }
 
@@ -66,7 +68,13 @@ export const observed = (): Observed => ({
 const bump = (m: Map<string, number>, k: string) => m.set(k, (m.get(k) ?? 0) + 1)
 const notHere = Effect.die(new Error("not used by the scheduler tests"))
 
-const metricsOf = (plan: StepPlan, tokens: number, device: string, trained: ReadonlyArray<string>): StepMetrics => ({
+const metricsOf = (
+  plan: StepPlan,
+  tokens: number,
+  device: string,
+  trained: ReadonlyArray<string>,
+  times: { readonly computeMs: number; readonly reduceMs: number }
+): StepMetrics => ({
   step: plan.step,
   version: plan.step + 1,
   executions: plan.executions,
@@ -87,8 +95,7 @@ const metricsOf = (plan: StepPlan, tokens: number, device: string, trained: Read
   devices: [device],
   gradNorm: 0,
   waitMs: 0,
-  computeMs: 0,
-  reduceMs: 0,
+  ...times,
   publishMs: 0
 })
 
@@ -120,6 +127,7 @@ export const fakeDevice = (script: Script, seen: Observed) =>
           Effect.gen(function* () {
             let trained = 0
             let tokens = 0
+            let computeMs = 0
             const executions: Array<string> = []
             while (trained < s.plan.executions) {
               if (s.queue.length === 0 || role !== "training" || switching) {
@@ -127,14 +135,18 @@ export const fakeDevice = (script: Script, seen: Observed) =>
                 continue
               }
               const ref = s.queue.shift()!
+              const started = Date.now()
               yield* Effect.sleep(Duration.millis(script.trainMs))
+              computeMs += Date.now() - started
               bump(seen.trained, ref.execution)
               trained++
               tokens += ref.tokens
               executions.push(ref.execution)
               yield* tellScheduler(schedulerRef, "StepProgress", { step: s.plan.step, trainedTokens: tokens }, { msgId: `progress-${s.plan.step}-${trained}` })
             }
-            const metrics = metricsOf(s.plan, tokens, key, executions)
+            const updating = Date.now()
+            yield* Effect.sleep(Duration.millis(script.updateMs))
+            const metrics = metricsOf(s.plan, tokens, key, executions, { computeMs, reduceMs: Date.now() - updating })
             yield* system.publishEvent("step", metrics)
             yield* tellScheduler(schedulerRef, "StepDone", { step: s.plan.step, version: s.plan.step + 1, metrics }, { msgId: `done-${s.plan.step}` })
           })

@@ -47,6 +47,7 @@ export const script: Script = {
   executionMs: (n) => 150 + ((n * 7919) % 5) * 120,
   switchMs: 60,
   trainMs: 40,
+  updateMs: 20,
   calls: (n) => 1 + (n % 3)
 }
 
