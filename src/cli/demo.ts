@@ -15,9 +15,10 @@ import { runTraining, summaryLines, trainFlags } from "./train.ts"
 const flags = {
   ...trainFlags,
   steps: { ...trainFlags.steps, default: 8 },
-  // Half of train's batch and one epoch: the demo shows the loop in a few minutes, not the most learning.
+  // Half of train's batch, one epoch and 16 held-out tasks: the demo shows the loop in a few minutes, not the most learning.
   "executions-per-step": { ...trainFlags["executions-per-step"], default: 8 },
   "ppo-epochs": { ...trainFlags["ppo-epochs"], default: 1 },
+  heldout: { ...trainFlags.heldout, default: "heldout-0..heldout-15" },
   run: { ...trainFlags.run, default: `demo-${Date.now().toString(36)}` }
 } as const
 
