@@ -12,7 +12,7 @@ import { Engine } from "../engine/engine.ts"
 import { Nats, natsOptionsFromEnv } from "../runtime/nats.ts"
 import { repoRoot } from "../runtime/nats-server.ts"
 import { UsageError, parseFlags, type Command } from "./args.ts"
-import { evaluate, parseTaskList } from "./evaluate.ts"
+import { evaluate, evaluationConcurrency, parseTaskList } from "./evaluate.ts"
 
 const flags = {
   suite: { kind: "string", doc: "suite name (a folder of --suites)", default: "toy" },
@@ -20,7 +20,7 @@ const flags = {
   checkpoint: { kind: "string", doc: "checkpoint directory (config.json, model.safetensors)", required: true },
   tasks: { kind: "string", doc: "tasks: heldout-0..heldout-15, or a comma-separated list", default: "heldout-0..heldout-15" },
   env: { kind: "string", doc: "suite knobs for every harness, KEY=VALUE,KEY=VALUE", default: "" },
-  concurrency: { kind: "integer", doc: "executions at once", default: 16 },
+  concurrency: { kind: "integer", doc: "executions at once", default: evaluationConcurrency },
   run: { kind: "string", doc: "run id of the evaluation", default: `eval-${Date.now().toString(36)}` },
   json: { kind: "boolean", doc: "print only the JSON line", default: false }
 } as const

@@ -35,6 +35,9 @@ export interface EvaluationOptions {
   readonly concurrency: number
 }
 
+/** Executions at once by default: `gyre eval`'s `--concurrency`, `gyre train`'s held-out runs. */
+export const evaluationConcurrency = 16
+
 export interface TaskScore {
   readonly task: string
   readonly execution: string

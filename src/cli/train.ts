@@ -43,7 +43,7 @@ import { ActorSystem } from "../runtime/system.ts"
 import { UsageError, parseConfigured, type Command, type Flags } from "./args.ts"
 import { embeddedNats } from "./auth.ts"
 import { checkCheckpoint, parseEnv } from "./eval.ts"
-import { evaluate, parseTaskList } from "./evaluate.ts"
+import { evaluate, evaluationConcurrency, parseTaskList } from "./evaluate.ts"
 import { followRun, RunProgress } from "./progress.ts"
 import { hostRun } from "./run-host.ts"
 import { warmStartedCheckpoint } from "./warm-start.ts"
@@ -172,7 +172,7 @@ export const runTraining = (f: TrainFlags) => {
     // A resumed run scores under names of its own (the stopped run's evaluations are in the store).
     const attempt = resumed === undefined ? "" : `-r${Date.now().toString(36)}`
     const score = (checkpoint: string, name: string) =>
-      evaluate({ checkpoint, suitesDir: f.suites, suite: config.suite, tasks: heldout, env: config.env, run: `${run}-${name}${attempt}`, concurrency: Math.min(16, heldout.length) })
+      evaluate({ checkpoint, suitesDir: f.suites, suite: config.suite, tasks: heldout, env: config.env, run: `${run}-${name}${attempt}`, concurrency: Math.min(evaluationConcurrency, heldout.length) })
     const before = yield* score(initial, "heldout-before")
     log(`held-out before: ${before.meanScore.toFixed(3)} on ${heldout.length} tasks (${before.seconds.toFixed(0)} s)`)
     const connection = yield* Nats
