@@ -37,7 +37,9 @@ struct be_cache {
   forward_shape graph_shape;
 };
 
-extern "C" gyre_status be_cache_create(be_model *m, int32_t block_tokens, int32_t num_blocks, be_cache **out) {
+extern "C" gyre_status be_cache_create(be_model *m, int32_t block_tokens, int32_t num_blocks, int32_t kv_elem, be_cache **out) {
+  if (kv_elem != (int32_t)sizeof(float))
+    return gyre_fail(GYRE_ERR_UNSUPPORTED, "cuda: F16 KV storage is not built on the CUDA backend (planned); use GYRE_KV_F32");
   be_cache *c = (be_cache *)calloc(1, sizeof *c);
   if (c == NULL) return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
   c->m = m;
@@ -101,12 +103,12 @@ static gyre_status cache_transfer(be_cache *c, const int32_t *blocks, int32_t le
   return ctx_sync(&c->ctx);
 }
 
-extern "C" gyre_status be_cache_read(const be_cache *c, const int32_t *blocks, int32_t length, float *host) {
+extern "C" gyre_status be_cache_read(const be_cache *c, const int32_t *blocks, int32_t length, void *host) {
   /* reading changes only the cache's scratch and staging, never its contents */
-  return cache_transfer((be_cache *)c, blocks, length, host, 1);
+  return cache_transfer((be_cache *)c, blocks, length, (float *)host, 1);
 }
 
-extern "C" gyre_status be_cache_write(be_cache *c, const int32_t *blocks, int32_t length, const float *host) {
+extern "C" gyre_status be_cache_write(be_cache *c, const int32_t *blocks, int32_t length, const void *host) {
   return cache_transfer(c, blocks, length, (float *)host, 0);
 }
 

@@ -219,9 +219,16 @@ GYRE_API gyre_status gyre_model_threads(const gyre_model *model, int32_t *n);
 /* A fixed pool of num_blocks blocks of block_tokens tokens each, for one model. Each
  * sequence owns a block table; blocks are reference counted, so gyre_seq_fork shares the
  * parent's blocks and a later append copies only the shared, partly filled last block
- * (copy-on-write at the first divergent block). KV bytes per token are
- * 2 * layers * kv_heads * head_dim * 4. */
+ * (copy-on-write at the first divergent block). K and V are stored as kv_dtype:
+ *   GYRE_KV_F32  4 bytes an element: the model's own F32 values
+ *   GYRE_KV_F16  2 bytes an element (IEEE binary16, rounded to nearest even, saturating at
+ *                +-65504): half the memory and the bytes a long-context decode step reads;
+ *                attention still sums in F32. CPU backend only (CUDA: GYRE_ERR_UNSUPPORTED).
+ * KV bytes per token are 2 * layers * kv_heads * head_dim * (4 or 2). */
 typedef struct gyre_cache gyre_cache;
+
+#define GYRE_KV_F32 0
+#define GYRE_KV_F16 1
 
 typedef struct gyre_cache_stats {
   int32_t block_tokens;
@@ -230,12 +237,13 @@ typedef struct gyre_cache_stats {
   int32_t free_blocks;      /* num_blocks - used_blocks */
   int32_t pinned_blocks;    /* blocks referenced by a pinned sequence */
   int32_t num_sequences;    /* live sequences, including freed-but-pinned ones */
-  int64_t bytes_per_token;  /* 2 * layers * kv_heads * head_dim * sizeof(float) */
+  int32_t kv_dtype;         /* GYRE_KV_F32 | GYRE_KV_F16 */
+  int64_t bytes_per_token;  /* 2 * layers * kv_heads * head_dim * (4 or 2) */
   int64_t bytes_total;      /* bytes_per_token * block_tokens * num_blocks */
 } gyre_cache_stats;
 
 GYRE_API gyre_status gyre_cache_create(gyre_model *model, int32_t block_tokens,
-                                       int32_t num_blocks, gyre_cache **out);
+                                       int32_t num_blocks, int32_t kv_dtype, gyre_cache **out);
 GYRE_API gyre_status gyre_cache_stats_get(const gyre_cache *cache, gyre_cache_stats *out);
 GYRE_API void gyre_cache_free(gyre_cache *cache);
 
@@ -292,11 +300,14 @@ GYRE_API gyre_status gyre_forward(gyre_cache *cache, int32_t n_seqs, const int32
  *           pins nest.
  *   export  serialises the sequence's K/V (all layers) into a host buffer, format below;
  *   import  rebuilds it as a new sequence of another cache of a model with the same layers,
- *           kv_heads and head_dim (any block size); a checksum or layout mismatch fails
- *           with GYRE_ERR_BAD_HANDOFF; a short pool with GYRE_ERR_OUT_OF_BLOCKS;
+ *           kv_heads and head_dim (any block size, either kv_dtype: an F16 payload widens
+ *           exactly into an F32 pool, an F32 payload is rounded into an F16 pool); a
+ *           checksum or layout mismatch fails with GYRE_ERR_BAD_HANDOFF; a short pool with
+ *           GYRE_ERR_OUT_OF_BLOCKS;
  *   unpin   after the destination acknowledged; releases the blocks if the sequence was
  *           freed meanwhile.
- * Decoding the imported sequence gives the same logits, bit for bit, on the same backend.
+ * Decoding the imported sequence gives the same logits, bit for bit, on the same backend and
+ * kv_dtype (an F16 sequence through an F32 pool and back too: the widening is exact).
  *
  * Export format (little endian):
  *   offset 0   char[4]  magic "GYKV"
@@ -304,13 +315,13 @@ GYRE_API gyre_status gyre_forward(gyre_cache *cache, int32_t n_seqs, const int32
  *          8   u32      num_hidden_layers
  *         12   u32      num_key_value_heads
  *         16   u32      head_dim
- *         20   u32      element size in bytes (4: F32)
+ *         20   u32      element size in bytes (4: F32, 2: F16; the exporting pool's kv_dtype)
  *         24   u32      length: number of tokens
  *         28   u32      reserved (0)
- *         32   u64      payload bytes = layers * 2 * length * kv_heads * head_dim * 4
+ *         32   u64      payload bytes = layers * 2 * length * kv_heads * head_dim * element size
  *         40   u64      FNV-1a 64-bit hash of the payload bytes
- *         48   payload: for each layer, K then V, each [length][kv_heads][head_dim] F32
- *                       (K after RoPE, exactly as cached)
+ *         48   payload: for each layer, K then V, each [length][kv_heads][head_dim] F32 or
+ *                       F16 (K after RoPE, exactly as cached)
  */
 GYRE_API gyre_status gyre_seq_pin(gyre_cache *cache, int32_t seq);
 GYRE_API gyre_status gyre_seq_unpin(gyre_cache *cache, int32_t seq);

@@ -47,14 +47,17 @@ gyre_status be_model_get_range(const be_model *m, int64_t offset, int64_t n, flo
 void be_model_free(be_model *m);
 
 /* ---- KV block pool ---- */
-gyre_status be_cache_create(be_model *m, int32_t block_tokens, int32_t num_blocks, be_cache **out);
+/* kv_elem: bytes per stored K/V element, 4 (F32) or 2 (F16; a backend without it fails with
+ * GYRE_ERR_UNSUPPORTED). */
+gyre_status be_cache_create(be_model *m, int32_t block_tokens, int32_t num_blocks, int32_t kv_elem, be_cache **out);
 void be_cache_free(be_cache *c);
 /* Copies all of block src (every layer, K and V) into block dst. */
 gyre_status be_cache_copy_block(be_cache *c, int32_t dst, int32_t src);
 /* Reads / writes the first `length` tokens held by the block table `blocks` in the export
- * payload layout of gyre.h: for each layer, K then V, each [length][KV][hd]. */
-gyre_status be_cache_read(const be_cache *c, const int32_t *blocks, int32_t length, float *host);
-gyre_status be_cache_write(be_cache *c, const int32_t *blocks, int32_t length, const float *host);
+ * payload layout of gyre.h: for each layer, K then V, each [length][KV][hd], elements of the
+ * pool's own size (kv_elem). */
+gyre_status be_cache_read(const be_cache *c, const int32_t *blocks, int32_t length, void *host);
+gyre_status be_cache_write(be_cache *c, const int32_t *blocks, int32_t length, const void *host);
 
 /* A ragged inference batch, all arrays on the host. Row r is token tokens[r] of sequence
  * row_seq[r] at position positions[r]; sequence s has seq_len[s] tokens after the append

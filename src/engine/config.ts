@@ -75,9 +75,13 @@ const ConfigJson = Schema.Struct({
 /** The head dimension, as LlamaConfig: `head_dim`, else hidden_size // num_attention_heads. */
 export const headDim = (c: LlamaConfig): number => c.head_dim ?? Math.floor(c.hidden_size / c.num_attention_heads)
 
-/** KV cache bytes per token: 2 x layers x kv_heads x head_dim x 4 (F32). */
-export const kvBytesPerToken = (c: LlamaConfig): number =>
-  2 * c.num_hidden_layers * c.num_key_value_heads * headDim(c) * 4
+/** How a KV cache stores K and V: F32 (the model's own values) or F16 (half the bytes; sums stay F32). */
+export type KvDtype = "f32" | "f16"
+export const kvDtypes: ReadonlyArray<KvDtype> = ["f32", "f16"]
+
+/** KV cache bytes per token: 2 x layers x kv_heads x head_dim x 4 (F32) or 2 (F16). */
+export const kvBytesPerToken = (c: LlamaConfig, dtype: KvDtype = "f32"): number =>
+  2 * c.num_hidden_layers * c.num_key_value_heads * headDim(c) * (dtype === "f16" ? 2 : 4)
 
 /** A config.json field the engine cannot honour; the message is one line naming it. */
 export class ConfigRefused extends Error {}

@@ -12,7 +12,7 @@
  * CPU devices of one process split the cores instead of each taking all of them.
  */
 import { Context, Effect, Layer, type Scope } from "effect"
-import { headDim, type LlamaConfig } from "./config.ts"
+import { headDim, type KvDtype, kvDtypes, type LlamaConfig } from "./config.ts"
 import { KvCache } from "./kvcache.ts"
 import { type Backend, EngineError, type NativeCalls, type NativeError, loadNative } from "./native.ts"
 import { Trainer } from "./trainer.ts"
@@ -113,9 +113,10 @@ export class Model {
     return this.lib.runSync("model_threads", [this.ptr, out]).pipe(Effect.map(() => out[0]!))
   }
 
-  /** A paged KV cache of `numBlocks` blocks of `blockTokens` tokens for this model. */
-  cache(options: { readonly blockTokens: number; readonly numBlocks: number }): Effect.Effect<KvCache, NativeError, Scope.Scope> {
-    return acquire(this.lib, "cache_create", [this.ptr, options.blockTokens, options.numBlocks], "cache_free").pipe(
+  /** A paged KV cache of `numBlocks` blocks of `blockTokens` tokens for this model, storing K and V as `kvDtype` (default F32; F16: CPU only). */
+  cache(options: { readonly blockTokens: number; readonly numBlocks: number; readonly kvDtype?: KvDtype }): Effect.Effect<KvCache, NativeError, Scope.Scope> {
+    const dtype = kvDtypes.indexOf(options.kvDtype ?? "f32")
+    return acquire(this.lib, "cache_create", [this.ptr, options.blockTokens, options.numBlocks, dtype], "cache_free").pipe(
       Effect.map((ptr) => new KvCache(this.lib, ptr, this.config))
     )
   }

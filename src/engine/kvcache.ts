@@ -3,7 +3,7 @@
  * hand-off (pin, export, import, unpin) - the rollout side of the engine.
  */
 import { Effect } from "effect"
-import type { LlamaConfig } from "./config.ts"
+import { type KvDtype, kvDtypes, type LlamaConfig } from "./config.ts"
 import { type NativeCalls, type NativeError, int32s } from "./native.ts"
 
 /** Sampling of a sequence's next token (temperature 0 = greedy). */
@@ -20,6 +20,7 @@ export interface CacheStats {
   readonly freeBlocks: number
   readonly pinnedBlocks: number
   readonly numSequences: number
+  readonly kvDtype: KvDtype
   readonly bytesPerToken: number
   readonly bytesTotal: number
 }
@@ -61,6 +62,7 @@ export class KvCache {
         freeBlocks: out.free_blocks!,
         pinnedBlocks: out.pinned_blocks!,
         numSequences: out.num_sequences!,
+        kvDtype: kvDtypes[out.kv_dtype!]!,
         bytesPerToken: Number(out.bytes_per_token),
         bytesTotal: Number(out.bytes_total)
       }))

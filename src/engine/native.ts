@@ -85,6 +85,7 @@ koffi.struct("gyre_cache_stats", {
   free_blocks: "int32_t",
   pinned_blocks: "int32_t",
   num_sequences: "int32_t",
+  kv_dtype: "int32_t",
   bytes_per_token: "int64_t",
   bytes_total: "int64_t"
 })
@@ -144,7 +145,7 @@ const prototypes = {
   model_free: "void gyre_model_free(gyre_model *m)",
   model_set_threads: "int32_t gyre_model_set_threads(gyre_model *m, int32_t n)",
   model_threads: "int32_t gyre_model_threads(const gyre_model *m, _Out_ int32_t *n)",
-  cache_create: "int32_t gyre_cache_create(gyre_model *m, int32_t block_tokens, int32_t num_blocks, _Out_ gyre_cache **out)",
+  cache_create: "int32_t gyre_cache_create(gyre_model *m, int32_t block_tokens, int32_t num_blocks, int32_t kv_dtype, _Out_ gyre_cache **out)",
   cache_stats: "int32_t gyre_cache_stats_get(const gyre_cache *c, _Out_ gyre_cache_stats *out)",
   cache_free: "void gyre_cache_free(gyre_cache *c)",
   seq_create: "int32_t gyre_seq_create(gyre_cache *c, _Out_ int32_t *seq)",

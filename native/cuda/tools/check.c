@@ -236,8 +236,8 @@ static void inference_checks(const api *cpu, const api *gpu, gyre_model *mc, gyr
   for (int i = 0; i < total; i++) tokens[i] = (int32_t)(lcg() % (uint32_t)V);
   const int blocks = 3 * ((lens[2] + 16) / B + 2) * 4;
   gyre_cache *cc, *cg;
-  TRY(cpu, cache_create(mc, B, blocks, &cc));
-  TRY(gpu, cache_create(mg, B, blocks, &cg));
+  TRY(cpu, cache_create(mc, B, blocks, GYRE_KV_F32, &cc));
+  TRY(gpu, cache_create(mg, B, blocks, GYRE_KV_F32, &cg));
   int32_t seq_c[3], seq_g[3];
   for (int k = 0; k < 3; k++) {
     TRY(cpu, seq_create(cc, &seq_c[k]));
@@ -285,7 +285,7 @@ static void inference_checks(const api *cpu, const api *gpu, gyre_model *mc, gyr
   TRY(gpu, seq_export(cg, seq_g[2], buf, len, &len));
   TRY(gpu, seq_unpin(cg, seq_g[2]));
   gyre_cache *cg2, *cc2;
-  TRY(gpu, cache_create(mg, 8, (lens[2] + 16) / 8 + 8, &cg2));
+  TRY(gpu, cache_create(mg, 8, (lens[2] + 16) / 8 + 8, GYRE_KV_F32, &cg2));
   int32_t imported, one = 1, tok = (int32_t)(lcg() % (uint32_t)V);
   TRY(gpu, seq_import(cg2, buf, len, &imported));
   float *a = forward(gpu, cg, 1, &seq_g[2], &one, &tok, GYRE_LOGITS_LAST, V);
@@ -299,7 +299,7 @@ static void inference_checks(const api *cpu, const api *gpu, gyre_model *mc, gyr
   check(s->name, "hand-off payload cuda vs cpu",
         len_c == len ? rel_diff((const float *)(buf + 48), (const float *)(buf_c + 48), (len - 48) / 4) : INFINITY,
         1e-4);
-  TRY(cpu, cache_create(mc, 32, (lens[2] + 16) / 32 + 4, &cc2));
+  TRY(cpu, cache_create(mc, 32, (lens[2] + 16) / 32 + 4, GYRE_KV_F32, &cc2));
   int32_t imported_c;
   TRY(cpu, seq_import(cc2, buf, len, &imported_c));
   float *c_own = forward(cpu, cc, 1, &seq_c[2], &one, &tok, GYRE_LOGITS_LAST, V);
@@ -309,7 +309,7 @@ static void inference_checks(const api *cpu, const api *gpu, gyre_model *mc, gyr
 
   /* errors: a corrupt payload, and a pool too small (nothing changes) */
   gyre_cache *tiny_g;
-  TRY(gpu, cache_create(mg, B, 2, &tiny_g));
+  TRY(gpu, cache_create(mg, B, 2, GYRE_KV_F32, &tiny_g));
   int32_t s_new;
   TRY(gpu, seq_create(tiny_g, &s_new));
   int32_t n_big = 3 * B;
@@ -644,7 +644,7 @@ static int run_bench(const char *cuda_path, const char *dir, const char *probe, 
   /* prefill 16 x 512, then decode at 512 and, after growing the context, at 4096 */
   const int contexts[2] = {quick ? 40 : 512, longest};
   gyre_cache *c;
-  TRY(&gpu, cache_create(m, B, seqs * (longest + 64) / B + seqs, &c));
+  TRY(&gpu, cache_create(m, B, seqs * (longest + 64) / B + seqs, GYRE_KV_F32, &c));
   int32_t ids[16], n_new[16], ones[16];
   int32_t *tokens = xmalloc(sizeof(int32_t) * seqs * longest);
   for (int i = 0; i < seqs * longest; i++) tokens[i] = (int32_t)(lcg() % (uint32_t)V);

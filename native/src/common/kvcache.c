@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "../backend.h"
+#include "../half.h"
 
 typedef struct sequence {
   int32_t len;
@@ -25,6 +26,7 @@ struct gyre_cache {
   gyre_model *model;
   be_cache *be;
   int32_t block_tokens, num_blocks;
+  int32_t kv_dtype, elem; /* GYRE_KV_F32 | GYRE_KV_F16; bytes per stored element */
   int32_t *refs;      /* per block */
   int32_t *free_list; /* stack of free block ids */
   int32_t n_free;
@@ -98,19 +100,24 @@ static sequence *seq_at(const gyre_cache *c, int32_t id, const char *fn, int all
 
 /* ---- cache ---- */
 
-gyre_status gyre_cache_create(gyre_model *model, int32_t block_tokens, int32_t num_blocks, gyre_cache **out) {
+/* Bytes per stored K/V element of a GYRE_KV_* type. */
+static int32_t kv_elem_bytes(int32_t kv_dtype) { return kv_dtype == GYRE_KV_F16 ? (int32_t)sizeof(uint16_t) : (int32_t)sizeof(float); }
+
+gyre_status gyre_cache_create(gyre_model *model, int32_t block_tokens, int32_t num_blocks, int32_t kv_dtype, gyre_cache **out) {
   if (model == NULL || out == NULL) return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "gyre_cache_create: NULL argument");
   if (block_tokens <= 0 || num_blocks <= 0)
     return gyre_fail(GYRE_ERR_INVALID_ARGUMENT,
                      "gyre_cache_create: block_tokens and num_blocks must be > 0, got %d and %d",
                      block_tokens, num_blocks);
+  if (kv_dtype != GYRE_KV_F32 && kv_dtype != GYRE_KV_F16)
+    return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "gyre_cache_create: kv_dtype must be GYRE_KV_F32 (0) or GYRE_KV_F16 (1), got %d", kv_dtype);
   gyre_cache *c = calloc(1, sizeof *c);
   if (c == NULL) return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "gyre_cache_create: out of host memory");
   c->refs = calloc((size_t)num_blocks, sizeof(int32_t));
   c->free_list = malloc(sizeof(int32_t) * (size_t)num_blocks);
   gyre_status st = c->refs == NULL || c->free_list == NULL
                        ? gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "gyre_cache_create: out of host memory")
-                       : be_cache_create(model->be, block_tokens, num_blocks, &c->be);
+                       : be_cache_create(model->be, block_tokens, num_blocks, kv_elem_bytes(kv_dtype), &c->be);
   if (st != GYRE_OK) {
     free(c->refs);
     free(c->free_list);
@@ -121,6 +128,8 @@ gyre_status gyre_cache_create(gyre_model *model, int32_t block_tokens, int32_t n
   c->n_free = num_blocks;
   c->block_tokens = block_tokens;
   c->num_blocks = num_blocks;
+  c->kv_dtype = kv_dtype;
+  c->elem = kv_elem_bytes(kv_dtype);
   c->model = model;
   model_retain(model);
   *out = c;
@@ -146,7 +155,8 @@ gyre_status gyre_cache_stats_get(const gyre_cache *c, gyre_cache_stats *out) {
   out->num_blocks = c->num_blocks;
   out->free_blocks = c->n_free;
   out->used_blocks = c->num_blocks - c->n_free;
-  out->bytes_per_token = 2LL * d->L * d->KV * d->hd * (int64_t)sizeof(float);
+  out->kv_dtype = c->kv_dtype;
+  out->bytes_per_token = 2LL * d->L * d->KV * d->hd * (int64_t)c->elem;
   out->bytes_total = out->bytes_per_token * c->block_tokens * c->num_blocks;
   uint8_t *marked = calloc((size_t)c->num_blocks, 1);
   if (marked == NULL) return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "gyre_cache_stats_get: out of host memory");
@@ -375,20 +385,35 @@ static uint64_t get_u64(const uint8_t *p) {
   return v;
 }
 
-static uint64_t payload_bytes(const dims *d, int64_t length) {
-  return (uint64_t)d->L * 2 * (uint64_t)length * (uint64_t)d->KV * (uint64_t)d->hd * sizeof(float);
+static uint64_t payload_bytes(const dims *d, int64_t length, uint32_t elem) {
+  return (uint64_t)d->L * 2 * (uint64_t)length * (uint64_t)d->KV * (uint64_t)d->hd * elem;
+}
+
+/* dst[n] (elements of dst_elem bytes) = src[n] (src_elem bytes): F16 -> F32 exact, F32 -> F16 rounded. */
+static void convert_elements(void *dst, uint32_t dst_elem, const uint8_t *src, uint32_t src_elem, uint64_t n) {
+  for (uint64_t i = 0; i < n; i++) {
+    float x;
+    uint16_t h;
+    if (src_elem == sizeof(float)) memcpy(&x, src + i * sizeof x, sizeof x);
+    else {
+      memcpy(&h, src + i * sizeof h, sizeof h);
+      x = half_to_float(h);
+    }
+    if (dst_elem == sizeof(float)) ((float *)dst)[i] = x;
+    else ((uint16_t *)dst)[i] = half_from_float(x);
+  }
 }
 
 gyre_status gyre_seq_export(const gyre_cache *c, int32_t seq, uint8_t *out, size_t cap, size_t *len) {
   SEQ_OR_FAIL(s, c, seq, "gyre_seq_export", 1)
   if (len == NULL) return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "gyre_seq_export: len is NULL");
   const dims *d = &c->model->layout.d;
-  uint64_t payload = payload_bytes(d, s->len);
+  uint64_t payload = payload_bytes(d, s->len, (uint32_t)c->elem);
   *len = HANDOFF_HEADER + (size_t)payload;
   if (out == NULL) return GYRE_OK;
   if (cap < *len)
     return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "gyre_seq_export: buffer of %zu bytes, need %zu", cap, *len);
-  float *host = malloc(payload > 0 ? (size_t)payload : 1);
+  uint8_t *host = malloc(payload > 0 ? (size_t)payload : 1);
   if (host == NULL) return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "gyre_seq_export: out of host memory");
   gyre_status st = s->len > 0 ? be_cache_read(c->be, s->table, s->len, host) : GYRE_OK;
   if (st == GYRE_OK) {
@@ -397,7 +422,7 @@ gyre_status gyre_seq_export(const gyre_cache *c, int32_t seq, uint8_t *out, size
     put_u32(out + 8, (uint32_t)d->L);
     put_u32(out + 12, (uint32_t)d->KV);
     put_u32(out + 16, (uint32_t)d->hd);
-    put_u32(out + 20, sizeof(float));
+    put_u32(out + 20, (uint32_t)c->elem);
     put_u32(out + 24, (uint32_t)s->len);
     put_u32(out + 28, 0);
     put_u64(out + 32, payload);
@@ -416,13 +441,13 @@ gyre_status gyre_seq_import(gyre_cache *c, const uint8_t *buf, size_t len, int32
     return gyre_fail(GYRE_ERR_BAD_HANDOFF, "%s: not a GYKV version 1 buffer", fn);
   const dims *d = &c->model->layout.d;
   uint32_t layers = get_u32(buf + 8), kv = get_u32(buf + 12), hd = get_u32(buf + 16), elem = get_u32(buf + 20);
-  if (layers != (uint32_t)d->L || kv != (uint32_t)d->KV || hd != (uint32_t)d->hd || elem != sizeof(float))
+  if (layers != (uint32_t)d->L || kv != (uint32_t)d->KV || hd != (uint32_t)d->hd || (elem != sizeof(float) && elem != sizeof(uint16_t)))
     return gyre_fail(GYRE_ERR_BAD_HANDOFF,
-                     "%s: layout layers=%u kv_heads=%u head_dim=%u elem=%u does not match this cache's %d/%d/%d/4",
+                     "%s: layout layers=%u kv_heads=%u head_dim=%u elem=%u does not match this cache's %d/%d/%d/(4 or 2)",
                      fn, layers, kv, hd, elem, d->L, d->KV, d->hd);
   int32_t length = (int32_t)get_u32(buf + 24);
   uint64_t payload = get_u64(buf + 32);
-  if (length < 0 || payload != payload_bytes(d, length))
+  if (length < 0 || payload != payload_bytes(d, length, elem))
     return gyre_fail(GYRE_ERR_BAD_HANDOFF, "%s: payload size %llu does not match %d tokens", fn, (unsigned long long)payload, length);
   if (len != HANDOFF_HEADER + payload)
     return gyre_fail(GYRE_ERR_BAD_HANDOFF, "%s: %s: buffer has %zu bytes, the header says %llu", fn,
@@ -435,9 +460,11 @@ gyre_status gyre_seq_import(gyre_cache *c, const uint8_t *buf, size_t len, int32
   int32_t need = blocks_for(length, c->block_tokens);
   if (need > c->n_free)
     return gyre_fail(GYRE_ERR_OUT_OF_BLOCKS, "%s: needs %d free KV blocks but %d of %d are free", fn, need, c->n_free, c->num_blocks);
-  float *host = malloc(payload > 0 ? (size_t)payload : 1);
+  uint64_t stored = payload_bytes(d, length, (uint32_t)c->elem); /* the payload in this pool's element type */
+  uint8_t *host = malloc(stored > 0 ? (size_t)stored : 1);
   if (host == NULL) return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
-  memcpy(host, buf + HANDOFF_HEADER, (size_t)payload);
+  if (elem == (uint32_t)c->elem) memcpy(host, buf + HANDOFF_HEADER, (size_t)payload);
+  else convert_elements(host, (uint32_t)c->elem, buf + HANDOFF_HEADER, elem, payload / elem);
   int32_t id = -1;
   gyre_status st = seq_new(c, &id);
   if (st == GYRE_OK) {

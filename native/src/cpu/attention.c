@@ -9,10 +9,14 @@
 #include <math.h>
 #include <omp.h>
 #include <string.h>
+#if defined(__AVX512F__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 #include "attention.h"
 #include "gemm.h"
 
+#include "../half.h"
 #include "fastmath.h"
 
 #define CHUNK 16 /* keys per step of the online softmax */
@@ -33,7 +37,25 @@ static inline v8 load8(const float *p) {
   return v;
 }
 
-/* s[r] (+)= sum_c a[r][c] * cols[c * ld + 0..CHUNK) for r < NQ, with a[r] at q[r] and the
+/* 8 F16 keys' values as F32 lanes (one instruction with F16C). */
+static inline v8 load8h(const uint16_t *p) {
+#if defined(__F16C__)
+  return (v8)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+#else
+  v8 v;
+  for (int i = 0; i < CHUNK / 2; i++) v[i] = half_to_float(p[i]);
+  return v;
+#endif
+}
+
+/* One element of K or V as F32, from F32 or F16 storage. */
+static inline float elem_f32(const float *p) { return *p; }
+static inline float elem_f16(const uint16_t *p) { return half_to_float(*p); }
+
+/* The kernels below are defined once per storage type T (float, uint16_t), suffix S (empty,
+ * h) and loaders LOAD16 / LOAD8 / ELEM; every sum runs in F32 in the same order for both.
+ *
+ * s[r] (+)= sum_c a[r][c] * cols[c * ld + 0..CHUNK) for r < NQ, with a[r] at q[r] and the
  * count a compile-time constant so the NQ accumulators stay in registers (without AVX-512:
  * one half of the chunk at a time, NQ 8-float accumulators; 2 NQ would spill). */
 #if defined(__AVX512F__)
@@ -42,13 +64,14 @@ static inline v16 load16(const float *p) {
   memcpy(&v, p, sizeof v);
   return v;
 }
+static inline v16 load16h(const uint16_t *p) { return (v16)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 
-#define DEFINE_SCORES(NQ)                                                                      \
-  static inline void scores_##NQ(v16 *s, const float *const *q, const float *cols, size_t ld, int hd) { \
+#define DEFINE_SCORES(NQ, S, T, LOAD16, LOAD8)                                                 \
+  static inline void scores##S##_##NQ(v16 *s, const float *const *q, const T *cols, size_t ld, int hd) { \
     v16 acc[NQ];                                                                               \
     for (int r = 0; r < NQ; r++) acc[r] = (v16){0};                                            \
     for (int c = 0; c < hd; c++) {                                                             \
-      v16 col = load16(cols + (size_t)c * ld);                                                 \
+      v16 col = LOAD16(cols + (size_t)c * ld);                                                 \
       for (int r = 0; r < NQ; r++) acc[r] += q[r][c] * col;                                    \
     }                                                                                          \
     for (int r = 0; r < NQ; r++) s[r] = acc[r];                                                \
@@ -57,8 +80,8 @@ static inline v16 load16(const float *p) {
 /* Up to 4 queries take both halves in one pass over the columns: 2 NQ independent sums in
  * flight instead of NQ (decode's 2 heads per kv head left each FMA waiting on the one before);
  * each lane still sums over c in ascending order, so the scores are the same bits. */
-#define DEFINE_SCORES(NQ)                                                                      \
-  static inline void scores_##NQ(v16 *s, const float *const *q, const float *cols, size_t ld, int hd) { \
+#define DEFINE_SCORES(NQ, S, T, LOAD16, LOAD8)                                                 \
+  static inline void scores##S##_##NQ(v16 *s, const float *const *q, const T *cols, size_t ld, int hd) { \
     enum { HALVES = NQ <= 4 ? 2 : 1 };                                                         \
     for (int half = 0; half < CHUNK; half += HALVES * CHUNK / 2) {                             \
       v8 acc[NQ][HALVES];                                                                      \
@@ -66,7 +89,7 @@ static inline v16 load16(const float *p) {
         for (int h = 0; h < HALVES; h++) acc[r][h] = (v8){0};                                  \
       for (int c = 0; c < hd; c++) {                                                           \
         v8 col[HALVES];                                                                        \
-        for (int h = 0; h < HALVES; h++) col[h] = load8(cols + (size_t)c * ld + half + h * CHUNK / 2); \
+        for (int h = 0; h < HALVES; h++) col[h] = LOAD8(cols + (size_t)c * ld + half + h * CHUNK / 2); \
         for (int r = 0; r < NQ; r++)                                                           \
           for (int h = 0; h < HALVES; h++) acc[r][h] += q[r][c] * col[h];                      \
       }                                                                                        \
@@ -75,31 +98,40 @@ static inline v16 load16(const float *p) {
     }                                                                                          \
   }
 #endif
-DEFINE_SCORES(1)
-DEFINE_SCORES(2)
-DEFINE_SCORES(3)
-DEFINE_SCORES(4)
-DEFINE_SCORES(5)
-DEFINE_SCORES(6)
-DEFINE_SCORES(7)
-DEFINE_SCORES(8)
 
-/* s[r] = a[r] . cols for r < nq (nq <= QB). */
-static void scores(int nq, v16 *s, const float *const *q, const float *cols, size_t ld, int hd) {
-  switch (nq) {
-    case 1: scores_1(s, q, cols, ld, hd); break;
-    case 2: scores_2(s, q, cols, ld, hd); break;
-    case 3: scores_3(s, q, cols, ld, hd); break;
-    case 4: scores_4(s, q, cols, ld, hd); break;
-    case 5: scores_5(s, q, cols, ld, hd); break;
-    case 6: scores_6(s, q, cols, ld, hd); break;
-    case 7: scores_7(s, q, cols, ld, hd); break;
-    default: scores_8(s, q, cols, ld, hd); break;
+/* scores##S(nq, s, q, cols, ld, hd): s[r] = a[r] . cols for r < nq (nq <= QB). */
+#define DEFINE_SCORES_ALL(S, T, LOAD16, LOAD8)                                                  \
+  DEFINE_SCORES(1, S, T, LOAD16, LOAD8)                                                        \
+  DEFINE_SCORES(2, S, T, LOAD16, LOAD8)                                                        \
+  DEFINE_SCORES(3, S, T, LOAD16, LOAD8)                                                        \
+  DEFINE_SCORES(4, S, T, LOAD16, LOAD8)                                                        \
+  DEFINE_SCORES(5, S, T, LOAD16, LOAD8)                                                        \
+  DEFINE_SCORES(6, S, T, LOAD16, LOAD8)                                                        \
+  DEFINE_SCORES(7, S, T, LOAD16, LOAD8)                                                        \
+  DEFINE_SCORES(8, S, T, LOAD16, LOAD8)                                                        \
+  static void scores##S(int nq, v16 *s, const float *const *q, const T *cols, size_t ld, int hd) { \
+    switch (nq) {                                                                              \
+      case 1: scores##S##_1(s, q, cols, ld, hd); break;                                        \
+      case 2: scores##S##_2(s, q, cols, ld, hd); break;                                        \
+      case 3: scores##S##_3(s, q, cols, ld, hd); break;                                        \
+      case 4: scores##S##_4(s, q, cols, ld, hd); break;                                        \
+      case 5: scores##S##_5(s, q, cols, ld, hd); break;                                        \
+      case 6: scores##S##_6(s, q, cols, ld, hd); break;                                        \
+      case 7: scores##S##_7(s, q, cols, ld, hd); break;                                        \
+      default: scores##S##_8(s, q, cols, ld, hd); break;                                       \
+    }                                                                                          \
   }
-}
+#if defined(__AVX512F__)
+DEFINE_SCORES_ALL(, float, load16, load8)
+DEFINE_SCORES_ALL(h, uint16_t, load16h, load8h)
+#else
+DEFINE_SCORES_ALL(, float, , load8)
+DEFINE_SCORES_ALL(h, uint16_t, , load8h)
+#endif
 
 /* A run of keys: key j < n has K column kt[c * ldk + j], V row v[j * ldv + c], and position
- * pos0 + j, compared with each query's limit (keys past it are masked). */
+ * pos0 + j, compared with each query's limit (keys past it are masked). A run of an F16 pool
+ * has kth and vh (the same layout, F16) instead of kt and v. */
 typedef struct key_run {
   const float *kt; /* K columns [hd][ldk] */
   size_t ldk;
@@ -110,6 +142,7 @@ typedef struct key_run {
   const float *k;
   size_t ldkr;
   int n, pos0;
+  const uint16_t *kth, *vh; /* F16 storage, else NULL */
 } key_run;
 
 /* max and (after p = exp(x - max) in place) sum of row[0..n), 16 lanes at a time (two
@@ -149,43 +182,65 @@ static float exp_sum(float *row, int n, float m) {
 
 #define PREFETCH_RUNS 1 /* runs ahead whose chunk each pass asks the memory for */
 
-/* Asks for the cache lines of rows [0, n) x floats [0, width) of p (row stride ld): a block
- * table need not be consecutive, so the passes name the next runs' chunks themselves. */
-static inline void prefetch_rows(const float *p, size_t ld, int n, int width) {
+/* Asks for the cache lines of rows [0, n) x bytes [0, width) of p (row stride ld bytes): a
+ * block table need not be consecutive, so the passes name the next runs' chunks themselves. */
+static inline void prefetch_rows(const void *p, size_t ld, int n, int width) {
   for (int i = 0; i < n; i++)
-    for (int c = 0; c < width; c += 16) __builtin_prefetch(p + (size_t)i * ld + c);
+    for (int c = 0; c < width; c += 64) __builtin_prefetch((const char *)p + (size_t)i * ld + c);
 }
 
 /* orow[c0..c0+W) += sum over u < n of p[u] v[u][c0..], W / 8 accumulators in registers,
  * each summing over u in ascending order: independent chains, so the FMAs' latency overlaps
  * (with two, a 16-key chunk's P.V waited on it). W: 64, 32 or 16. */
-#define DEFINE_PV_COLUMNS(W)                                                                     \
-  static inline void pv_columns_##W(float *orow, const float *p, const float *v, size_t ldv, int n) { \
+#define DEFINE_PV_COLUMNS(W, S, T, LOAD8)                                                        \
+  static inline void pv_columns##S##_##W(float *orow, const float *p, const T *v, size_t ldv, int n) { \
     v8 acc[W / 8];                                                                               \
     for (int i = 0; i < W / 8; i++) acc[i] = load8(orow + 8 * i);                                \
     for (int u = 0; u < n; u++)                                                                  \
-      for (int i = 0; i < W / 8; i++) acc[i] += p[u] * load8(v + (size_t)u * ldv + 8 * i);       \
+      for (int i = 0; i < W / 8; i++) acc[i] += p[u] * LOAD8(v + (size_t)u * ldv + 8 * i);       \
     for (int i = 0; i < W / 8; i++) memcpy(orow + 8 * i, &acc[i], sizeof acc[i]);               \
   }
-DEFINE_PV_COLUMNS(64)
-DEFINE_PV_COLUMNS(32)
-DEFINE_PV_COLUMNS(16)
 
-/* orow[0..hd) += sum over u < n of p[u] v[u * ldv + 0..hd): 64-, 32- and 16-column blocks,
- * then the rest one column at a time; each column sums over u in ascending order. */
-static void pv_row(float *orow, const float *p, const float *v, size_t ldv, int n, int hd) {
-  int c = 0;
-  for (; hd - c >= 64; c += 64) pv_columns_64(orow + c, p, v + c, ldv, n);
-  if (hd - c >= 32) {
-    pv_columns_32(orow + c, p, v + c, ldv, n);
-    c += 32;
+/* pv_row##S(orow, p, v, ldv, n, hd): orow[0..hd) += sum over u < n of p[u] v[u * ldv + 0..hd):
+ * 64-, 32- and 16-column blocks, then the rest one column at a time; each column sums over u
+ * in ascending order. */
+#define DEFINE_PV_ROW(S, T, LOAD8, ELEM)                                                         \
+  DEFINE_PV_COLUMNS(64, S, T, LOAD8)                                                             \
+  DEFINE_PV_COLUMNS(32, S, T, LOAD8)                                                             \
+  DEFINE_PV_COLUMNS(16, S, T, LOAD8)                                                             \
+  static void pv_row##S(float *orow, const float *p, const T *v, size_t ldv, int n, int hd) {    \
+    int c = 0;                                                                                   \
+    for (; hd - c >= 64; c += 64) pv_columns##S##_64(orow + c, p, v + c, ldv, n);                \
+    if (hd - c >= 32) {                                                                          \
+      pv_columns##S##_32(orow + c, p, v + c, ldv, n);                                            \
+      c += 32;                                                                                   \
+    }                                                                                            \
+    if (hd - c >= 16) {                                                                          \
+      pv_columns##S##_16(orow + c, p, v + c, ldv, n);                                            \
+      c += 16;                                                                                   \
+    }                                                                                            \
+    for (int u = 0; u < n; u++)                                                                  \
+      for (int cc = c; cc < hd; cc++) orow[cc] += p[u] * ELEM(v + (size_t)u * ldv + cc);         \
   }
-  if (hd - c >= 16) {
-    pv_columns_16(orow + c, p, v + c, ldv, n);
-    c += 16;
+DEFINE_PV_ROW(, float, load8, elem_f32)
+DEFINE_PV_ROW(h, uint16_t, load8h, elem_f16)
+
+/* Bytes per element of a run's K and V, and the addresses of its key j's K column 0 and V row. */
+static inline size_t run_elem(const key_run *r) { return r->kth != NULL ? sizeof(uint16_t) : sizeof(float); }
+static inline const void *run_k(const key_run *r, int j) {
+  return r->kth != NULL ? (const void *)(r->kth + j) : (const void *)(r->kt + j);
+}
+static inline const void *run_v(const key_run *r, int j) {
+  return r->vh != NULL ? (const void *)(r->vh + (size_t)j * r->ldv) : (const void *)(r->v + (size_t)j * r->ldv);
+}
+
+/* pad[hd][CHUNK] = the K columns of keys j0..j0+w of a run as F32, zero past w. */
+static void pad_chunk(float *pad, const key_run *run, int j0, int w, int hd) {
+  for (int c = 0; c < hd; c++) {
+    memset(pad + c * CHUNK, 0, sizeof(float) * CHUNK);
+    size_t at = (size_t)c * run->ldk + j0;
+    for (int u = 0; u < w; u++) pad[c * CHUNK + u] = run->kth != NULL ? half_to_float(run->kth[at + u]) : run->kt[at + u];
   }
-  for (int u = 0; u < n; u++)
-    for (int cc = c; cc < hd; cc++) orow[cc] += p[u] * v[(size_t)u * ldv + cc];
 }
 
 /* The run PREFETCH_RUNS after run k, if it has a chunk at j0 (else NULL). */
@@ -211,20 +266,17 @@ static void attend(int R, const float *const *q, const int *limit, const key_run
       const key_run *run = &runs[k];
       for (int j0 = 0; j0 < run->n && run->pos0 + j0 <= top; j0 += CHUNK) {
         int w = run->n - j0 < CHUNK ? run->n - j0 : CHUNK;
-        const float *kt = run->kt + j0;
-        size_t ldk = run->ldk;
-        if (w < CHUNK) { /* a partial chunk: zero-padded copy */
-          for (int c = 0; c < hd; c++) {
-            memset(pad + c * CHUNK, 0, sizeof(float) * CHUNK);
-            memcpy(pad + c * CHUNK, kt + (size_t)c * ldk, sizeof(float) * w);
-          }
-          kt = pad;
-          ldk = CHUNK;
-        }
         const key_run *ahead = run_ahead(runs, n_runs, k, j0);
-        if (ahead != NULL) prefetch_rows(ahead->kt + j0, ahead->ldk, hd, CHUNK);
+        if (ahead != NULL) prefetch_rows(run_k(ahead, j0), ahead->ldk * run_elem(ahead), hd, CHUNK * (int)run_elem(ahead));
         v16 s[QB];
-        scores(nq, s, q + r0, kt, ldk, hd);
+        if (w < CHUNK) { /* a partial chunk: zero-padded F32 copy */
+          pad_chunk(pad, run, j0, w, hd);
+          scores(nq, s, q + r0, pad, CHUNK, hd);
+        } else if (run->kth != NULL) {
+          scoresh(nq, s, q + r0, run->kth + j0, run->ldk, hd);
+        } else {
+          scores(nq, s, q + r0, run->kt + j0, run->ldk, hd);
+        }
         for (int r = 0; r < nq; r++) { /* scaled, keys past the query's limit masked */
           int visible = limit[r0 + r] - (run->pos0 + j0) + 1;
           const float *sr = (const float *)&s[r];
@@ -247,15 +299,15 @@ static void attend(int R, const float *const *q, const int *limit, const key_run
       const key_run *run = &runs[k];
       for (int j0 = 0; j0 < run->n && run->pos0 + j0 <= top; j0 += CHUNK) {
         int w = run->n - j0 < CHUNK ? run->n - j0 : CHUNK;
-        const float *v = run->v + (size_t)j0 * run->ldv;
         const key_run *ahead = run_ahead(runs, n_runs, k, j0);
-        if (ahead != NULL) prefetch_rows(ahead->v + (size_t)j0 * ahead->ldv, ahead->ldv, CHUNK, hd);
+        if (ahead != NULL) prefetch_rows(run_v(ahead, j0), ahead->ldv * run_elem(ahead), CHUNK, hd * (int)run_elem(ahead));
         for (int r = 0; r < nq; r++) {
           int visible = limit[r0 + r] - (run->pos0 + j0) + 1;
           if (visible > w) visible = w;
           const float *pr = sc + r * max_keys + at;
           float *orow = o + r * hd;
-          pv_row(orow, pr, v, run->ldv, visible, hd);
+          if (run->vh != NULL) pv_rowh(orow, pr, run->vh + (size_t)j0 * run->ldv, run->ldv, visible, hd);
+          else pv_row(orow, pr, run->v + (size_t)j0 * run->ldv, run->ldv, visible, hd);
         }
         at += w;
       }
@@ -274,42 +326,48 @@ static size_t attend_work(int hd, size_t max_keys) { return (size_t)QB * hd + (s
 /* ---- paged (inference) ---- */
 
 void kv_store(const kv_pool *pool, const dims *d, int layer, const fwd_batch *b, const float *qkv) {
-  int B = pool->B;
+  int B = pool->B, hd = d->hd;
 #pragma omp parallel for num_threads(cpu_threads_for(2.0 * b->n_rows * d->kv_dim)) schedule(static)
   for (int r = 0; r < b->n_rows; r++) {
     int pos = b->positions[r], slot = pos % B;
     int32_t block = b->blocks[b->block_off[b->row_seq[r]] + pos / B];
     const float *k = qkv + (size_t)r * d->qkv_dim + d->q_dim, *v = k + d->kv_dim;
     for (int g = 0; g < d->KV; g++) {
-      float *kt = pool->data + kv_offset(d, pool, block, layer, 0, g);
-      for (int c = 0; c < d->hd; c++) kt[(size_t)c * B + slot] = k[g * d->hd + c];
-      memcpy(pool->data + kv_offset(d, pool, block, layer, 1, g) + (size_t)slot * d->hd, v + g * d->hd,
-             sizeof(float) * d->hd);
+      size_t kt = kv_offset(d, pool, block, layer, 0, g) + slot, vr = kv_offset(d, pool, block, layer, 1, g) + (size_t)slot * hd;
+      if (pool->elem == sizeof(float)) {
+        for (int c = 0; c < hd; c++) *kv_f32(pool, kt + (size_t)c * B) = k[g * hd + c];
+        memcpy(kv_f32(pool, vr), v + g * hd, sizeof(float) * hd);
+      } else {
+        for (int c = 0; c < hd; c++) *kv_f16(pool, kt + (size_t)c * B) = half_from_float(k[g * hd + c]);
+        for (int c = 0; c < hd; c++) *kv_f16(pool, vr + c) = half_from_float(v[g * hd + c]);
+      }
     }
   }
 }
 
 void kv_copy_block(const kv_pool *pool, const dims *d, int32_t dst, int32_t src) {
+  size_t bytes = (size_t)pool->elem * pool->B * d->hd;
   for (int l = 0; l < d->L; l++)
     for (int g = 0; g < d->KV; g++)
       for (int kind = 0; kind < 2; kind++)
-        memcpy(pool->data + kv_offset(d, pool, dst, l, kind, g), pool->data + kv_offset(d, pool, src, l, kind, g),
-               sizeof(float) * pool->B * d->hd);
+        memcpy((char *)pool->data + pool->elem * kv_offset(d, pool, dst, l, kind, g),
+               (char *)pool->data + pool->elem * kv_offset(d, pool, src, l, kind, g), bytes);
 }
 
-void kv_transfer(const kv_pool *pool, const dims *d, const int32_t *blocks, int32_t length, float *payload,
+void kv_transfer(const kv_pool *pool, const dims *d, const int32_t *blocks, int32_t length, void *payload,
                  int to_payload) {
   int B = pool->B;
+  size_t e = (size_t)pool->elem;
   for (int l = 0; l < d->L; l++)
     for (int kind = 0; kind < 2; kind++)
       for (int32_t t = 0; t < length; t++)
         for (int g = 0; g < d->KV; g++) {
-          float *cached = pool->data + kv_offset(d, pool, blocks[t / B], l, kind, g);
-          float *flat = payload + ((((size_t)l * 2 + kind) * length + t) * d->KV + g) * d->hd;
+          size_t cached = kv_offset(d, pool, blocks[t / B], l, kind, g);
+          char *flat = (char *)payload + e * ((((size_t)l * 2 + kind) * length + t) * d->KV + g) * d->hd;
           for (int c = 0; c < d->hd; c++) {
-            float *x = kind == 0 ? cached + (size_t)c * B + t % B : cached + (size_t)(t % B) * d->hd + c;
-            if (to_payload) flat[c] = *x;
-            else *x = flat[c];
+            char *x = (char *)pool->data + e * (kind == 0 ? cached + (size_t)c * B + t % B : cached + (size_t)(t % B) * d->hd + c);
+            if (to_payload) memcpy(flat + e * c, x, e);
+            else memcpy(x, flat + e * c, e);
           }
         }
 }
@@ -369,15 +427,16 @@ size_t paged_staging_floats(const dims *d, int B) {
 /* The key runs of one kv head over positions [0, ctx) of a block table, chunk-aligned to
  * absolute positions so the arithmetic does not depend on the block size: a block whose
  * size is a multiple of CHUNK is used in place; otherwise each CHUNK of positions is
- * gathered into staging (K as [hd][CHUNK], V as [CHUNK][hd]). Returns the run count. */
+ * gathered into staging as F32 (K as [hd][CHUNK], V as [CHUNK][hd]). Returns the run count. */
 static int paged_runs(key_run *runs, const kv_pool *pool, const int32_t *table, int ctx, const dims *d, int layer, int g,
                       float *staging) {
-  int hd = d->hd, n = 0, B = pool->B;
+  int hd = d->hd, n = 0, B = pool->B, half = pool->elem == sizeof(uint16_t);
   if (B % CHUNK == 0) {
-    for (int k = 0; k * B < ctx; k++)
-      runs[n++] = (key_run){pool->data + kv_offset(d, pool, table[k], layer, 0, g), (size_t)B,
-                            pool->data + kv_offset(d, pool, table[k], layer, 1, g),
-                            (size_t)hd, NULL, 0, NULL, 0, ctx - k * B < B ? ctx - k * B : B, k * B};
+    for (int k = 0; k * B < ctx; k++) {
+      size_t kt = kv_offset(d, pool, table[k], layer, 0, g), v = kv_offset(d, pool, table[k], layer, 1, g);
+      runs[n++] = (key_run){half ? NULL : kv_f32(pool, kt), (size_t)B, half ? NULL : kv_f32(pool, v), (size_t)hd, NULL, 0, NULL, 0,
+                            ctx - k * B < B ? ctx - k * B : B, k * B, half ? kv_f16(pool, kt) : NULL, half ? kv_f16(pool, v) : NULL};
+    }
     return n;
   }
   for (int p0 = 0; p0 < ctx; p0 += CHUNK) {
@@ -385,12 +444,14 @@ static int paged_runs(key_run *runs, const kv_pool *pool, const int32_t *table, 
     float *kt = staging + (size_t)2 * n * CHUNK * hd, *v = kt + (size_t)CHUNK * hd;
     for (int u = 0; u < w; u++) {
       int pos = p0 + u;
-      const float *kb = pool->data + kv_offset(d, pool, table[pos / B], layer, 0, g);
-      const float *vb = pool->data + kv_offset(d, pool, table[pos / B], layer, 1, g);
-      for (int c = 0; c < hd; c++) kt[c * CHUNK + u] = kb[(size_t)c * B + pos % B];
-      memcpy(v + (size_t)u * hd, vb + (size_t)(pos % B) * hd, sizeof(float) * hd);
+      size_t kb = kv_offset(d, pool, table[pos / B], layer, 0, g) + pos % B;
+      size_t vb = kv_offset(d, pool, table[pos / B], layer, 1, g) + (size_t)(pos % B) * hd;
+      for (int c = 0; c < hd; c++) {
+        kt[c * CHUNK + u] = half ? half_to_float(*kv_f16(pool, kb + (size_t)c * B)) : *kv_f32(pool, kb + (size_t)c * B);
+        v[(size_t)u * hd + c] = half ? half_to_float(*kv_f16(pool, vb + c)) : *kv_f32(pool, vb + c);
+      }
     }
-    runs[n++] = (key_run){kt, CHUNK, v, (size_t)hd, NULL, 0, NULL, 0, w, p0};
+    runs[n++] = (key_run){kt, CHUNK, v, (size_t)hd, NULL, 0, NULL, 0, w, p0, NULL, NULL};
   }
   return n;
 }
@@ -464,7 +525,7 @@ static int forest_runs(key_run *runs, const forest *f, int i0, int i1, int g, co
   for (int k = 0; k < n; k++) {
     int a = f->ranges[2 * (first + k)], e = k == n - 1 ? i1 - 1 : f->ranges[2 * (first + k) + 1];
     runs[k] = (key_run){kt + col + a, ld, kg + d->kv_dim + (size_t)a * d->qkv_dim, (size_t)d->qkv_dim,
-                        vt != NULL ? vt + col + a : NULL, ld, kg + (size_t)a * d->qkv_dim, (size_t)d->qkv_dim, e - a + 1, a};
+                        vt != NULL ? vt + col + a : NULL, ld, kg + (size_t)a * d->qkv_dim, (size_t)d->qkv_dim, e - a + 1, a, NULL, NULL};
   }
   return n;
 }

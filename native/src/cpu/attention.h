@@ -8,28 +8,32 @@
 /* The KV block pool, ordered [layer][kv head][K | V][block][B * hd], so that what each of
  * an attention's two passes reads (the scores pass K, the P.V pass V) over the blocks of one
  * (layer, head) is one run of memory (block ids of a sequence are mostly consecutive), which
- * the hardware prefetchers stream:
- *   K of block b at data + kv_offset(b, l, 0, g) as [hd][B]  (transposed: keys contiguous)
- *   V of block b at data + kv_offset(b, l, 1, g) as [B][hd]                                */
+ * the hardware prefetchers stream. Elements are F32 or F16 (`elem` bytes, half.h):
+ *   K of block b at element kv_offset(b, l, 0, g) as [hd][B]  (transposed: keys contiguous)
+ *   V of block b at element kv_offset(b, l, 1, g) as [B][hd]                                */
 typedef struct kv_pool {
-  float *data;
+  void *data;
   int B;          /* tokens per block */
   int num_blocks;
+  int elem;       /* bytes per element: 4 (F32) or 2 (F16) */
 } kv_pool;
 
 static inline size_t kv_offset(const dims *d, const kv_pool *p, int32_t block, int layer, int kind, int g) {
   return ((((size_t)layer * d->KV + g) * 2 + kind) * p->num_blocks + block) * (size_t)p->B * d->hd;
 }
-static inline size_t kv_pool_floats(const dims *d, int B, int num_blocks) {
+static inline size_t kv_pool_elements(const dims *d, int B, int num_blocks) {
   return (size_t)d->L * d->KV * num_blocks * 2 * B * d->hd;
 }
+/* The F32 or F16 elements of a pool starting at element `at`. */
+static inline float *kv_f32(const kv_pool *p, size_t at) { return (float *)p->data + at; }
+static inline uint16_t *kv_f16(const kv_pool *p, size_t at) { return (uint16_t *)p->data + at; }
 
 /* Writes the K (after RoPE) and V of every batch row of qkv[rows, qkv_dim] into the pool. */
 void kv_store(const kv_pool *pool, const dims *d, int layer, const fwd_batch *b, const float *qkv);
 /* Copies `length` tokens of a block table between the pool and the hand-off payload layout
- * ([layer][K|V][length][KV][hd]); to_payload selects the direction. */
+ * ([layer][K|V][length][KV][hd], elements of the pool's size); to_payload selects the direction. */
 void kv_transfer(const kv_pool *pool, const dims *d, const int32_t *blocks, int32_t length,
-                 float *payload, int to_payload);
+                 void *payload, int to_payload);
 /* Copies every layer and head of block src into block dst. */
 void kv_copy_block(const kv_pool *pool, const dims *d, int32_t dst, int32_t src);
 

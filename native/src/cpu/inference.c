@@ -19,11 +19,11 @@ struct be_cache {
   int32_t *tiles;    /* attention tiles, rows_cap + 1 */
 };
 
-gyre_status be_cache_create(be_model *m, int32_t block_tokens, int32_t num_blocks, be_cache **out) {
+gyre_status be_cache_create(be_model *m, int32_t block_tokens, int32_t num_blocks, int32_t kv_elem, be_cache **out) {
   be_cache *c = calloc(1, sizeof *c);
   if (c == NULL) return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cpu: out of host memory");
-  size_t bytes = sizeof(float) * kv_pool_floats(&m->d, block_tokens, num_blocks);
-  c->pool = (kv_pool){aligned_calloc(bytes), block_tokens, num_blocks};
+  size_t bytes = (size_t)kv_elem * kv_pool_elements(&m->d, block_tokens, num_blocks);
+  c->pool = (kv_pool){aligned_calloc(bytes), block_tokens, num_blocks, kv_elem};
   if (c->pool.data == NULL) {
     free(c);
     return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cpu: cannot allocate a KV pool of %zu bytes (%d blocks of %d tokens)",
@@ -48,13 +48,13 @@ gyre_status be_cache_copy_block(be_cache *c, int32_t dst, int32_t src) {
   return GYRE_OK;
 }
 
-gyre_status be_cache_read(const be_cache *c, const int32_t *blocks, int32_t length, float *host) {
+gyre_status be_cache_read(const be_cache *c, const int32_t *blocks, int32_t length, void *host) {
   kv_transfer(&c->pool, &c->m->d, blocks, length, host, 1);
   return GYRE_OK;
 }
 
-gyre_status be_cache_write(be_cache *c, const int32_t *blocks, int32_t length, const float *host) {
-  kv_transfer(&c->pool, &c->m->d, blocks, length, (float *)host, 0);
+gyre_status be_cache_write(be_cache *c, const int32_t *blocks, int32_t length, const void *host) {
+  kv_transfer(&c->pool, &c->m->d, blocks, length, (void *)host, 0);
   return GYRE_OK;
 }
 
