@@ -20,13 +20,19 @@
  * take at the measured bandwidth; bytes per step = every matmul weight once (4 bytes each) +
  * every sequence's K and V up to its position (2 x layers x kv heads x head_dim x the KV
  * element size per key). Bandwidth is measured in every round, best kept, like the rates.
+ *
+ * On the CPU backend, decode at 4096 again with F16 KV storage (the same hand-off rounded into an
+ * F16 cache): decode_4096_f16_tok_s, decode_4096_f16_over_f32 (its speed-up),
+ * decode_4096_f16_over_bw_bound (against its own, halved KV bytes) and
+ * decode_4096_f16_logits_rel_diff (one step's largest logit difference from F32 over the
+ * largest F32 logit: the accuracy F16 storage costs).
  */
 import { execFileSync, spawnSync } from "node:child_process"
 import { availableParallelism } from "node:os"
 import { Effect, Layer, Logger } from "effect"
 import type { PackedBatch } from "../src/common/packed-batch.ts"
-import { headDim, type LlamaConfig, kvBytesPerToken } from "../src/engine/config.ts"
-import { Engine } from "../src/engine/engine.ts"
+import { headDim, type KvDtype, type LlamaConfig, kvBytesPerToken } from "../src/engine/config.ts"
+import { Engine, type Model } from "../src/engine/engine.ts"
 import type { KvCache } from "../src/engine/kvcache.ts"
 import { type PresetName, presets } from "../src/engine/presets.ts"
 import { adamwDefaults } from "../src/engine/trainer.ts"
@@ -88,8 +94,8 @@ const matmulParams = (c: LlamaConfig) => {
 const tokenFlops = (c: LlamaConfig, keys: number) => 2 * matmulParams(c) + 4 * c.num_hidden_layers * c.num_attention_heads * headDim(c) * keys
 
 /** Bytes one decode step of BATCH sequences moves at least, at `keys` keys each. */
-const decodeBytes = (c: LlamaConfig, keys: number) =>
-  4 * matmulParams(c) + BATCH * keys * kvBytesPerToken(c)
+const decodeBytes = (c: LlamaConfig, keys: number, dtype: KvDtype = "f32") =>
+  4 * matmulParams(c) + BATCH * keys * kvBytesPerToken(c, dtype)
 
 /* ---- ours ---- */
 
@@ -133,6 +139,26 @@ const decodeSteps = (cache: KvCache, seqs: ReadonlyArray<number>) =>
     for (let s = 0; s < DECODE_STEPS; s++) yield* cache.forward(seqs.map((seq) => ({ seq, tokens: [s + 1] })), "last")
   })
 
+/**
+ * Decode at context 4096 with F16 KV storage (CPU backend): the hand-off rounded into an F16
+ * cache, one step of both caches with the same tokens compared (the largest logit difference
+ * over the largest F32 logit), then the F16 steps timed. Leaves the F32 sequences one step on.
+ */
+const halfDecode = (model: Model, cache: KvCache, seqs: ReadonlyArray<number>, handoff: Uint8Array) =>
+  Effect.scoped(
+    Effect.gen(function* () {
+      const half = yield* model.cache({ blockTokens: 16, numBlocks: (yield* cache.stats()).numBlocks, kvDtype: "f16" })
+      const halfSeqs: Array<number> = []
+      for (let s = 0; s < BATCH; s++) halfSeqs.push(yield* half.import(handoff))
+      const step = (c: KvCache, ids: ReadonlyArray<number>) => c.forward(ids.map((seq) => ({ seq, tokens: [0] })), "last").pipe(Effect.map((r) => r.logits!))
+      const wide = yield* step(cache, seqs)
+      const narrow = yield* step(half, halfSeqs)
+      const scale = wide.reduce((m, x) => Math.max(m, Math.abs(x)), 0)
+      const diff = wide.reduce((m, x, i) => Math.max(m, Math.abs(x - narrow[i]!)), 0)
+      return { decode_4096_f16_s: yield* best(decodeSteps(half, halfSeqs)), decode_4096_f16_logits_rel_diff: diff / scale }
+    })
+  )
+
 const ours = (config: LlamaConfig) =>
   Effect.gen(function* () {
     const engine = yield* Engine
@@ -172,6 +198,7 @@ const ours = (config: LlamaConfig) =>
     yield* cache.free(first)
     const seqs: Array<number> = []
     for (let s = 0; s < BATCH; s++) seqs.push(yield* cache.import(handoff))
+    if (engine.backend === "cpu") Object.assign(out, yield* halfDecode(model, cache, seqs, handoff))
     out.decode_4096_s = yield* best(decodeSteps(cache, seqs))
     out.decode_4096_tokens = BATCH * DECODE_STEPS
     for (const seq of seqs) yield* cache.free(seq)
@@ -195,6 +222,9 @@ interface Figures {
   readonly prefill: number
   readonly decode512: number
   readonly decode4096: number
+  /** F16 KV storage (NaN where the backend has none), and its largest logit difference over the largest F32 logit (the same every round). */
+  readonly decode4096F16: number
+  readonly f16LogitsRelDiff: number
   readonly train: number
   readonly prefillGflops: number
   readonly decode512Gflops: number
@@ -210,6 +240,8 @@ const figures = (c: LlamaConfig, t: Record<string, number>): Figures => {
     prefill: t.prefill_512_tokens! / t.prefill_512_s!,
     decode512: t.decode_512_tokens! / t.decode_512_s!,
     decode4096: t.decode_4096_tokens! / t.decode_4096_s!,
+    decode4096F16: t.decode_4096_tokens! / (t.decode_4096_f16_s ?? Number.NaN),
+    f16LogitsRelDiff: t.decode_4096_f16_logits_rel_diff ?? Number.NaN,
     train: t.train_tokens! / t.train_s!,
     prefillGflops: prefillFlops / t.prefill_512_s! / 1e9,
     decode512Gflops: decodeFlops(512) / t.decode_512_s! / 1e9,
@@ -237,7 +269,7 @@ const main = Effect.gen(function* () {
   const report: Record<string, unknown> = { backend: engine.backend, devices: engine.devices, threads, sgemm_gflops: round(sgemm) }
   const rows: Array<Array<string>> = []
   /** Per preset: decode step seconds at 4096 and its bytes, set against the run's best bandwidth at the end. */
-  const decodeSteps4096: Array<{ name: string; entry: Record<string, unknown>; step_s: number; bytes: number }> = []
+  const decodeSteps4096: Array<{ name: string; entry: Record<string, unknown>; dtype: KvDtype; step_s: number; bytes: number }> = []
   for (const name of presetList) {
     const config = presets[name]
     let mine: Figures | undefined
@@ -279,6 +311,9 @@ const main = Effect.gen(function* () {
       decode_4096_over_torch: round(ratio(mine.decode4096, theirs?.decode4096)),
       decode_over_torch: round(Math.min(ratio(mine.decode512, theirs?.decode512), ratio(mine.decode4096, theirs?.decode4096))),
       decode_4096_bytes_per_step: round(decodeBytes(config, CONTEXTS[1] + (DECODE_STEPS + 1) / 2), 4),
+      decode_4096_f16_tok_s: round(mine.decode4096F16),
+      decode_4096_f16_over_f32: round(mine.decode4096F16 / mine.decode4096),
+      decode_4096_f16_logits_rel_diff: round(mine.f16LogitsRelDiff),
       train_over_torch: round(ratio(mine.train, theirs?.train)),
       prefill_frac_of_sgemm: round(mine.prefillGflops / sgemm),
       decode_512_frac_of_sgemm: round(mine.decode512Gflops / sgemm),
@@ -292,9 +327,11 @@ const main = Effect.gen(function* () {
     line("prefill 16x512", mine.prefill, mine.prefillGflops, theirs?.prefill)
     line("decode 16 @512", mine.decode512, mine.decode512Gflops, theirs?.decode512)
     line("decode 16 @4096", mine.decode4096, mine.decode4096Gflops, theirs?.decode4096)
+    line("decode 16 @4096, F16 KV", mine.decode4096F16, (mine.decode4096Gflops * mine.decode4096F16) / mine.decode4096, theirs?.decode4096)
     line("train 4x256", mine.train, mine.trainGflops, theirs?.train)
-    const bytes = Array.from({ length: DECODE_STEPS }, (_, s) => decodeBytes(config, CONTEXTS[1] + s + 1)).reduce((a, b) => a + b, 0) / DECODE_STEPS
-    decodeSteps4096.push({ name, entry, step_s: BATCH / mine.decode4096, bytes })
+    const bytes = (dtype: KvDtype) => Array.from({ length: DECODE_STEPS }, (_, s) => decodeBytes(config, CONTEXTS[1] + s + 1, dtype)).reduce((a, b) => a + b, 0) / DECODE_STEPS
+    decodeSteps4096.push({ name, entry, dtype: "f32", step_s: BATCH / mine.decode4096, bytes: bytes("f32") })
+    if (!Number.isNaN(mine.decode4096F16)) decodeSteps4096.push({ name, entry, dtype: "f16", step_s: BATCH / mine.decode4096F16, bytes: bytes("f16") })
   }
   const header = ["preset", "figure", "tok/s", "torch tok/s", "ours/torch", "GFLOP/s", "of sgemm"]
   const widths = header.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i]!.length)))
@@ -304,8 +341,8 @@ const main = Effect.gen(function* () {
   console.log(fmt(header))
   for (const r of rows) console.log(fmt(r))
   for (const d of decodeSteps4096) {
-    d.entry.decode_4096_over_bw_bound = round(d.step_s / (d.bytes / bandwidth))
-    console.log(`${d.name}: decode 16 @4096 moves ${(d.bytes / 1e6).toFixed(1)} MB a step in ${(1e3 * d.step_s).toFixed(1)} ms: ${(d.step_s / (d.bytes / bandwidth)).toFixed(2)}x its time at ${(bandwidth / 1e9).toFixed(1)} GB/s`)
+    d.entry[d.dtype === "f32" ? "decode_4096_over_bw_bound" : "decode_4096_f16_over_bw_bound"] = round(d.step_s / (d.bytes / bandwidth))
+    console.log(`${d.name}: decode 16 @4096 (${d.dtype.toUpperCase()} KV) moves ${(d.bytes / 1e6).toFixed(1)} MB a step in ${(1e3 * d.step_s).toFixed(1)} ms: ${(d.step_s / (d.bytes / bandwidth)).toFixed(2)}x its time at ${(bandwidth / 1e9).toFixed(1)} GB/s`)
   }
   report.stream_gb_s = round(bandwidth / 1e9)
   console.log(JSON.stringify(report))

@@ -101,7 +101,7 @@ const trainingDevices = (system: ActorSystemShape, count: number) =>
     const config = yield* journaledConfig(system)
     const engine = yield* Engine
     const threads = yield* cpuDeviceThreads(engine, count)
-    const type = device({ checkpoint: config.checkpoint, maxBatch: 64, scheduler: formatAddress(schedulerAddress), training: trainingRoleFor(config), threads })
+    const type = device({ checkpoint: config.checkpoint, kvDtype: config.kvDtype, maxBatch: 64, scheduler: formatAddress(schedulerAddress), training: trainingRoleFor(config), threads })
     return { type, backend: engine.backend }
   })
 

@@ -19,6 +19,7 @@ import { rlLayout } from "../protocols/layout.ts"
 import { rolloutWorker } from "../actors/rollout-worker.ts"
 import { workerDevice } from "../serving/rollout-role.ts"
 import { readConfig } from "../engine/checkpoint.ts"
+import type { KvDtype } from "../engine/config.ts"
 import { Engine } from "../engine/engine.ts"
 import { chatFormatOf } from "../openai/hf-chat.ts"
 import { Nats } from "../runtime/nats.ts"
@@ -40,6 +41,7 @@ const flags = {
   node: { kind: "string", doc: "node name", default: "serve" },
   store: { kind: "string", doc: "JetStream store directory of the embedded nats-server (default .gyre/nats/<run>.<node>, kept across restarts)" },
   "kv-blocks": { kind: "integer", doc: "KV-cache blocks of 16 tokens per worker", default: 4096 },
+  "kv-dtype": { kind: "string", doc: "how the workers' KV caches store K and V: f16 halves their memory and a long-context decode step's reads (CPU backend only)", default: "f32", choices: ["f32", "f16"] },
   "max-batch": { kind: "integer", doc: "generations batched at once per worker", default: 32 },
   "max-tokens": { kind: "integer", doc: "max_tokens of requests that give none", default: 512 }
 } as const
@@ -63,7 +65,7 @@ export const command: Command<typeof flags> = {
       const node = yield* startNode({
         name: f.node,
         types: [
-          rolloutWorker({ checkpoint: f.checkpoint, numBlocks: f["kv-blocks"], maxBatch: f["max-batch"] }),
+          rolloutWorker({ checkpoint: f.checkpoint, numBlocks: f["kv-blocks"], kvDtype: f["kv-dtype"] as KvDtype, maxBatch: f["max-batch"] }),
           gateway({ host: f.host, port: f.port, model: f.model, defaultMaxTokens: f["max-tokens"], maxContextTokens, chat })
         ]
       })

@@ -76,6 +76,8 @@ export const RunConfig = Schema.Struct({
   training: TrainingSettings,
   /** Directory of the initial weights (config.json + model.safetensors), policy version 0. */
   checkpoint: Schema.String,
+  /** How the devices' KV caches store K and V (absent: f32; f16 halves the memory and the hand-off bytes). */
+  kvDtype: Schema.optional(Schema.Literals(["f32", "f16"])),
   /** Where checkpoints are written (`<dir>/step-<k>`). */
   checkpointDir: Schema.String,
   /** Wall clock (ms since the epoch) of the run's start: the policy's `at` counts from it. */

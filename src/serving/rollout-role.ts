@@ -23,6 +23,7 @@
 import { Effect, Schema } from "effect"
 import type { RpcGroup } from "effect/rpc"
 import { loadCheckpoint } from "../engine/checkpoint.ts"
+import { type KvDtype, kvDtypes } from "../engine/config.ts"
 import { Engine, type EngineShape, type Model } from "../engine/engine.ts"
 import type * as Actor from "../runtime/actor.ts"
 import type { ActorSystemShape } from "../runtime/system.ts"
@@ -41,6 +42,8 @@ export interface RolloutConfig {
   readonly blockTokens?: number
   /** KV-cache blocks (default 4096: 65,536 tokens). */
   readonly numBlocks?: number
+  /** How the KV cache stores K and V (default f32; f16: half the bytes, CPU backend only). */
+  readonly kvDtype?: KvDtype
   /** Longest sequence (prompt + output) served; default the model's max_position_embeddings. */
   readonly maxContext?: number
   /** Generations batched at once (default 32). */
@@ -70,10 +73,19 @@ const intFromEnv = (name: string): number | undefined => {
   return n
 }
 
+const kvDtypeFromEnv = (): { kvDtype?: KvDtype } => {
+  const raw = process.env.GYRE_KV_DTYPE
+  if (raw === undefined || raw === "") return {}
+  const dtype = kvDtypes.find((d) => d === raw)
+  if (dtype === undefined) throw new Error(`GYRE_KV_DTYPE must be one of ${kvDtypes.join(", ")}, got '${raw}'`)
+  return { kvDtype: dtype }
+}
+
 /**
  * The configuration from the environment: `GYRE_CHECKPOINT` (required when an actor is
  * spawned), `GYRE_POLICY_VERSION`, `GYRE_KV_BLOCK_TOKENS`, `GYRE_KV_BLOCKS`, `GYRE_MAX_CONTEXT`,
- * `GYRE_MAX_BATCH`, `GYRE_PREFILL_CHUNK`, `GYRE_CONTEXTS_PER_EXECUTION`, `GYRE_DEVICE`.
+ * `GYRE_MAX_BATCH`, `GYRE_PREFILL_CHUNK`, `GYRE_CONTEXTS_PER_EXECUTION`, `GYRE_DEVICE`,
+ * `GYRE_KV_DTYPE` (f32 | f16).
  */
 export const rolloutConfigFromEnv = (): RolloutConfig => {
   const optional = (key: keyof RolloutConfig, env: string) => {
@@ -89,7 +101,8 @@ export const rolloutConfigFromEnv = (): RolloutConfig => {
     ...optional("maxBatch", "GYRE_MAX_BATCH"),
     ...optional("prefillChunk", "GYRE_PREFILL_CHUNK"),
     ...optional("contextsPerExecution", "GYRE_CONTEXTS_PER_EXECUTION"),
-    ...optional("device", "GYRE_DEVICE")
+    ...optional("device", "GYRE_DEVICE"),
+    ...kvDtypeFromEnv()
   }
 }
 
@@ -115,7 +128,7 @@ export const startRollout = Effect.fn("startRollout")(function* (
   const device = config.device ?? workerDevice(ctx.address.id, engine.devices.length)
   const { model } = yield* loadCheckpoint(config.checkpoint, { device })
   const modelConfig = model.config
-  const cache = yield* model.cache({ blockTokens: config.blockTokens ?? 16, numBlocks: config.numBlocks ?? 4096 })
+  const cache = yield* model.cache({ blockTokens: config.blockTokens ?? 16, numBlocks: config.numBlocks ?? 4096, kvDtype: config.kvDtype ?? "f32" })
   const batcher = yield* makeBatcher(cache, {
     worker: formatAddress(ctx.address),
     maxContext: config.maxContext ?? modelConfig.max_position_embeddings,
