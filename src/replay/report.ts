@@ -67,7 +67,8 @@ export const buildReport = (system: JournalSource): Effect.Effect<RunReport, Tra
     for (const s of log.steps) s.staleness.forEach((n, i) => (staleness[i] = (staleness[i] ?? 0) + n))
     const results = log.switches.map((s) => s.result)
     const bytesMoved = sum(results.map((r) => r.bytesMoved))
-    const perToken = log.config === undefined ? undefined : yield* readConfig(log.config.checkpoint).pipe(Effect.map((c) => kvBytesPerToken(c.config)), Effect.orElseSucceed(() => undefined))
+    const run = log.config
+    const perToken = run === undefined ? undefined : yield* readConfig(run.checkpoint).pipe(Effect.map((c) => kvBytesPerToken(c.config, run.kvDtype)), Effect.orElseSucceed(() => undefined))
     return {
       run: system.run,
       policy: log.config?.policy ?? "unknown",

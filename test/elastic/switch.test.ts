@@ -7,7 +7,8 @@
  * prefilled again), every call's usage (prompt and cached tokens) equals the unmoved run's,
  * and the recorded tokens equal the unmoved run's (temperature 0.9, fixed seeds). Once with
  * both devices in this process, once between two `gyre node` processes (the KV hand-off goes
- * over NATS either way). Then the way back: a device without a training role refuses step
+ * over NATS either way), and between two processes again with F16 KV storage (GYRE_KV_DTYPE=f16:
+ * the same guarantees against an unmoved F16 run, about half the bytes). Then the way back: a device without a training role refuses step
  * requests, and `SwitchRole` to rollout loads a version's weights and admits again; a
  * training role given to the device gets the step requests and is left on the way back.
  */
@@ -17,6 +18,7 @@ import OpenAI from "openai"
 import { afterEach, describe, expect, it } from "vitest"
 import { device, type DeviceConfig } from "../../src/actors/device.ts"
 import { gateway } from "../../src/actors/gateway.ts"
+import type { KvDtype } from "../../src/engine/config.ts"
 import { Engine } from "../../src/engine/engine.ts"
 import { presets } from "../../src/engine/presets.ts"
 import { DeviceProtocol, type SwitchResult } from "../../src/protocols/device.ts"
@@ -201,14 +203,52 @@ const switchOut = (hosting: Hosting) =>
     return yield* system.ask(deviceRef(hosting.source), "SwitchRole", { role: "training", destinations: [hosting.destination] }, { timeoutMs: 30_000 })
   })
 
-/** The unmoved run: one device, no switch. */
-const reference = withSystem(
-  "sw-ref",
-  quiet(
-    Effect.gen(function* () {
-      const { hosting } = yield* hostHere("r")
-      return yield* workload({ ...hosting, destination: hosting.source, devices: [hosting.source], addDestination: Effect.void }, Effect.succeed(undefined))
-    })
+/** Once per key: a run shared by the tests that compare with it. */
+const once = <A>(run: (key: KvDtype) => Promise<A>) => {
+  const runs = new Map<KvDtype, Promise<A>>()
+  return (key: KvDtype) => runs.get(key) ?? runs.set(key, run(key)).get(key)!
+}
+
+/** The unmoved run: one device, no switch, its KV cache storing `kvDtype`. */
+const reference = once((kvDtype) =>
+  withSystem(
+    `sw-ref-${kvDtype}`,
+    quiet(
+      Effect.gen(function* () {
+        const { hosting } = yield* hostHere("r", { ...deviceConfig, kvDtype })
+        return yield* workload({ ...hosting, destination: hosting.source, devices: [hosting.source], addDestination: Effect.void }, Effect.succeed(undefined))
+      })
+    )
+  )
+)
+
+/** The switch between two `gyre node` processes (devices configured from the environment: GYRE_KV_DTYPE). */
+const overNats = once((kvDtype) =>
+  withSystem(
+    `sw-nodes-${kvDtype}`,
+    quiet(
+      Effect.gen(function* () {
+        const system = yield* ActorSystem
+        const env = { GYRE_CHECKPOINT: checkpoint, GYRE_KV_BLOCKS: "1024", GYRE_MAX_BATCH: "8", GYRE_KV_DTYPE: kvDtype }
+        const args = (name: string) => ["--name", name, "--run", `sw-nodes-${kvDtype}`, "--load", "src/actors/device.ts", "--heartbeat-ms", "200"]
+        const pa = startNodeProcess(system.nats.servers, [...args("pa"), "--spawn", "device/pa.0"], env)
+        const pb = startNodeProcess(system.nats.servers, args("pb"), env)
+        started.push(pa, pb)
+        yield* promise(() => Promise.all([pa.waitFor("ready"), pb.waitFor("ready")]))
+        const node = yield* startNode({ name: "gw", types: [gateway()], heartbeatMs: 200 })
+        yield* node.spawn("gateway", "main")
+        yield* waitReady("device/pa.0")
+        const { baseUrl } = yield* system.ask(gatewayRef, "Status", undefined)
+        const hosting: Hosting = {
+          baseUrl,
+          source: "device/pa.0",
+          destination: "device/pb.0",
+          devices: ["device/pa.0", "device/pb.0"],
+          addDestination: system.ask(nodeRef("pb"), "Spawn", { kind: "device", id: "pb.0" }).pipe(Effect.andThen(waitReady("device/pb.0")))
+        }
+        return yield* workload(hosting, switchOut(hosting))
+      })
+    )
   )
 )
 
@@ -241,7 +281,7 @@ afterEach(() => {
 
 describe("role switch (device actors)", () => {
   it("moves in-flight generations and cached contexts to the destination in one process: same tokens, same usage, nothing prefilled again", async () => {
-    const unmoved = await reference
+    const unmoved = await reference("f32")
     const moved = await withSystem(
       "sw-local",
       quiet(
@@ -261,35 +301,20 @@ describe("role switch (device actors)", () => {
   })
 
   it("moves them between two gyre node processes over NATS", async () => {
-    const unmoved = await reference
-    const moved = await withSystem(
-      "sw-nodes",
-      quiet(
-        Effect.gen(function* () {
-          const system = yield* ActorSystem
-          const env = { GYRE_CHECKPOINT: checkpoint, GYRE_KV_BLOCKS: "1024", GYRE_MAX_BATCH: "8" }
-          const args = (name: string) => ["--name", name, "--run", "sw-nodes", "--load", "src/actors/device.ts", "--heartbeat-ms", "200"]
-          const pa = startNodeProcess(system.nats.servers, [...args("pa"), "--spawn", "device/pa.0"], env)
-          const pb = startNodeProcess(system.nats.servers, args("pb"), env)
-          started.push(pa, pb)
-          yield* promise(() => Promise.all([pa.waitFor("ready"), pb.waitFor("ready")]))
-          const node = yield* startNode({ name: "gw", types: [gateway()], heartbeatMs: 200 })
-          yield* node.spawn("gateway", "main")
-          yield* waitReady("device/pa.0")
-          const { baseUrl } = yield* system.ask(gatewayRef, "Status", undefined)
-          const hosting: Hosting = {
-            baseUrl,
-            source: "device/pa.0",
-            destination: "device/pb.0",
-            devices: ["device/pa.0", "device/pb.0"],
-            addDestination: system.ask(nodeRef("pb"), "Spawn", { kind: "device", id: "pb.0" }).pipe(Effect.andThen(waitReady("device/pb.0")))
-          }
-          return yield* workload(hosting, switchOut(hosting))
-        })
-      )
-    )
-    expectSameAsReference(moved, unmoved)
+    const moved = await overNats("f32")
+    expectSameAsReference(moved, await reference("f32"))
     console.log(`switch (two processes): ${JSON.stringify(moved.switched)}`)
+  })
+
+  it("does the same with F16 KV storage (GYRE_KV_DTYPE=f16), moving half the bytes", async () => {
+    const moved = await overNats("f16")
+    expectSameAsReference(moved, await reference("f16"))
+    const wide = (await overNats("f32")).switched!
+    // contexts of about the same lengths at 2 bytes an element instead of 4 (the runs' tokens, and so
+    // their contexts' lengths, differ a little: F16 rounds K and V); measured 0.565
+    expect(moved.switched!.bytesMoved).toBeLessThan(0.7 * wide.bytesMoved)
+    expect(moved.switched!.bytesMoved).toBeGreaterThan(0.35 * wide.bytesMoved)
+    console.log(`switch (two processes, F16 KV): ${JSON.stringify(moved.switched)}`)
   })
 
   it("back to rollout: refuses step requests without a training role, loads the version's weights and admits again", async () => {
