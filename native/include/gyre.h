@@ -59,8 +59,9 @@ extern "C" {
 #endif
 
 /* Bumped on any incompatible change of a signature, struct or buffer format below. */
-#define GYRE_ABI_VERSION 4 /* 2: gyre_loss_config.proximal_current; 3: RoPE scaling, tensor load/store;
-                              4: gyre_config.head_dim, per-thread error messages, per-model thread counts */
+#define GYRE_ABI_VERSION 5 /* 2: gyre_loss_config.proximal_current; 3: RoPE scaling, tensor load/store;
+                              4: gyre_config.head_dim, per-thread error messages, per-model thread counts;
+                              5: gyre_cache_create's kv_dtype, gyre_cache_stats.kv_dtype (F16 KV) */
 
 /* ------------------------------------------------------------------------------------ */
 /* Status codes and errors                                                               */

@@ -114,7 +114,7 @@ koffi.struct("gyre_train_stats", {
 koffi.struct("gyre_adamw", { lr: "float", beta1: "float", beta2: "float", eps: "float", weight_decay: "float", max_grad_norm: "float" })
 
 /** GYRE_ABI_VERSION of native/include/gyre.h that these prototypes and structs match. */
-const ABI_VERSION = 4
+const ABI_VERSION = 5
 
 const prototypes = {
   last_error: "size_t gyre_last_error(_Out_ uint8_t *buf, size_t cap)",
