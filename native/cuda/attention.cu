@@ -19,8 +19,39 @@
 #include <math.h>
 
 #include "attention.cuh"
+#include "../src/half.h"
+#ifndef GYRE_CUDA_EMU /* defined by the emulator's cuda_runtime.h, which attention.cuh includes */
+#include <cuda_fp16.h>
+#endif
 
 namespace {
+
+/* KV elements as F32: F32 as is, F16 from its bits (exact). */
+__device__ __forceinline__ float kv_get(float x) { return x; }
+__device__ __forceinline__ float kv_get(uint16_t h) {
+#ifdef GYRE_CUDA_EMU
+  return half_to_float(h);
+#else
+  return __half2float(__ushort_as_half(h));
+#endif
+}
+/* Stores x as a KV element: F16 rounded to nearest even and saturated at +-65504 (NaN kept). */
+__device__ __forceinline__ void kv_put(float *p, float x) { *p = x; }
+__device__ __forceinline__ void kv_put(uint16_t *p, float x) {
+#ifdef GYRE_CUDA_EMU
+  *p = half_from_float(x);
+#else
+  x = x > HALF_MAX ? HALF_MAX : (x < -HALF_MAX ? -HALF_MAX : x);
+  *p = __half_as_ushort(__float2half_rn(x));
+#endif
+}
+/* Four consecutive elements (p 16-byte aligned for F32, 8-byte for F16). */
+__device__ __forceinline__ float4 kv_get4(const float *p) { return *reinterpret_cast<const float4 *>(p); }
+__device__ __forceinline__ float4 kv_get4(const uint16_t *p) {
+  const uint64_t bits = *reinterpret_cast<const uint64_t *>(p);
+  return make_float4(kv_get((uint16_t)bits), kv_get((uint16_t)(bits >> 16)), kv_get((uint16_t)(bits >> 32)),
+                     kv_get((uint16_t)(bits >> 48)));
+}
 
 /* ---- paged attention ---- */
 
@@ -28,7 +59,8 @@ constexpr int PQ = 16;  /* query vectors per item */
 constexpr int PK = 32;  /* keys per shared-memory tile */
 constexpr int PAGED_THREADS = 128;
 
-__global__ void kv_store_k(float *__restrict__ pool, const float *__restrict__ qkv, const int32_t *__restrict__ positions,
+template <typename T>
+__global__ void kv_store_k(T *__restrict__ pool, const float *__restrict__ qkv, const int32_t *__restrict__ positions,
                            const int32_t *__restrict__ row_seq, const int32_t *__restrict__ block_off,
                            const int32_t *__restrict__ blocks, int n_rows, int L, int KV, int hd, int q_dim, int kv_dim,
                            int qkv_dim, int B, int layer) {
@@ -40,12 +72,13 @@ __global__ void kv_store_k(float *__restrict__ pool, const float *__restrict__ q
     const int32_t block = blocks[block_off[row_seq[r]] + pos / B];
     const size_t at = ((((size_t)block * L + layer) * 2) * KV + g) * (size_t)B * hd + (size_t)(pos % B) * hd + c;
     const float *k = qkv + (size_t)r * qkv_dim + q_dim;
-    pool[at] = k[e];
-    pool[at + (size_t)KV * B * hd] = k[kv_dim + e]; /* V: kind 1 of the same block and layer */
+    kv_put(&pool[at], k[e]);
+    kv_put(&pool[at + (size_t)KV * B * hd], k[kv_dim + e]); /* V: kind 1 of the same block and layer */
   }
 }
 
-__global__ void kv_transfer_k(float *__restrict__ pool, float *__restrict__ payload, const int32_t *__restrict__ blocks,
+template <typename T>
+__global__ void kv_transfer_k(T *__restrict__ pool, T *__restrict__ payload, const int32_t *__restrict__ blocks,
                               int length, int L, int KV, int hd, int B, int to_payload) {
   const int64_t row = (int64_t)KV * hd, total = (int64_t)L * 2 * length * row;
   for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < total;
@@ -64,9 +97,9 @@ __global__ void kv_transfer_k(float *__restrict__ pool, float *__restrict__ payl
  * keys [chunk * PAGED_CHUNK, ...) of the unit's sequence, keys beyond a row's position
  * masked. Writes the unnormalised output, running max and sum per query vector to
  * partial[(item * gridDim.y + blockIdx.y) * PQ + qi][HDP + 2]. */
-template <int HDP>
+template <int HDP, typename T>
 __global__ void __launch_bounds__(PAGED_THREADS)
-    paged_attention_k(float *__restrict__ partial, const float *__restrict__ qkv, const float *__restrict__ pool,
+    paged_attention_k(float *__restrict__ partial, const float *__restrict__ qkv, const T *__restrict__ pool,
                       const int32_t *__restrict__ positions, const int32_t *__restrict__ row_seq,
                       const int32_t *__restrict__ block_off, const int32_t *__restrict__ blocks,
                       const int32_t *__restrict__ unit_row0, const int32_t *__restrict__ unit_rows,
@@ -109,14 +142,15 @@ __global__ void __launch_bounds__(PAGED_THREADS)
       const int jj = idx / (HDP / 4), c = idx % (HDP / 4) * 4, j = k0 + jj;
       float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv;
       if (j < kend && c < hd) {
-        const float *at = pool + ((((size_t)table[j / B] * L + layer) * 2) * KV + g) * (size_t)B * hd +
-                          (size_t)(j % B) * hd + c;
+        const T *at = pool + ((((size_t)table[j / B] * L + layer) * 2) * KV + g) * (size_t)B * hd +
+                      (size_t)(j % B) * hd + c;
         if (vec) {
-          kv = *reinterpret_cast<const float4 *>(at);
-          vv = *reinterpret_cast<const float4 *>(at + v_from_k);
+          kv = kv_get4(at);
+          vv = kv_get4(at + v_from_k);
         } else { /* hd is even: c + 1 < hd; c + 2 < hd iff c + 3 < hd */
-          kv.x = at[0], kv.y = at[1], vv.x = at[v_from_k], vv.y = at[v_from_k + 1];
-          if (c + 2 < hd) kv.z = at[2], kv.w = at[3], vv.z = at[v_from_k + 2], vv.w = at[v_from_k + 3];
+          kv.x = kv_get(at[0]), kv.y = kv_get(at[1]), vv.x = kv_get(at[v_from_k]), vv.y = kv_get(at[v_from_k + 1]);
+          if (c + 2 < hd)
+            kv.z = kv_get(at[2]), kv.w = kv_get(at[3]), vv.z = kv_get(at[v_from_k + 2]), vv.w = kv_get(at[v_from_k + 3]);
         }
       }
       ks[jj][c] = kv.x, ks[jj][c + 1] = kv.y, ks[jj][c + 2] = kv.z, ks[jj][c + 3] = kv.w;
@@ -520,12 +554,12 @@ gyre_status forest_backward_hdp(exec_ctx *ctx, float *dqkv, const float *datt, c
   return GYRE_OK;
 }
 
-template <int HDP>
-gyre_status paged_attention_hdp(exec_ctx *ctx, float *att, const float *qkv, const float *pool, const dims *d, int B,
+template <int HDP, typename T>
+gyre_status paged_attention_hdp(exec_ctx *ctx, float *att, const float *qkv, const T *pool, const dims *d, int B,
                                 int layer, const dev_rows *rows, const paged_plan *plan, float *partial, float scale) {
   const paged_shape s = paged_shape_of(d);
   const int G = d->H / d->KV, ys = d->KV * s.slices;
-  LAUNCH(dim3(plan->n_items, ys), PAGED_THREADS, 0, ctx->stream, paged_attention_k<HDP>)(
+  LAUNCH(dim3(plan->n_items, ys), PAGED_THREADS, 0, ctx->stream, paged_attention_k<HDP, T>)(
       partial, qkv, pool, rows->positions, rows->row_seq, rows->block_off, rows->blocks, plan->unit_row0,
       plan->unit_rows, plan->item_unit, plan->item_chunk, layer, d->L, d->KV, d->hd, G, s.heads_per_slice, s.slices,
       d->qkv_dim, B, scale);
@@ -537,24 +571,47 @@ gyre_status paged_attention_hdp(exec_ctx *ctx, float *att, const float *qkv, con
   return GYRE_OK;
 }
 
-} // namespace
-
-gyre_status kv_store(exec_ctx *ctx, float *pool, const dims *d, int B, int layer, const dev_rows *rows,
-                     const float *qkv) {
-  LAUNCH(grid_for((int64_t)rows->n_rows * d->kv_dim), 256, 0, ctx->stream, kv_store_k)(
+template <typename T>
+gyre_status kv_store_t(exec_ctx *ctx, T *pool, const dims *d, int B, int layer, const dev_rows *rows, const float *qkv) {
+  LAUNCH(grid_for((int64_t)rows->n_rows * d->kv_dim), 256, 0, ctx->stream, kv_store_k<T>)(
       pool, qkv, rows->positions, rows->row_seq, rows->block_off, rows->blocks, rows->n_rows, d->L, d->KV, d->hd,
       d->q_dim, d->kv_dim, d->qkv_dim, B, layer);
   CU_LAUNCHED();
   return GYRE_OK;
 }
 
-gyre_status kv_transfer(exec_ctx *ctx, float *pool, const dims *d, int B, const int32_t *blocks, int32_t length,
-                        float *payload, int to_payload) {
+template <typename T>
+gyre_status kv_transfer_t(exec_ctx *ctx, T *pool, const dims *d, int B, const int32_t *blocks, int32_t length,
+                          T *payload, int to_payload) {
   if (length <= 0) return GYRE_OK;
-  LAUNCH(grid_for((int64_t)d->L * 2 * length * d->kv_dim), 256, 0, ctx->stream, kv_transfer_k)(
+  LAUNCH(grid_for((int64_t)d->L * 2 * length * d->kv_dim), 256, 0, ctx->stream, kv_transfer_k<T>)(
       pool, payload, blocks, length, d->L, d->KV, d->hd, B, to_payload);
   CU_LAUNCHED();
   return GYRE_OK;
+}
+
+template <typename T>
+gyre_status paged_attention_t(exec_ctx *ctx, float *att, const float *qkv, const T *pool, const dims *d, int B,
+                              int layer, const dev_rows *rows, const paged_plan *plan, float *partial) {
+  const float scale = 1.0f / sqrtf((float)d->hd);
+  switch (padded_head_dim(d->hd)) {
+    case 32: return paged_attention_hdp<32>(ctx, att, qkv, pool, d, B, layer, rows, plan, partial, scale);
+    case 64: return paged_attention_hdp<64>(ctx, att, qkv, pool, d, B, layer, rows, plan, partial, scale);
+    default: return paged_attention_hdp<128>(ctx, att, qkv, pool, d, B, layer, rows, plan, partial, scale);
+  }
+}
+
+} // namespace
+
+gyre_status kv_store(exec_ctx *ctx, void *pool, int elem, const dims *d, int B, int layer, const dev_rows *rows,
+                     const float *qkv) {
+  return elem == 2 ? kv_store_t(ctx, (uint16_t *)pool, d, B, layer, rows, qkv) : kv_store_t(ctx, (float *)pool, d, B, layer, rows, qkv);
+}
+
+gyre_status kv_transfer(exec_ctx *ctx, void *pool, int elem, const dims *d, int B, const int32_t *blocks, int32_t length,
+                        void *payload, int to_payload) {
+  return elem == 2 ? kv_transfer_t(ctx, (uint16_t *)pool, d, B, blocks, length, (uint16_t *)payload, to_payload)
+                   : kv_transfer_t(ctx, (float *)pool, d, B, blocks, length, (float *)payload, to_payload);
 }
 
 paged_shape paged_shape_of(const dims *d) {
@@ -612,14 +669,10 @@ size_t paged_partial_floats(const dims *d, const paged_shape *s, int32_t n_items
   return (size_t)n_items * d->KV * s->slices * PQ * (padded_head_dim(d->hd) + 2);
 }
 
-gyre_status paged_attention(exec_ctx *ctx, float *att, const float *qkv, const float *pool, const dims *d, int B,
+gyre_status paged_attention(exec_ctx *ctx, float *att, const float *qkv, const void *pool, int elem, const dims *d, int B,
                             int layer, const dev_rows *rows, const paged_plan *plan, float *partial) {
-  const float scale = 1.0f / sqrtf((float)d->hd);
-  switch (padded_head_dim(d->hd)) {
-    case 32: return paged_attention_hdp<32>(ctx, att, qkv, pool, d, B, layer, rows, plan, partial, scale);
-    case 64: return paged_attention_hdp<64>(ctx, att, qkv, pool, d, B, layer, rows, plan, partial, scale);
-    default: return paged_attention_hdp<128>(ctx, att, qkv, pool, d, B, layer, rows, plan, partial, scale);
-  }
+  return elem == 2 ? paged_attention_t(ctx, att, qkv, (const uint16_t *)pool, d, B, layer, rows, plan, partial)
+                   : paged_attention_t(ctx, att, qkv, (const float *)pool, d, B, layer, rows, plan, partial);
 }
 
 gyre_status forest_mask(exec_ctx *ctx, uint32_t *mask, uint8_t *tiles, const int32_t *range_off,

@@ -11,8 +11,10 @@
 #define ATTENTION_MAX_HEAD_DIM 128
 
 /* KV block pool layout: block b, layer l, kind (0 = K after RoPE, 1 = V), kv head g is a
- * [B][hd] row-major slab at pool + kv_offset(...) (the CPU's pool has the same block size and
- * keeps K transposed; only the hand-off payload layout is shared). */
+ * [B][hd] row-major slab at element kv_offset(...) of the pool (the CPU's pool has the same
+ * block size and keeps K transposed; only the hand-off payload layout is shared). Elements
+ * are F32 (elem 4) or F16 (elem 2, kept as its bits: rounded to nearest even, saturating, as
+ * src/half.h does on the host). */
 static inline size_t kv_offset(const dims *d, int B, int32_t block, int layer, int kind, int g) {
   return ((((size_t)block * d->L + layer) * 2 + kind) * d->KV + g) * (size_t)B * d->hd;
 }
@@ -25,12 +27,13 @@ typedef struct dev_rows {
 } dev_rows;
 
 /* Writes the K (after RoPE) and V of every row of qkv[rows, qkv_dim] into the pool. */
-gyre_status kv_store(exec_ctx *ctx, float *pool, const dims *d, int B, int layer, const dev_rows *rows,
+gyre_status kv_store(exec_ctx *ctx, void *pool, int elem, const dims *d, int B, int layer, const dev_rows *rows,
                      const float *qkv);
 /* Copies `length` tokens of a block table (device array) between the pool and a device
- * payload in the hand-off layout ([layer][K|V][length][KV][hd]); to_payload picks the way. */
-gyre_status kv_transfer(exec_ctx *ctx, float *pool, const dims *d, int B, const int32_t *blocks, int32_t length,
-                        float *payload, int to_payload);
+ * payload in the hand-off layout ([layer][K|V][length][KV][hd], the pool's elements);
+ * to_payload picks the way. */
+gyre_status kv_transfer(exec_ctx *ctx, void *pool, int elem, const dims *d, int B, const int32_t *blocks, int32_t length,
+                        void *payload, int to_payload);
 
 /* Paged attention works on units (up to rows_per_unit consecutive rows of one sequence,
  * times heads_per_slice query heads of one kv head) split into items of PAGED_CHUNK keys;
@@ -60,7 +63,7 @@ size_t paged_partial_floats(const dims *d, const paged_shape *s, int32_t n_items
 /* att[rows, q_dim] = attention of each row's queries over its sequence's cached keys
  * 0..position. plan: the plan's arrays on the device; partial: scratch of
  * paged_partial_floats. */
-gyre_status paged_attention(exec_ctx *ctx, float *att, const float *qkv, const float *pool, const dims *d, int B,
+gyre_status paged_attention(exec_ctx *ctx, float *att, const float *qkv, const void *pool, int elem, const dims *d, int B,
                             int layer, const dev_rows *rows, const paged_plan *plan, float *partial);
 
 /* The ancestor mask of a packed forest: mask[i][w] bit j % 32 of word w = j / 32 is set

@@ -24,11 +24,11 @@ cuda-emu-check: cuda-emu build/libgyre_cpu.so
 	@ASAN_OPTIONS=detect_leaks=0 build/emu/gyre-cuda-check compare --quick --cpu build/libgyre_cpu.so \
 	  --cuda build/emu/libgyre_cuda_emu.so
 
-build/gyre-cuda-check: cuda/tools/check.c include/gyre.h
+build/gyre-cuda-check: cuda/tools/check.c include/gyre.h src/half.h
 	@mkdir -p $(@D)
 	@$(CC) $(CHECK_FLAGS) -o $@ $< -ldl -lm
 
-build/emu/gyre-cuda-check: cuda/tools/check.c include/gyre.h
+build/emu/gyre-cuda-check: cuda/tools/check.c include/gyre.h src/half.h
 	@mkdir -p $(@D)
 	@$(CC) $(CHECK_FLAGS) -g $(EMU_SAN) -o $@ $< -ldl -lm
 

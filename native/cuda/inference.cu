@@ -26,7 +26,8 @@ struct be_cache {
   be_model *m;
   exec_ctx ctx;
   int B, num_blocks;
-  float *pool;       /* num_blocks x kv_block_floats */
+  void *pool;        /* num_blocks x kv_block_floats elements */
+  int elem;          /* bytes per element: 4 (F32) or 2 (F16) */
   dev_buf work;      /* activations for rows_cap rows */
   size_t rows_cap;
   dev_buf partial;   /* paged attention partial results */
@@ -38,16 +39,15 @@ struct be_cache {
 };
 
 extern "C" gyre_status be_cache_create(be_model *m, int32_t block_tokens, int32_t num_blocks, int32_t kv_elem, be_cache **out) {
-  if (kv_elem != (int32_t)sizeof(float))
-    return gyre_fail(GYRE_ERR_UNSUPPORTED, "cuda: F16 KV storage is not built on the CUDA backend (planned); use GYRE_KV_F32");
   be_cache *c = (be_cache *)calloc(1, sizeof *c);
   if (c == NULL) return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
   c->m = m;
   c->B = block_tokens;
   c->num_blocks = num_blocks;
+  c->elem = kv_elem;
   const char *graphs = getenv("GYRE_CUDA_GRAPHS");
   c->use_graphs = graphs == NULL || strcmp(graphs, "0") != 0;
-  const size_t bytes = sizeof(float) * kv_block_floats(&m->d, block_tokens) * (size_t)num_blocks;
+  const size_t bytes = (size_t)kv_elem * kv_block_floats(&m->d, block_tokens) * (size_t)num_blocks;
   gyre_status st = ctx_open(&c->ctx, m->ctx.device);
   if (st == GYRE_OK) {
     st = dev_alloc((void **)&c->pool, bytes, "the KV pool");
@@ -78,38 +78,38 @@ extern "C" void be_cache_free(be_cache *c) {
 }
 
 extern "C" gyre_status be_cache_copy_block(be_cache *c, int32_t dst, int32_t src) {
-  const size_t n = kv_block_floats(&c->m->d, c->B);
+  const size_t n = (size_t)c->elem * kv_block_floats(&c->m->d, c->B); /* bytes of a block */
   GYRE_CHECK(ctx_enter(&c->ctx));
-  CU(cudaMemcpyAsync(c->pool + (size_t)dst * n, c->pool + (size_t)src * n, sizeof(float) * n,
-                     cudaMemcpyDeviceToDevice, c->ctx.stream));
+  CU(cudaMemcpyAsync((char *)c->pool + (size_t)dst * n, (char *)c->pool + (size_t)src * n, n, cudaMemcpyDeviceToDevice,
+                     c->ctx.stream));
   return ctx_sync(&c->ctx);
 }
 
 /* Moves `length` tokens of a block table between the pool and a host payload. */
-static gyre_status cache_transfer(be_cache *c, const int32_t *blocks, int32_t length, float *host, int to_host) {
+static gyre_status cache_transfer(be_cache *c, const int32_t *blocks, int32_t length, void *host, int to_host) {
   const dims *d = &c->m->d;
   const int32_t n_blocks = (length + c->B - 1) / c->B;
-  const size_t floats = (size_t)d->L * 2 * length * d->kv_dim;
+  const size_t bytes = (size_t)c->elem * d->L * 2 * length * d->kv_dim;
   GYRE_CHECK(ctx_enter(&c->ctx));
   if (length <= 0) return GYRE_OK;
   GYRE_CHECK(dev_buf_fit(&c->meta, sizeof(int32_t) * n_blocks));
   void *payload;
-  GYRE_CHECK(ctx_scratch(&c->ctx, sizeof(float) * floats, &payload));
+  GYRE_CHECK(ctx_scratch(&c->ctx, bytes, &payload));
   CU(cudaMemcpyAsync(c->meta.p, blocks, sizeof(int32_t) * n_blocks, cudaMemcpyHostToDevice, c->ctx.stream));
   if (!to_host)
-    CU(cudaMemcpyAsync(payload, host, sizeof(float) * floats, cudaMemcpyHostToDevice, c->ctx.stream));
-  GYRE_CHECK(kv_transfer(&c->ctx, c->pool, d, c->B, (const int32_t *)c->meta.p, length, (float *)payload, to_host));
-  if (to_host) CU(cudaMemcpyAsync(host, payload, sizeof(float) * floats, cudaMemcpyDeviceToHost, c->ctx.stream));
+    CU(cudaMemcpyAsync(payload, host, bytes, cudaMemcpyHostToDevice, c->ctx.stream));
+  GYRE_CHECK(kv_transfer(&c->ctx, c->pool, c->elem, d, c->B, (const int32_t *)c->meta.p, length, payload, to_host));
+  if (to_host) CU(cudaMemcpyAsync(host, payload, bytes, cudaMemcpyDeviceToHost, c->ctx.stream));
   return ctx_sync(&c->ctx);
 }
 
 extern "C" gyre_status be_cache_read(const be_cache *c, const int32_t *blocks, int32_t length, void *host) {
   /* reading changes only the cache's scratch and staging, never its contents */
-  return cache_transfer((be_cache *)c, blocks, length, (float *)host, 1);
+  return cache_transfer((be_cache *)c, blocks, length, host, 1);
 }
 
 extern "C" gyre_status be_cache_write(be_cache *c, const int32_t *blocks, int32_t length, const void *host) {
-  return cache_transfer(c, blocks, length, (float *)host, 0);
+  return cache_transfer(c, blocks, length, (void *)host, 0);
 }
 
 /* Floats per row of the forward's activations: x, h, wanted rows, qkv, att, gu, act, rstd,
@@ -130,8 +130,8 @@ typedef struct paged_arg {
 static gyre_status attend_paged(void *arg, exec_ctx *ctx, int layer, const layer_io *io) {
   const paged_arg *p = (const paged_arg *)arg;
   const dims *d = &p->c->m->d;
-  GYRE_CHECK(kv_store(ctx, p->c->pool, d, p->c->B, layer, p->rows, io->qkv));
-  return paged_attention(ctx, io->att, io->qkv, p->c->pool, d, p->c->B, layer, p->rows, p->plan,
+  GYRE_CHECK(kv_store(ctx, p->c->pool, p->c->elem, d, p->c->B, layer, p->rows, io->qkv));
+  return paged_attention(ctx, io->att, io->qkv, p->c->pool, p->c->elem, d, p->c->B, layer, p->rows, p->plan,
                          (float *)p->c->partial.p);
 }
 

@@ -224,7 +224,7 @@ GYRE_API gyre_status gyre_model_threads(const gyre_model *model, int32_t *n);
  *   GYRE_KV_F32  4 bytes an element: the model's own F32 values
  *   GYRE_KV_F16  2 bytes an element (IEEE binary16, rounded to nearest even, saturating at
  *                +-65504): half the memory and the bytes a long-context decode step reads;
- *                attention still sums in F32. CPU backend only (CUDA: GYRE_ERR_UNSUPPORTED).
+ *                attention still sums in F32. Both backends.
  * KV bytes per token are 2 * layers * kv_heads * head_dim * (4 or 2). */
 typedef struct gyre_cache gyre_cache;
 

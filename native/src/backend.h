@@ -47,8 +47,7 @@ gyre_status be_model_get_range(const be_model *m, int64_t offset, int64_t n, flo
 void be_model_free(be_model *m);
 
 /* ---- KV block pool ---- */
-/* kv_elem: bytes per stored K/V element, 4 (F32) or 2 (F16; a backend without it fails with
- * GYRE_ERR_UNSUPPORTED). */
+/* kv_elem: bytes per stored K/V element, 4 (F32) or 2 (F16). */
 gyre_status be_cache_create(be_model *m, int32_t block_tokens, int32_t num_blocks, int32_t kv_elem, be_cache **out);
 void be_cache_free(be_cache *c);
 /* Copies all of block src (every layer, K and V) into block dst. */

@@ -41,7 +41,7 @@ const flags = {
   node: { kind: "string", doc: "node name", default: "serve" },
   store: { kind: "string", doc: "JetStream store directory of the embedded nats-server (default .gyre/nats/<run>.<node>, kept across restarts)" },
   "kv-blocks": { kind: "integer", doc: "KV-cache blocks of 16 tokens per worker", default: 4096 },
-  "kv-dtype": { kind: "string", doc: "how the workers' KV caches store K and V: f16 halves their memory and a long-context decode step's reads (CPU backend only)", default: "f32", choices: ["f32", "f16"] },
+  "kv-dtype": { kind: "string", doc: "how the workers' KV caches store K and V: f16 halves their memory and a long-context decode step's reads", default: "f32", choices: ["f32", "f16"] },
   "max-batch": { kind: "integer", doc: "generations batched at once per worker", default: 32 },
   "max-tokens": { kind: "integer", doc: "max_tokens of requests that give none", default: 512 }
 } as const

@@ -76,7 +76,7 @@ export const trainFlags = {
   mode: { kind: "string", doc: "exact tree training or bounded dedup sampling", default: "exact", choices: ["exact", "sampled"] },
   "max-paths": { kind: "integer", doc: "J_max of sampled mode", default: 5 },
   loss: { kind: "string", doc: "decoupled PPO-clip or truncated IS", default: "ppo", choices: ["ppo", "is"] },
-  "kv-dtype": { kind: "string", doc: "how the devices' KV caches store K and V: f16 halves their memory, the bytes a long-context decode step reads and the KV handed off at a switch (attention still sums in F32; CPU backend only)", default: "f32", choices: ["f32", "f16"] },
+  "kv-dtype": { kind: "string", doc: "how the devices' KV caches store K and V: f16 halves their memory, the bytes a long-context decode step reads and the KV handed off at a switch (attention still sums in F32)", default: "f32", choices: ["f32", "f16"] },
   "micro-batch-tokens": { kind: "integer", doc: "tokens per micro-batch", default: 4096 },
   "checkpoint-every": { kind: "integer", doc: "checkpoint every N steps (and after the last)", default: 4 },
   seed: { kind: "integer", doc: "seed of the plan, sampling and the warm start", default: 1 },

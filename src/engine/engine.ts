@@ -113,7 +113,7 @@ export class Model {
     return this.lib.runSync("model_threads", [this.ptr, out]).pipe(Effect.map(() => out[0]!))
   }
 
-  /** A paged KV cache of `numBlocks` blocks of `blockTokens` tokens for this model, storing K and V as `kvDtype` (default F32; F16: CPU only). */
+  /** A paged KV cache of `numBlocks` blocks of `blockTokens` tokens for this model, storing K and V as `kvDtype` (default F32; F16 halves the bytes). */
   cache(options: { readonly blockTokens: number; readonly numBlocks: number; readonly kvDtype?: KvDtype }): Effect.Effect<KvCache, NativeError, Scope.Scope> {
     const dtype = kvDtypes.indexOf(options.kvDtype ?? "f32")
     return acquire(this.lib, "cache_create", [this.ptr, options.blockTokens, options.numBlocks, dtype], "cache_free").pipe(

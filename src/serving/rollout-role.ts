@@ -42,7 +42,7 @@ export interface RolloutConfig {
   readonly blockTokens?: number
   /** KV-cache blocks (default 4096: 65,536 tokens). */
   readonly numBlocks?: number
-  /** How the KV cache stores K and V (default f32; f16: half the bytes, CPU backend only). */
+  /** How the KV cache stores K and V (default f32; f16: half the bytes). */
   readonly kvDtype?: KvDtype
   /** Longest sequence (prompt + output) served; default the model's max_position_embeddings. */
   readonly maxContext?: number

@@ -3,8 +3,8 @@
  * native/src/half.h against an exact reference (both the F16C and the portable path), decode
  * against prefill within an F16 cache, F16 against F32 logits, half the bytes per token and in
  * the hand-off, hand-offs F16 -> F16 (another block size) and F16 -> F32 -> F16 continuing bit
- * for bit, and an F32 payload rounded into an F16 pool. The CUDA backend refuses F16
- * (GYRE_ERR_UNSUPPORTED): on it the CPU-only tests are skipped and that refusal is tested.
+ * for bit, and an F32 payload rounded into an F16 pool. The same on either backend
+ * (`native/gpu-check.sh` runs these tests with GYRE_BACKEND=cuda).
  */
 import { execFileSync } from "node:child_process"
 import { Effect } from "effect"
@@ -12,7 +12,6 @@ import { describe, expect, it } from "vitest"
 import { kvBytesPerToken } from "../../src/engine/config.ts"
 import { Engine } from "../../src/engine/engine.ts"
 import type { KvCache } from "../../src/engine/kvcache.ts"
-import { EngineError } from "../../src/engine/native.ts"
 import { presets } from "../../src/engine/presets.ts"
 import { rng, runEngine } from "./helpers.ts"
 
@@ -30,11 +29,6 @@ const sameBits = (a: ReadonlyArray<Float32Array>, b: ReadonlyArray<Float32Array>
 const decodeEach = (cache: KvCache, seq: number, tokens: ReadonlyArray<number>) =>
   Effect.forEach(tokens, (t) => cache.forward([{ seq, tokens: [t] }], "last").pipe(Effect.map((r) => r.logits!)))
 
-const cuda = await runEngine(
-  Effect.gen(function* () {
-    return (yield* Engine).backend === "cuda"
-  })
-)
 
 describe("F16 KV storage", () => {
   it("half.h converts like an exact reference, with F16C and without", () => {
@@ -50,7 +44,7 @@ describe("F16 KV storage", () => {
     for (const line of lines) expect(line).toMatch(/^half-check \((F16C|portable)\): ok, 0 mismatches$/)
   }, 60_000)
 
-  it.skipIf(cuda)("decodes like its own prefill, close to F32, in half the bytes", async () => {
+  it("decodes like its own prefill, close to F32, in half the bytes", async () => {
     const out = await runEngine(
       Effect.gen(function* () {
         const engine = yield* Engine
@@ -88,7 +82,7 @@ describe("F16 KV storage", () => {
     expect(out.buffer.length).toBe(48 + (prompt.length + next.length) * kvBytesPerToken(config, "f16"))
   })
 
-  it.skipIf(cuda)("hands off F16 -> F16 and F16 -> F32 -> F16 bit for bit; F32 rounds into an F16 pool", async () => {
+  it("hands off F16 -> F16 and F16 -> F32 -> F16 bit for bit; F32 rounds into an F16 pool", async () => {
     const out = await runEngine(
       Effect.gen(function* () {
         const engine = yield* Engine
@@ -128,17 +122,5 @@ describe("F16 KV storage", () => {
     const scale = Math.max(...out.f32.flatMap((row) => [...row].map(Math.abs)))
     out.rounded.forEach((row, i) => expect(maxAbsDiff(row, out.f32[i]!)).toBeLessThan(2e-3 * scale))
     expect(sameBits(out.rounded, out.f32)).toBe(false)
-  })
-
-  it.runIf(cuda)("is refused by a backend without it (CUDA), with the reason", async () => {
-    const error = await runEngine(
-      Effect.gen(function* () {
-        const engine = yield* Engine
-        const model = yield* engine.createModel(config, { seed: 3 })
-        return yield* Effect.flip(model.cache({ blockTokens: 16, numBlocks: 8, kvDtype: "f16" }))
-      })
-    )
-    expect(error).toBeInstanceOf(EngineError)
-    expect((error as EngineError).code).toBe("GYRE_ERR_UNSUPPORTED")
   })
 })

@@ -32,6 +32,7 @@
 #include <time.h>
 
 #include "gyre.h"
+#include "../../src/half.h"
 
 /* ---- the ABI of one library ---- */
 
@@ -225,9 +226,38 @@ static float *forward(const api *a, gyre_cache *c, int n, const int32_t *seqs, c
   return logits;
 }
 
+/* rel_diff of two hand-off payloads of n elements of `elem` bytes (F32, or F16 widened). */
+static double payload_diff(const uint8_t *a, const uint8_t *b, size_t n, int elem) {
+  float *fa = xmalloc(sizeof(float) * (n ? n : 1)), *fb = xmalloc(sizeof(float) * (n ? n : 1));
+  for (size_t i = 0; i < n; i++) {
+    if (elem == 4) {
+      memcpy(&fa[i], a + 4 * i, 4);
+      memcpy(&fb[i], b + 4 * i, 4);
+    } else {
+      uint16_t ha, hb;
+      memcpy(&ha, a + 2 * i, 2);
+      memcpy(&hb, b + 2 * i, 2);
+      fa[i] = half_to_float(ha);
+      fb[i] = half_to_float(hb);
+    }
+  }
+  double d = rel_diff(fa, fb, n);
+  free(fa), free(fb);
+  return d;
+}
+
+#define F16_TOL 2e-3
+
+/* The checks of one KV storage type (kv_dtype); F16's checks are named <model>/f16 and compare
+ * the libraries within F16_TOL (each rounds its own F32 K and V, which differ in the last
+ * bits, so a few elements round to neighbouring halves). */
 static void inference_checks(const api *cpu, const api *gpu, gyre_model *mc, gyre_model *mg, const model_spec *s,
-                             int quick) {
+                             int quick, int32_t kv_dtype) {
   const gyre_config *cfg = &s->cfg;
+  char name[64];
+  snprintf(name, sizeof name, "%s%s", s->name, kv_dtype == GYRE_KV_F16 ? "/f16" : "");
+  const double tol = kv_dtype == GYRE_KV_F16 ? F16_TOL : 1e-4;
+  const int elem = kv_dtype == GYRE_KV_F16 ? 2 : 4;
   const int V = cfg->vocab_size, B = 16;
   const int lens[3] = {1, quick ? 23 : 200, quick ? 270 : 700}; /* the last spans several 256-key chunks */
   int total = lens[0] + lens[1] + lens[2];
@@ -236,8 +266,8 @@ static void inference_checks(const api *cpu, const api *gpu, gyre_model *mc, gyr
   for (int i = 0; i < total; i++) tokens[i] = (int32_t)(lcg() % (uint32_t)V);
   const int blocks = 3 * ((lens[2] + 16) / B + 2) * 4;
   gyre_cache *cc, *cg;
-  TRY(cpu, cache_create(mc, B, blocks, GYRE_KV_F32, &cc));
-  TRY(gpu, cache_create(mg, B, blocks, GYRE_KV_F32, &cg));
+  TRY(cpu, cache_create(mc, B, blocks, kv_dtype, &cc));
+  TRY(gpu, cache_create(mg, B, blocks, kv_dtype, &cg));
   int32_t seq_c[3], seq_g[3];
   for (int k = 0; k < 3; k++) {
     TRY(cpu, seq_create(cc, &seq_c[k]));
@@ -245,7 +275,7 @@ static void inference_checks(const api *cpu, const api *gpu, gyre_model *mc, gyr
   }
   float *lc = forward(cpu, cc, 3, seq_c, lens, tokens, GYRE_LOGITS_ALL, V);
   float *lg = forward(gpu, cg, 3, seq_g, lens, tokens, GYRE_LOGITS_ALL, V);
-  check(s->name, "prefill logits", rel_diff(lg, lc, (size_t)total * V), 1e-4);
+  check(name, "prefill logits", rel_diff(lg, lc, (size_t)total * V), tol);
   free(lc);
   free(lg);
 
@@ -262,7 +292,7 @@ static void inference_checks(const api *cpu, const api *gpu, gyre_model *mc, gyr
     free(lc);
     free(lg);
   }
-  check(s->name, "decode logits", worst, 1e-4);
+  check(name, "decode logits", worst, tol);
 
   /* fork in a partly filled block, then different appends (copy-on-write) */
   int32_t fork_c, fork_g, pair_c[2], pair_g[2], five[2] = {5, 5}, app[10];
@@ -272,7 +302,7 @@ static void inference_checks(const api *cpu, const api *gpu, gyre_model *mc, gyr
   pair_c[0] = seq_c[1], pair_c[1] = fork_c, pair_g[0] = seq_g[1], pair_g[1] = fork_g;
   lc = forward(cpu, cc, 2, pair_c, five, app, GYRE_LOGITS_ALL, V);
   lg = forward(gpu, cg, 2, pair_g, five, app, GYRE_LOGITS_ALL, V);
-  check(s->name, "fork copy-on-write logits", rel_diff(lg, lc, (size_t)10 * V), 1e-4);
+  check(name, "fork copy-on-write logits", rel_diff(lg, lc, (size_t)10 * V), tol);
   free(lc);
   free(lg);
 
@@ -285,31 +315,30 @@ static void inference_checks(const api *cpu, const api *gpu, gyre_model *mc, gyr
   TRY(gpu, seq_export(cg, seq_g[2], buf, len, &len));
   TRY(gpu, seq_unpin(cg, seq_g[2]));
   gyre_cache *cg2, *cc2;
-  TRY(gpu, cache_create(mg, 8, (lens[2] + 16) / 8 + 8, GYRE_KV_F32, &cg2));
+  TRY(gpu, cache_create(mg, 8, (lens[2] + 16) / 8 + 8, kv_dtype, &cg2));
   int32_t imported, one = 1, tok = (int32_t)(lcg() % (uint32_t)V);
   TRY(gpu, seq_import(cg2, buf, len, &imported));
   float *a = forward(gpu, cg, 1, &seq_g[2], &one, &tok, GYRE_LOGITS_LAST, V);
   float *b = forward(gpu, cg2, 1, &imported, &one, &tok, GYRE_LOGITS_LAST, V);
-  check(s->name, "hand-off cuda->cuda bits", bits_differ(a, b, sizeof(float) * V), 0);
+  check(name, "hand-off cuda->cuda bits", bits_differ(a, b, sizeof(float) * V), 0);
   /* across builds: the CPU's own continuation against decoding CUDA's K/V on the CPU */
   size_t len_c;
   TRY(cpu, seq_export(cc, seq_c[2], NULL, 0, &len_c));
   buf_c = xmalloc(len_c);
   TRY(cpu, seq_export(cc, seq_c[2], buf_c, len_c, &len_c));
-  check(s->name, "hand-off payload cuda vs cpu",
-        len_c == len ? rel_diff((const float *)(buf + 48), (const float *)(buf_c + 48), (len - 48) / 4) : INFINITY,
-        1e-4);
-  TRY(cpu, cache_create(mc, 32, (lens[2] + 16) / 32 + 4, GYRE_KV_F32, &cc2));
+  check(name, "hand-off payload cuda vs cpu", len_c == len ? payload_diff(buf + 48, buf_c + 48, (len - 48) / elem, elem) : INFINITY,
+        tol);
+  TRY(cpu, cache_create(mc, 32, (lens[2] + 16) / 32 + 4, kv_dtype, &cc2));
   int32_t imported_c;
   TRY(cpu, seq_import(cc2, buf, len, &imported_c));
   float *c_own = forward(cpu, cc, 1, &seq_c[2], &one, &tok, GYRE_LOGITS_LAST, V);
   float *c_from_gpu = forward(cpu, cc2, 1, &imported_c, &one, &tok, GYRE_LOGITS_LAST, V);
-  check(s->name, "hand-off cuda->cpu logits", rel_diff(c_from_gpu, c_own, V), 1e-4);
+  check(name, "hand-off cuda->cpu logits", rel_diff(c_from_gpu, c_own, V), tol);
   free(a), free(b), free(c_own), free(c_from_gpu), free(buf), free(buf_c);
 
   /* errors: a corrupt payload, and a pool too small (nothing changes) */
   gyre_cache *tiny_g;
-  TRY(gpu, cache_create(mg, B, 2, GYRE_KV_F32, &tiny_g));
+  TRY(gpu, cache_create(mg, B, 2, kv_dtype, &tiny_g));
   int32_t s_new;
   TRY(gpu, seq_create(tiny_g, &s_new));
   int32_t n_big = 3 * B;
@@ -317,13 +346,13 @@ static void inference_checks(const api *cpu, const api *gpu, gyre_model *mc, gyr
   gyre_status st = gpu->forward(tiny_g, 1, &s_new, &n_big, tokens, GYRE_LOGITS_LAST, big, NULL, NULL, NULL);
   gyre_cache_stats stats;
   TRY(gpu, cache_stats_get(tiny_g, &stats));
-  check(s->name, "out of blocks -> error", !(st == GYRE_ERR_OUT_OF_BLOCKS && stats.used_blocks == 0), 0);
+  check(name, "out of blocks -> error", !(st == GYRE_ERR_OUT_OF_BLOCKS && stats.used_blocks == 0), 0);
   TRY(gpu, seq_export(cg, seq_g[0], NULL, 0, &len));
   buf = xmalloc(len);
   TRY(gpu, seq_export(cg, seq_g[0], buf, len, &len));
   buf[len - 1] ^= 0x40;
   st = gpu->seq_import(cg2, buf, len, &imported);
-  check(s->name, "corrupt hand-off -> error", st != GYRE_ERR_BAD_HANDOFF, 0);
+  check(name, "corrupt hand-off -> error", st != GYRE_ERR_BAD_HANDOFF, 0);
   free(buf), free(big), free(tokens);
   gpu->cache_free(tiny_g);
   gpu->cache_free(cg2);
@@ -491,7 +520,8 @@ static void compare_model(const api *cpu, const api *gpu, const model_spec *s, i
   TRY(gpu, model_get_weights(mg, wg, n));
   check(s->name, "loaded weights bits", bits_differ(wc, wg, sizeof(float) * n), 0);
   free(wc), free(wg), free(bytes);
-  inference_checks(cpu, gpu, mc, mg, s, quick);
+  inference_checks(cpu, gpu, mc, mg, s, quick, GYRE_KV_F32);
+  inference_checks(cpu, gpu, mc, mg, s, quick, GYRE_KV_F16);
   training_checks(cpu, gpu, mc, mg, s, quick);
   cpu->model_free(mc);
   gpu->model_free(mg);
