@@ -8,7 +8,7 @@ import { Effect } from "effect"
 import { describe, expect, it } from "vitest"
 import type { LlamaConfig } from "../../src/engine/config.ts"
 import { Engine } from "../../src/engine/engine.ts"
-import { chain, micro, packed, relativeError, rng, runEngine } from "./helpers.ts"
+import { chain, maxAbsDiff, micro, packed, relativeError, rng, runEngine } from "./helpers.ts"
 
 /** A micro model with head_dim 2 and `heads` query heads over `kvHeads` kv heads. */
 const grouped = (heads: number, kvHeads: number): LlamaConfig => ({
@@ -20,7 +20,6 @@ const grouped = (heads: number, kvHeads: number): LlamaConfig => ({
 
 const random = rng(23)
 const prompt = Array.from({ length: 37 }, () => Math.floor(random() * 32))
-const maxAbsDiff = (a: Float32Array, b: Float32Array) => a.reduce((m, x, i) => Math.max(m, Math.abs(x - b[i]!)), 0)
 
 const shapes: ReadonlyArray<readonly [number, number]> = [[20, 1], [17, 1], [40, 2]]
 

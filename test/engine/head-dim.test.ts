@@ -17,9 +17,8 @@ import { describe, expect, it } from "vitest"
 import { saveCheckpoint } from "../../src/engine/checkpoint.ts"
 import { type LlamaConfig, kvBytesPerToken } from "../../src/engine/config.ts"
 import { Engine } from "../../src/engine/engine.ts"
-import type { KvCache } from "../../src/engine/kvcache.ts"
 import { EngineError } from "../../src/engine/native.ts"
-import { chain, micro, packed, relativeError, rng, runEngine } from "./helpers.ts"
+import { chain, decodeEach, maxAbsDiff, micro, packed, relativeError, rng, runEngine } from "./helpers.ts"
 
 const python = "/usr/bin/python3"
 const torchMissing = spawnSync(python, ["-c", "import torch"], { stdio: "ignore" }).status !== 0
@@ -30,16 +29,6 @@ const config: LlamaConfig = { ...micro(false), vocab_size: 80, hidden_size: 48, 
 const V = config.vocab_size
 const next = rng(21)
 const tokens = Array.from({ length: 37 }, () => Math.floor(next() * V))
-
-const maxAbsDiff = (a: ArrayLike<number>, b: ArrayLike<number>) => {
-  let m = 0
-  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i]! - b[i]!))
-  return m
-}
-
-/** One decode step per token; the last logits row after each. */
-const decodeEach = (cache: KvCache, seq: number, ids: ReadonlyArray<number>) =>
-  Effect.forEach(ids, (t) => cache.forward([{ seq, tokens: [t] }], "last").pipe(Effect.map((r) => r.logits!)))
 
 const createModel = (c: LlamaConfig) => Effect.flatMap(Engine, (engine) => engine.createModel(c, { seed: 5, initStd: 0.1 }))
 

@@ -2,14 +2,36 @@
  * Shared pieces of the engine tests: running an effect with the Engine, micro configs for
  * finite differences, and builders of packed batches.
  */
+import { execFileSync } from "node:child_process"
 import { Effect, Layer, Logger, type Scope } from "effect"
 import type { PackedBatch } from "../../src/common/packed-batch.ts"
 import type { LlamaConfig } from "../../src/engine/config.ts"
 import { Engine } from "../../src/engine/engine.ts"
+import type { KvCache } from "../../src/engine/kvcache.ts"
 
 /** Runs an effect needing the Engine (and a scope for handles); the backend line is not logged. */
 export const runEngine = <A, E>(effect: Effect.Effect<A, E, Engine | Scope.Scope>): Promise<A> =>
   Effect.runPromise(effect.pipe(Effect.scoped, Effect.provide(Engine.layer.pipe(Layer.provide(Logger.layer([]))))))
+
+/** Builds and runs a check target of native/Makefile (`make -s`): its stdout, or an error with its output. */
+export const runMakeCheck = (target: string): string => {
+  try {
+    return execFileSync("make", ["-C", new URL("../../native", import.meta.url).pathname, "-s", target], { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] })
+  } catch (e) {
+    const failed = e as { stdout?: string; stderr?: string }
+    throw new Error(`${target} failed:\n${failed.stdout ?? ""}${failed.stderr ?? ""}`)
+  }
+}
+
+export const maxAbsDiff = (a: ArrayLike<number>, b: ArrayLike<number>) => {
+  let m = 0
+  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i]! - b[i]!))
+  return m
+}
+
+/** One decode step per token; the last logits row after each. */
+export const decodeEach = (cache: KvCache, seq: number, tokens: ReadonlyArray<number>) =>
+  Effect.forEach(tokens, (t) => cache.forward([{ seq, tokens: [t] }], "last").pipe(Effect.map((r) => r.logits!)))
 
 /** A micro model for finite differences: every layer present, a few thousand parameters. */
 export const micro = (tied: boolean): LlamaConfig => ({

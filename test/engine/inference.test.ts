@@ -10,18 +10,13 @@ import { Engine } from "../../src/engine/engine.ts"
 import type { KvCache } from "../../src/engine/kvcache.ts"
 import { EngineError, OutOfKvBlocks } from "../../src/engine/native.ts"
 import { presets } from "../../src/engine/presets.ts"
-import { rng, runEngine } from "./helpers.ts"
+import { decodeEach, maxAbsDiff, rng, runEngine } from "./helpers.ts"
 
 const config = presets.tiny
 const V = config.vocab_size
 const random = rng(5)
 const prompt = Array.from({ length: 45 }, () => Math.floor(random() * 256))
 
-const maxAbsDiff = (a: Float32Array, b: Float32Array) => a.reduce((m, x, i) => Math.max(m, Math.abs(x - b[i]!)), 0)
-
-/** One decode step per token; the last logits row after each. */
-const decodeEach = (cache: KvCache, seq: number, tokens: ReadonlyArray<number>) =>
-  Effect.forEach(tokens, (t) => cache.forward([{ seq, tokens: [t] }], "last").pipe(Effect.map((r) => r.logits!)))
 
 const withCache = <A, E>(blockTokens: number, numBlocks: number, use: (cache: KvCache) => Effect.Effect<A, E>) =>
   runEngine(

@@ -6,40 +6,25 @@
  * for bit, and an F32 payload rounded into an F16 pool. The same on either backend
  * (`native/gpu-check.sh` runs these tests with GYRE_BACKEND=cuda).
  */
-import { execFileSync } from "node:child_process"
 import { Effect } from "effect"
 import { describe, expect, it } from "vitest"
 import { kvBytesPerToken } from "../../src/engine/config.ts"
 import { Engine } from "../../src/engine/engine.ts"
-import type { KvCache } from "../../src/engine/kvcache.ts"
 import { presets } from "../../src/engine/presets.ts"
-import { rng, runEngine } from "./helpers.ts"
+import { decodeEach, maxAbsDiff, rng, runEngine, runMakeCheck } from "./helpers.ts"
 
 const config = presets.tiny
 const V = config.vocab_size
 const random = rng(11)
 const prompt = Array.from({ length: 150 }, () => Math.floor(random() * 256))
 const next = [7, 8, 9, 10, 11]
-const native = new URL("../../native", import.meta.url).pathname
 
-const maxAbsDiff = (a: Float32Array, b: Float32Array) => a.reduce((m, x, i) => Math.max(m, Math.abs(x - b[i]!)), 0)
 const sameBits = (a: ReadonlyArray<Float32Array>, b: ReadonlyArray<Float32Array>) =>
   a.length === b.length && a.every((row, i) => Buffer.from(row.buffer).equals(Buffer.from(b[i]!.buffer)))
 
-const decodeEach = (cache: KvCache, seq: number, tokens: ReadonlyArray<number>) =>
-  Effect.forEach(tokens, (t) => cache.forward([{ seq, tokens: [t] }], "last").pipe(Effect.map((r) => r.logits!)))
-
-
 describe("F16 KV storage", () => {
   it("half.h converts like an exact reference, with F16C and without", () => {
-    let out: string
-    try {
-      out = execFileSync("make", ["-C", native, "-s", "cpu-half-check"], { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] })
-    } catch (e) {
-      const failed = e as { stdout?: string; stderr?: string }
-      throw new Error(`cpu-half-check failed:\n${failed.stdout ?? ""}${failed.stderr ?? ""}`)
-    }
-    const lines = out.trim().split("\n")
+    const lines = runMakeCheck("cpu-half-check").trim().split("\n")
     expect(lines).toHaveLength(2)
     for (const line of lines) expect(line).toMatch(/^half-check \((F16C|portable)\): ok, 0 mismatches$/)
   }, 60_000)
