@@ -228,6 +228,33 @@ static a_block a_block_of(int mc, int kc, const float *a, int lda, int trans_a, 
 #define FEW_ROWS 16
 #define FEW_BLOCK 4
 
+#if VL == 16 && FEW_BLOCK == 4
+/* Lane 4i + j of the result = the sum of acc[i][j]'s 16 lanes: a transposing tree (pairs of
+ * vectors interleaved and added four times: 15 adds and 30 shuffles for the 16 sums, where lane
+ * by lane takes 240 dependent scalar adds, more than the dot products of a 128-deep block). */
+static inline vf tree2(vf x, vf y, int g) {
+  switch (g) { /* lanes in groups of g: x's, then y's; added to the next group of each */
+  case 1: return __builtin_shufflevector(x, y, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30) +
+                 __builtin_shufflevector(x, y, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+  case 2: return __builtin_shufflevector(x, y, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29) +
+                 __builtin_shufflevector(x, y, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+  case 4: return __builtin_shufflevector(x, y, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27) +
+                 __builtin_shufflevector(x, y, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+  default: return __builtin_shufflevector(x, y, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+                  __builtin_shufflevector(x, y, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  }
+}
+
+static inline vf block_sums(const vf acc[FEW_BLOCK][FEW_BLOCK]) {
+  const vf *v = &acc[0][0];
+  vf p[8], q[4], r[2];
+  for (int i = 0; i < 8; i++) p[i] = tree2(v[2 * i], v[2 * i + 1], 1);
+  for (int i = 0; i < 4; i++) q[i] = tree2(p[2 * i], p[2 * i + 1], 2);
+  for (int i = 0; i < 2; i++) r[i] = tree2(q[2 * i], q[2 * i + 1], 4);
+  return tree2(r[0], r[1], 8);
+}
+#endif
+
 /* out[j] = the sum of acc[j]'s lanes. With 8-lane vectors a transposing tree (pairs within
  * each 128-bit half, twice, then the two halves: 7 vector ops for the 4 sums, where adding
  * lane by lane takes 28 dependent scalar adds), else lane by lane. */
@@ -274,9 +301,18 @@ static void gemm_few_rows(int M, int N, int K, const float *a, int lda, const fl
           for (int j = 0; j < FEW_BLOCK; j++) acc[i][j] += av * wv[j];
         }
       }
+#if VL == 16 && FEW_BLOCK == 4
+      float all[VL];
+      vf tree = block_sums(acc);
+      memcpy(all, &tree, sizeof all);
+#endif
       for (int i = 0; i < mm; i++) {
+#if VL == 16 && FEW_BLOCK == 4
+        const float *sums = all + FEW_BLOCK * i;
+#else
         float sums[FEW_BLOCK];
         lane_sums(acc[i], sums);
+#endif
         for (int j = 0; j < nn; j++) {
           float sum = sums[j];
           for (int k = kv; k < K; k++) sum += ar[i][k] * wr[j][k];
