@@ -68,13 +68,23 @@ static inline v16 load16h(const uint16_t *p) { return (v16)_mm512_cvtph_ps(_mm25
 
 #define DEFINE_SCORES(NQ, S, T, LOAD16, LOAD8)                                                 \
   static inline void scores##S##_##NQ(v16 *s, const float *const *q, const T *cols, size_t ld, int hd) { \
-    v16 acc[NQ];                                                                               \
-    for (int r = 0; r < NQ; r++) acc[r] = (v16){0};                                            \
-    for (int c = 0; c < hd; c++) {                                                             \
+    enum { P = NQ <= 2 ? 4 : NQ <= 4 ? 2 : 1 };                                                \
+    v16 acc[P][NQ];                                                                            \
+    for (int k = 0; k < P; k++)                                                                \
+      for (int r = 0; r < NQ; r++) acc[k][r] = (v16){0};                                       \
+    int c = 0;                                                                                 \
+    for (; c + P <= hd; c += P)                                                                \
+      for (int k = 0; k < P; k++) {                                                            \
+        v16 col = LOAD16(cols + (size_t)(c + k) * ld);                                         \
+        for (int r = 0; r < NQ; r++) acc[k][r] += q[r][c + k] * col;                           \
+      }                                                                                        \
+    for (; c < hd; c++) {                                                                      \
       v16 col = LOAD16(cols + (size_t)c * ld);                                                 \
-      for (int r = 0; r < NQ; r++) acc[r] += q[r][c] * col;                                    \
+      for (int r = 0; r < NQ; r++) acc[0][r] += q[r][c] * col;                                 \
     }                                                                                          \
-    for (int r = 0; r < NQ; r++) s[r] = acc[r];                                                \
+    for (int k = 1; k < P; k++)                                                                \
+      for (int r = 0; r < NQ; r++) acc[0][r] += acc[k][r];                                     \
+    for (int r = 0; r < NQ; r++) s[r] = acc[0][r];                                             \
   }
 #else
 /* Up to 4 queries take both halves in one pass over the columns: 2 NQ independent sums in
@@ -189,38 +199,62 @@ static inline void prefetch_rows(const void *p, size_t ld, int n, int width) {
     for (int c = 0; c < width; c += 64) __builtin_prefetch((const char *)p + (size_t)i * ld + c);
 }
 
-/* orow[c0..c0+W) += sum over u < n of p[u] v[u][c0..], W / 8 accumulators in registers,
- * each summing over u in ascending order: independent chains, so the FMAs' latency overlaps
- * (with two, a 16-key chunk's P.V waited on it). W: 64, 32 or 16. */
-#define DEFINE_PV_COLUMNS(W, S, T, LOAD8)                                                        \
-  static inline void pv_columns##S##_##W(float *orow, const float *p, const T *v, size_t ldv, int n) { \
-    v8 acc[W / 8];                                                                               \
-    for (int i = 0; i < W / 8; i++) acc[i] = load8(orow + 8 * i);                                \
+/* orow[r][c..c+W) += sum over u < n of p[r][u] v[u][c..] for r < NR (1 or 2 queries sharing
+ * V's loads), NR x W / 8 accumulators in registers, each summing over u in ascending order:
+ * independent chains, so the FMAs' latency overlaps (with two, a 16-key chunk's P.V waited on
+ * it). W: 64, 32 or 16. */
+#define DEFINE_PV_COLUMNS(W, NR, S, T, LOAD8)                                                    \
+  static inline void pv_columns##S##_##W##x##NR(float *const *orow, const float *const *p, const T *v, size_t ldv, int n, \
+                                                int c) {                                         \
+    v8 acc[NR][W / 8];                                                                           \
+    for (int r = 0; r < NR; r++)                                                                 \
+      for (int i = 0; i < W / 8; i++) acc[r][i] = load8(orow[r] + c + 8 * i);                    \
     for (int u = 0; u < n; u++)                                                                  \
-      for (int i = 0; i < W / 8; i++) acc[i] += p[u] * LOAD8(v + (size_t)u * ldv + 8 * i);       \
-    for (int i = 0; i < W / 8; i++) memcpy(orow + 8 * i, &acc[i], sizeof acc[i]);               \
+      for (int i = 0; i < W / 8; i++) {                                                          \
+        v8 x = LOAD8(v + (size_t)u * ldv + c + 8 * i);                                           \
+        for (int r = 0; r < NR; r++) acc[r][i] += p[r][u] * x;                                   \
+      }                                                                                          \
+    for (int r = 0; r < NR; r++)                                                                 \
+      for (int i = 0; i < W / 8; i++) memcpy(orow[r] + c + 8 * i, &acc[r][i], sizeof acc[r][i]); \
   }
 
-/* pv_row##S(orow, p, v, ldv, n, hd): orow[0..hd) += sum over u < n of p[u] v[u * ldv + 0..hd):
- * 64-, 32- and 16-column blocks, then the rest one column at a time; each column sums over u
- * in ascending order. */
+/* Widest block two queries take together: their 2 W / 8 accumulators must fit the registers
+ * (32 with AVX-512, 16 without). */
+#if defined(__AVX512F__)
+#define PV_PAIR_W 64
+#else
+#define PV_PAIR_W 32
+#endif
+
+/* pv_rows##S(nr, orow, p, v, ldv, n, hd): orow[r][0..hd) += sum over u < n of p[r][u] v[u * ldv +
+ * 0..hd) for r < nr (1 or 2): 64-, 32- and 16-column blocks (two queries at once up to
+ * PV_PAIR_W), then the rest one column at a time; each column sums over u in ascending order,
+ * so a query's sums do not depend on whether it had a partner. */
+#define PV_BLOCK(W, S)                                                                           \
+  if (nr == 2 && W <= PV_PAIR_W) pv_columns##S##_##W##x2(orow, p, v, ldv, n, c);                \
+  else                                                                                           \
+    for (int r = 0; r < nr; r++) pv_columns##S##_##W##x1(orow + r, p + r, v, ldv, n, c);
 #define DEFINE_PV_ROW(S, T, LOAD8, ELEM)                                                         \
-  DEFINE_PV_COLUMNS(64, S, T, LOAD8)                                                             \
-  DEFINE_PV_COLUMNS(32, S, T, LOAD8)                                                             \
-  DEFINE_PV_COLUMNS(16, S, T, LOAD8)                                                             \
-  static void pv_row##S(float *orow, const float *p, const T *v, size_t ldv, int n, int hd) {    \
+  DEFINE_PV_COLUMNS(64, 1, S, T, LOAD8)                                                          \
+  DEFINE_PV_COLUMNS(32, 1, S, T, LOAD8)                                                          \
+  DEFINE_PV_COLUMNS(16, 1, S, T, LOAD8)                                                          \
+  DEFINE_PV_COLUMNS(64, 2, S, T, LOAD8)                                                          \
+  DEFINE_PV_COLUMNS(32, 2, S, T, LOAD8)                                                          \
+  DEFINE_PV_COLUMNS(16, 2, S, T, LOAD8)                                                          \
+  static void pv_rows##S(int nr, float *const *orow, const float *const *p, const T *v, size_t ldv, int n, int hd) { \
     int c = 0;                                                                                   \
-    for (; hd - c >= 64; c += 64) pv_columns##S##_64(orow + c, p, v + c, ldv, n);                \
+    for (; hd - c >= 64; c += 64) { PV_BLOCK(64, S) }                                            \
     if (hd - c >= 32) {                                                                          \
-      pv_columns##S##_32(orow + c, p, v + c, ldv, n);                                            \
+      PV_BLOCK(32, S)                                                                            \
       c += 32;                                                                                   \
     }                                                                                            \
     if (hd - c >= 16) {                                                                          \
-      pv_columns##S##_16(orow + c, p, v + c, ldv, n);                                            \
+      PV_BLOCK(16, S)                                                                            \
       c += 16;                                                                                   \
     }                                                                                            \
-    for (int u = 0; u < n; u++)                                                                  \
-      for (int cc = c; cc < hd; cc++) orow[cc] += p[u] * ELEM(v + (size_t)u * ldv + cc);         \
+    for (int r = 0; r < nr; r++)                                                                 \
+      for (int u = 0; u < n; u++)                                                                \
+        for (int cc = c; cc < hd; cc++) orow[r][cc] += p[r][u] * ELEM(v + (size_t)u * ldv + cc); \
   }
 DEFINE_PV_ROW(, float, load8, elem_f32)
 DEFINE_PV_ROW(h, uint16_t, load8h, elem_f16)
@@ -301,13 +335,14 @@ static void attend(int R, const float *const *q, const int *limit, const key_run
         int w = run->n - j0 < CHUNK ? run->n - j0 : CHUNK;
         const key_run *ahead = run_ahead(runs, n_runs, k, j0);
         if (ahead != NULL) prefetch_rows(run_v(ahead, j0), ahead->ldv * run_elem(ahead), CHUNK, hd * (int)run_elem(ahead));
-        for (int r = 0; r < nq; r++) {
+        for (int r = 0, nr; r < nq; r += nr) { /* two queries at once where both see the same keys */
           int visible = limit[r0 + r] - (run->pos0 + j0) + 1;
           if (visible > w) visible = w;
-          const float *pr = sc + r * max_keys + at;
-          float *orow = o + r * hd;
-          if (run->vh != NULL) pv_rowh(orow, pr, run->vh + (size_t)j0 * run->ldv, run->ldv, visible, hd);
-          else pv_row(orow, pr, run->v + (size_t)j0 * run->ldv, run->ldv, visible, hd);
+          nr = r + 1 < nq && limit[r0 + r + 1] == limit[r0 + r] ? 2 : 1;
+          const float *pr[2] = {sc + r * max_keys + at, sc + (r + nr - 1) * max_keys + at};
+          float *orow[2] = {o + r * hd, o + (r + nr - 1) * hd};
+          if (run->vh != NULL) pv_rowsh(nr, orow, pr, run->vh + (size_t)j0 * run->ldv, run->ldv, visible, hd);
+          else pv_rows(nr, orow, pr, run->v + (size_t)j0 * run->ldv, run->ldv, visible, hd);
         }
         at += w;
       }

@@ -278,9 +278,46 @@ static inline void lane_sums(const vf acc[FEW_BLOCK], float out[FEW_BLOCK]) {
 #endif
 }
 
+/* c[i][j] (+)= ar[i] . wr[j] over K for i < MB, j < nn: one block of gemm_few_rows. MB (1-4)
+ * is a constant where inlined, so a block of fewer rows does only its rows' arithmetic. */
+static inline __attribute__((always_inline)) void few_block(int MB, int nn, int K, const float *const *ar,
+                                                            const float *const *wr, float *c, int ldc, int accumulate) {
+  int kv = K / VL * VL;
+  vf acc[FEW_BLOCK][FEW_BLOCK];
+  for (int i = 0; i < FEW_BLOCK; i++)
+    for (int j = 0; j < FEW_BLOCK; j++) acc[i][j] = (vf){0};
+  for (int k = 0; k < kv; k += VL) {
+    vf wv[FEW_BLOCK];
+    for (int j = 0; j < FEW_BLOCK; j++) wv[j] = load_v(wr[j] + k);
+    for (int i = 0; i < MB; i++) {
+      vf av = load_v(ar[i] + k);
+      for (int j = 0; j < FEW_BLOCK; j++) acc[i][j] += av * wv[j];
+    }
+  }
+#if VL == 16 && FEW_BLOCK == 4
+  float all[VL];
+  vf tree = block_sums(acc);
+  memcpy(all, &tree, sizeof all);
+#endif
+  for (int i = 0; i < MB; i++) {
+#if VL == 16 && FEW_BLOCK == 4
+    const float *sums = all + FEW_BLOCK * i;
+#else
+    float sums[FEW_BLOCK];
+    lane_sums(acc[i], sums);
+#endif
+    for (int j = 0; j < nn; j++) {
+      float sum = sums[j];
+      for (int k = kv; k < K; k++) sum += ar[i][k] * wr[j][k];
+      float *dst = c + (size_t)i * ldc + j;
+      *dst = accumulate ? *dst + sum : sum;
+    }
+  }
+}
+
 static void gemm_few_rows(int M, int N, int K, const float *a, int lda, const float *w, int ldw, float *c, int ldc,
                           int accumulate, int threads) {
-  int blocks = (N + FEW_BLOCK - 1) / FEW_BLOCK, kv = K / VL * VL;
+  int blocks = (N + FEW_BLOCK - 1) / FEW_BLOCK;
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int nb = 0; nb < blocks; nb++) {
     int n0 = nb * FEW_BLOCK, nn = N - n0 < FEW_BLOCK ? N - n0 : FEW_BLOCK;
@@ -290,35 +327,12 @@ static void gemm_few_rows(int M, int N, int K, const float *a, int lda, const fl
       int mm = M - m0 < FEW_BLOCK ? M - m0 : FEW_BLOCK;
       const float *ar[FEW_BLOCK];
       for (int i = 0; i < FEW_BLOCK; i++) ar[i] = a + (size_t)(m0 + (i < mm ? i : 0)) * lda;
-      vf acc[FEW_BLOCK][FEW_BLOCK];
-      for (int i = 0; i < FEW_BLOCK; i++)
-        for (int j = 0; j < FEW_BLOCK; j++) acc[i][j] = (vf){0};
-      for (int k = 0; k < kv; k += VL) {
-        vf wv[FEW_BLOCK];
-        for (int j = 0; j < FEW_BLOCK; j++) wv[j] = load_v(wr[j] + k);
-        for (int i = 0; i < FEW_BLOCK; i++) {
-          vf av = load_v(ar[i] + k);
-          for (int j = 0; j < FEW_BLOCK; j++) acc[i][j] += av * wv[j];
-        }
-      }
-#if VL == 16 && FEW_BLOCK == 4
-      float all[VL];
-      vf tree = block_sums(acc);
-      memcpy(all, &tree, sizeof all);
-#endif
-      for (int i = 0; i < mm; i++) {
-#if VL == 16 && FEW_BLOCK == 4
-        const float *sums = all + FEW_BLOCK * i;
-#else
-        float sums[FEW_BLOCK];
-        lane_sums(acc[i], sums);
-#endif
-        for (int j = 0; j < nn; j++) {
-          float sum = sums[j];
-          for (int k = kv; k < K; k++) sum += ar[i][k] * wr[j][k];
-          float *dst = c + (size_t)(m0 + i) * ldc + n0 + j;
-          *dst = accumulate ? *dst + sum : sum;
-        }
+      float *cb = c + (size_t)m0 * ldc + n0;
+      switch (mm) {
+        case 1: few_block(1, nn, K, ar, wr, cb, ldc, accumulate); break;
+        case 2: few_block(2, nn, K, ar, wr, cb, ldc, accumulate); break;
+        case 3: few_block(3, nn, K, ar, wr, cb, ldc, accumulate); break;
+        default: few_block(FEW_BLOCK, nn, K, ar, wr, cb, ldc, accumulate); break;
       }
     }
   }
