@@ -496,15 +496,18 @@ void paged_attention(float *att, const float *qkv, const kv_pool *pool, const di
   task_split sp = task_split_of(d);
   float scale = 1.0f / sqrtf((float)d->hd);
   size_t staging = paged_staging_floats(d, pool->B);
-  /* tiles: up to sp.rows consecutive rows of one sequence */
+  /* tiles: up to sp.rows consecutive rows of one sequence; work: multiply-adds of QK and PV */
   int n_tiles = 0;
+  double work = 0.0;
   for (int r = 0; r < b->n_rows; n_tiles++) {
     tiles[n_tiles] = r;
     int s = b->row_seq[r];
     while (r < b->n_rows && b->row_seq[r] == s && r - tiles[n_tiles] < sp.rows) r++;
+    work += 2.0 * (r - tiles[n_tiles]) * (b->positions[r - 1] + 1) * d->H * d->hd;
   }
   tiles[n_tiles] = b->n_rows;
-#pragma omp parallel num_threads(cpu_threads())
+  int threads = cpu_threads_for(work / 64), tasks = task_count(sp, n_tiles, d); /* a region's wake-up costs more than a small step */
+#pragma omp parallel num_threads(threads < tasks ? threads : tasks)
   {
     float *work = scratch + (size_t)omp_get_thread_num() * scratch_floats;
     key_run *runs = (key_run *)(work + attend_work(d->hd, (size_t)d->max_pos));
