@@ -331,28 +331,38 @@ static inline __attribute__((always_inline)) void few_block(int MB, int nn, int 
   }
 }
 
+/* Output columns [n0, n0 + FEW_BLOCK) of gemm_few_rows, every row. */
+static void few_columns(int nb, int M, int N, int K, const float *a, int lda, const float *w, int ldw, float *c, int ldc,
+                        int accumulate) {
+  int n0 = nb * FEW_BLOCK, nn = N - n0 < FEW_BLOCK ? N - n0 : FEW_BLOCK;
+  const float *wr[FEW_BLOCK];
+  for (int j = 0; j < FEW_BLOCK; j++) wr[j] = w + (size_t)(n0 + (j < nn ? j : 0)) * ldw;
+  for (int m0 = 0; m0 < M; m0 += FEW_BLOCK) {
+    int mm = M - m0 < FEW_BLOCK ? M - m0 : FEW_BLOCK;
+    const float *ar[FEW_BLOCK];
+    for (int i = 0; i < FEW_BLOCK; i++) ar[i] = a + (size_t)(m0 + (i < mm ? i : 0)) * lda;
+    float *cb = c + (size_t)m0 * ldc + n0;
+    const float *ahead = m0 == 0 && n0 + 2 * FEW_BLOCK <= N ? w + (size_t)(n0 + FEW_BLOCK) * ldw : NULL;
+    switch (mm) {
+      case 1: few_block(1, nn, K, ar, wr, ahead, ldw, cb, ldc, accumulate); break;
+      case 2: few_block(2, nn, K, ar, wr, ahead, ldw, cb, ldc, accumulate); break;
+      case 3: few_block(3, nn, K, ar, wr, ahead, ldw, cb, ldc, accumulate); break;
+      default: few_block(FEW_BLOCK, nn, K, ar, wr, ahead, ldw, cb, ldc, accumulate); break;
+    }
+  }
+}
+
+/* One thread runs the blocks in place: entering an OpenMP region costs more than a tiny
+ * model's matmul of a few rows. */
 static void gemm_few_rows(int M, int N, int K, const float *a, int lda, const float *w, int ldw, float *c, int ldc,
                           int accumulate, int threads) {
   int blocks = (N + FEW_BLOCK - 1) / FEW_BLOCK;
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int nb = 0; nb < blocks; nb++) {
-    int n0 = nb * FEW_BLOCK, nn = N - n0 < FEW_BLOCK ? N - n0 : FEW_BLOCK;
-    const float *wr[FEW_BLOCK];
-    for (int j = 0; j < FEW_BLOCK; j++) wr[j] = w + (size_t)(n0 + (j < nn ? j : 0)) * ldw;
-    for (int m0 = 0; m0 < M; m0 += FEW_BLOCK) {
-      int mm = M - m0 < FEW_BLOCK ? M - m0 : FEW_BLOCK;
-      const float *ar[FEW_BLOCK];
-      for (int i = 0; i < FEW_BLOCK; i++) ar[i] = a + (size_t)(m0 + (i < mm ? i : 0)) * lda;
-      float *cb = c + (size_t)m0 * ldc + n0;
-      const float *ahead = m0 == 0 && n0 + 2 * FEW_BLOCK <= N ? w + (size_t)(n0 + FEW_BLOCK) * ldw : NULL;
-      switch (mm) {
-        case 1: few_block(1, nn, K, ar, wr, ahead, ldw, cb, ldc, accumulate); break;
-        case 2: few_block(2, nn, K, ar, wr, ahead, ldw, cb, ldc, accumulate); break;
-        case 3: few_block(3, nn, K, ar, wr, ahead, ldw, cb, ldc, accumulate); break;
-        default: few_block(FEW_BLOCK, nn, K, ar, wr, ahead, ldw, cb, ldc, accumulate); break;
-      }
-    }
+  if (threads == 1) {
+    for (int nb = 0; nb < blocks; nb++) few_columns(nb, M, N, K, a, lda, w, ldw, c, ldc, accumulate);
+    return;
   }
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int nb = 0; nb < blocks; nb++) few_columns(nb, M, N, K, a, lda, w, ldw, c, ldc, accumulate);
 }
 
 /* How many A blocks an M-row product is cut into: enough that each fits the packing buffer (MC
