@@ -86,7 +86,7 @@ void rope(float *qkv, const int32_t *positions, const float *cos_t, const float 
 }
 
 void swiglu_forward(float *act, const float *gu, int T, int F) {
-#pragma omp parallel for num_threads(cpu_threads_for(20.0 * T * F)) schedule(static)
+#pragma omp parallel for num_threads(cpu_threads_for(2.0 * T * F)) schedule(static)
   for (int t = 0; t < T; t++) {
     const float *g = gu + (size_t)t * 2 * F, *u = g + F;
     float *a = act + (size_t)t * F;
