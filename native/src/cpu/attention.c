@@ -56,8 +56,10 @@ static inline float elem_f16(const uint16_t *p) { return half_to_float(*p); }
  * h) and loaders LOAD16 / LOAD8 / ELEM; every sum runs in F32 in the same order for both.
  *
  * s[r] (+)= sum_c a[r][c] * cols[c * ld + 0..CHUNK) for r < NQ, with a[r] at q[r] and the
- * count a compile-time constant so the NQ accumulators stay in registers (without AVX-512:
- * one half of the chunk at a time, NQ 8-float accumulators; 2 NQ would spill). */
+ * count a compile-time constant so the NQ accumulators stay in registers (with AVX-512, up to 4
+ * queries split the sum over c into 2-4 interleaved partial sums, added in a fixed order, so
+ * their FMAs do not wait on each other; without: one half of the chunk at a time, NQ 8-float
+ * accumulators; 2 NQ would spill). */
 #if defined(__AVX512F__)
 static inline v16 load16(const float *p) {
   v16 v;

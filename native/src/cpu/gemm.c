@@ -245,7 +245,7 @@ static inline vf tree2(vf x, vf y, int g) {
   }
 }
 
-static inline vf block_sums(const vf acc[FEW_BLOCK][FEW_BLOCK]) {
+static inline vf tree_sums(const vf acc[FEW_BLOCK][FEW_BLOCK]) {
   const vf *v = &acc[0][0];
   vf p[8], q[4], r[2];
   for (int i = 0; i < 8; i++) p[i] = tree2(v[2 * i], v[2 * i + 1], 1);
@@ -253,8 +253,7 @@ static inline vf block_sums(const vf acc[FEW_BLOCK][FEW_BLOCK]) {
   for (int i = 0; i < 2; i++) r[i] = tree2(q[2 * i], q[2 * i + 1], 4);
   return tree2(r[0], r[1], 8);
 }
-#endif
-
+#else
 /* out[j] = the sum of acc[j]'s lanes. With 8-lane vectors a transposing tree (pairs within
  * each 128-bit half, twice, then the two halves: 7 vector ops for the 4 sums, where adding
  * lane by lane takes 28 dependent scalar adds), else lane by lane. */
@@ -275,6 +274,18 @@ static inline void lane_sums(const vf acc[FEW_BLOCK], float out[FEW_BLOCK]) {
     out[j] = 0.0f;
     for (int l = 0; l < VL; l++) out[j] += lanes[l];
   }
+#endif
+}
+#endif
+
+/* out[FEW_BLOCK * i + j] = the sum of acc[i][j]'s lanes, for i < MB. */
+static inline void block_sums(int MB, const vf acc[FEW_BLOCK][FEW_BLOCK], float out[FEW_BLOCK * FEW_BLOCK]) {
+#if VL == 16 && FEW_BLOCK == 4
+  (void)MB;
+  vf sums = tree_sums(acc);
+  memcpy(out, &sums, sizeof sums);
+#else
+  for (int i = 0; i < MB; i++) lane_sums(acc[i], out + FEW_BLOCK * i);
 #endif
 }
 
@@ -310,20 +321,11 @@ static inline __attribute__((always_inline)) void few_block(int MB, int nn, int 
       for (int j = 0; j < FEW_BLOCK; j++) acc[i][j] += av * wv[j];
     }
   }
-#if VL == 16 && FEW_BLOCK == 4
-  float all[VL];
-  vf tree = block_sums(acc);
-  memcpy(all, &tree, sizeof all);
-#endif
+  float sums[FEW_BLOCK * FEW_BLOCK];
+  block_sums(MB, acc, sums);
   for (int i = 0; i < MB; i++) {
-#if VL == 16 && FEW_BLOCK == 4
-    const float *sums = all + FEW_BLOCK * i;
-#else
-    float sums[FEW_BLOCK];
-    lane_sums(acc[i], sums);
-#endif
     for (int j = 0; j < nn; j++) {
-      float sum = sums[j];
+      float sum = sums[FEW_BLOCK * i + j];
       for (int k = kv; k < K; k++) sum += ar[i][k] * wr[j][k];
       float *dst = c + (size_t)i * ldc + j;
       *dst = accumulate ? *dst + sum : sum;
