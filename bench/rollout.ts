@@ -16,10 +16,16 @@
  * gateway in this process while the worker runs in a child `gyre node`, so this process's CPU
  * is the gateway's plus its HTTP client's: `gateway_overhead_p50_ms` / `_p99_ms` are round trip
  * minus time inside the worker (the gateway's own window: HTTP, rendering, routing, NATS both
- * ways, the record's JetStream ack; `gateway_prepare_p50_ms` and `gateway_record_p50_ms` are
- * its first and last parts), `gateway_cpu_ms_per_call` this process's CPU per call,
- * beside `raw_nats_p50_ms` / `_p99_ms` / `raw_nats_cpu_ms_per_call`: a plain NATS request and
- * reply of the same sizes (the HTTP request and response bodies) on the same server.
+ * ways, the record's JetStream ack; its three parts, p50 and p99 each: `gateway_prepare_*`
+ * before the routing, `gateway_ask_*` to the worker and back, `gateway_record_*` the record),
+ * `gateway_cpu_ms_per_call` this process's CPU per call, beside two peers on the same server:
+ * `raw_nats_p50_ms` / `_p99_ms` / `raw_nats_cpu_ms_per_call`, a plain NATS request and reply of
+ * the same sizes (the HTTP request and response bodies), and `raw_js_publish_p50_ms` / `_p99_ms`,
+ * a lone JetStream publish of the phase's last call record to the same stream; each back to
+ * back and again at the gateway's pace (`_paced_`: one started every `gateway_period_ms`, the
+ * phase's time per call). `gateway_floor_p50_ms`, the paced request's p50 plus the paced
+ * publish's, is what a call's transport and record cost at that pace with no work of the
+ * gateway's or the worker's host on top.
  * Prints a table and, last, one JSON line. Not a test: nothing here is asserted.
  */
 import { spawn } from "node:child_process"
@@ -40,6 +46,7 @@ import { loadCheckpoint, saveCheckpoint } from "../src/engine/checkpoint.ts"
 import { Engine } from "../src/engine/engine.ts"
 import { presets } from "../src/engine/presets.ts"
 import { Nats, connectTo } from "../src/runtime/nats.ts"
+import { rlLayout } from "../src/protocols/layout.ts"
 import { address } from "../src/runtime/names.ts"
 import { repoRoot } from "../src/runtime/nats-server.ts"
 import { startNode } from "../src/runtime/node.ts"
@@ -139,7 +146,28 @@ const post = (agent: http.Agent, port: number, key: string, body: string) =>
     req.end(body)
   })
 
-/** The gateway's own cost per call, and a raw NATS request of the same sizes beside it. */
+/**
+ * `GATEWAY_CALLS` sequential runs of `f`: p50 and p99 ms, and this process's CPU ms per run.
+ * With `periodMs`, a run starts `periodMs` after the one before (at the gateway's own pace: a
+ * publish acknowledged after an idle gap takes longer here than one right after another).
+ */
+const timed = (f: (i: number) => Promise<unknown>, periodMs = 0) =>
+  Effect.promise(async () => {
+    const ms: Array<number> = []
+    const cpu0 = process.cpuUsage()
+    let next = performance.now()
+    for (let i = 0; i < GATEWAY_CALLS; i++) {
+      const wait = next - performance.now()
+      if (wait > 0) await new Promise((resolve) => setTimeout(resolve, wait))
+      const t = performance.now()
+      next = t + periodMs
+      await f(i)
+      ms.push(performance.now() - t)
+    }
+    return { p50: quantile(ms, 0.5), p99: quantile(ms, 0.99), cpu: cpuMs(cpu0) / GATEWAY_CALLS }
+  })
+
+/** The gateway's own cost per call, and beside it its peers: a raw NATS request of the same sizes, a lone publish of its record. */
 const gatewayPhase = Effect.gen(function* () {
   const system = yield* ActorSystem
   yield* childWorker(system.nats.servers, system.run)
@@ -158,7 +186,9 @@ const gatewayPhase = Effect.gen(function* () {
     })
   yield* Effect.retry(calls(20), { times: 50, schedule: Schedule.spaced("200 millis") }) // warm-up: also waits for the worker to be routable
   const cpu0 = process.cpuUsage()
+  const start = performance.now()
   yield* calls(GATEWAY_CALLS)
+  const periodMs = (performance.now() - start) / GATEWAY_CALLS
   const gatewayCpu = cpuMs(cpu0) / GATEWAY_CALLS
   const { recent } = yield* system.ask(gw, "Status", undefined)
   agent.destroy()
@@ -168,30 +198,44 @@ const gatewayPhase = Effect.gen(function* () {
   responder.subscribe("bench.raw", { callback: (_e, m) => void m.respond(reply) })
   yield* Effect.promise(() => responder.flush())
   const request = new TextEncoder().encode(body)
-  const rawMs: Array<number> = []
-  const rawCpu0 = process.cpuUsage()
-  yield* Effect.promise(async () => {
-    for (let i = 0; i < GATEWAY_CALLS; i++) {
-      const t = performance.now()
-      await system.nats.nc.request("bench.raw", request, { timeout: 5000 })
-      rawMs.push(performance.now() - t)
-    }
-  })
-  const rawP50 = quantile(rawMs, 0.5)
+  const rawRequest = () => system.nats.nc.request("bench.raw", request, { timeout: 5000 })
+  const raw = yield* timed(rawRequest)
+  const rawPaced = yield* timed(rawRequest, periodMs)
+  // A lone publish of the last call record's bytes to the same stream, acknowledged as the gateway's are.
+  const layout = rlLayout(system.run)
+  const record = yield* Effect.promise(() => system.nats.jsm.streams.getMessage(layout.trajectoryStream, { last_by_subj: layout.calls("bench-gw") })).pipe(
+    Effect.flatMap((m) => (m === null ? Effect.die(new Error("the gateway phase left no call record")) : Effect.succeed(m)))
+  )
+  const publish = (tag: string) => (i: number) => system.nats.js.publish(layout.calls("bench-raw"), record.data, { msgID: `bench-raw.${tag}.${i}` })
+  const rawJs = yield* timed(publish("b"))
+  const rawJsPaced = yield* timed(publish("p"), periodMs)
   return {
     gateway_overhead_p50_ms: +recent.overheadP50Ms.toFixed(3),
     gateway_overhead_p99_ms: +recent.overheadP99Ms.toFixed(3),
     gateway_prepare_p50_ms: +recent.preparedP50Ms.toFixed(3),
+    gateway_prepare_p99_ms: +recent.preparedP99Ms.toFixed(3),
+    gateway_ask_p50_ms: +recent.askP50Ms.toFixed(3),
+    gateway_ask_p99_ms: +recent.askP99Ms.toFixed(3),
     gateway_record_p50_ms: +recent.recordP50Ms.toFixed(3),
+    gateway_record_p99_ms: +recent.recordP99Ms.toFixed(3),
     gateway_cpu_ms_per_call: +gatewayCpu.toFixed(3),
     gateway_round_trip_p50_ms: +recent.roundTripP50Ms.toFixed(3),
     gateway_worker_p50_ms: +recent.workerP50Ms.toFixed(3),
-    raw_nats_p50_ms: +rawP50.toFixed(3),
-    raw_nats_p99_ms: +quantile(rawMs, 0.99).toFixed(3),
-    raw_nats_cpu_ms_per_call: +(cpuMs(rawCpu0) / GATEWAY_CALLS).toFixed(3),
+    raw_nats_p50_ms: +raw.p50.toFixed(3),
+    raw_nats_p99_ms: +raw.p99.toFixed(3),
+    raw_nats_cpu_ms_per_call: +raw.cpu.toFixed(3),
     raw_nats_request_bytes: request.length,
     raw_nats_reply_bytes: reply.length,
-    gateway_overhead_over_raw_nats: +(recent.overheadP50Ms / rawP50).toFixed(2)
+    raw_nats_paced_p50_ms: +rawPaced.p50.toFixed(3),
+    raw_nats_paced_p99_ms: +rawPaced.p99.toFixed(3),
+    raw_js_publish_p50_ms: +rawJs.p50.toFixed(3),
+    raw_js_publish_p99_ms: +rawJs.p99.toFixed(3),
+    raw_js_publish_paced_p50_ms: +rawJsPaced.p50.toFixed(3),
+    raw_js_publish_paced_p99_ms: +rawJsPaced.p99.toFixed(3),
+    raw_js_publish_bytes: record.data.length,
+    gateway_period_ms: +periodMs.toFixed(3),
+    gateway_floor_p50_ms: +(rawPaced.p50 + rawJsPaced.p50).toFixed(3),
+    gateway_overhead_over_raw_nats: +(recent.overheadP50Ms / raw.p50).toFixed(2)
   }
 })
 
@@ -265,7 +309,7 @@ const program = Effect.gen(function* () {
   console.log(["direct".padEnd(12), result.direct_seconds.toFixed(2).padStart(8), String(r.calls).padStart(6), String(direct.generated).padStart(8), String(result.direct_gen_tokens_per_s).padStart(10)].join(" "))
   console.log(`actors / direct: ${result.actor_over_direct} (end to end, harness time between calls included); prefill saved ${result.prefill_tokens_saved_ratio}`)
   console.log(
-    `gateway alone (${GATEWAY_CALLS} sequential calls, worker in a child node): overhead p50 ${result.gateway_overhead_p50_ms} ms (preparing ${result.gateway_prepare_p50_ms}, record ${result.gateway_record_p50_ms}), p99 ${result.gateway_overhead_p99_ms} ms, CPU ${result.gateway_cpu_ms_per_call} ms/call (gateway + client); raw NATS request of the same sizes: p50 ${result.raw_nats_p50_ms} ms, p99 ${result.raw_nats_p99_ms} ms, CPU ${result.raw_nats_cpu_ms_per_call} ms`
+    `gateway alone (${GATEWAY_CALLS} sequential calls, worker in a child node): overhead p50 ${result.gateway_overhead_p50_ms} ms (preparing ${result.gateway_prepare_p50_ms}, to the worker and back ${result.gateway_ask_p50_ms}, record ${result.gateway_record_p50_ms}), p99 ${result.gateway_overhead_p99_ms} ms (${result.gateway_prepare_p99_ms}, ${result.gateway_ask_p99_ms}, ${result.gateway_record_p99_ms}), CPU ${result.gateway_cpu_ms_per_call} ms/call (gateway + client); raw NATS request of the same sizes: p50 ${result.raw_nats_p50_ms} ms, p99 ${result.raw_nats_p99_ms} ms, CPU ${result.raw_nats_cpu_ms_per_call} ms; a lone publish of the record: p50 ${result.raw_js_publish_p50_ms} ms, p99 ${result.raw_js_publish_p99_ms} ms; both at the gateway's pace (one every ${result.gateway_period_ms} ms): request p50 ${result.raw_nats_paced_p50_ms} ms, publish p50 ${result.raw_js_publish_paced_p50_ms} ms (floor ${result.gateway_floor_p50_ms} ms)`
   )
   console.log(JSON.stringify(result))
 })

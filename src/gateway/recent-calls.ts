@@ -1,8 +1,10 @@
 /**
  * The gateway's window of its most recent calls: round trip, engine compute and tokens per
  * call, summarised as medians (and the overhead's 99th percentile) and sums for `Status` (and `bench:rollout`).
- * Two parts of the overhead are kept apart: preparing the call before it is routed, and its
- * record's publish; the rest is the way to the worker and back (NATS, both actor hosts).
+ * The overhead is split in three: preparing the call before it is routed, the way to the worker
+ * and back (the router, the ask's encoding and decoding, NATS both ways, the worker's host
+ * outside its own time) and the record's publish; each with its median and 99th percentile, so a
+ * tail can be told from the part it comes from.
  */
 import type { RecentCalls } from "../protocols/gateway.ts"
 
@@ -30,6 +32,9 @@ const quantile = (xs: Array<number>, q: number): number => {
   return s[lo]! + (s[Math.min(lo + 1, s.length - 1)]! - s[lo]!) * (at - lo)
 }
 const median = (xs: Array<number>) => quantile(xs, 0.5)
+const p99 = (xs: Array<number>) => quantile(xs, 0.99)
+/** The way to the worker and back: the overhead less preparing and the record. */
+const askMs = (r: Row) => r.roundTripMs - r.workerMs - r.preparedMs - r.recordMs
 
 export const recentCalls = (capacity = 4096) => {
   const rows: Array<Row> = []
@@ -50,9 +55,13 @@ export const recentCalls = (capacity = 4096) => {
       computeP50Ms: median(rows.map((r) => r.computeMs)),
       workerP50Ms: median(rows.map((r) => r.workerMs)),
       overheadP50Ms: median(rows.map((r) => r.roundTripMs - r.workerMs)),
-      overheadP99Ms: quantile(rows.map((r) => r.roundTripMs - r.workerMs), 0.99),
+      overheadP99Ms: p99(rows.map((r) => r.roundTripMs - r.workerMs)),
       preparedP50Ms: median(rows.map((r) => r.preparedMs)),
+      preparedP99Ms: p99(rows.map((r) => r.preparedMs)),
+      askP50Ms: median(rows.map(askMs)),
+      askP99Ms: p99(rows.map(askMs)),
       recordP50Ms: median(rows.map((r) => r.recordMs)),
+      recordP99Ms: p99(rows.map((r) => r.recordMs)),
       promptTokens: rows.reduce((a, r) => a + r.promptTokens, 0),
       cachedTokens: rows.reduce((a, r) => a + r.cachedTokens, 0),
       generatedTokens: rows.reduce((a, r) => a + r.generatedTokens, 0)

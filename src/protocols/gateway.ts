@@ -53,8 +53,13 @@ export const RecentCalls = Schema.Struct({
   overheadP99Ms: Schema.Number,
   /** Parts of the overhead: from the request's arrival to its routing (body, key, schema, chat template, tokens). */
   preparedP50Ms: Schema.Number,
+  preparedP99Ms: Schema.Number,
+  /** From the routing to the answer, less the worker's own time: the router, the ask's encoding and decoding, NATS both ways. */
+  askP50Ms: Schema.Number,
+  askP99Ms: Schema.Number,
   /** The call record's JetStream publish until acknowledged (stored, and fsynced where the server syncs always). */
   recordP50Ms: Schema.Number,
+  recordP99Ms: Schema.Number,
   promptTokens: NonNegativeInt,
   /** Prompt tokens the worker found cached (not prefilled again). */
   cachedTokens: NonNegativeInt,
