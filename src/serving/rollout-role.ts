@@ -149,12 +149,18 @@ export const startRollout = Effect.fn("startRollout")(function* (
     }
   }
 
-  /** Reads version `version`'s weights and swaps them in between two engine steps. */
+  /**
+   * Reads version `version`'s weights and swaps them in between two engine steps; nothing to do
+   * when the model holds them already (a step's core made them itself: every weight change goes
+   * through `swapWeights` with its version, so the batcher's version is the model's).
+   */
   const loadWeights = (version: number) =>
-    fetchFlatWeights(ctx.system, engine, model, version).pipe(
-      Effect.flatMap((weights) => batcher.swapWeights(model.setWeights(weights), version).pipe(Effect.orDie)),
-      Effect.as({ version })
-    )
+    batcher.load().version === version
+      ? Effect.succeed({ version })
+      : fetchFlatWeights(ctx.system, engine, model, version).pipe(
+          Effect.flatMap((weights) => batcher.swapWeights(model.setWeights(weights), version).pipe(Effect.orDie)),
+          Effect.as({ version })
+        )
 
   const handlers: RolloutHandlers = {
     Generate: (request) =>

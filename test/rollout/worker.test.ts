@@ -37,11 +37,12 @@ describe("rollout worker actor", () => {
       const system = yield* ActorSystem
       const { baseUrl, execution } = yield* serve({ checkpoint, workers: 2 })
       const names = rlLayout(system.run)
-      yield* promise(async () => {
-        const store = await new Objm(system.nats.nc).create(names.weightsBucket)
-        await store.putBlob({ name: names.weightsObject(1) }, weights)
-      })
+      const store = yield* promise(() => new Objm(system.nats.nc).create(names.weightsBucket))
+      yield* promise(() => store.putBlob({ name: names.weightsObject(1) }, weights))
       const loaded = yield* system.ask(worker("a.cpu1"), "LoadWeights", { version: 1 })
+      // The version it holds is not read again: gone from the store, it still loads.
+      yield* promise(() => store.delete(names.weightsObject(1)))
+      const held = yield* system.ask(worker("a.cpu1"), "LoadWeights", { version: 1 })
       const missing = yield* Effect.flip(system.ask(worker("a.cpu1"), "LoadWeights", { version: 7 }))
       const client = new OpenAI({ baseURL: baseUrl, apiKey: KEY, maxRetries: 0 })
       const call = yield* Effect.forkChild(
@@ -69,9 +70,10 @@ describe("rollout worker actor", () => {
         busy: yield* system.ask(worker(busy), "Status", undefined),
         other: yield* system.ask(worker(busy === "a.cpu0" ? "a.cpu1" : "a.cpu0"), "Status", undefined)
       }
-      return { loaded, missing, busy, drained, response, record: record!, statuses }
+      return { loaded, held, missing, busy, drained, response, record: record!, statuses }
     }))
     expect(out.loaded.version).toBe(1)
+    expect(out.held.version).toBe(1)
     expect(out.missing._tag).toBe("WeightsUnavailable")
     expect(out.drained.cancelled).toBe(1)
     expect(out.statuses.busy.draining).toBe(true)
