@@ -17,7 +17,7 @@
  *   5. free every context on this device and unpin (the destinations answered), and report
  *      the figures (`SwitchResult`).
  * Joining rollout (`SwitchRole {role: "rollout", version}`): leave the training role (await
- * its `leave`), load `version`'s weights if given, start admitting.
+ * its `leave`), load `version`'s weights if given and not held already, start admitting.
  *
  * Switches run one at a time; a switch to the role the device is in answers at once with zero
  * figures (so a scheduler re-executing a journaled action is harmless).
