@@ -155,12 +155,14 @@ export const startRollout = Effect.fn("startRollout")(function* (
    * through `swapWeights` with its version, so the batcher's version is the model's).
    */
   const loadWeights = (version: number) =>
-    batcher.load().version === version
-      ? Effect.succeed({ version })
-      : fetchFlatWeights(ctx.system, engine, model, version).pipe(
-          Effect.flatMap((weights) => batcher.swapWeights(model.setWeights(weights), version).pipe(Effect.orDie)),
-          Effect.as({ version })
-        )
+    Effect.suspend(() =>
+      batcher.load().version === version
+        ? Effect.succeed({ version })
+        : fetchFlatWeights(ctx.system, engine, model, version).pipe(
+            Effect.flatMap((weights) => batcher.swapWeights(model.setWeights(weights), version).pipe(Effect.orDie)),
+            Effect.as({ version })
+          )
+    )
 
   const handlers: RolloutHandlers = {
     Generate: (request) =>
