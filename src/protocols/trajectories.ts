@@ -11,11 +11,10 @@
  * run again (its runner died with it, and the scheduler asked for it again) is rebuilt from its
  * last start only: the calls of the attempt that died are not part of what was scored.
  */
-import type { JsMsg } from "@nats-io/jetstream"
 import { Effect, Schema, Stream } from "effect"
 import { headers } from "@nats-io/transport-node"
 import { TransportError, messageOf } from "../runtime/errors.ts"
-import { readStored } from "../runtime/stream-reader.ts"
+import { readStored, type StreamMessage } from "../runtime/stream-reader.ts"
 import type { JournalSource } from "../runtime/journal.ts"
 import { DeltaDecoder } from "../tree/decoder.ts"
 import { ExecutionOutcome } from "../tree/outcome.ts"
@@ -69,7 +68,7 @@ const emptyTrajectory = (execution: string): ExecutionTrajectory => ({
 /** Applies one trajectory-stream message (a call record or an outcome) to its execution's trajectory. */
 const applyMessage = (
   names: ReturnType<typeof rlLayout>,
-  m: JsMsg,
+  m: StreamMessage,
   of: (execution: string) => ExecutionTrajectory | undefined,
   malformed: Array<MalformedMessage>
 ): void => {

@@ -7,13 +7,12 @@
  * protocol (when the caller supplies it) so a replay sees the same typed values the actors saw.
  * A read covers the messages present when it starts, then ends.
  */
-import type { JsMsg } from "@nats-io/jetstream"
 import { Cause, Exit, Schema, Stream } from "effect"
 import type { RpcGroup } from "effect/rpc"
 import type { TransportError } from "./errors.ts"
 import type { ActorAddress } from "./names.ts"
 import { Headers, codecsOf, parseJson, requestOf } from "./protocol.ts"
-import { readStored, type StartAt } from "./stream-reader.ts"
+import { readStored, type StartAt, type StreamMessage } from "./stream-reader.ts"
 import type { ActorSystemShape } from "./system.ts"
 
 export interface JournalEntry {
@@ -56,7 +55,7 @@ const classify = (prefix: string, subject: string) => {
 /** Streams the journal of `system`'s run, decoded. */
 export const readJournal = (system: JournalSource, options: ReadJournalOptions = {}): Stream.Stream<JournalEntry, TransportError> => {
   const prefix = `gyre.${system.run}`
-  const decodeEntry = (m: JsMsg): JournalEntry => {
+  const decodeEntry = (m: StreamMessage): JournalEntry => {
     const where = classify(prefix, m.subject)
     const name = where.via === "event" ? where.name : m.headers?.get(Headers.request) ?? ""
     const parsed = parseJson(m.data)

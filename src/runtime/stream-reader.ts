@@ -1,11 +1,11 @@
 /**
  * Reads what a JetStream stream holds now, in order, from a sequence or a time, and ends:
  * an ordered consumer from the start point up to the stream's last sequence at the time of
- * the call (with `subject`, only that subject's messages, up to its last one). The journal
- * reader and the trajectory readers are all this plus a decoder. With `follow`, the read does
+ * the call (with `subject`, only that subject's messages, up to its last one); what the
+ * consumer's replica does not hold yet, from the stream's leader. The journal reader and the trajectory readers are all this plus a decoder. With `follow`, the read does
  * not end at the last message: it waits for new ones until interrupted (`gyre replay --follow`).
  */
-import { DeliverPolicy, type ConsumerMessages, type JsMsg, type StoredMsg } from "@nats-io/jetstream"
+import { DeliverPolicy, type Consumer, type ConsumerMessages, type JsMsg, type MsgRequest, type StoredMsg } from "@nats-io/jetstream"
 import type { NonEmptyReadonlyArray } from "effect/Array"
 import { Effect, Stream } from "effect"
 import { TransportError, messageOf } from "./errors.ts"
@@ -44,40 +44,100 @@ const BATCH = 512
 const IDLE_MS = 60_000
 
 /**
+ * A stored message as the readers use it, whether the read's consumer delivered it or the
+ * stream's leader returned it (`fromLeader`).
+ */
+export type StreamMessage = Pick<JsMsg, "subject" | "seq" | "headers" | "data" | "time" | "json" | "string">
+
+const fromStored = (m: StoredMsg): StreamMessage => ({
+  subject: m.subject,
+  seq: m.seq,
+  headers: m.header,
+  data: m.data,
+  time: m.time,
+  json: <T>() => m.json<T>(),
+  string: () => m.string()
+})
+
+/** How long a read waits for its next message before asking whether its consumer's server holds it. */
+const BEHIND_MS = 2_000
+
+/** Where a read stands: the last sequence it gave out, since when it has waited (undefined: not waiting). */
+interface Cursor {
+  seq: number
+  waitingSince: number | undefined
+}
+
+/**
+ * Whether the consumer's server holds nothing more for the read although `last` is not reached:
+ * on a cluster, an ephemeral consumer is R1 on a random replica of the stream (nats-server's
+ * `createGroupForConsumer`), and a replica restarted after a crash may lag the leader for
+ * minutes while it catches up (a CI run: a trajectory read stalled at sequence 90 of 129 for
+ * three minutes, re-placed on the same lagging replica by each retry).
+ */
+const behind = (consumer: Consumer, cursor: Cursor, last: number): Promise<boolean> =>
+  consumer.info().then(
+    (info) => info.num_pending === 0 && cursor.seq < last,
+    () => false
+  )
+
+/**
  * The consumer's messages up to sequence `last`, in arrays of what has already arrived (at most
  * `BATCH`): each array is one chunk of the stream, so the stages after the read pay their
  * per-chunk cost once per batch instead of once per message (bench:replay). A read that waits
  * `idleMs` for its next message (not counting the time the stages after it hold a batch) is
- * stopped with an error.
+ * stopped with an error. A read whose consumer's server proves `behind` after `BEHIND_MS` of
+ * silence ends its consumer there and reads the rest from the stream's leader.
  */
-async function* batches(messages: ConsumerMessages, last: number, idleMs: number): AsyncGenerator<NonEmptyReadonlyArray<JsMsg>> {
-  let batch: Array<JsMsg> = []
-  let seq = 0
-  let waitingSince: number | undefined = performance.now()
-  const watchdog = Number.isFinite(idleMs)
-    ? setInterval(() => {
-        if (waitingSince !== undefined && performance.now() - waitingSince > idleMs) {
-          messages.stop(new Error(`no message for ${idleMs} ms after sequence ${seq} (reading up to ${last})`))
-        }
-      }, idleMs / 4)
-    : undefined
+async function* batches(consumer: Consumer, messages: ConsumerMessages, last: number, idleMs: number, leader: (after: number) => AsyncGenerator<StreamMessage>): AsyncGenerator<NonEmptyReadonlyArray<StreamMessage>> {
+  let batch: Array<StreamMessage> = []
+  const cursor: Cursor = { seq: 0, waitingSince: performance.now() }
+  let asking = false
+  let lagging = false
+  const watch = async () => {
+    const waited = cursor.waitingSince === undefined ? 0 : performance.now() - cursor.waitingSince
+    if (waited > idleMs) return messages.stop(new Error(`no message for ${idleMs} ms after sequence ${cursor.seq} (reading up to ${last})`))
+    if (waited < BEHIND_MS || asking) return
+    asking = true
+    lagging = await behind(consumer, cursor, last)
+    asking = false
+    if (lagging) messages.stop()
+  }
+  const watchdog = Number.isFinite(idleMs) ? setInterval(() => void watch(), BEHIND_MS / 2) : undefined
   try {
     for await (const m of messages) {
-      seq = m.seq
-      waitingSince = performance.now()
+      cursor.seq = m.seq
+      cursor.waitingSince = performance.now()
       batch.push(m)
       const done = m.seq >= last
       if (done || batch.length >= BATCH || messages.getPending() === 0) {
-        waitingSince = undefined
-        yield batch as [JsMsg, ...Array<JsMsg>] // non-empty: m was just pushed
-        waitingSince = performance.now()
+        cursor.waitingSince = undefined
+        yield batch as [StreamMessage, ...Array<StreamMessage>] // non-empty: m was just pushed
+        cursor.waitingSince = performance.now()
         batch = []
       }
-      if (done) break
+      if (done) return
     }
+    if (batch.length > 0) yield batch as [StreamMessage, ...Array<StreamMessage>]
   } finally {
     clearInterval(watchdog)
     await messages.close().catch(() => undefined)
+  }
+  if (lagging) for await (const m of leader(cursor.seq)) yield [m]
+}
+
+/**
+ * The messages on `subject` (every subject: `>`) after sequence `after` up to `last`, one request
+ * each to the stream's leader, which holds every message up to the last one its info reported.
+ * Ends at the first gap past the stream's end (messages deleted since).
+ */
+export async function* fromLeader(nats: NatsShape, stream: string, subject: string | undefined, after: number, last: number): AsyncGenerator<StreamMessage> {
+  for (let seq = after + 1; seq <= last; ) {
+    // `next_by_subj` is the leader's API since nats-server 2.9; nats.js types it for direct gets only.
+    const m = await nats.jsm.streams.getMessage(stream, { next_by_subj: subject ?? ">", seq } as unknown as MsgRequest)
+    if (m === null || m.seq > last) return
+    yield fromStored(m)
+    seq = m.seq + 1
   }
 }
 
@@ -88,7 +148,7 @@ export const readStored = (
   from: StartAt = { seq: 1 },
   subject?: string,
   follow = false
-): Stream.Stream<JsMsg, TransportError> =>
+): Stream.Stream<StreamMessage, TransportError> =>
   Stream.unwrap(
     Effect.gen(function* () {
       const { last, lastTime, pull } = yield* Effect.tryPromise({
@@ -121,7 +181,9 @@ export const readStored = (
         try: () => consumer.consume({ max_messages: pull }),
         catch: (e) => new TransportError({ operation: `read ${stream}`, message: messageOf(e) })
       })
-      return Stream.fromAsyncIterable(batches(messages, follow ? Infinity : last, follow ? Infinity : IDLE_MS), (e) => new TransportError({ operation: `read ${stream}`, message: messageOf(e) })).pipe(
+      const end = follow ? Infinity : last
+      const read = batches(consumer, messages, end, follow ? Infinity : IDLE_MS, (after) => fromLeader(nats, stream, subject, after, end))
+      return Stream.fromAsyncIterable(read, (e) => new TransportError({ operation: `read ${stream}`, message: messageOf(e) })).pipe(
         Stream.flattenArray
       )
     })

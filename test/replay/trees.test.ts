@@ -12,11 +12,10 @@ import { execFileSync } from "node:child_process"
 import { mkdtempSync, readFileSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import type { JsMsg } from "@nats-io/jetstream"
 import { Effect, Stream } from "effect"
 import { beforeAll, describe, expect, it } from "vitest"
 import { Nats } from "../../src/runtime/nats.ts"
-import { readStored } from "../../src/runtime/stream-reader.ts"
+import { readStored, type StreamMessage } from "../../src/runtime/stream-reader.ts"
 import { gyre, gyreCli } from "./recorded.ts"
 
 const run = "trees"
@@ -30,7 +29,7 @@ beforeAll(() => {
 }, 300_000)
 
 /** Deletes the messages `choose` picks from `stream` of the stopped store; returns them. */
-const deleteStored = (stream: string, choose: (msgs: ReadonlyArray<JsMsg>) => ReadonlyArray<JsMsg>) =>
+const deleteStored = (stream: string, choose: (msgs: ReadonlyArray<StreamMessage>) => ReadonlyArray<StreamMessage>) =>
   Effect.runPromise(
     Effect.scoped(
       Effect.gen(function* () {

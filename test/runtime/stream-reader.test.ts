@@ -2,12 +2,13 @@
  * Stream reads on a real nats-server: how many messages a read keeps requested (sized by the
  * stream's mean message size), and reads of a stream that mixes small messages with
  * near-`max_payload` ones, whole, from a sequence, by subject, and by a reader slower than the
- * server.
+ * server; a read whose consumer's server holds nothing more before the end the stream's info
+ * named asks the leader for the rest.
  */
 import { Effect, Stream } from "effect"
 import { describe, expect, it } from "vitest"
 import { Nats } from "../../src/runtime/nats.ts"
-import { pullCount, readStored } from "../../src/runtime/stream-reader.ts"
+import { fromLeader, pullCount, readStored } from "../../src/runtime/stream-reader.ts"
 import { withSystem } from "./harness.ts"
 
 describe("pullCount", () => {
@@ -63,5 +64,24 @@ describe("readStored", () => {
       )
     }))
     expect(got).toEqual(range(2500, 3030))
+  }, 60_000)
+
+  it("a read whose consumer runs dry before the stream's last sequence asks the leader for the rest, and ends", async () => {
+    const r = await withSystem("drytail", Effect.gen(function* () {
+      const nats = yield* fill
+      // The stream's last sequence stays 3030 while the messages after 3020 are gone: a consumer
+      // sees what a replica lagging the leader would show it, nothing past 3020.
+      for (let seq = 3021; seq <= 3030; seq++) yield* Effect.promise(() => nats.jsm.streams.deleteMessage(STREAM, seq))
+      const info = yield* Effect.promise(() => nats.jsm.streams.info(STREAM))
+      const tail = yield* Stream.runCollect(readStored(nats, STREAM, { seq: 3000 }))
+      const leader = (subject: string | undefined, after: number) => Stream.runCollect(Stream.fromAsyncIterable(fromLeader(nats, STREAM, subject, after, 3030), String))
+      return { last: info.state.last_seq, tail, leaderAll: yield* leader(undefined, 2990), leaderBig: yield* leader("t.big", 0) }
+    }))
+    expect(r.last).toBe(3030)
+    expect(seqs(r.tail)).toEqual(range(3000, 3020))
+    // the leader's answers: every subject, or one, after a sequence, up to what is left
+    expect(seqs(r.leaderAll)).toEqual(range(2991, 3020))
+    expect(seqs(r.leaderBig)).toEqual(range(1, 29).map((k) => k * 101))
+    expect(r.leaderBig.every((m) => m.subject === "t.big" && m.data.length === big.length)).toBe(true)
   }, 60_000)
 })
