@@ -62,23 +62,24 @@ const fromStored = (m: StoredMsg): StreamMessage => ({
 /** How long a read waits for its next message before asking whether its consumer's server holds it. */
 const BEHIND_MS = 2_000
 
-/** Where a read stands: the last sequence it gave out, since when it has waited (undefined: not waiting). */
-interface Cursor {
-  seq: number
-  waitingSince: number | undefined
-}
-
 /**
- * Whether the consumer's server holds nothing more for the read although `last` is not reached:
- * on a cluster, an ephemeral consumer is R1 on a random replica of the stream (nats-server's
- * `createGroupForConsumer`), and a replica restarted after a crash may lag the leader for
- * minutes while it catches up (a CI run: a trajectory read stalled at sequence 90 of 129 for
- * three minutes, re-placed on the same lagging replica by each retry).
+ * Where the consumer's server holds nothing more for the read although `last` is not reached,
+ * the sequence after which the rest lies (the last one given out, or, none yet, the one before
+ * the consumer's start); undefined while it may still deliver. On a cluster, an ephemeral
+ * consumer is R1 on a random replica of the stream (nats-server's `createGroupForConsumer`),
+ * and a replica restarted after a crash may lag the leader for minutes while it catches up (a
+ * CI run: a trajectory read stalled at sequence 90 of 129 for three minutes, re-placed on the
+ * same lagging replica by each retry).
  */
-const behind = (consumer: Consumer, cursor: Cursor, last: number): Promise<boolean> =>
+const behindAfter = (consumer: Consumer, given: number, last: number): Promise<number | undefined> =>
   consumer.info().then(
-    (info) => info.num_pending === 0 && cursor.seq < last,
-    () => false
+    (info) => {
+      if (info.num_pending > 0 || given >= last) return undefined
+      if (given > 0) return given
+      // nothing given out: where the consumer started, if it has not delivered anything either
+      return info.delivered.consumer_seq === 0 ? info.delivered.stream_seq : undefined
+    },
+    () => undefined
   )
 
 /**
@@ -86,34 +87,35 @@ const behind = (consumer: Consumer, cursor: Cursor, last: number): Promise<boole
  * `BATCH`): each array is one chunk of the stream, so the stages after the read pay their
  * per-chunk cost once per batch instead of once per message (bench:replay). A read that waits
  * `idleMs` for its next message (not counting the time the stages after it hold a batch) is
- * stopped with an error. A read whose consumer's server proves `behind` after `BEHIND_MS` of
- * silence ends its consumer there and reads the rest from the stream's leader.
+ * stopped with an error. A read whose consumer's server holds no more (`behindAfter`) after
+ * `BEHIND_MS` of silence ends its consumer there and reads the rest from the stream's leader.
  */
 async function* batches(consumer: Consumer, messages: ConsumerMessages, last: number, idleMs: number, leader: (after: number) => AsyncGenerator<StreamMessage>): AsyncGenerator<NonEmptyReadonlyArray<StreamMessage>> {
   let batch: Array<StreamMessage> = []
-  const cursor: Cursor = { seq: 0, waitingSince: performance.now() }
+  let given = 0
+  let waitingSince: number | undefined = performance.now()
   let asking = false
-  let lagging = false
+  let rest: number | undefined
   const watch = async () => {
-    const waited = cursor.waitingSince === undefined ? 0 : performance.now() - cursor.waitingSince
-    if (waited > idleMs) return messages.stop(new Error(`no message for ${idleMs} ms after sequence ${cursor.seq} (reading up to ${last})`))
+    const waited = waitingSince === undefined ? 0 : performance.now() - waitingSince
+    if (waited > idleMs) return messages.stop(new Error(`no message for ${idleMs} ms after sequence ${given} (reading up to ${last})`))
     if (waited < BEHIND_MS || asking) return
     asking = true
-    lagging = await behind(consumer, cursor, last)
+    rest = await behindAfter(consumer, given, last)
     asking = false
-    if (lagging) messages.stop()
+    if (rest !== undefined) messages.stop()
   }
   const watchdog = Number.isFinite(idleMs) ? setInterval(() => void watch(), BEHIND_MS / 2) : undefined
   try {
     for await (const m of messages) {
-      cursor.seq = m.seq
-      cursor.waitingSince = performance.now()
+      given = m.seq
+      waitingSince = performance.now()
       batch.push(m)
       const done = m.seq >= last
       if (done || batch.length >= BATCH || messages.getPending() === 0) {
-        cursor.waitingSince = undefined
+        waitingSince = undefined
         yield batch as [StreamMessage, ...Array<StreamMessage>] // non-empty: m was just pushed
-        cursor.waitingSince = performance.now()
+        waitingSince = performance.now()
         batch = []
       }
       if (done) return
@@ -123,7 +125,7 @@ async function* batches(consumer: Consumer, messages: ConsumerMessages, last: nu
     clearInterval(watchdog)
     await messages.close().catch(() => undefined)
   }
-  if (lagging) for await (const m of leader(cursor.seq)) yield [m]
+  if (rest !== undefined) for await (const m of leader(Math.max(rest, given))) yield [m]
 }
 
 /**

@@ -74,11 +74,14 @@ describe("readStored", () => {
       for (let seq = 3021; seq <= 3030; seq++) yield* Effect.promise(() => nats.jsm.streams.deleteMessage(STREAM, seq))
       const info = yield* Effect.promise(() => nats.jsm.streams.info(STREAM))
       const tail = yield* Stream.runCollect(readStored(nats, STREAM, { seq: 3000 }))
+      const gone = yield* Stream.runCollect(readStored(nats, STREAM, { seq: 3025 }))
       const leader = (subject: string | undefined, after: number) => Stream.runCollect(Stream.fromAsyncIterable(fromLeader(nats, STREAM, subject, after, 3030), String))
-      return { last: info.state.last_seq, tail, leaderAll: yield* leader(undefined, 2990), leaderBig: yield* leader("t.big", 0) }
+      return { last: info.state.last_seq, tail, gone, leaderAll: yield* leader(undefined, 2990), leaderBig: yield* leader("t.big", 0) }
     }))
     expect(r.last).toBe(3030)
     expect(seqs(r.tail)).toEqual(range(3000, 3020))
+    // a read that starts past what is left gets nothing, not the stream from its first message
+    expect(seqs(r.gone)).toEqual([])
     // the leader's answers: every subject, or one, after a sequence, up to what is left
     expect(seqs(r.leaderAll)).toEqual(range(2991, 3020))
     expect(seqs(r.leaderBig)).toEqual(range(1, 29).map((k) => k * 101))
