@@ -14,8 +14,9 @@
  * - `handlers` serve `StartStep`, `TrainExecution`, `JoinStep` and `GradientReady` of
  *   `DeviceProtocol`; the device routes them while it is in the training role (a core that left
  *   its step to roll out still takes `TrainExecution` and `GradientReady`, and finishes the step).
- * - `leave` stops claiming after the micro-batch in hand and returns once the claim loop ended
- *   (`SwitchRole {role: "rollout"}`); the core keeps the step's plan and gradients.
+ * - `leave` stops claiming after the micro-batch in hand and returns once none is in hand
+ *   (`SwitchRole {role: "rollout"}`); the loop's pending pull ends in the background and hands
+ *   back what it brings. The core keeps the step's plan and gradients.
  * - `step()` is the step this device claims micro-batches of, -1 when none (`DeviceLoad.step`).
  *
  * Flow (ARCHITECTURE.md, "Training"): the core (`StartStep`) reads each told execution's call
@@ -118,6 +119,8 @@ interface Claiming {
   readonly attempt: number
   stop: boolean
   fiber: Fiber.Fiber<void, unknown> | undefined
+  /** Held while a claim is handled: a claim that finds `stop` set under it is handed back. */
+  readonly handling: Semaphore.Semaphore
 }
 
 /**
@@ -373,7 +376,9 @@ export const makeTrainingRole = (
       })
 
     const runClaims = (c: Claiming) =>
-      claimLoop(system, { step: c.step, ackWaitMs, stop: () => c.stop }, deliver).pipe(
+      claimLoop(system, { step: c.step, ackWaitMs, stop: () => c.stop }, (claim) =>
+        c.handling.withPermit(Effect.suspend(() => (c.stop ? claim.handBack : deliver(claim))))
+      ).pipe(
         Effect.tapError((e) => Effect.logWarning(`${me}: claiming step ${c.step} failed, retrying: ${String(e)}`)),
         Effect.retry({ while: () => !c.stop, schedule: Schedule.spaced(Duration.millis(500)) }),
         // Stopped while waiting to retry: the loop ends as asked (a claim in hand was handed back).
@@ -394,7 +399,18 @@ export const makeTrainingRole = (
       c.stop = true
       return c.fiber === undefined ? Effect.void : Fiber.await(c.fiber).pipe(Effect.asVoid)
     })
-    const stopClaiming = claimLock.withPermit(stop)
+    /**
+     * Leaving the role: claiming stops once the micro-batch in hand (if any) is done, without
+     * waiting out the loop's pending pull (up to 1 s); what that pull still brings is handed back.
+     */
+    const stopClaiming = claimLock.withPermit(
+      Effect.suspend(() => {
+        const c = claiming
+        if (c === undefined) return Effect.void
+        c.stop = true
+        return c.handling.withPermit(Effect.void)
+      })
+    )
 
     /** Claims micro-batches of the attempt at a step (one loop per device: a loop of another is stopped first). */
     const startClaiming = (at: StepAttempt) =>
@@ -402,7 +418,7 @@ export const makeTrainingRole = (
         Effect.gen(function* () {
           if (claiming !== undefined && claiming.step === at.step && claiming.attempt === at.attempt && !claiming.stop) return
           yield* stop
-          const c: Claiming = { step: at.step, attempt: at.attempt, stop: false, fiber: undefined }
+          const c: Claiming = { step: at.step, attempt: at.attempt, stop: false, fiber: undefined, handling: yield* Semaphore.make(1) }
           claiming = c
           c.fiber = yield* Effect.forkIn(runClaims(c), scope)
         })

@@ -96,6 +96,8 @@ export interface Claim {
   readonly hold: <A, E>(work: Effect.Effect<A, E>) => Effect.Effect<A, E>
   /** Acknowledges (removes) the micro-batch, confirmed by the server. */
   readonly ack: Effect.Effect<void, TransportError>
+  /** Hands the micro-batch back untouched (a nak: the server delivers it again at once). */
+  readonly handBack: Effect.Effect<void>
 }
 
 const claimOf = (msg: JsMsg, microBatch: MicroBatchJson, ackWaitMs: number): Claim => ({
@@ -107,7 +109,8 @@ const claimOf = (msg: JsMsg, microBatch: MicroBatchJson, ackWaitMs: number): Cla
       () => work.pipe(Effect.onExit((exit) => (Exit.isFailure(exit) ? Effect.sync(() => msg.nak()) : Effect.void))),
       (timer) => Effect.sync(() => clearInterval(timer))
     ),
-  ack: attempt(`ack micro-batch ${microBatch.step}.${microBatch.index}`, () => msg.ackAck()).pipe(Effect.asVoid)
+  ack: attempt(`ack micro-batch ${microBatch.step}.${microBatch.index}`, () => msg.ackAck()).pipe(Effect.asVoid),
+  handBack: Effect.sync(() => msg.nak())
 })
 
 export interface ClaimLoopOptions {

@@ -403,4 +403,42 @@ describe("a step of the training role", () => {
     expect(result.done.metrics.devices).toEqual(["device/a.0", "device/b.0"])
     expect(result.done.metrics.microBatches).toBeGreaterThan(1)
   }, 60_000)
+
+  it("leave while waiting for a claim: what the pending pull brings is handed back and the core trains it", async () => {
+    await checkpoints
+    const claims: Array<number> = []
+    let role: TrainingRole | undefined
+    const result = await withSystem(
+      RUN,
+      quiet(
+        Effect.gen(function* () {
+          const system = yield* ActorSystem
+          const { events, config } = yield* coreNode({}, join(dir, "leave-idle"))
+          yield* publishWeights(system, 0, yield* Effect.promise(() => readFile(join(initial, "model.safetensors"))))
+          const satellite = trainingDevice({
+            checkpoint: other,
+            config,
+            version: 99,
+            onClaim: (c) => Effect.sync(() => claims.push(c.index)),
+            onRole: (r) => (role = r)
+          })
+          const node = yield* startNode({ name: "b", types: [satellite], heartbeatMs: 250 })
+          yield* node.spawn("device", "b.0")
+          const refs = yield* batchExecutions(RUN, 0, 1)
+          expect(yield* system.ask(device("a.0"), "StartStep", plan(0, 1))).toEqual({ started: true })
+          yield* system.ask(device("b.0"), "JoinStep", { step: 0, attempt: 0, version: 0, core: "device/a.0" })
+          // The satellite's pull has waited since it joined (the queue is empty): it is first in
+          // line for the micro-batches told after it left, and must hand them back.
+          yield* Effect.sleep(200)
+          yield* role!.leave
+          yield* tellAll(refs)
+          return { done: yield* waitForEvent(events, isStepDone(0)) }
+        })
+      )
+    )
+    expect(claims).toEqual([])
+    expect(role!.step()).toBe(-1)
+    expect(result.done.metrics.devices).toEqual(["device/a.0"])
+    expect(result.done.metrics.microBatches).toBeGreaterThan(1)
+  }, 60_000)
 })
