@@ -119,6 +119,52 @@ const joinSatellite = (satellite: ReturnType<typeof trainingDevice>) =>
   })
 
 let reference: ReturnType<typeof stepZero> | undefined
+/**
+ * Step 0 on core a.0 with satellite b.0 joined, and b.0's training role leaving: "in hand", once
+ * it claimed its first micro-batch (held 400 ms); "waiting", before any execution is told, its
+ * pull having waited since it joined (the queue empty): first in line for the micro-batches told
+ * after it left, which it must hand back. The satellite's claims, its `step()` after, `StepDone`.
+ */
+const leaveDuring = async (when: "in hand" | "waiting") => {
+  await checkpoints
+  const claims: Array<number> = []
+  let role: TrainingRole | undefined
+  const done = await withSystem(
+    RUN,
+    quiet(
+      Effect.gen(function* () {
+        const system = yield* ActorSystem
+        const { events, config } = yield* coreNode(when === "in hand" ? { onClaim: () => Effect.sleep(100) } : {}, join(dir, `leave-${when.replace(" ", "-")}`))
+        yield* publishWeights(system, 0, yield* Effect.promise(() => readFile(join(initial, "model.safetensors"))))
+        const satellite = trainingDevice({
+          checkpoint: other,
+          config,
+          version: 99,
+          onClaim: (c) => Effect.sync(() => claims.push(c.index)).pipe(Effect.andThen(Effect.sleep(when === "in hand" ? 400 : 0))),
+          onRole: (r) => (role = r)
+        })
+        const node = yield* startNode({ name: "b", types: [satellite], heartbeatMs: 250 })
+        yield* node.spawn("device", "b.0")
+        const refs = yield* batchExecutions(RUN, 0, 1)
+        expect(yield* system.ask(device("a.0"), "StartStep", plan(0, 1))).toEqual({ started: true })
+        yield* system.ask(device("b.0"), "JoinStep", { step: 0, attempt: 0, version: 0, core: "device/a.0" })
+        expect(role!.step()).toBe(0)
+        if (when === "waiting") {
+          yield* Effect.sleep(200)
+          yield* role!.leave
+          yield* tellAll(refs)
+        } else {
+          yield* tellAll(refs)
+          while (claims.length === 0) yield* Effect.sleep(10)
+          yield* role!.leave
+        }
+        return yield* waitForEvent(events, isStepDone(0))
+      })
+    )
+  )
+  return { claims, step: role!.step(), done }
+}
+
 const coreAlone = () => {
   reference ??= stepZero({}, join(dir, "alone"), () => Effect.void)
   return reference
@@ -367,78 +413,19 @@ describe("a step of the training role", () => {
   }, 60_000)
 
   it("leave: a satellite stops claiming after the micro-batch in hand", async () => {
-    await checkpoints
-    const claims: Array<number> = []
-    let role: TrainingRole | undefined
-    const result = await withSystem(
-      RUN,
-      quiet(
-        Effect.gen(function* () {
-          const system = yield* ActorSystem
-          const { events, config } = yield* coreNode({ onClaim: () => Effect.sleep(100) }, join(dir, "leave"))
-          yield* publishWeights(system, 0, yield* Effect.promise(() => readFile(join(initial, "model.safetensors"))))
-          const satellite = trainingDevice({
-            checkpoint: other,
-            config,
-            version: 99,
-            onClaim: (c) => Effect.sync(() => claims.push(c.index)).pipe(Effect.andThen(Effect.sleep(400))),
-            onRole: (r) => (role = r)
-          })
-          const node = yield* startNode({ name: "b", types: [satellite], heartbeatMs: 250 })
-          yield* node.spawn("device", "b.0")
-          const refs = yield* batchExecutions(RUN, 0, 1)
-          expect(yield* system.ask(device("a.0"), "StartStep", plan(0, 1))).toEqual({ started: true })
-          yield* system.ask(device("b.0"), "JoinStep", { step: 0, attempt: 0, version: 0, core: "device/a.0" })
-          expect(role!.step()).toBe(0)
-          yield* tellAll(refs)
-          while (claims.length === 0) yield* Effect.sleep(10)
-          yield* role!.leave
-          return { done: yield* waitForEvent(events, isStepDone(0)) }
-        })
-      )
-    )
+    const r = await leaveDuring("in hand")
     // the micro-batch in hand was delivered (the satellite counts among the step's devices), no other was claimed
-    expect(claims).toHaveLength(1)
-    expect(role!.step()).toBe(-1)
-    expect(result.done.metrics.devices).toEqual(["device/a.0", "device/b.0"])
-    expect(result.done.metrics.microBatches).toBeGreaterThan(1)
+    expect(r.claims).toHaveLength(1)
+    expect(r.step).toBe(-1)
+    expect(r.done.metrics.devices).toEqual(["device/a.0", "device/b.0"])
+    expect(r.done.metrics.microBatches).toBeGreaterThan(1)
   }, 60_000)
 
   it("leave while waiting for a claim: what the pending pull brings is handed back and the core trains it", async () => {
-    await checkpoints
-    const claims: Array<number> = []
-    let role: TrainingRole | undefined
-    const result = await withSystem(
-      RUN,
-      quiet(
-        Effect.gen(function* () {
-          const system = yield* ActorSystem
-          const { events, config } = yield* coreNode({}, join(dir, "leave-idle"))
-          yield* publishWeights(system, 0, yield* Effect.promise(() => readFile(join(initial, "model.safetensors"))))
-          const satellite = trainingDevice({
-            checkpoint: other,
-            config,
-            version: 99,
-            onClaim: (c) => Effect.sync(() => claims.push(c.index)),
-            onRole: (r) => (role = r)
-          })
-          const node = yield* startNode({ name: "b", types: [satellite], heartbeatMs: 250 })
-          yield* node.spawn("device", "b.0")
-          const refs = yield* batchExecutions(RUN, 0, 1)
-          expect(yield* system.ask(device("a.0"), "StartStep", plan(0, 1))).toEqual({ started: true })
-          yield* system.ask(device("b.0"), "JoinStep", { step: 0, attempt: 0, version: 0, core: "device/a.0" })
-          // The satellite's pull has waited since it joined (the queue is empty): it is first in
-          // line for the micro-batches told after it left, and must hand them back.
-          yield* Effect.sleep(200)
-          yield* role!.leave
-          yield* tellAll(refs)
-          return { done: yield* waitForEvent(events, isStepDone(0)) }
-        })
-      )
-    )
-    expect(claims).toEqual([])
-    expect(role!.step()).toBe(-1)
-    expect(result.done.metrics.devices).toEqual(["device/a.0"])
-    expect(result.done.metrics.microBatches).toBeGreaterThan(1)
+    const r = await leaveDuring("waiting")
+    expect(r.claims).toEqual([])
+    expect(r.step).toBe(-1)
+    expect(r.done.metrics.devices).toEqual(["device/a.0"])
+    expect(r.done.metrics.microBatches).toBeGreaterThan(1)
   }, 60_000)
 })
