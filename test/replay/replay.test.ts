@@ -228,9 +228,11 @@ describe("gyre replay", { timeout: 180_000 }, () => {
     expect(own).toMatchObject({ run: rec.run, policy: "elastic", cells: 2, executions: 12, whatIf: { policy: "colocate", cells: 2 } })
     expect(own.realS).toBe(Math.max(...done))
     expect(own.simulatedS).toBeGreaterThan(0)
-    // the costs the simulator was fed, measured from the run (the scripted trainer's update takes 20 ms)
+    // the costs the simulator was fed, measured from the run (the scripted trainer's update sleeps
+    // 20 ms; the step's reduce and publish times are whole Date.now milliseconds, and a CI run read
+    // a mean of 19.67 ms: a timer may fire within a millisecond of its due time on that clock)
     expect(own.costs.train_tokens_per_s_per_cell).toBeGreaterThan(1)
-    expect(own.costs.step_update_s).toBeGreaterThanOrEqual(0.02)
+    expect(own.costs.step_update_s).toBeGreaterThanOrEqual(0.018)
     expect(own.costs.switch_to_train_s).toBeGreaterThan(0)
     expect(own.whatIf.makespanS).toBeGreaterThan(0)
     // The lower bound holds under every policy the simulator runs on the same cells.
