@@ -2,8 +2,9 @@
  * Reads what a JetStream stream holds now, in order, from a sequence or a time, and ends:
  * an ordered consumer from the start point up to the stream's last sequence at the time of
  * the call (with `subject`, only that subject's messages, up to its last one); what the
- * consumer's replica does not hold yet, from the stream's leader. The journal reader and the trajectory readers are all this plus a decoder. With `follow`, the read does
- * not end at the last message: it waits for new ones until interrupted (`gyre replay --follow`).
+ * consumer's replica does not hold yet, from the stream's leader. The journal reader and the
+ * trajectory readers are all this plus a decoder. With `follow`, the read does not end at the
+ * last message: it waits for new ones until interrupted (`gyre replay --follow`).
  */
 import { DeliverPolicy, type Consumer, type ConsumerMessages, type JsMsg, type MsgRequest, type StoredMsg } from "@nats-io/jetstream"
 import type { NonEmptyReadonlyArray } from "effect/Array"
