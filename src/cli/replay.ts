@@ -6,6 +6,7 @@
  * the run instead (src/replay/). Exit codes: 0 ok, 1 a check failed or the run cannot be read,
  * 2 a bad flag.
  */
+import { writeFile } from "node:fs/promises"
 import { Cause, Duration, Effect, Fiber, Layer, Stream } from "effect"
 import { entryJson, entryLine, tagged } from "../replay/format.ts"
 import { exportRun, type ExportFailed } from "../replay/export.ts"
@@ -13,7 +14,7 @@ import { checkTrees, type NodeDifference } from "../replay/trees.ts"
 import { verified, verifyRun, type Verification } from "../replay/verify.ts"
 import { whatIf } from "../replay/what-if.ts"
 import { readRunConfig, type JournalDiverged } from "../scheduling/records.ts"
-import type { TransportError } from "../runtime/errors.ts"
+import { messageOf, type TransportError } from "../runtime/errors.ts"
 import { openRun, parsePosition, readEntries, readerNats, type EntryFilter, type Position, type ReadOptions } from "../replay/read.ts"
 import type { JournalSource } from "../runtime/journal.ts"
 import { Nats, natsOptionsFromEnv } from "../runtime/nats.ts"
@@ -36,7 +37,8 @@ const flags = {
   trees: { kind: "boolean", doc: "rebuild every execution's tree from its call records and check it (and the packed micro-batches) against the trainer's record (exit 1 on a mismatch)", default: false },
   export: { kind: "string", doc: "write the run as JSON lines to this directory (format in ARCHITECTURE.md)" },
   "what-if": { kind: "string", doc: "simulate the run's recorded executions under this policy (elastic, elastic-published, colocate, async, async:R)" },
-  cells: { kind: "integer", doc: "--what-if: on this many cells (default: the run's)" }
+  cells: { kind: "integer", doc: "--what-if: on this many cells (default: the run's)" },
+  "scenario-out": { kind: "string", doc: "--what-if: also write the scenario it simulated (the run's executions and measured costs) to this JSON file, for gyre sim --scenario" }
 } as const
 
 type ReplayFlags = Flags<typeof flags>
@@ -57,6 +59,8 @@ const parse = (argv: ReadonlyArray<string>): { readonly run: string; readonly f:
   const modes = [f.verify, f.trees, f.export !== undefined, f["what-if"] !== undefined].filter(Boolean).length
   if (modes > 1) throw new UsageError("gyre replay: --verify, --trees, --export and --what-if are one at a time")
   if (f.cells !== undefined && f.cells < 1) throw new UsageError(`gyre replay: --cells must be at least 1, got ${f.cells}`)
+  for (const name of ["cells", "scenario-out"] as const)
+    if (f[name] !== undefined && f["what-if"] === undefined) throw new UsageError(`gyre replay: --${name} goes with --what-if`)
   if (f.last !== undefined && f.last < 1) throw new UsageError(`gyre replay: --last must be at least 1, got ${f.last}`)
   if (f.actor !== undefined && !/^[A-Za-z0-9_-]+(\/[A-Za-z0-9_.-]+)?$/.test(f.actor)) throw new UsageError(`gyre replay: --actor must be KIND or KIND/ID, got '${f.actor}'`)
   return { run, f }
@@ -117,8 +121,16 @@ const counterfactual = (log: JournalSource, policy: string, f: ReplayFlags) =>
   Effect.gen(function* () {
     const config = yield* readRunConfig(log)
     if (config === undefined) return yield* failed("the journal holds no run configuration to simulate")
-    const w = yield* whatIf(log, config, policy, f.cells)
-    if (typeof w === "string") return yield* failed(`--what-if ${policy}: ${w}`)
+    const result = yield* whatIf(log, config, policy, f.cells)
+    if (typeof result === "string") return yield* failed(`--what-if ${policy}: ${result}`)
+    const { scenario, ...w } = result
+    const out = f["scenario-out"]
+    if (out !== undefined) {
+      const written = yield* Effect.tryPromise(() => writeFile(out, JSON.stringify(scenario, null, 2) + "\n")).pipe(
+        Effect.match({ onFailure: (e) => messageOf(e.cause), onSuccess: () => undefined })
+      )
+      if (written !== undefined) return yield* failed(`--scenario-out: ${written}`)
+    }
     const s = (x: number) => `${x.toFixed(1)} s`
     console.log(
       f.json

@@ -5,7 +5,8 @@
  * another policy or cell count; the makespan it would have had beside the real one and beside
  * the simulator's own figure for the policy the run used (how far to trust the counterfactual),
  * and the makespan no policy can beat on those cells (`src/sim/bound.ts`: how much any policy
- * could still win).
+ * could still win). The scenario itself comes back too (`gyre replay --scenario-out` writes it,
+ * with notes naming the run, for `gyre sim --scenario` to run every policy on and draw).
  */
 import { Effect } from "effect"
 import { asyncSplit, fixedPolicies, type Policy } from "../policy/index.ts"
@@ -77,6 +78,8 @@ export interface WhatIf {
     Scenario,
     "train_tokens_per_s_per_cell" | "switch_to_train_s" | "switch_to_rollout_s" | "step_update_s" | "weight_sync_s"
   >
+  /** What the what-if simulated: the run's executions and costs on its cells, as a scenario file holds them. */
+  readonly scenario: Scenario
 }
 
 /** A counterfactual of `log`'s run under `policy` on `cells` cells (default: the run's). */
@@ -104,6 +107,13 @@ export const whatIf = (log: JournalSource, config: RunConfig, policy: string, ce
         switch_to_rollout_s: scenario.switch_to_rollout_s,
         step_update_s: scenario.step_update_s ?? 0,
         weight_sync_s: scenario.weight_sync_s
+      },
+      scenario: {
+        notes: [
+          `measured from run ${log.run} (${config.policy} on ${realCells} cells, ${audit.executions.length} executions; real makespan ${audit.lastStepDoneS.toFixed(1)} s) by gyre replay --what-if`,
+          "executions: each finished execution's duration and trained tokens, in dispatch order; costs: the run's mean switch, step-update and weight-sync times and its training rate"
+        ],
+        ...scenario
       }
     }
   })

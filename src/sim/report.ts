@@ -3,6 +3,7 @@
  * policy. Every policy's entry carries `lower_bound_s` with both of its parts.
  */
 import type { Comparison, PolicyReport } from "./compare.ts"
+import { inUnit, timeUnit } from "./units.ts"
 
 const round = (x: number, digits: number) => Number(x.toFixed(digits))
 
@@ -41,35 +42,37 @@ const table = (head: ReadonlyArray<string>, rows: ReadonlyArray<ReadonlyArray<st
   return [line(head), ...rows.map(line)].join("\n")
 }
 
-/** The text report of `gyre sim`. */
+/** The text report of `gyre sim`: times of cells in the unit the longest run reads best in (units.ts). */
 export const comparisonText = (source: string, c: Comparison): string => {
   const s = c.scenario
   const b = c.bound
-  const hours = (x: number) => (x / 3600).toFixed(1)
+  const unit = timeUnit(Math.max(...c.reports.map((r) => r.run.makespan_s), b.lower_bound_s))
+  const inSeconds = unit.name === "s"
   const rows = c.reports.map((r) => {
     const run = r.run
     const name = r.async ? `async (${r.async.rollout_cells} rollout + ${r.async.training_cells} training)` : run.policy
     return [
       name,
       run.makespan_s.toFixed(1),
-      (run.makespan_s / 3600).toFixed(2),
+      ...(inSeconds ? [] : [String(inUnit(run.makespan_s, unit))]),
       String(run.steps),
       run.utilization.toFixed(3),
-      hours(run.time_per_role_s.rollout),
-      hours(run.time_per_role_s.training),
-      hours(run.time_per_role_s.switching),
+      String(inUnit(run.time_per_role_s.rollout, unit)),
+      String(inUnit(run.time_per_role_s.training, unit)),
+      String(inUnit(run.time_per_role_s.switching, unit)),
       String(run.switches),
       run.mean_staleness.toFixed(2),
       (run.makespan_s / b.lower_bound_s).toFixed(3)
     ]
   })
+  const u = unit.name
   const byName = new Map(c.reports.map((r) => [r.run.policy, r.run.makespan_s]))
   const lines = [
     `scenario ${source}: ${s.cells} cells x ${s.slots_per_cell} slots, ${s.steps} steps x ${s.executions_per_step} executions, max_staleness ${s.max_staleness}`,
-    `lower_bound_s ${b.lower_bound_s.toFixed(1)} (${(b.lower_bound_s / 3600).toFixed(2)} h) = max(work ${b.work_s.toFixed(1)}, critical_path ${b.critical_path_s.toFixed(1)})`,
+    `lower_bound_s ${b.lower_bound_s.toFixed(1)}${inSeconds ? "" : ` (${inUnit(b.lower_bound_s, unit)} ${u})`} = max(work ${b.work_s.toFixed(1)}, critical_path ${b.critical_path_s.toFixed(1)})`,
     "",
     table(
-      ["policy", "makespan_s", "hours", "steps", "utilization", "rollout_cell_h", "training_cell_h", "switching_cell_h", "switches", "mean_staleness", "vs_bound"],
+      ["policy", "makespan_s", ...(inSeconds ? [] : [`makespan_${u}`]), "steps", "utilization", `rollout_cell_${u}`, `training_cell_${u}`, `switching_cell_${u}`, "switches", "mean_staleness", "vs_bound"],
       rows
     )
   ]

@@ -1,8 +1,10 @@
 /**
  * `gyre sim --svg FILE`: each cell's role over time, one row per cell (the core on top), one
- * chart per policy, with a tick where each step's training ended.
+ * chart per policy, with a tick where each step's training ended; time in the unit the longest
+ * run reads best in (units.ts).
  */
 import { CellState, type RunResult } from "./simulate.ts"
+import { inUnit, timeUnit } from "./units.ts"
 
 const colour: Record<number, string> = {
   [CellState.rollout]: "#4e9a6b",
@@ -23,6 +25,7 @@ export const timelineSvg = (title: string, runs: ReadonlyArray<RunResult>): stri
   const chart = cells * row + 40
   const span = Math.max(...runs.map((r) => r.makespan_s), 1)
   const x = (t: number) => left + (t / span) * plot
+  const unit = timeUnit(span)
   const out: Array<string> = []
   const height = 60 + runs.length * chart + 30
   out.push(
@@ -37,8 +40,7 @@ export const timelineSvg = (title: string, runs: ReadonlyArray<RunResult>): stri
   )
   runs.forEach((run, i) => {
     const top = 60 + i * chart
-    const hours = (run.makespan_s / 3600).toFixed(2)
-    out.push(`<text x="10" y="${top + 12}">${escape(run.policy)}</text><text x="10" y="${top + 26}" fill="#555">${hours} h</text>`)
+    out.push(`<text x="10" y="${top + 12}">${escape(run.policy)}</text><text x="10" y="${top + 26}" fill="#555">${inUnit(run.makespan_s, unit)} ${unit.name}</text>`)
     const timeline = run.timeline
     if (!timeline) return
     timeline.cells.forEach((segments, c) => {
@@ -55,9 +57,9 @@ export const timelineSvg = (title: string, runs: ReadonlyArray<RunResult>): stri
     for (const t of timeline.stepsDoneAt) out.push(`<line x1="${x(t).toFixed(2)}" x2="${x(t).toFixed(2)}" y1="${bottom}" y2="${bottom + 6}" stroke="black"/>`)
   })
   const axis = 60 + runs.length * chart
-  const stepH = Math.max(1, Math.ceil(span / 3600 / 10))
-  for (let h = 0; h * 3600 <= span; h += stepH) {
-    out.push(`<text x="${x(h * 3600).toFixed(1)}" y="${axis}" text-anchor="middle" fill="#555">${h} h</text>`)
+  for (let i = 0; i * unit.step * unit.seconds <= span; i++) {
+    const t = i * unit.step * unit.seconds
+    out.push(`<text x="${x(t).toFixed(1)}" y="${axis}" text-anchor="middle" fill="#555">${inUnit(t, unit)} ${unit.name}</text>`)
   }
   out.push("</svg>")
   return out.join("\n")

@@ -223,7 +223,8 @@ describe("gyre replay", { timeout: 180_000 }, () => {
   })
 
   it("--what-if replays the recorded executions under another policy and cell count, beside the lower bound", async () => {
-    const own = JSON.parse((await gyreCli(["replay", rec.run, "--store", rec.store, "--what-if", "colocate", "--json"])).stdout)
+    const scenarioFile = join(mkdtempSync(join(tmpdir(), "gyre-what-if-")), "run.json")
+    const own = JSON.parse((await gyreCli(["replay", rec.run, "--store", rec.store, "--what-if", "colocate", "--json", "--scenario-out", scenarioFile])).stdout)
     const done = rec.journal.filter((m) => m.subject.endsWith(".sys.policy") && m.json.event._tag === "StepDone").map((m) => m.json.event.at)
     expect(own).toMatchObject({ run: rec.run, policy: "elastic", cells: 2, executions: 12, whatIf: { policy: "colocate", cells: 2 } })
     expect(own.realS).toBe(Math.max(...done))
@@ -238,6 +239,16 @@ describe("gyre replay", { timeout: 180_000 }, () => {
     // The lower bound holds under every policy the simulator runs on the same cells.
     expect(own.whatIf.lowerBoundS).toBeGreaterThan(0)
     expect(own.whatIf.lowerBoundS).toBeLessThanOrEqual(Math.min(own.simulatedS, own.whatIf.makespanS) + 1e-9)
+    // The scenario it wrote is what it simulated: gyre sim on it gives the same makespans and bound.
+    const scenario = JSON.parse(readFileSync(scenarioFile, "utf8"))
+    expect(scenario).toMatchObject({ cells: 2, slots_per_cell: 2, executions_per_step: 4, steps: 3, max_staleness: 1 })
+    expect(scenario.executions).toHaveLength(12)
+    expect(scenario.notes[0]).toContain(`run ${rec.run}`)
+    const sim = JSON.parse((await gyreCli(["sim", "--scenario", scenarioFile, "--json"])).stdout)
+    expect(sim.elastic.makespan_s).toBeCloseTo(own.simulatedS, 2)
+    expect(sim.colocate.makespan_s).toBeCloseTo(own.whatIf.makespanS, 2)
+    expect(sim.elastic.lower_bound_s).toBeCloseTo(own.whatIf.lowerBoundS, 2)
+    expect(own.scenario).toBeUndefined() // the --json line carries the figures, not the executions
     const wider = JSON.parse((await gyreCli(["replay", rec.run, "--store", rec.store, "--what-if", "async", "--cells", "4", "--json"])).stdout)
     expect(wider.whatIf).toMatchObject({ cells: 4, policy: expect.stringMatching(/^async:[123]$/) })
     expect(wider.simulatedS).toBe(own.simulatedS)
@@ -249,7 +260,7 @@ describe("gyre replay", { timeout: 180_000 }, () => {
   })
 
   it("answers bad flags with one line and exit 2, an unknown run with one line and exit 1", async () => {
-    for (const args of [["replay"], ["replay", "x", "--from", "yesterday"], ["replay", "x", "--bogus"]]) {
+    for (const args of [["replay"], ["replay", "x", "--from", "yesterday"], ["replay", "x", "--bogus"], ["replay", "x", "--scenario-out", "s.json"]]) {
       const r = await gyreCli(args)
       expect(r.code, args.join(" ")).toBe(2)
       expect(r.stderr.trim().split("\n"), args.join(" ")).toHaveLength(1)

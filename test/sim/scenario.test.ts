@@ -9,6 +9,7 @@ import { join } from "node:path"
 import { promisify } from "node:util"
 import { describe, expect, it } from "vitest"
 import { executionsOf, parseScenario, ScenarioError } from "../../src/sim/scenario.ts"
+import { inUnit, timeUnit } from "../../src/sim/units.ts"
 import { tinyScenario } from "./fixtures.ts"
 
 const valid = { ...tinyScenario, executions_per_step: 3, executions: [{ duration_s: 10, tokens: 100 }, { duration_s: 20, tokens: 200 }] }
@@ -97,6 +98,27 @@ describe("gyre sim", () => {
     const picture = await readFile(svg, "utf8")
     expect(picture.startsWith("<svg")).toBe(true)
     expect(picture).toContain("elastic-published")
+    // a run of a few minutes reads in minutes (its axis ticked every half minute), not hours
+    const longest = Math.max(...Object.values<any>(out).map((r) => r.makespan_s))
+    expect(longest).toBeGreaterThan(180)
+    expect(longest).toBeLessThan(210)
+    for (const tick of ["0", "0.5", "1", "3"]) expect(picture).toContain(`>${tick} min</text>`)
+    expect(picture).not.toMatch(/ h<\/text>/)
+  })
+
+  it("reads a span in seconds, minutes or hours, ticked by 1, 2 or 5 x 10^k", () => {
+    expect(timeUnit(90)).toEqual({ name: "s", seconds: 1, step: 10 })
+    expect(timeUnit(600)).toEqual({ name: "min", seconds: 60, step: 1 })
+    expect(timeUnit(7199)).toMatchObject({ name: "min", step: 20 })
+    expect(timeUnit(36_000)).toEqual({ name: "h", seconds: 3600, step: 1 })
+    expect(timeUnit(1_000_000)).toMatchObject({ name: "h", step: 50 })
+    expect(inUnit(72.34, timeUnit(122.9))).toBe(1.21)
+    for (const span of [0.5, 7, 119, 121, 3000, 7300, 5e5, 5e7]) {
+      const u = timeUnit(span)
+      const ticks = Math.floor(span / u.seconds / u.step) + 1
+      expect(ticks, String(span)).toBeGreaterThanOrEqual(4)
+      expect(ticks, String(span)).toBeLessThanOrEqual(11)
+    }
   })
 
   it("fails with one line naming the field and exit code 1", async () => {
