@@ -17,7 +17,11 @@
  *   run's executions, the most `elastic_over_async` could be on this workload.
  *
  * Flags: --steps N (8), --devices K (2), --checkpoint DIR (default: the cached warm start),
- * --policies a,b,c, --horizon, --executions-per-step, --group-size, --slots.
+ * --policies a,b,c, --horizon, --executions-per-step, --group-size, --slots, --rounds R (1).
+ * With R rounds the policies run in turn R times (a, b, c, a, b, c, ...: each sees the same
+ * drift of the machine) and every figure per policy is the median of its R runs (the ratios
+ * are the medians' ratios); the table has a row per run and `runs_s` lists each policy's
+ * makespans. One run of a policy moves by 10-30% here, more than the policies differ.
  */
 import { execFileSync } from "node:child_process"
 import * as fs from "node:fs"
@@ -45,6 +49,8 @@ const arg = (name: string, fallback: string) => {
 const steps = Number(arg("steps", "8"))
 const devices = Number(arg("devices", "2"))
 const policies = arg("policies", "elastic,async,colocate").split(",")
+const rounds = Number(arg("rounds", "1"))
+if (!Number.isInteger(rounds) || rounds < 1) throw new Error(`--rounds must be a whole number >= 1, got ${arg("rounds", "1")}`)
 const knobs = {
   horizon: arg("horizon", "24"),
   "executions-per-step": arg("executions-per-step", "8"),
@@ -56,6 +62,12 @@ const quantile = (xs: ReadonlyArray<number>, q: number) => {
   if (xs.length === 0) return 0
   const s = [...xs].sort((a, b) => a - b)
   return s[Math.min(s.length - 1, Math.floor(q * s.length))]!
+}
+
+/** The middle value (the mean of the two middle ones for an even count). */
+const median = (xs: ReadonlyArray<number>) => {
+  const s = [...xs].sort((a, b) => a - b)
+  return s.length % 2 === 1 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2
 }
 
 const readAudit = (store: string, run: string, executionsPerStep: number) =>
@@ -87,7 +99,7 @@ const main = async () => {
   const slots = Number(knobs.slots)
   const rows: Array<{ policy: string; runS: number; audit: RunAudit; simS: number; boundS: number; utilization: number }> = []
   const reports: Array<RunReport> = []
-  for (const policy of policies) {
+  for (const policy of Array.from({ length: rounds }, () => policies).flat()) {
     const store = fs.mkdtempSync(path.join(os.tmpdir(), `gyre-bench-${policy}-`))
     const run = `bench-${policy}-${Date.now().toString(36)}`
     const flags = Object.entries(knobs).flatMap(([k, v]) => [`--${k}`, v])
@@ -111,31 +123,37 @@ const main = async () => {
   const page = path.join(repoRoot, ".gyre", "bench-elastic.html")
   fs.writeFileSync(page, renderReport(reports))
   console.log(`report ${page}`)
-  const by = (p: string) => rows.find((r) => r.policy === p)
+  // Per policy, the median of its runs' figures.
+  const ran = policies.filter((p) => rows.some((r) => r.policy === p))
+  const of = (p: string, figure: (r: (typeof rows)[number]) => number) => median(rows.filter((r) => r.policy === p).map(figure))
+  const per = (figure: (r: (typeof rows)[number]) => number, digits: number) => Object.fromEntries(ran.map((p) => [p, Number(of(p, figure).toFixed(digits))]))
+  const makespan = (p: string) => (ran.includes(p) ? of(p, (r) => r.runS) : undefined)
   console.log(`policy             makespan_s  sim_s   sim/live  bound_s  utilization  switches  reprefill  kv_bytes`)
   for (const r of rows) {
     console.log(`${r.policy.padEnd(18)} ${r.runS.toFixed(1).padStart(10)}  ${r.simS.toFixed(1).padStart(6)}  ${(r.simS / r.runS).toFixed(3).padStart(8)}  ${r.boundS.toFixed(1).padStart(7)}  ${r.utilization.toFixed(3).padStart(11)}  ${String(r.audit.switches).padStart(8)}  ${String(r.audit.reprefillTokens).padStart(9)}  ${r.audit.kvHandoffBytes}`)
   }
-  const elastic = by("elastic")
-  const ratio = (other: string) => (elastic !== undefined && by(other) !== undefined ? Number((by(other)!.runS / elastic.runS).toFixed(3)) : null)
+  const elastic = makespan("elastic")
+  const ratio = (other: string) => (elastic !== undefined && makespan(other) !== undefined ? Number((makespan(other)! / elastic).toFixed(3)) : null)
   const all = rows.flatMap((r) => r.audit.switchControlMs)
   console.log(
     JSON.stringify({
       steps,
       devices,
-      elastic_s: elastic?.runS ?? null,
-      async_s: by("async")?.runS ?? null,
-      colocate_s: by("colocate")?.runS ?? null,
+      rounds,
+      elastic_s: elastic ?? null,
+      async_s: makespan("async") ?? null,
+      colocate_s: makespan("colocate") ?? null,
       elastic_over_async: ratio("async"),
       elastic_over_colocate: ratio("colocate"),
-      utilization: Object.fromEntries(rows.map((r) => [r.policy, Number(r.utilization.toFixed(3))])),
+      runs_s: Object.fromEntries(ran.map((p) => [p, rows.filter((r) => r.policy === p).map((r) => Number(r.runS.toFixed(1)))])),
+      utilization: per((r) => r.utilization, 3),
       switch_control_p50_ms: Number(quantile(all, 0.5).toFixed(2)),
       switch_control_p99_ms: Number(quantile(all, 0.99).toFixed(2)),
       kv_transfer_p50_ms: Number(quantile(rows.flatMap((r) => r.audit.switchMs.training), 0.5).toFixed(1)),
       reprefill_tokens: rows.reduce((a, r) => a + r.audit.reprefillTokens, 0),
-      sim_over_live: Object.fromEntries(rows.map((r) => [r.policy, Number((r.simS / r.runS).toFixed(3))])),
-      lower_bound_s: Object.fromEntries(rows.map((r) => [r.policy, Number(r.boundS.toFixed(1))])),
-      async_over_bound: elastic !== undefined && by("async") !== undefined ? Number((by("async")!.runS / elastic.boundS).toFixed(3)) : null
+      sim_over_live: per((r) => r.simS / r.runS, 3),
+      lower_bound_s: per((r) => r.boundS, 1),
+      async_over_bound: elastic !== undefined && makespan("async") !== undefined ? Number((makespan("async")! / of("elastic", (r) => r.boundS)).toFixed(3)) : null
     })
   )
 }

@@ -78,7 +78,7 @@ export interface WhatIf {
     Scenario,
     "train_tokens_per_s_per_cell" | "switch_to_train_s" | "switch_to_rollout_s" | "step_update_s" | "weight_sync_s"
   >
-  /** What the what-if simulated: the run's executions and costs on its cells, as a scenario file holds them. */
+  /** What the what-if simulated: the run's executions and costs on the what-if's cells, as a scenario file holds them. */
   readonly scenario: Scenario
 }
 
