@@ -104,6 +104,14 @@ describe("gyre sim", () => {
     expect(longest).toBeLessThan(210)
     for (const tick of ["0", "0.5", "1", "3"]) expect(picture).toContain(`>${tick} min</text>`)
     expect(picture).not.toMatch(/ h<\/text>/)
+    // the text table reads in the same unit: cell-minutes, each policy's makespan in minutes too
+    const text = (await gyre(["--scenario", file, "--policy", "all"])).stdout
+    const lines = text.split("\n")
+    const head = lines.find((l) => l.startsWith("policy"))!.trim().split(/\s+/)
+    expect(head).toEqual(["policy", "makespan_s", "makespan_min", "steps", "utilization", "rollout_cell_min", "training_cell_min", "switching_cell_min", "switches", "mean_staleness", "vs_bound"])
+    const elastic = lines.find((l) => l.startsWith("elastic "))!.trim().split(/\s+/)
+    expect(Number(elastic[2])).toBeCloseTo(out.elastic.makespan_s / 60, 1)
+    expect(Number(elastic[5])).toBeCloseTo(out.elastic.time_per_role_s.rollout / 60, 1)
   })
 
   it("reads a span in seconds, minutes or hours, ticked by 1, 2 or 5 x 10^k", () => {
