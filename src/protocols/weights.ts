@@ -14,7 +14,7 @@
 import { Objm } from "@nats-io/obj"
 import { Effect } from "effect"
 import { TransportError, messageOf } from "../runtime/errors.ts"
-import { putObject } from "../runtime/nats.ts"
+import { getObject, putObject } from "../runtime/nats.ts"
 import type { ActorSystemShape } from "../runtime/system.ts"
 import { rlLayout } from "./layout.ts"
 import { WeightsUnavailable } from "./rollout.ts"
@@ -49,7 +49,7 @@ const fetchObject = (system: ActorSystemShape, version: number, name: string) =>
   const layout = rlLayout(system.run)
   const unavailable = (reason: string) => new WeightsUnavailable({ version, reason })
   return Effect.tryPromise({
-    try: async () => (await new Objm(system.nats.nc).open(layout.weightsBucket)).getBlob(name),
+    try: async () => getObject(system.nats.jsm, await new Objm(system.nats.nc).open(layout.weightsBucket), layout.weightsBucket, name),
     catch: (e) => unavailable(messageOf(e))
   }).pipe(Effect.flatMap((blob) => (blob === null ? Effect.fail(unavailable(`no object ${name} in ${layout.weightsBucket}`)) : Effect.succeed(blob))))
 }

@@ -25,10 +25,11 @@
  * pure-JS digest, ~40 MB/s), and `putObject` writes chunks as large as the server takes
  * instead of 128 KiB, one JetStream round trip each. A 10 MiB put: ~60 ms against ~380 ms.
  */
+import { createHash } from "node:crypto"
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { connect, credsAuthenticator, type NatsConnection, type Status } from "@nats-io/transport-node"
-import { jetstream, jetstreamManager, type JetStreamClient, type JetStreamManager } from "@nats-io/jetstream"
+import { jetstream, jetstreamManager, type JetStreamClient, type JetStreamManager, type MsgRequest } from "@nats-io/jetstream"
 import { Kvm } from "@nats-io/kv"
 import { setSha256Backend, type ObjectInfo, type ObjectStore } from "@nats-io/obj"
 import { Config, Context, Deferred, Duration, Effect, Layer, Option, Schema } from "effect"
@@ -217,6 +218,36 @@ const objectChunkBytes = 64 << 20
 /** Puts `data` as object `name` in chunks of the server's largest message. */
 export const putObject = (store: ObjectStore, name: string, data: Uint8Array): Promise<ObjectInfo> =>
   store.putBlob({ name, options: { max_chunk_size: objectChunkBytes } }, data)
+
+/**
+ * Object `name` of `bucket` (null: none, or deleted), read from its stream's leader: one
+ * STREAM.MSG.GET (`next_by_subj`) a chunk, each bounded by the connection's request timeout,
+ * then the size and SHA-256 digest checked. Not nats.js's `get`: that reads through an ordered
+ * push consumer with no deadline, which the server places on one replica of an R3 stream, and a
+ * replica that restarted and is still catching up delivers nothing while its heartbeats keep
+ * coming, so a read waited for good (a device's switch back to rollout stalled on one in the
+ * cluster chaos test). A chunk missing or a digest that differs fails with a message.
+ */
+export const getObject = async (jsm: JetStreamManager, store: ObjectStore, bucket: string, name: string): Promise<Uint8Array | null> => {
+  const info = await store.info(name)
+  if (info === null || info.deleted) return null
+  const where = `object ${name} of ${bucket}`
+  const subject = `$O.${bucket}.C.${info.nuid}`
+  const bytes = new Uint8Array(info.size)
+  let at = 0
+  for (let chunk = 0, seq = 0; chunk < info.chunks; chunk++) {
+    // `next_by_subj` is the leader's API since nats-server 2.9; nats.js types it for direct gets only.
+    const m = await jsm.streams.getMessage(`OBJ_${bucket}`, { next_by_subj: subject, seq: seq + 1 } as unknown as MsgRequest)
+    if (m === null || at + m.data.length > info.size) throw new Error(`${where}: chunk ${chunk + 1} of ${info.chunks} ${m === null ? "is missing" : "runs past its size"}`)
+    bytes.set(m.data, at)
+    at += m.data.length
+    seq = m.seq
+  }
+  if (at !== info.size) throw new Error(`${where}: ${at} bytes in its chunks, ${info.size} in its info`)
+  const digest = info.digest.startsWith("SHA-256=") ? Buffer.from(info.digest.slice("SHA-256=".length), "base64") : undefined
+  if (digest === undefined || !createHash("sha256").update(bytes).digest().equals(digest)) throw new Error(`${where}: its digest differs (${info.digest})`)
+  return bytes
+}
 
 const make = (options: NatsOptions) =>
   Effect.gen(function* () {

@@ -16,7 +16,7 @@ import { Objm, type ObjectStore } from "@nats-io/obj"
 import { nuid } from "@nats-io/transport-node"
 import { Effect } from "effect"
 import { TransportError, messageOf } from "../runtime/errors.ts"
-import { putObject } from "../runtime/nats.ts"
+import { getObject, putObject } from "../runtime/nats.ts"
 import { parseAddress } from "../runtime/names.ts"
 import { refOf, type ActorSystemShape } from "../runtime/system.ts"
 import { DeviceProtocol, type ContextHandoff } from "../protocols/device.ts"
@@ -168,13 +168,15 @@ export const sendContexts = Effect.fn("sendContexts")(function* (
 
 /** Destination side: reads each hand-off object and imports it under its request id. */
 export const receiveContexts = Effect.fn("receiveContexts")(function* (
+  system: ActorSystemShape,
   store: ObjectStore,
   batcher: Batcher,
   contexts: ReadonlyArray<ContextHandoff>
 ) {
+  const bucket = rlLayout(system.run).kvBucket
   const buffers = yield* Effect.forEach(
     contexts,
-    (h) => Effect.tryPromise(() => store.getBlob(h.object)).pipe(Effect.catch(() => Effect.succeed(null))),
+    (h) => Effect.tryPromise(() => getObject(system.nats.jsm, store, bucket, h.object)).pipe(Effect.catch(() => Effect.succeed(null))),
     { concurrency: 8 }
   )
   const failed: Array<string> = []

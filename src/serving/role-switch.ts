@@ -224,7 +224,7 @@ export const makeRoleSwitch = Effect.fn("makeRoleSwitch")(function* (options: Ro
   /** Destination side of a hand-off: imports while serving rollouts, else refuses every context. */
   const importContexts: Handlers["ImportContexts"] = ({ contexts }) =>
     state.role === "rollout" && !state.switching
-      ? receiveContexts(options.store, batcher, contexts)
+      ? receiveContexts(system, options.store, batcher, contexts)
       : Effect.succeed({ imported: 0, failed: contexts.map((c) => c.request) })
 
   return { generate, switchRole, importContexts }

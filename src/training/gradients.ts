@@ -16,7 +16,7 @@ import { Effect, Schema } from "effect"
 import { gradientObject } from "../protocols/device.ts"
 import { rlLayout } from "../protocols/layout.ts"
 import { TransportError, messageOf } from "../runtime/errors.ts"
-import { putObject } from "../runtime/nats.ts"
+import { getObject, putObject } from "../runtime/nats.ts"
 import type { ActorSystemShape } from "../runtime/system.ts"
 
 /** A gradient object is missing or does not hold `paramCount` + the micro-batch's tokens floats. */
@@ -68,7 +68,7 @@ export const openGradientStore = (system: ActorSystemShape, paramCount: number):
       get: (at, index, tokens) =>
         Effect.gen(function* () {
           const object = objectOf(at, index)
-          const bytes = yield* attempt(`read ${object}`, (s) => s.getBlob(object))
+          const bytes = yield* attempt(`read ${object}`, (s) => getObject(system.nats.jsm, s, bucket, object))
           if (bytes === null) return yield* new GradientUnreadable({ object, reason: `not in ${bucket}` })
           const expected = (paramCount + tokens) * 4
           if (bytes.length !== expected) return yield* new GradientUnreadable({ object, reason: `${bytes.length} bytes, expected ${expected}` })

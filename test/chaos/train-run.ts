@@ -279,7 +279,11 @@ export const faultedRun = <S extends { readonly url: string } = EmbeddedServer>(
         const injected = yield* inject(server, nodes)
         onPhase("waiting for gyre train to finish")
         const summary = yield* Effect.tryPromise(() => train.summary).pipe(
-          Effect.catch((e) => Effect.flatMap(Effect.promise(() => journalTail(run, server.url)), (tail) => Effect.die(new Error(`${e.cause}\n${tail}`))))
+          Effect.catch((e) =>
+            Effect.flatMap(Effect.promise(() => journalTail(run, server.url)), (tail) =>
+              Effect.die(new Error([String(e.cause), tail, ...Object.entries(nodes).map(([name, n]) => `node ${name}'s stderr (last 4000 characters):\n${n.stderr().slice(-4000)}`)].join("\n")))
+            )
+          )
         )
         onPhase("reading the journal")
         const j = yield* Effect.promise(() => readRun(run, server.url))
