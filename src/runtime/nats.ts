@@ -220,6 +220,14 @@ export const putObject = (store: ObjectStore, name: string, data: Uint8Array): P
   store.putBlob({ name, options: { max_chunk_size: objectChunkBytes } }, data)
 
 /**
+ * The first message of `stream` on `subject` at or after sequence `seq`, from the stream's leader
+ * (null past the end). `next_by_subj` is the leader's API since nats-server 2.9; nats.js types
+ * it for direct gets only.
+ */
+export const nextBySubject = (jsm: JetStreamManager, stream: string, subject: string, seq: number) =>
+  jsm.streams.getMessage(stream, { next_by_subj: subject, seq } as unknown as MsgRequest)
+
+/**
  * Object `name` of `bucket` (null: none, or deleted), read from its stream's leader: one
  * STREAM.MSG.GET (`next_by_subj`) a chunk, each bounded by the connection's request timeout,
  * then the size and SHA-256 digest checked. Not nats.js's `get`: that reads through an ordered
@@ -236,8 +244,7 @@ export const getObject = async (jsm: JetStreamManager, store: ObjectStore, bucke
   const bytes = new Uint8Array(info.size)
   let at = 0
   for (let chunk = 0, seq = 0; chunk < info.chunks; chunk++) {
-    // `next_by_subj` is the leader's API since nats-server 2.9; nats.js types it for direct gets only.
-    const m = await jsm.streams.getMessage(`OBJ_${bucket}`, { next_by_subj: subject, seq: seq + 1 } as unknown as MsgRequest)
+    const m = await nextBySubject(jsm, `OBJ_${bucket}`, subject, seq + 1)
     if (m === null || at + m.data.length > info.size) throw new Error(`${where}: chunk ${chunk + 1} of ${info.chunks} ${m === null ? "is missing" : "runs past its size"}`)
     bytes.set(m.data, at)
     at += m.data.length

@@ -6,11 +6,11 @@
  * trajectory readers are all this plus a decoder. With `follow`, the read does not end at the
  * last message: it waits for new ones until interrupted (`gyre replay --follow`).
  */
-import { DeliverPolicy, type Consumer, type ConsumerMessages, type JsMsg, type MsgRequest, type StoredMsg } from "@nats-io/jetstream"
+import { DeliverPolicy, type Consumer, type ConsumerMessages, type JsMsg, type StoredMsg } from "@nats-io/jetstream"
 import type { NonEmptyReadonlyArray } from "effect/Array"
 import { Effect, Stream } from "effect"
 import { TransportError, messageOf } from "./errors.ts"
-import type { NatsShape } from "./nats.ts"
+import { nextBySubject, type NatsShape } from "./nats.ts"
 
 export type StartAt = { readonly seq: number } | { readonly time: Date }
 
@@ -136,8 +136,7 @@ async function* batches(consumer: Consumer, messages: ConsumerMessages, last: nu
  */
 export async function* fromLeader(nats: NatsShape, stream: string, subject: string | undefined, after: number, last: number): AsyncGenerator<StreamMessage> {
   for (let seq = after + 1; seq <= last; ) {
-    // `next_by_subj` is the leader's API since nats-server 2.9; nats.js types it for direct gets only.
-    const m = await nats.jsm.streams.getMessage(stream, { next_by_subj: subject ?? ">", seq } as unknown as MsgRequest)
+    const m = await nextBySubject(nats.jsm, stream, subject ?? ">", seq)
     if (m === null || m.seq > last) return
     yield fromStored(m)
     seq = m.seq + 1
