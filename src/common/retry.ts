@@ -25,3 +25,9 @@ export const persistently =
 
 const describe = (e: unknown): string =>
   typeof e === "object" && e !== null && "_tag" in e ? `${String((e as { _tag: unknown })._tag)} ${JSON.stringify(e)}` : String(e)
+
+/**
+ * A few quick retries for a handler's transport hiccups: what still fails after them is a
+ * defect of the incarnation (it crashes, and the request comes back to the next one).
+ */
+export const transient = { times: 8, schedule: Schedule.exponential(Duration.millis(100)) }

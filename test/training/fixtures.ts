@@ -9,7 +9,8 @@
  */
 import { Effect, Ref, Schema } from "effect"
 import type { RpcGroup } from "effect/rpc"
-import { makeTrainingRole, ownWeights, type TrainingRole, type TrainingRoleOptions } from "../../src/actors/trainer.ts"
+import { makeTrainingRole, type TrainingRole, type TrainingRoleOptions } from "../../src/actors/trainer.ts"
+import { ownWeights } from "../../src/training/core-step.ts"
 import { loadCheckpoint } from "../../src/engine/checkpoint.ts"
 import { Engine } from "../../src/engine/engine.ts"
 import { TrainingProtocol, type StepExecutionRef } from "../../src/protocols/device.ts"

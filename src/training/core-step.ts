@@ -1,0 +1,350 @@
+/**
+ * The core's side of a training step: the step's plan, its micro-batches, the in-order sum of
+ * their gradients, the update and the publication of the next version (ARCHITECTURE.md,
+ * "Training"). The device's training role (`src/actors/trainer.ts`) owns one per incarnation
+ * and routes `StartStep`, `TrainExecution` and `GradientReady` to it.
+ *
+ * - `startStep(plan)` begins an attempt at a step (or finds it running): the model and the
+ *   optimizer brought to the step's version, the step's work queue opened empty, executions
+ *   told before the step planned.
+ * - `trainExecution(ref)` reads a finished execution's call records back, plans it
+ *   (`StepPlanner`) and publishes the micro-batches its group completes, in index order.
+ * - `gradientIn(...)` takes micro-batch `index`'s gradient once (in memory from this device, or
+ *   `"stored"` by a satellite), adds what is in order and tells the scheduler `StepProgress`.
+ * - Once every planned execution is told and every gradient is in, `finish` (forked in the
+ *   incarnation's scope): the update (`stepUpdate`), `v<k+1>` and the optimizer state published,
+ *   a checkpoint when due, the metrics journaled, `StepDone` told, the step's queue and
+ *   gradients removed.
+ */
+import { Effect, Semaphore, type Scope } from "effect"
+import type { Model } from "../engine/engine.ts"
+import type { NativeError } from "../engine/native.ts"
+import type { Trainer } from "../engine/trainer.ts"
+import { DeviceRefused, type MicroBatchJson, type StepExecutionRef, type StepPlan } from "../protocols/device.ts"
+import type { RunConfig } from "../protocols/run.ts"
+import { SCHEDULER_KIND, SchedulerProtocol } from "../protocols/scheduler.ts"
+import { readExecution } from "../protocols/trajectories.ts"
+import { fetchOptimizer, publishWeights } from "../protocols/weights.ts"
+import { address } from "../runtime/names.ts"
+import { refOf, type ActorSystemShape } from "../runtime/system.ts"
+import { persistently, transient } from "../common/retry.ts"
+import { checkpointDue, saveTrainingCheckpoint } from "./checkpoints.ts"
+import { InOrderSum, type GradientSource, type GradientStore, type MicroBatchGradient, type StepAttempt } from "./gradients.ts"
+import { closeStepQueue, openStepQueue, publishMicroBatch } from "./microbatch-queue.ts"
+import { MetricsSum, PhaseClock, summarize, type BatchSummary, type MicroBatchStats } from "./step-metrics.ts"
+import { StepPlanner, type PlannedMicroBatch } from "./step-planner.ts"
+import { stepUpdate, type StepUpdate } from "./update.ts"
+
+/** The model's policy version and the one way the role changes its weights. */
+export interface ModelWeights {
+  readonly version: () => number
+  /** Runs `apply`, which makes the weights version `version`, out of the way of any engine step. */
+  readonly swap: (apply: Effect.Effect<void, NativeError>, version: number) => Effect.Effect<void, NativeError>
+}
+
+/** Weights of a model only the training role uses, at version `initial`. */
+export const ownWeights = (initial: number): ModelWeights => {
+  let version = initial
+  return {
+    version: () => version,
+    swap: (apply, next) =>
+      apply.pipe(
+        Effect.tap(() =>
+          Effect.sync(() => {
+            version = next
+          })
+        )
+      )
+  }
+}
+
+/** What the core needs of its device and role. */
+export interface CoreDeps {
+  readonly system: ActorSystemShape
+  /** This device's key, `device/<id>`. */
+  readonly me: string
+  readonly config: RunConfig
+  readonly model: Model
+  readonly trainer: Trainer
+  /** Held around every use of `trainer`. */
+  readonly trainerLock: Semaphore.Semaphore
+  readonly gradients: GradientStore
+  readonly weights: ModelWeights
+  /** Brings the model to `version` (from the object store) unless it is there. */
+  readonly ensureVersion: (version: number) => Effect.Effect<void, { readonly message: string }>
+  /** One micro-batch's gradient alone, on the model as it is. */
+  readonly compute: (mb: MicroBatchJson) => Effect.Effect<{ readonly gradient: MicroBatchGradient }, unknown>
+  readonly ackWaitMs: number
+  /** The incarnation's scope: the step's finishing fiber lives there. */
+  readonly scope: Scope.Scope
+}
+
+/** The core's running step. */
+interface CoreStep {
+  readonly plan: StepPlan
+  readonly planner: StepPlanner
+  readonly sum: InOrderSum
+  readonly metrics: MetricsSum
+  readonly clock: PhaseClock
+  /** Every micro-batch planned so far, and what the metrics need of it. */
+  readonly planned: Map<number, { readonly microBatch: MicroBatchJson; readonly summary: BatchSummary }>
+  readonly received: Set<number>
+  readonly devices: Array<string>
+  trainedTokens: number
+  progressTold: number
+  finishing: boolean
+}
+
+const toJson = (plan: StepPlan, core: string, mb: PlannedMicroBatch): MicroBatchJson => ({
+  step: plan.step,
+  attempt: plan.attempt,
+  core,
+  index: mb.index,
+  version: plan.step,
+  executions: mb.executions,
+  completesTokens: mb.completesTokens,
+  batch: mb.batch
+})
+
+const outstanding = (s: CoreStep) => s.planner.microBatches - s.received.size
+
+export const makeCore = Effect.fn("makeCore")(function* (deps: CoreDeps) {
+  const { system, me, config, model, trainer, trainerLock, gradients } = deps
+  const maxStaleness = config.policyConfig.max_staleness
+  const scheduler = refOf(SchedulerProtocol, address(SCHEDULER_KIND, "main"))
+  const stepLock = yield* Semaphore.make(1)
+  /** Steps before this one are done here (the version the role started on, then each finished step's). */
+  let stepsDone = deps.weights.version()
+  /** The version the trainer's AdamW state belongs to (a fresh state: the version the role started on). */
+  let optimizerAt = deps.weights.version()
+  let core: CoreStep | undefined
+  const early = new Map<number, Array<StepExecutionRef>>()
+
+  const refuse = (reason: string) => new DeviceRefused({ device: me, reason })
+
+  /** Brings the optimizer to its state at `version`: the core that made it stored it beside the weights. */
+  const ensureOptimizer = (version: number) =>
+    optimizerAt === version
+      ? Effect.void
+      : version === 0
+        ? Effect.fail(refuse(`the optimizer is at version ${optimizerAt}; step 0 needs a fresh one`))
+        : fetchOptimizer(system, version).pipe(
+            Effect.flatMap((bytes) => trainerLock.withPermit(trainer.loadOptimizer(bytes))),
+            Effect.mapError((e) => refuse(`optimizer state of v${version}: ${e._tag === "WeightsUnavailable" ? e.reason : e.message}`)),
+            Effect.tap(() =>
+              Effect.sync(() => {
+                optimizerAt = version
+              })
+            )
+          )
+
+  /** Progress is a running total: one that cannot be told is said in the log and left to the next one (or `StepDone`). */
+  const tellProgress = (s: CoreStep) =>
+    system
+      .tell(scheduler, "StepProgress", { step: s.plan.step, trainedTokens: s.trainedTokens }, { msgId: `progress-${s.plan.step}-${s.plan.attempt}-${++s.progressTold}`, sender: me })
+      .pipe(
+        Effect.retry(transient),
+        Effect.catch((e) => Effect.logWarning(`${me}: progress of step ${s.plan.step} not told: ${e.message}`))
+      )
+
+  /** Records micro-batch `index`'s gradient (once), adds what is in order, tells progress. */
+  const gradientIn = (at: StepAttempt, index: number, device: string, stats: MicroBatchStats, source: GradientSource) =>
+    stepLock.withPermit(
+      Effect.gen(function* () {
+        const s = core
+        const planned = s?.planned.get(index)
+        if (s === undefined || s.plan.step !== at.step || s.plan.attempt !== at.attempt || s.finishing || planned === undefined) return false
+        if (!s.sum.offer(index, source)) return false
+        s.received.add(index)
+        if (!s.devices.includes(device)) s.devices.push(device)
+        s.metrics.add(stats, planned.summary, planned.microBatch.executions)
+        s.trainedTokens += s.planner.gradientIn(index)
+        s.clock.set(outstanding(s) > 0, Date.now())
+        yield* s.sum.drain((i) => storedGradient(s, i))
+        yield* tellProgress(s)
+        yield* finishWhenComplete(s)
+        return true
+      })
+    )
+
+  /**
+   * A satellite's gradient from the store; one that cannot be read (its micro-batch already
+   * acknowledged) is recomputed here, from the batch the core planned, on the same weights.
+   */
+  const storedGradient = (s: CoreStep, index: number) =>
+    gradients.get(s.plan, index, s.planned.get(index)!.microBatch.batch.length).pipe(
+      Effect.catchTag("GradientUnreadable", (e) => Effect.as(Effect.logWarning(`${me}: ${e.object} unreadable (${e.reason}); recomputing it`), undefined)),
+      persistently(`reading the gradient of micro-batch ${s.plan.step}.${index}`),
+      Effect.flatMap((stored) => (stored !== undefined ? Effect.succeed(stored) : deps.compute(s.planned.get(index)!.microBatch).pipe(Effect.map((r) => r.gradient), Effect.orDie)))
+    )
+
+  /** Micro-batches of a completed group: kept, then published in index order. */
+  const enqueue = (s: CoreStep, microBatches: ReadonlyArray<PlannedMicroBatch>) =>
+    Effect.gen(function* () {
+      for (const mb of microBatches) {
+        const microBatch = toJson(s.plan, me, mb)
+        s.planned.set(mb.index, { microBatch, summary: summarize(mb.batch, s.plan.step, maxStaleness) })
+        yield* publishMicroBatch(system, microBatch).pipe(Effect.retry(transient), Effect.orDie)
+      }
+      s.clock.set(outstanding(s) > 0, Date.now())
+    })
+
+  /** Plans one finished execution of the running step (under the step lock). */
+  const planExecution = (s: CoreStep, ref: StepExecutionRef) =>
+    Effect.gen(function* () {
+      const { trajectory, malformed } = yield* readExecution(system, ref.execution).pipe(Effect.retry(transient), Effect.orDie)
+      for (const r of trajectory.rejected) yield* Effect.logWarning(`${me}: ${ref.execution}: record ${r.callId} rejected (${r.reason}): ${r.detail}`)
+      for (const m of malformed) yield* Effect.logWarning(`${me}: ${ref.execution}: malformed record ${m.seq}: ${m.reason}`)
+      const told = s.planner.tell(ref, trajectory.decoder.tree)
+      if (told._tag === "Refused") {
+        yield* Effect.logWarning(`${me}: TrainExecution ${ref.execution} refused: ${told.reason}`)
+        return false
+      }
+      if (told._tag === "Duplicate") return true
+      for (const e of told.tooLong) yield* Effect.logWarning(`${me}: ${e} dropped: a path is longer than ${config.training.microBatchTokens} tokens`)
+      yield* enqueue(s, told.microBatches)
+      if (told.consumedTokens > 0) {
+        s.trainedTokens += told.consumedTokens
+        yield* tellProgress(s)
+      }
+      yield* finishWhenComplete(s)
+      return true
+    })
+
+  const finishWhenComplete = (s: CoreStep) =>
+    s.finishing || !s.planner.complete || outstanding(s) > 0 || s.sum.summed < s.planner.microBatches
+      ? Effect.void
+      : Effect.sync(() => {
+          s.finishing = true
+          s.clock.stop(Date.now())
+        }).pipe(
+          Effect.andThen(
+            Effect.forkIn(
+              finish(s).pipe(Effect.tapCause((cause) => Effect.logError(`${me}: finishing step ${s.plan.step} failed`, cause))),
+              deps.scope
+            )
+          ),
+          Effect.asVoid
+        )
+
+  /** The step's update (`stepUpdate`; none when nothing was trained), under `swap`. */
+  const update = (s: CoreStep) =>
+    Effect.gen(function* () {
+      let result: StepUpdate = { gradNorm: 0, clipFraction: undefined }
+      const next = s.plan.step + 1
+      const batches = [...s.planned.keys()].sort((a, b) => a - b).map((i) => s.planned.get(i)!.microBatch.batch)
+      const apply =
+        s.planner.microBatches === 0
+          ? Effect.void
+          : stepUpdate(trainer, config, s.plan.step, batches, s.sum).pipe(
+              Effect.map((r) => {
+                result = r
+              })
+            )
+      yield* trainerLock.withPermit(deps.weights.swap(apply, next))
+      optimizerAt = next
+      return result
+    })
+
+  /** The update, once; then each publication retried on its own (never the update). */
+  const finish = (s: CoreStep) =>
+    stepLock.withPermit(
+      Effect.gen(function* () {
+        const step = s.plan.step
+        const version = step + 1
+        const reduceStart = Date.now()
+        const { gradNorm, clipFraction } = yield* update(s).pipe(Effect.orDie)
+        const publishStart = Date.now()
+        const safetensors = yield* model.save().pipe(Effect.orDie)
+        const optimizer = yield* trainerLock.withPermit(trainer.saveOptimizer()).pipe(Effect.orDie)
+        yield* publishWeights(system, version, safetensors, optimizer).pipe(persistently(`publishing v${version}`))
+        if (checkpointDue(config, version)) {
+          yield* saveTrainingCheckpoint(config.checkpointDir, model, trainer, { run: system.run, version }).pipe(Effect.orDie)
+        }
+        const metrics = {
+          ...s.metrics.metrics({
+            step,
+            figures: s.planner.figures,
+            microBatches: s.planner.microBatches,
+            devices: s.devices,
+            gradNorm,
+            clipFraction,
+            clock: s.clock,
+            reduceMs: publishStart - reduceStart,
+            publishMs: Date.now() - publishStart
+          }),
+          plan: s.plan
+        }
+        yield* system.publishEvent("step", metrics).pipe(persistently(`journaling step ${step}'s metrics`))
+        yield* system.tell(scheduler, "StepDone", { step, version, metrics }, { msgId: `step-${step}-done`, sender: me }).pipe(persistently(`telling StepDone ${step}`))
+        stepsDone = version
+        core = undefined
+        yield* Effect.all([closeStepQueue(system, step), gradients.removeStep(s.plan, s.planner.microBatches)]).pipe(
+          Effect.catch((e) => Effect.logWarning(`${me}: cleaning up step ${step}: ${e.message}`))
+        )
+      })
+    )
+
+  const begin = (plan: StepPlan) =>
+    Effect.gen(function* () {
+      const planned = plan.groupSizes.reduce((a, b) => a + b, 0)
+      if (plan.version !== plan.step) return yield* refuse(`step ${plan.step} must train version ${plan.step}, not ${plan.version}`)
+      if (planned !== plan.executions) return yield* refuse(`groups of ${planned} executions in a plan of ${plan.executions}`)
+      yield* deps.ensureVersion(plan.version).pipe(Effect.mapError((e) => refuse(`weights v${plan.version}: ${e.message}`)))
+      yield* ensureOptimizer(plan.version)
+      // Nothing of an earlier attempt at the step (a lost core's micro-batches) is claimed.
+      yield* closeStepQueue(system, plan.step).pipe(Effect.andThen(openStepQueue(system, plan.step, deps.ackWaitMs)), Effect.retry(transient), Effect.orDie)
+      stepsDone = plan.step
+      const s: CoreStep = {
+        plan,
+        planner: new StepPlanner(plan, config.training, config.seed),
+        sum: new InOrderSum(model.paramCount),
+        metrics: new MetricsSum(),
+        clock: new PhaseClock(Date.now()),
+        planned: new Map(),
+        received: new Set(),
+        devices: [me],
+        trainedTokens: 0,
+        progressTold: 0,
+        finishing: false
+      }
+      core = s
+      for (const ref of early.get(plan.step) ?? []) yield* planExecution(s, ref)
+      early.delete(plan.step)
+    })
+
+  /** `StartStep`: true when the attempt runs here (begun now or already), false for a step done. */
+  const startStep = (plan: StepPlan) =>
+    stepLock.withPermit(
+      Effect.gen(function* () {
+        if (plan.step < stepsDone) return false
+        if (core !== undefined && core.plan.step !== plan.step) return yield* refuse(`step ${core.plan.step} is running`)
+        if (core?.finishing === true && core.plan.attempt !== plan.attempt) return yield* refuse(`attempt ${core.plan.attempt} at step ${plan.step} is finishing`)
+        // A later attempt at the step (this device was its core, and was counted lost) replaces the earlier one.
+        if (core === undefined || core.plan.attempt !== plan.attempt) yield* begin(plan)
+        return true
+      })
+    )
+
+  /** `TrainExecution`: planned now, or kept until its step starts here; false when refused or for a step done. */
+  const trainExecution = (ref: StepExecutionRef) =>
+    stepLock.withPermit(
+      Effect.gen(function* () {
+        if (ref.step < stepsDone) return false
+        if (core === undefined || ref.step > core.plan.step) {
+          const waiting = early.get(ref.step) ?? []
+          if (!waiting.some((r) => r.execution === ref.execution)) waiting.push(ref)
+          early.set(ref.step, waiting)
+          return true
+        }
+        return yield* planExecution(core, ref)
+      })
+    )
+
+  /** Whether attempt `attempt` at `step` is this device's running step. */
+  const runs = (at: StepAttempt) => core?.plan.step === at.step && core.plan.attempt === at.attempt
+
+  return { startStep, trainExecution, gradientIn, runs }
+})
+
+export type Core = Effect.Success<ReturnType<typeof makeCore>>
