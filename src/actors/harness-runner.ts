@@ -7,24 +7,19 @@
  * `GYRE_TASK_ID`, `GYRE_EXECUTION_ID`, `GYRE_WORKSPACE`, `GYRE_SUITE_DIR`, `GYRE_SEED` (the
  * request's seed, when it has one) (+ the suite's, task's and request's environment), killed at the wall-clock limit (SIGTERM, SIGKILL after a grace period); the
  * key revoked (`CloseExecution`); then the suite's scorer on the workspace, whatever state
- * it is in. The scorer's last stdout line is `{"score": x, "details": ..., "no_artifact"?: true,
- * "rewards"?: {<call id>: r}}` (`rewards`: per-call rewards, kept on the outcome);
- * a crash, a timeout or another line is an evaluation failure, retried within the budget, and
- * an execution whose evaluation never succeeds is dropped (`failed`, counted in `Status`).
+ * it is in, retried within the budget (`src/harness/scorer.ts`: its output format; an execution
+ * whose evaluation never succeeds is dropped, `failed`, counted in `Status`).
  * The `ExecutionOutcome` is published on `gyre.<run>.outcomes.<execution>` (acknowledged by
  * JetStream, message id `outcome-<execution>`) and answered. Harness and scorer output is
  * kept capped (`harness.log`, `scorer.log` beside the workspace); the execution's directory
  * is removed unless the keep policy says otherwise.
  *
- * The harness gets no NATS credentials and none of the runner's environment (only `INHERITED`,
- * `HOME` set to the execution's own `home`); a `RunExecution.env` naming a loader, shell
- * start-up or credential variable (`FORBIDDEN_ENV`: `LD_*`, `BASH_ENV`, `NODE_OPTIONS`, ...)
- * is refused with `ForbiddenEnvironment`. Harness and scorer run as another user where the
- * runner is root (`harnessUser`): `runAs`, else `GYRE_HARNESS_UID`/`GYRE_HARNESS_GID` (0 keeps
- * root), else `nobody` (65534) once a probe shows nobody can run node and reach the suites and
- * the workspaces (else a warning says why they run as root). The execution directory is handed
- * to that user and the workspace root made traversable, so a harness cannot read the runner's
- * `/proc/<pid>/environ` or its files.
+ * The harness gets no NATS credentials and none of the runner's environment (`src/harness/
+ * environment.ts`: `HOME` set to the execution's own `home`); a `RunExecution.env` naming a
+ * loader, shell start-up or credential variable (`FORBIDDEN_ENV`) is refused with
+ * `ForbiddenEnvironment`. Where the runner is root, harness and scorer run as another user
+ * (`src/harness/harness-user.ts`), the execution directory is handed to that user and the
+ * workspace root made traversable.
  *
  * At most `capacity` executions run at once (a semaphore); the actor's handler concurrency is
  * larger so that `Status` and a duplicate `RunExecution` (same execution id: it joins the
@@ -32,18 +27,21 @@
  */
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
-import { Deferred, Duration, Effect, Exit, Ref, Schedule, Schema, Semaphore } from "effect"
+import { Deferred, Duration, Effect, Ref, Schedule, Schema, Semaphore } from "effect"
 import { errorLine } from "../common/error-line.ts"
 import * as Actor from "../runtime/actor.ts"
 import { messageOf, TransportError } from "../runtime/errors.ts"
 import { formatAddress, type ActorAddress } from "../runtime/names.ts"
 import { refOf } from "../runtime/system.ts"
-import { CallRewards, ExecutionOutcome } from "../tree/outcome.ts"
+import { ExecutionOutcome } from "../tree/outcome.ts"
 import { GatewayProtocol, apiKeyDigest, newApiKey } from "../protocols/gateway.ts"
 import { ForbiddenEnvironment, HarnessRunnerProtocol, UnknownTask, type RunExecution } from "../protocols/harness.ts"
 import { ensureTrajectoryStream, rlLayout } from "../protocols/layout.ts"
 import { markExecutionStart } from "../protocols/trajectories.ts"
-import { describeEnd, runInGroup, type GroupResult } from "../harness/process-group.ts"
+import { baseEnv, FORBIDDEN_ENV } from "../harness/environment.ts"
+import { chownTree, harnessUser, runAsFromEnv } from "../harness/harness-user.ts"
+import { describeEnd, runInGroup, tailOf, writeGroupLog, type GroupResult } from "../harness/process-group.ts"
+import { evaluate, type Evaluation } from "../harness/scorer.ts"
 import { loadSuite, type Suite, type SuiteProgram, type Task } from "../harness/suites.ts"
 
 export type KeepPolicy = RunExecution["keepWorkspace"]
@@ -77,123 +75,7 @@ export interface HarnessRunnerConfig {
 
 const Counts = Schema.Struct({ running: Schema.Number, finished: Schema.Number, dropped: Schema.Number })
 
-const ScorerReport = Schema.Struct({
-  score: Schema.Number.check(Schema.isBetween({ minimum: 0, maximum: 1 })),
-  details: Schema.optional(Schema.Unknown),
-  no_artifact: Schema.optional(Schema.Boolean),
-  rewards: Schema.optional(CallRewards)
-}).check(
-  Schema.makeFilter((r) => r.no_artifact !== true || r.score === 0 || "no_artifact needs score 0"),
-  Schema.makeFilter((r) => r.no_artifact !== true || r.rewards === undefined || "no_artifact has no per-call rewards")
-)
-
-/** Environment variables a harness or scorer inherits from the runner (no NATS credentials). */
-const INHERITED = ["PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR", "SHELL", "TERM"]
-
-/** Variables a request may not set: dynamic loaders, shell and interpreter start-up, credentials, the runner's own. */
-export const FORBIDDEN_ENV =
-  /^(LD_.*|DYLD_.*|BASH_ENV|ENV|BASH_FUNC_.*|SHELLOPTS|BASHOPTS|PS4|PROMPT_COMMAND|IFS|NODE_OPTIONS|NODE_PATH|NODE_EXTRA_CA_CERTS|PYTHONSTARTUP|PYTHONPATH|PYTHONHOME|PERL5OPT|PERL5LIB|RUBYOPT|RUBYLIB|JAVA_TOOL_OPTIONS|GIT_.*|NATS_.*|GYRE_.*|OPENAI_.*|PATH|HOME)$/
-
-interface HarnessUser {
-  readonly uid: number
-  readonly gid: number
-}
-
-/** `nobody`/`nogroup` on Debian, Ubuntu, Fedora and RHEL 8+. */
-const NOBODY: HarnessUser = { uid: 65534, gid: 65534 }
-
-/** A uid or gid variable: a non-negative integer, or a defect naming it. */
-const idOf = (name: string, value: string): number => {
-  const n = Number(value)
-  if (value.trim() === "" || !Number.isInteger(n) || n < 0) throw new Error(`${name} must be a user or group id (an integer >= 0), got '${value}'`)
-  return n
-}
-
-/** The user `GYRE_HARNESS_UID` (and `GYRE_HARNESS_GID`, default the uid) names, if set. */
-const runAsFromEnv = (): HarnessUser | undefined => {
-  const { GYRE_HARNESS_UID: uid, GYRE_HARNESS_GID: gid } = process.env
-  if (uid === undefined) return undefined
-  return { uid: idOf("GYRE_HARNESS_UID", uid), gid: idOf("GYRE_HARNESS_GID", gid ?? uid) }
-}
-
-/**
- * Whether `user` can run this node and reach `suitesDir` (read) and `workspaceRoot` (traverse):
- * undefined when it can, else why not.
- */
-const probe = (user: HarnessUser, suitesDir: string, workspaceRoot: string) =>
-  Effect.promise((signal) =>
-    runInGroup(
-      {
-        command: [process.execPath, "-e", `const fs = require("fs"); fs.accessSync(${JSON.stringify(suitesDir)}, 5); fs.accessSync(${JSON.stringify(workspaceRoot)}, 1)`],
-        cwd: "/",
-        env: baseEnv(),
-        timeoutMs: 10_000,
-        graceMs: 500,
-        outputCapBytes: 4096,
-        uid: user.uid,
-        gid: user.gid
-      },
-      signal
-    )
-  ).pipe(Effect.map((r) => (r.exitCode === 0 ? undefined : `${describeEnd(r)}: ${tailOf(r.stderr.trim().split("\n").find((l) => l.startsWith("Error")) ?? r.stderr.trim(), 300)}`)))
-
-/**
- * Who harnesses and scorers run as: `runAs`, else GYRE_HARNESS_UID/GID, else nobody where the
- * runner is root and nobody passes the probe (a warning says why not), else the runner's user.
- */
-const harnessUser = (config: HarnessRunnerConfig, fromEnv: HarnessUser | undefined) =>
-  Effect.gen(function* () {
-    const chosen = config.runAs ?? fromEnv
-    if (chosen !== undefined || process.getuid?.() !== 0) return chosen
-    const refused = yield* probe(NOBODY, config.suitesDir, config.workspaceRoot)
-    if (refused === undefined) return NOBODY
-    yield* Effect.logWarning(
-      `harness runner: harnesses run as root and can read this process's environment: uid ${NOBODY.uid} cannot reach the suites or the workspaces (${refused}); make ${config.suitesDir} readable by others, or set GYRE_HARNESS_UID (0: root on purpose)`
-    )
-    return undefined
-  })
-
-/** Hands `dir` and everything in it to `user`. */
-const chownTree = async (dir: string, user: { uid: number; gid: number }): Promise<void> => {
-  await fs.chown(dir, user.uid, user.gid)
-  for (const entry of await fs.readdir(dir, { withFileTypes: true })) {
-    const p = path.join(dir, entry.name)
-    if (entry.isDirectory()) await chownTree(p, user)
-    else await fs.lchown(p, user.uid, user.gid)
-  }
-}
-
-const baseEnv = (): Record<string, string> => {
-  const env: Record<string, string> = {}
-  for (const name of INHERITED) if (process.env[name] !== undefined) env[name] = process.env[name]!
-  // The runner's own node is on PATH, so suites can use `node` for scripts and JSON.
-  env.PATH = [path.dirname(process.execPath), env.PATH].filter((p) => p !== undefined && p !== "").join(":")
-  return env
-}
-
 const keepRank: Record<KeepPolicy, number> = { never: 0, "on-failure": 1, always: 2 }
-
-
-const clip = (text: string, max: number) => (text.length <= max ? text : `${text.slice(0, max)}...`)
-const tailOf = (text: string, max: number) => (text.length <= max ? text : `...${text.slice(text.length - max)}`)
-
-type Evaluation = Pick<ExecutionOutcome, "evaluation" | "score" | "rewards" | "attempts" | "detail">
-
-/** One scorer run's verdict: a report, or why this attempt is an evaluation failure. */
-const judge = (r: GroupResult): { ok: true; report: typeof ScorerReport.Type } | { ok: false; reason: string } => {
-  if (r.startError !== undefined || r.timedOut || r.exitCode !== 0) {
-    return { ok: false, reason: `scorer ${describeEnd(r)}${r.stderr.trim() !== "" ? `: ${tailOf(r.stderr.trim(), 300)}` : ""}` }
-  }
-  const last = r.stdout.trim().split("\n").pop() ?? ""
-  let json: unknown
-  try {
-    json = JSON.parse(last)
-  } catch {
-    return { ok: false, reason: `scorer printed no JSON on its last line: ${clip(JSON.stringify(last), 200)}` }
-  }
-  const report = Schema.decodeUnknownExit(ScorerReport)(json)
-  return Exit.isSuccess(report) ? { ok: true, report: report.value } : { ok: false, reason: `invalid scorer output ${clip(last, 200)}: ${clip(String(report.cause), 300)}` }
-}
 
 /** The harness-runner actor type for `config` (kind `harness-runner`). */
 export const makeHarnessRunner = (config: HarnessRunnerConfig) => {
@@ -232,37 +114,13 @@ export const makeHarnessRunner = (config: HarnessRunnerConfig) => {
         const run = (program: SuiteProgram, cwd: string, env: Record<string, string>, timeoutMs: number) =>
           Effect.promise((signal) => runInGroup({ command: program.command, cwd, env, timeoutMs, graceMs, outputCapBytes, uid: runAs?.uid, gid: runAs?.gid }, signal))
 
-        const writeLog = (file: string, title: string, r: GroupResult) =>
-          Effect.promise(() =>
-            fs.writeFile(file, `# ${title}: ${describeEnd(r)}, ${r.outputBytes} bytes of output\n## stdout\n${r.stdout}\n## stderr\n${r.stderr}\n`).catch(() => undefined)
-          )
-
-        const evaluate = (suite: Suite, dir: string, cwd: string, env: Record<string, string>) =>
-          Effect.gen(function* () {
-            let reason = ""
-            const attempts = 1 + Math.max(0, config.evaluationRetries)
-            for (let attempt = 1; attempt <= attempts; attempt++) {
-              if (attempt > 1) yield* Effect.sleep(Duration.millis(backoffMs))
-              const r = yield* run(suite.scorer, cwd, env, suite.scorer.timeoutMs)
-              yield* writeLog(path.join(dir, "scorer.log"), `scorer attempt ${attempt}`, r)
-              const verdict = judge(r)
-              if (verdict.ok) {
-                const details = verdict.report.details === undefined ? "" : `: ${clip(JSON.stringify(verdict.report.details), 1000)}`
-                return verdict.report.no_artifact === true
-                  ? ({ evaluation: "no-artifact", score: 0, attempts: attempt, detail: `no artifact${details}` } satisfies Evaluation)
-                  : ({
-                      evaluation: "scored",
-                      score: verdict.report.score,
-                      ...(verdict.report.rewards === undefined ? {} : { rewards: verdict.report.rewards }),
-                      attempts: attempt,
-                      detail: `score ${verdict.report.score}${details}`
-                    } satisfies Evaluation)
-              }
-              reason = verdict.reason
-              yield* Effect.logWarning(`evaluation attempt ${attempt}/${attempts} failed: ${reason}`)
-            }
-            return { evaluation: "failed", score: null, attempts, detail: `evaluation failed ${attempts} times; last: ${reason}` } satisfies Evaluation
-          })
+        const writeLog = (file: string, title: string, r: GroupResult) => Effect.promise(() => writeGroupLog(file, title, r))
+        const scoring = (dir: string) => ({
+          run,
+          log: (title: string, r: GroupResult) => writeLog(path.join(dir, "scorer.log"), title, r),
+          retries: config.evaluationRetries,
+          backoffMs
+        })
 
         /** Opens the execution at the gateway: its base URL, or why not. */
         const open = (key: string, taskName: string, execution: string) =>
@@ -331,7 +189,7 @@ export const makeHarnessRunner = (config: HarnessRunnerConfig) => {
               yield* writeLog(path.join(dir, "harness.log"), "harness", harness)
               ended = harness.timedOut ? "timed-out" : "finished"
               harnessFailed = harness.timedOut || harness.exitCode !== 0
-              const scored = yield* evaluate(suite, dir, workspace, env)
+              const scored = yield* evaluate(suite, workspace, env, scoring(dir))
               const stderr = harness.stderr.trim()
               const note = harnessFailed ? `; harness ${describeEnd(harness)}${stderr !== "" ? `: ${tailOf(stderr, 300)}` : ""}` : ""
               evaluation = { ...scored, detail: scored.detail + note }

@@ -12,6 +12,7 @@
  * user (a runner running as root gives harnesses an unprivileged uid).
  */
 import { spawn } from "node:child_process"
+import { writeFile } from "node:fs/promises"
 import { guard } from "../runtime/child-watchdog.ts"
 
 export interface GroupCommand {
@@ -169,3 +170,13 @@ export const describeEnd = (r: GroupResult): string =>
   r.startError !== undefined
     ? `could not start: ${r.startError}`
     : `${r.timedOut ? "timed out, " : ""}${r.exitCode !== null ? `exit ${r.exitCode}` : `killed by ${r.signal}`} after ${r.durationMs} ms`
+
+/** `text` cut to `max` characters, "..." marking the cut. */
+export const clip = (text: string, max: number) => (text.length <= max ? text : `${text.slice(0, max)}...`)
+
+/** The last `max` characters of `text`, "..." marking the cut. */
+export const tailOf = (text: string, max: number) => (text.length <= max ? text : `...${text.slice(text.length - max)}`)
+
+/** Writes a run's end and its kept output to `file` (`harness.log`, `scorer.log`); a write that fails is ignored. */
+export const writeGroupLog = (file: string, title: string, r: GroupResult): Promise<void> =>
+  writeFile(file, `# ${title}: ${describeEnd(r)}, ${r.outputBytes} bytes of output\n## stdout\n${r.stdout}\n## stderr\n${r.stderr}\n`).catch(() => undefined)
