@@ -11,14 +11,12 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { headers as natsHeaders } from "@nats-io/transport-node"
 import { Effect, Layer, Stream } from "effect"
-import { makeScheduler } from "../../src/actors/scheduler.ts"
 import { layout } from "../../src/runtime/names.ts"
 import { Nats, type NatsShape } from "../../src/runtime/nats.ts"
-import { startNode } from "../../src/runtime/node.ts"
 import { readStored } from "../../src/runtime/stream-reader.ts"
 import { ActorSystem } from "../../src/runtime/system.ts"
-import { fakeDevice, fakeRunner, observed } from "../scheduling/fakes.ts"
-import { runConfig, runDone, script, switchesSettled, trainTasks } from "../scheduling/run.ts"
+import { observed } from "../scheduling/fakes.ts"
+import { runConfig, runDone, schedulerOptions, standingBy, startFakes, switchesSettled } from "../scheduling/run.ts"
 
 export const gyre = new URL("../../bin/gyre.js", import.meta.url).pathname
 
@@ -67,12 +65,8 @@ export const recordRun = (run: string): Promise<Recorded> => {
   const program = Effect.gen(function* () {
     const system = yield* ActorSystem
     const seen = observed()
-    const fakes = yield* startNode({ name: "fakes", types: [fakeDevice(script, seen), fakeRunner(script, seen)] })
-    yield* fakes.spawn("harness-runner", "r0")
-    for (let i = 0; i < 2; i++) yield* fakes.spawn("device", `fakes.${i}`)
-    const scheduler = makeScheduler({ config: runConfig(run), trainTasks, runners: ["harness-runner/r0"], leaseTtlMs: 1500 })
-    const node = yield* startNode({ name: "s1", types: [scheduler.type] })
-    yield* Effect.forkScoped(scheduler.standBy(node, system))
+    const fakes = yield* startFakes(seen, { devices: 2 })
+    const node = yield* standingBy(schedulerOptions(runConfig(run)))
     yield* runDone(system)
     yield* switchesSettled(system)
     yield* node.drain

@@ -4,14 +4,12 @@
  * and an evaluation run's outcomes on its trajectory stream (as the harness runner writes them).
  */
 import { Effect } from "effect"
-import { makeScheduler } from "../../src/actors/scheduler.ts"
 import { ensureTrajectoryStream, rlLayout } from "../../src/protocols/layout.ts"
 import { readRecords } from "../../src/scheduling/records.ts"
-import { startNode } from "../../src/runtime/node.ts"
 import { ActorSystem } from "../../src/runtime/system.ts"
 import type { ExecutionOutcome } from "../../src/tree/outcome.ts"
-import { fakeDevice, fakeRunner, observed } from "../scheduling/fakes.ts"
-import { runConfig, runDone, script, switchesSettled, trainTasks } from "../scheduling/run.ts"
+import { observed } from "../scheduling/fakes.ts"
+import { runConfig, runDone, schedulerOptions, standingBy, startFakes, switchesSettled } from "../scheduling/run.ts"
 
 /**
  * Runs `run` under `policy` on three scripted cells to its end; `during` runs once the first
@@ -23,12 +21,8 @@ export const recordedRun = <A>(run: string, policy: string, during: Effect.Effec
       const system = yield* ActorSystem
       const config = { ...runConfig(run), policy, ...(policy === "async" ? { rolloutCells: 1 } : {}) }
       const seen = observed()
-      const fakes = yield* startNode({ name: "fakes", types: [fakeDevice(script, seen), fakeRunner(script, seen)] })
-      yield* fakes.spawn("harness-runner", "r0")
-      for (let i = 0; i < 3; i++) yield* fakes.spawn("device", `fakes.${i}`)
-      const scheduler = makeScheduler({ config, trainTasks, runners: ["harness-runner/r0"], leaseTtlMs: 1500 })
-      const node = yield* startNode({ name: "s1", types: [scheduler.type] })
-      yield* Effect.forkScoped(scheduler.standBy(node, system))
+      yield* startFakes(seen)
+      yield* standingBy(schedulerOptions(config))
       for (;;) {
         const records = yield* readRecords(system)
         if (records.some((r) => r.record.event._tag === "StepDone")) break

@@ -11,9 +11,11 @@ import { actionsJson, policyOf, stateDigest } from "../../src/scheduling/driver.
 import { readRecords, type RunSummary, type StoredRecord } from "../../src/scheduling/records.ts"
 import { auditRun } from "../../src/scheduling/audit.ts"
 import { replayRecords } from "../../src/scheduling/takeover.ts"
+import { makeScheduler, type SchedulerOptions } from "../../src/actors/scheduler.ts"
+import { startNode } from "../../src/runtime/node.ts"
 import { readLast } from "../../src/runtime/stream-reader.ts"
-import type { ActorSystemShape } from "../../src/runtime/system.ts"
-import type { Observed, Script } from "./fakes.ts"
+import { ActorSystem, type ActorSystemShape } from "../../src/runtime/system.ts"
+import { fakeDevice, fakeRunner, type Observed, type Script } from "./fakes.ts"
 
 export const trainTasks = Array.from({ length: 8 }, (_, i) => `t${i}`)
 
@@ -52,6 +54,28 @@ export const script: Script = {
 }
 
 /** Waits until the journal holds the run's end; its summary. */
+/** The fakes on a node `fakes` of their own: `harness-runner/r0` and `devices` devices `device/fakes.<i>`. */
+export const startFakes = (seen: Observed, options: { readonly devices?: number; readonly heartbeatMs?: number } = {}) =>
+  Effect.gen(function* () {
+    const fakes = yield* startNode({ name: "fakes", types: [fakeDevice(script, seen), fakeRunner(script, seen)], ...(options.heartbeatMs === undefined ? {} : { heartbeatMs: options.heartbeatMs }) })
+    yield* fakes.spawn("harness-runner", "r0")
+    for (let i = 0; i < (options.devices ?? 3); i++) yield* fakes.spawn("device", `fakes.${i}`)
+    return fakes
+  })
+
+/** The schedulers' options of a run on the fakes: runner r0, lease 1.5 s. */
+export const schedulerOptions = (config: RunConfig): SchedulerOptions => ({ config, trainTasks, runners: ["harness-runner/r0"], leaseTtlMs: 1500 })
+
+/** A scheduler candidate standing by on a node of its own (in the current scope); its node. */
+export const standingBy = (options: SchedulerOptions, node = "s1") =>
+  Effect.gen(function* () {
+    const system = yield* ActorSystem
+    const scheduler = makeScheduler(options)
+    const host = yield* startNode({ name: node, types: [scheduler.type] })
+    yield* Effect.forkScoped(scheduler.standBy(host, system))
+    return host
+  })
+
 export const runDone = (system: ActorSystemShape, timeoutMs = 40_000) =>
   Effect.gen(function* () {
     const deadline = Date.now() + timeoutMs

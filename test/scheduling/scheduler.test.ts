@@ -5,17 +5,15 @@
  */
 import { Effect } from "effect"
 import { describe, expect, it } from "vitest"
-import { startNode } from "../../src/runtime/node.ts"
 import { ActorSystem } from "../../src/runtime/system.ts"
-import { makeScheduler } from "../../src/actors/scheduler.ts"
 import type { PolicyRecord } from "../../src/protocols/scheduler.ts"
 import { Book } from "../../src/scheduling/book.ts"
 import { policyOf } from "../../src/scheduling/driver.ts"
 import { readRecords } from "../../src/scheduling/records.ts"
 import { replayRecords } from "../../src/scheduling/takeover.ts"
 import { withSystem } from "../runtime/harness.ts"
-import { fakeDevice, fakeRunner, observed } from "./fakes.ts"
-import { checkJournal, runConfig, runDone, script, switchesSettled, trainTasks } from "./run.ts"
+import { observed } from "./fakes.ts"
+import { checkJournal, runConfig, runDone, schedulerOptions, standingBy, startFakes, switchesSettled, trainTasks } from "./run.ts"
 
 describe("live scheduler", () => {
   it("runs a short elastic run on three cells to its end; the journal replays to the same actions and digests", async () => {
@@ -24,12 +22,8 @@ describe("live scheduler", () => {
     const seen = observed()
     const result = await withSystem(run, Effect.gen(function* () {
       const system = yield* ActorSystem
-      const fakes = yield* startNode({ name: "fakes", types: [fakeDevice(script, seen), fakeRunner(script, seen)] })
-      yield* fakes.spawn("harness-runner", "r0")
-      for (let i = 0; i < 3; i++) yield* fakes.spawn("device", `fakes.${i}`)
-      const scheduler = makeScheduler({ config, trainTasks, runners: ["harness-runner/r0"], leaseTtlMs: 1500 })
-      const node = yield* startNode({ name: "s1", types: [scheduler.type] })
-      yield* Effect.forkScoped(scheduler.standBy(node, system))
+      yield* startFakes(seen)
+      yield* standingBy(schedulerOptions(config))
       const summary = yield* runDone(system)
       yield* switchesSettled(system)
       const journal = yield* checkJournal(system, config, seen)

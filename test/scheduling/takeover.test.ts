@@ -19,8 +19,8 @@ import { address } from "../../src/runtime/names.ts"
 import { ActorSystem, refOf, type ActorSystemShape } from "../../src/runtime/system.ts"
 import { DeviceProtocol } from "../../src/protocols/device.ts"
 import { withSystem } from "../runtime/harness.ts"
-import { fakeDevice, fakeRunner, observed, type Observed } from "./fakes.ts"
-import { checkJournal, runConfig, runDone, script, trainTasks } from "./run.ts"
+import { observed } from "./fakes.ts"
+import { checkJournal, runConfig, runDone, schedulerOptions, standingBy, startFakes } from "./run.ts"
 
 const children: Array<ChildProcess> = []
 afterEach(() => {
@@ -50,18 +50,10 @@ const candidate = (natsUrl: string, name: string, run: string, options: Schedule
 /** Run `run` of 4 steps: its configuration, what the fakes see of it, and its schedulers' options (runner r0, lease 1.5 s). */
 const fourSteps = (run: string) => {
   const config = runConfig(run, 4)
-  const options: SchedulerOptions = { config, trainTasks, runners: ["harness-runner/r0"], leaseTtlMs: 1500 }
+  const options = schedulerOptions(config)
   return { run, config, seen: observed(), options }
 }
 
-/** The fakes (three devices, one runner) on a node of their own. */
-const startFakes = (seen: Observed) =>
-  Effect.gen(function* () {
-    const fakes = yield* startNode({ name: "fakes", types: [fakeDevice(script, seen), fakeRunner(script, seen)], heartbeatMs: 300 })
-    yield* fakes.spawn("harness-runner", "r0")
-    for (let i = 0; i < 3; i++) yield* fakes.spawn("device", `fakes.${i}`)
-    return fakes
-  })
 
 type Status = Rpc.Success<Extract<RpcGroup.Rpcs<typeof SchedulerProtocol>, { readonly _tag: "Status" }>>
 
@@ -89,7 +81,7 @@ describe("live scheduler: leadership and takeover", () => {
         yield* Effect.forkIn(scheduler.standBy(node, system), scopes[name])
         if (name === "a") yield* statusWhen(system, () => true)
       }
-      yield* startFakes(seen)
+      yield* startFakes(seen, { heartbeatMs: 300 })
       const before = yield* statusWhen(system, midRun)
       yield* Scope.close(scopes[before.leader.startsWith("a#") ? "a" : "b"], Exit.void)
       const after = yield* statusWhen(system, (s) => s.stepsDone >= before.stepsDone)
@@ -113,7 +105,7 @@ describe("live scheduler: leadership and takeover", () => {
       const scheduler = makeScheduler(options)
       const node = yield* startNode({ name: "a", types: [scheduler.type], heartbeatMs: 300, ackWaitMs: 1500, deadAfterMs: 2000 })
       yield* Effect.forkScoped(scheduler.standBy(node, system))
-      yield* startFakes(seen)
+      yield* startFakes(seen, { heartbeatMs: 300 })
       const before = yield* statusWhen(system, midRun)
       // The scheduler type is temporary: nothing restarts it but its candidate.
       yield* node.stop(SCHEDULER_KIND, "main")
@@ -135,7 +127,7 @@ describe("live scheduler: leadership and takeover", () => {
       const system = yield* ActorSystem
       // Both stand by before any device joins, so the run starts under the first leader.
       const [a, b] = yield* Effect.all([candidate(system.nats.servers, "a", run, options), candidate(system.nats.servers, "b", run, options)], { concurrency: 2 })
-      yield* startFakes(seen)
+      yield* startFakes(seen, { heartbeatMs: 300 })
       const before = yield* statusWhen(system, midRun)
       const killedAt = performance.now()
       const leader = before.leader.split("#")[0]!
@@ -159,10 +151,8 @@ describe("live scheduler: leadership and takeover", () => {
     const { run, config, seen, options } = fourSteps("sched-lost")
     const result = await withSystem(run, Effect.gen(function* () {
       const system = yield* ActorSystem
-      const fakes = yield* startFakes(seen)
-      const scheduler = makeScheduler(options)
-      const node = yield* startNode({ name: "s", types: [scheduler.type] })
-      yield* Effect.forkScoped(scheduler.standBy(node, system))
+      const fakes = yield* startFakes(seen, { heartbeatMs: 300 })
+      yield* standingBy(options, "s")
       yield* statusWhen(system, midRun)
       yield* fakes.stop("device", "fakes.2")
       const after = yield* statusWhen(system, (s) => s.cells.length === 2)
