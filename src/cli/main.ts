@@ -77,7 +77,9 @@ main(process.argv.slice(2)).then(
       console.error(error.message)
       process.exitCode = 2
     } else {
-      console.error(`gyre: ${errorLine(error)}`)
+      // One line naming the command that failed (`gyre replay: ...`), as the commands' own lines do.
+      const name = process.argv[2]
+      console.error(`gyre${name !== undefined && name in commands ? ` ${name}` : ""}: ${errorLine(error)}`)
       if (process.env.GYRE_DEBUG) console.error(error)
       process.exitCode = 1
     }

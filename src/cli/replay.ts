@@ -1,13 +1,13 @@
 /**
- * `gyre replay RUN`: reads a run's log from the server that holds it (`NATS_URL`) or from a
- * stopped embedded store (`--store DIR`, read through a private server on a copy), never
- * touching it, and prints its entries (human lines, or `--json` lines), positioned and filtered.
+ * `gyre replay RUN`: reads a run's log from a stopped embedded store (`--store DIR`, read
+ * through a private server on a copy), else from the server that holds it (`NATS_URL`), else from
+ * the run's own store (`.gyre/runs/<run>`, `withRun` in runs.ts), never touching it, and prints its entries (human lines, or `--json` lines), positioned and filtered.
  * `--verify`, `--trees`, `--export DIR` and `--what-if POLICY` check, rebuild, export or re-run
  * the run instead (src/replay/). Exit codes: 0 ok, 1 a check failed or the run cannot be read,
  * 2 a bad flag.
  */
 import { writeFile } from "node:fs/promises"
-import { Cause, Duration, Effect, Fiber, Layer, Stream } from "effect"
+import { Cause, Duration, Effect, Fiber, Stream } from "effect"
 import { entryJson, entryLine, tagged } from "../replay/format.ts"
 import { exportRun, type ExportFailed } from "../replay/export.ts"
 import { checkTrees, type NodeDifference } from "../replay/trees.ts"
@@ -15,14 +15,14 @@ import { verified, verifyRun, type Verification } from "../replay/verify.ts"
 import { whatIf } from "../replay/what-if.ts"
 import { readRunConfig, type JournalDiverged } from "../scheduling/records.ts"
 import { messageOf, type TransportError } from "../runtime/errors.ts"
-import { openRun, parsePosition, readEntries, readerNats, type EntryFilter, type Position, type ReadOptions } from "../replay/read.ts"
+import { parsePosition, readEntries, type EntryFilter, type Position, type ReadOptions } from "../replay/read.ts"
 import type { JournalSource } from "../runtime/journal.ts"
-import { Nats, natsOptionsFromEnv } from "../runtime/nats.ts"
 import { UsageError, parseFlags, type Command, type Flags } from "./args.ts"
+import { failed, withRun } from "./runs.ts"
 
 const flags = {
   run: { kind: "string", doc: "the run (or give it as the first word: gyre replay RUN)" },
-  store: { kind: "string", doc: "a stopped embedded store directory (default: the server at NATS_URL)" },
+  store: { kind: "string", doc: "a stopped embedded store directory (default: the server at NATS_URL, else the run's own store .gyre/runs/<run>)" },
   from: { kind: "string", doc: "first entry: a stream sequence, an ISO time, or step:K" },
   to: { kind: "string", doc: "last entry: a stream sequence, an ISO time, or step:K (its StepDone)" },
   last: { kind: "integer", doc: "only the last N entries that pass the filters" },
@@ -120,16 +120,16 @@ const exportTo = (log: JournalSource, dir: string, f: ReplayFlags) =>
 const counterfactual = (log: JournalSource, policy: string, f: ReplayFlags) =>
   Effect.gen(function* () {
     const config = yield* readRunConfig(log)
-    if (config === undefined) return yield* failed("the journal holds no run configuration to simulate")
+    if (config === undefined) return yield* failed("replay", "the journal holds no run configuration to simulate")
     const result = yield* whatIf(log, config, policy, f.cells)
-    if (typeof result === "string") return yield* failed(`--what-if ${policy}: ${result}`)
+    if (typeof result === "string") return yield* failed("replay", `--what-if ${policy}: ${result}`)
     const { scenario, ...w } = result
     const out = f["scenario-out"]
     if (out !== undefined) {
       const written = yield* Effect.tryPromise(() => writeFile(out, JSON.stringify(scenario, null, 2) + "\n")).pipe(
         Effect.match({ onFailure: (e) => messageOf(e.cause), onSuccess: () => undefined })
       )
-      if (written !== undefined) return yield* failed(`--scenario-out: ${written}`)
+      if (written !== undefined) return yield* failed("replay", `--scenario-out: ${written}`)
     }
     const s = (x: number) => `${x.toFixed(1)} s`
     console.log(
@@ -158,7 +158,7 @@ const nodeLine = (n: NodeDifference) => {
 const trees = (log: JournalSource, f: ReplayFlags) =>
   Effect.gen(function* () {
     const config = yield* readRunConfig(log)
-    if (config === undefined) return yield* failed("the journal holds no run configuration (the trainer's settings)")
+    if (config === undefined) return yield* failed("replay", "the journal holds no run configuration (the trainer's settings)")
     const c = yield* checkTrees(log, config)
     const ok = c.mismatches.length === 0 && c.unrecorded.length === 0
     if (f.json) console.log(JSON.stringify({ ok, ...c }))
@@ -181,25 +181,6 @@ const act = (log: JournalSource, f: ReplayFlags): Effect.Effect<number, Transpor
   return show(log, f)
 }
 
-/** The run's log, from `--store` or `NATS_URL`, for the lifetime of the scope. */
-export const withRunLog = <A, E>(run: string, store: string | undefined, use: (log: JournalSource) => Effect.Effect<A, E>) => {
-  const env = natsOptionsFromEnv("gyre-replay")
-  if (store === undefined && env.url === undefined) throw new UsageError("gyre replay: give --store DIR or set NATS_URL")
-  return Effect.gen(function* () {
-    const nats = yield* Nats
-    const opened = yield* openRun(nats, run).pipe(Effect.result)
-    if (opened._tag === "Success") return yield* use(opened.success)
-    const e = opened.failure
-    return yield* e._tag === "RunNotFound" ? failed(`no run '${e.run}' there (runs: ${e.known.join(", ") || "none"})`) : Effect.fail(e)
-  }).pipe(Effect.provide(Layer.fresh(readerNats({ store, url: env.url, credsFile: env.credsFile }))), Effect.scoped)
-}
-
-/** Prints one line for a failure the user can act on; exit code 1. */
-export const failed = (line: string) => Effect.sync(() => {
-  console.error(`gyre replay: ${line}`)
-  return 1
-})
-
 /** Runs `program` until it ends or the process is interrupted (Ctrl-C ends `--follow` cleanly). */
 const runInterruptibly = (program: Effect.Effect<number, unknown>) =>
   new Promise<number>((resolve, reject) => {
@@ -215,10 +196,10 @@ const runInterruptibly = (program: Effect.Effect<number, unknown>) =>
   })
 
 export const command: Command<typeof flags> = {
-  summary: "read a run's log (NATS_URL or --store): print, filter, follow, --verify, --trees, --export, --what-if",
+  summary: "read a run's log (--store, NATS_URL, else the run's own store): print, filter, follow, --verify, --trees, --export, --what-if",
   flags,
   run: async (argv) => {
     const { run, f } = parse(argv)
-    return runInterruptibly(withRunLog(run, f.store, (log) => act(log, f)))
+    return runInterruptibly(withRun("replay", run, f.store, (log) => act(log, f)))
   }
 }

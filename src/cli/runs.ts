@@ -2,7 +2,7 @@
  * `gyre runs`: the runs a server holds (NATS_URL), or a stopped store holds (`--store DIR`), or,
  * with neither, every embedded store under `.gyre/runs/` (one private server each, one after
  * another): name, started, steps done of planned, policy, live / ended / stopped. `--json`: one
- * JSON array. Also home of `withRun`, how `status` and `report` reach one run's log.
+ * JSON array. Also home of `withRun`, how `replay`, `status` and `report` reach one run's log.
  */
 import * as fs from "node:fs"
 import * as path from "node:path"
@@ -30,14 +30,19 @@ export const failed = (command: string, line: string) =>
     return 1
   })
 
+/** A `--store` that does not exist is a usage error naming it (`hint`: where else the log may be). */
+const checkStore = (command: string, store: string | undefined, hint: string) => {
+  if (store !== undefined && !fs.existsSync(store)) throw new UsageError(`gyre ${command}: no store ${store} (${hint})`)
+  return store
+}
+
 /**
  * Runs `use` on run `run`'s log: from `--store`, else NATS_URL, else the run's own embedded store
  * (`.gyre/runs/<run>`). A run the server does not hold is one line and exit code 1.
  */
 export const withRun = <E>(command: string, run: string, store: string | undefined, use: (log: JournalSource) => Effect.Effect<number, E>) => {
   const own = path.join(storesDir, run)
-  const where = store ?? (natsOptionsFromEnv().url === undefined ? own : undefined)
-  if (where !== undefined && !fs.existsSync(where)) throw new UsageError(`gyre ${command}: no store ${where} (give --store DIR, or NATS_URL of the server that holds run ${run})`)
+  const where = checkStore(command, store ?? (natsOptionsFromEnv().url === undefined ? own : undefined), `give --store DIR, or NATS_URL of the server that holds run ${run}`)
   return Effect.gen(function* () {
     const opened = yield* openRun(yield* Nats, run).pipe(Effect.result)
     if (opened._tag === "Success") return yield* use(opened.success)
@@ -70,7 +75,7 @@ export const command: Command<typeof flags> = {
   run: async (argv) => {
     const f = parseFlags("runs", flags, argv)
     const local = f.store === undefined && natsOptionsFromEnv().url === undefined
-    const runs = await Effect.runPromise(local ? localListings : listingsOf(f.store))
+    const runs = await Effect.runPromise(local ? localListings : listingsOf(checkStore("runs", f.store, "give --store DIR, or NATS_URL")))
     if (f.json) console.log(JSON.stringify(runs))
     else {
       console.log(`${"run".padEnd(28)} ${"started".padEnd(24)} ${"steps".padStart(7)}  ${"policy".padEnd(18)} state`)

@@ -268,5 +268,20 @@ describe("gyre replay", { timeout: 180_000 }, () => {
     const missing = await gyreCli(["replay", "nothing-here", "--store", rec.store])
     expect(missing.code).toBe(1)
     expect(missing.stderr.trim()).toMatch(/^gyre replay: no run 'nothing-here' there \(runs: .*replayed.*\)$/)
+    // A --store that is not there is a bad value; without --store or NATS_URL the run's own store is read (here: none).
+    const noDir = join(tmpdir(), `gyre-no-store-${process.pid}`)
+    const own = `nothing-here-${process.pid}`
+    for (const [args, named] of [[["replay", "x", "--store", noDir], noDir], [["replay", own], join(".gyre", "runs", own)], [["runs", "--store", noDir], noDir]] as const) {
+      const r = await gyreCli(args, { NATS_URL: "" })
+      expect(r.code, args.join(" ")).toBe(2)
+      expect(r.stderr.trim().split("\n"), args.join(" ")).toHaveLength(1)
+      expect(r.stderr, args.join(" ")).toContain(`gyre ${args[0]}: no store `)
+      expect(r.stderr, args.join(" ")).toContain(named)
+    }
+    // A directory that holds no store: the command fails (exit 1) with one line naming it.
+    const notAStore = mkdtempSync(join(tmpdir(), "gyre-not-a-store-"))
+    const empty = await gyreCli(["replay", "x", "--store", notAStore])
+    expect(empty.code).toBe(1)
+    expect(empty.stderr.trim()).toBe(`gyre replay: no jetstream directory in ${notAStore}`)
   })
 })
