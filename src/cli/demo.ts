@@ -28,7 +28,7 @@ export const command: Command<typeof flags> = {
   flags,
   run: async (argv) => {
     const f = parseConfigured("demo", flags, argv)
-    const summary = await Effect.runPromise(Effect.scoped(runTraining(f)))
+    const summary = await Effect.runPromise(Effect.scoped(runTraining(f, "demo")))
     for (const line of summaryLines(summary)) console.log(line)
     console.log(JSON.stringify(summary))
     return 0

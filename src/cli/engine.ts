@@ -29,6 +29,7 @@ import { dtypes, type Dtype } from "../engine/safetensors.ts"
 import { chatFormatOf } from "../openai/hf-chat.ts"
 import { adamwDefaults } from "../engine/trainer.ts"
 import { type FlagSpec, UsageError, parseFlags, type Command } from "./args.ts"
+import { checkCheckpoint } from "./checks.ts"
 
 /** Flags of the commands that write a checkpoint. */
 const saveFlags = {
@@ -151,6 +152,7 @@ const handlers: Record<Subcommand, (argv: ReadonlyArray<string>) => Promise<void
   },
   score: async (argv) => {
     const f = parseFlags("engine score", subcommands.score.flags, argv)
+    checkCheckpoint("engine score", f.checkpoint)
     checkTokens("score", f.tokens, 1)
     const result = await run(
       Effect.gen(function* () {
@@ -167,6 +169,7 @@ const handlers: Record<Subcommand, (argv: ReadonlyArray<string>) => Promise<void
   },
   "sft-step": async (argv) => {
     const f = parseFlags("engine sft-step", subcommands["sft-step"].flags, argv)
+    checkCheckpoint("engine sft-step", f.checkpoint)
     checkTokens("sft-step", f.tokens, 2)
     const result = await run(
       Effect.gen(function* () {
@@ -202,6 +205,7 @@ const handlers: Record<Subcommand, (argv: ReadonlyArray<string>) => Promise<void
   },
   generate: async (argv) => {
     const f = parseFlags("engine generate", subcommands.generate.flags, argv)
+    checkCheckpoint("engine generate", f.checkpoint)
     const chat = await chatFormatOf(f.checkpoint)
     const text = await run(
       Effect.gen(function* () {
@@ -227,6 +231,7 @@ const handlers: Record<Subcommand, (argv: ReadonlyArray<string>) => Promise<void
   },
   convert: async (argv) => {
     const f = parseFlags("engine convert", subcommands.convert.flags, argv)
+    checkCheckpoint("engine convert", f.checkpoint)
     const options = saveOptionsOf(f)
     const result = await run(
       Effect.gen(function* () {

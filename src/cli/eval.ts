@@ -4,14 +4,13 @@
  * per-task scores and `failures` (task -> why it was not scored: its 0 is not the model's; `{}`
  * when every task was scored; `--json` prints only the JSON line).
  */
-import * as fs from "node:fs"
 import * as path from "node:path"
 import { Effect, Layer } from "effect"
-import { CONFIG_FILE, INDEX_FILE, MODEL_FILE } from "../engine/checkpoint.ts"
 import { Engine } from "../engine/engine.ts"
 import { Nats, natsOptionsFromEnv } from "../runtime/nats.ts"
 import { repoRoot } from "../runtime/nats-server.ts"
 import { UsageError, parseFlags, type Command } from "./args.ts"
+import { checkCheckpoint, checkSuite } from "./checks.ts"
 import { evaluate, evaluationConcurrency, parseTaskList } from "./evaluate.ts"
 
 const flags = {
@@ -36,20 +35,13 @@ export const parseEnv = (command: string, spec: string): Record<string, string> 
   return out
 }
 
-/** Fails with a UsageError unless `dir` holds a checkpoint. */
-export const checkCheckpoint = (command: string, dir: string) => {
-  if (!fs.existsSync(path.join(dir, CONFIG_FILE))) throw new UsageError(`gyre ${command}: --checkpoint ${dir} has no ${CONFIG_FILE}`)
-  if (!fs.existsSync(path.join(dir, MODEL_FILE)) && !fs.existsSync(path.join(dir, INDEX_FILE))) {
-    throw new UsageError(`gyre ${command}: --checkpoint ${dir} has neither ${MODEL_FILE} nor ${INDEX_FILE}`)
-  }
-}
-
 export const command: Command<typeof flags> = {
   summary: "score a checkpoint on named tasks of a suite (last line: JSON with mean_score)",
   flags,
   run: async (argv) => {
     const f = parseFlags("eval", flags, argv)
     checkCheckpoint("eval", f.checkpoint)
+    checkSuite("eval", f.suites, f.suite)
     const tasks = parseTaskList(f.tasks)
     if (tasks.length === 0) throw new UsageError("gyre eval: --tasks names no task")
     if (f.concurrency < 1) throw new UsageError("gyre eval: --concurrency must be at least 1")

@@ -27,7 +27,7 @@ import { address } from "../runtime/names.ts"
 import { startNode } from "../runtime/node.ts"
 import { ActorSystem, refOf } from "../runtime/system.ts"
 import { UsageError, parseConfigured, type Command } from "./args.ts"
-import { checkCheckpoint } from "./eval.ts"
+import { checkCheckpoint } from "./checks.ts"
 import { embeddedNats } from "./auth.ts"
 import { serveUntilStopped } from "./lifetime.ts"
 

@@ -42,7 +42,8 @@ import { repoRoot } from "../runtime/nats-server.ts"
 import { ActorSystem } from "../runtime/system.ts"
 import { UsageError, parseConfigured, type Command, type Flags } from "./args.ts"
 import { embeddedNats } from "./auth.ts"
-import { checkCheckpoint, parseEnv } from "./eval.ts"
+import { checkCheckpoint, checkSuite } from "./checks.ts"
+import { parseEnv } from "./eval.ts"
 import { evaluate, evaluationConcurrency, parseTaskList } from "./evaluate.ts"
 import { followRun, RunProgress } from "./progress.ts"
 import { hostRun } from "./run-host.ts"
@@ -94,17 +95,20 @@ export type TrainFlags = Flags<typeof trainFlags>
 /** The suite knobs every harness of the run gets (and the warm start's demonstrations). */
 const suiteEnv = (f: TrainFlags) => ({ TOY_STEPS: String(f.horizon), TOY_TOOL_MS: "20", TOY_TEMPERATURE: "1", ...parseEnv("train", f.env) })
 
-const check = (f: TrainFlags) => {
-  if (f.devices < 0) throw new UsageError(`gyre train: --devices must be at least 0, got ${f.devices}`)
+/** The flags' values checked together, before anything starts (`command`: `train`, or `demo` that runs it). */
+const check = (f: TrainFlags, command: string) => {
+  if (f.devices < 0) throw new UsageError(`gyre ${command}: --devices must be at least 0, got ${f.devices}`)
   const positive = ["steps", "executions-per-step", "group-size", "slots", "micro-batch-tokens", "checkpoint-every", "max-paths", "ppo-epochs"] as const
-  for (const name of positive) if (f[name] < 1) throw new UsageError(`gyre train: --${name} must be at least 1, got ${f[name]}`)
-  if (f["lr-warmup"] < 0) throw new UsageError(`gyre train: --lr-warmup must be at least 0, got ${f["lr-warmup"]}`)
+  for (const name of positive) if (f[name] < 1) throw new UsageError(`gyre ${command}: --${name} must be at least 1, got ${f[name]}`)
+  if (f["lr-warmup"] < 0) throw new UsageError(`gyre ${command}: --lr-warmup must be at least 0, got ${f["lr-warmup"]}`)
   if (f["executions-per-step"] % f["group-size"] !== 0) {
-    throw new UsageError(`gyre train: --executions-per-step ${f["executions-per-step"]} must be a multiple of --group-size ${f["group-size"]}`)
+    throw new UsageError(`gyre ${command}: --executions-per-step ${f["executions-per-step"]} must be a multiple of --group-size ${f["group-size"]}`)
   }
-  if (f.checkpoint !== undefined) checkCheckpoint("train", f.checkpoint)
-  if (f.resume !== undefined && f.checkpoint !== undefined) throw new UsageError("gyre train: --resume continues from the run's own weights; --checkpoint cannot be given with it")
-  if (parseTaskList(f.heldout).length === 0) throw new UsageError("gyre train: --heldout names no task")
+  if (f.checkpoint !== undefined) checkCheckpoint(command, f.checkpoint)
+  if (f.resume === undefined) checkSuite(command, f.suites, f.suite)
+  if (f.resume !== undefined && f.checkpoint !== undefined) throw new UsageError(`gyre ${command}: --resume continues from the run's own weights; --checkpoint cannot be given with it`)
+  parseEnv(command, f.env)
+  if (parseTaskList(f.heldout).length === 0) throw new UsageError(`gyre ${command}: --heldout names no task`)
 }
 
 /** The run configuration `gyre train` asks for (a resumed run's journal has the one that counts). */
@@ -141,30 +145,30 @@ export const runConfigOf = (f: TrainFlags, run: string, checkpoint: string, chec
 const round = (x: number, digits = 4) => Number(x.toFixed(digits))
 
 /** The journaled configuration of the stopped run `run` that `--resume` continues. */
-const resumedConfig = (run: string, store: string) =>
+const resumedConfig = (command: string, run: string, store: string) =>
   Effect.gen(function* () {
     const system = yield* ActorSystem
     const config = yield* readRunConfig(system)
-    if (config === undefined) return yield* Effect.fail(new UsageError(`gyre train: --resume ${run}: the store ${store} holds no journaled run ${run}`))
-    if (yield* runDoneJournaled(system)) return yield* Effect.fail(new UsageError(`gyre train: --resume ${run}: the run is finished (see its journal)`))
+    if (config === undefined) return yield* Effect.fail(new UsageError(`gyre ${command}: --resume ${run}: the store ${store} holds no journaled run ${run}`))
+    if (yield* runDoneJournaled(system)) return yield* Effect.fail(new UsageError(`gyre ${command}: --resume ${run}: the run is finished (see its journal)`))
     return config
   }).pipe(Effect.provide(ActorSystem.layer({ run })))
 
-export const runTraining = (f: TrainFlags) => {
-  check(f)
+export const runTraining = (f: TrainFlags, command = "train") => {
+  check(f, command)
   const run = f.resume ?? f.run
   const nats = natsOptionsFromEnv("gyre-train")
   const store = nats.storeDir ?? f.store ?? path.join(repoRoot, ".gyre", "runs", run)
   return Effect.gen(function* () {
     if (f.resume !== undefined && !fs.existsSync(store) && nats.url === undefined) {
-      throw new UsageError(`gyre train: --resume ${run}: no store ${store} (give --store, or NATS_URL of the server that holds the run)`)
+      throw new UsageError(`gyre ${command}: --resume ${run}: no store ${store} (give --store, or NATS_URL of the server that holds the run)`)
     }
     const log = f.quiet || f.json ? () => undefined : (line: string) => console.log(line)
     const progress = f.quiet || f.json ? undefined : new RunProgress({ tty: process.stdout.isTTY === true, write: log }, f["executions-per-step"])
     const started = Date.now()
     const env = suiteEnv(f)
     const warm = { suite: f.suite, env, tasks: f["demo-tasks"], steps: f["sft-steps"], lr: f["sft-lr"], seed: f.seed, fresh: false, log, ...(progress ? { onStep: progress.warmStart(f["sft-steps"]) } : {}) }
-    const resumed = f.resume === undefined ? undefined : yield* resumedConfig(run, store)
+    const resumed = f.resume === undefined ? undefined : yield* resumedConfig(command, run, store)
     const initial = resumed?.checkpoint ?? f.checkpoint ?? (yield* warmStartedCheckpoint(warm))
     const config = resumed ?? runConfigOf(f, run, initial, path.join(store, "checkpoints"))
     if (resumed !== undefined) log(`resuming ${run}: ${resumed.policy}, ${resumed.policyConfig.steps} steps (the journal's configuration)`)

@@ -82,6 +82,23 @@ describe("gyre commands", () => {
     })
   }, 300_000)
 
+  it("answers a flag that names a missing file (a suite, a checkpoint) with one line naming the command and the flag, and exit code 2, before starting anything", async () => {
+    const missing = path.join(os.tmpdir(), `gyre-missing-${process.pid}`)
+    const cases = [
+      [["train", "--suite", "no-such-suite"], /^gyre train: --suite no-such-suite: no .*suites\/no-such-suite\/suite\.json \(suites there: .*toy.*\)$/],
+      [["demo", "--suite", "no-such-suite"], /^gyre demo: --suite no-such-suite: no /],
+      [["demo", "--steps", "0"], /^gyre demo: --steps must be at least 1, got 0$/],
+      [["eval", "--checkpoint", missing], /^gyre eval: --checkpoint .* has no config\.json$/],
+      [["engine", "generate", "--checkpoint", missing, "--prompt", "hi"], /^gyre engine generate: --checkpoint .* has no config\.json$/],
+      [["runs", "--store", missing], /^gyre runs: no store /]
+    ] as const
+    const results = await pool(cases, ([args]) => cli(args))
+    cases.forEach(([args, line], i) => {
+      expect(results[i]!.code, args.join(" ")).toBe(2)
+      expect(results[i]!.stderr.trim(), args.join(" ")).toMatch(line)
+    })
+  }, 300_000)
+
   it("names the source of a bad configured value: the environment variable, the config file's field", async () => {
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), "gyre-config-"))
     const bad = path.join(dir, "bad.json")
