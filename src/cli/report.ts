@@ -14,7 +14,7 @@ import { withRun } from "./runs.ts"
 const flags = {
   run: { kind: "string", doc: "the run (or give it as the first word: gyre report RUN)" },
   store: { kind: "string", doc: "a stopped embedded store directory (default: NATS_URL, else .gyre/runs/RUN)" },
-  out: { kind: "string", doc: "the HTML file to write (default RUN.html in the current directory)" },
+  out: { kind: "string", doc: "the HTML file to write, its directories made as needed (default RUN.html in the current directory)" },
   compare: { kind: "string", doc: "more runs side by side: RUN or RUN=STORE, comma-separated" }
 } as const
 
@@ -40,6 +40,7 @@ export const command: Command<typeof flags> = {
       reports.push(report)
     }
     const out = path.resolve(f.out ?? `${run}.html`)
+    fs.mkdirSync(path.dirname(out), { recursive: true })
     fs.writeFileSync(out, renderReport(reports))
     console.log(out)
     return 0

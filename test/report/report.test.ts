@@ -171,4 +171,13 @@ describe("gyre report", () => {
       await browser.close()
     }
   }, 60_000)
+
+  it("writes --out into directories it makes, and prints the file's path", () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "gyre-report-out-"))
+    const file = path.join(dir, "nested", "deeper", "run.html")
+    const r = gyreCli(["report", "rep-colocate", "--out", file])
+    expect(r.code, r.stderr).toBe(0)
+    expect(r.stdout.trim()).toBe(file)
+    expect(fs.readFileSync(file, "utf8")).toMatch(/^<!doctype html>/i)
+  })
 })
