@@ -23,6 +23,7 @@
  * serving (with the metrics URL when there is one) and `{"event":"drained",...}` before it
  * exits; every log line goes through the one logger (GYRE_LOG_FORMAT=json|pretty) on stderr.
  */
+import * as fs from "node:fs"
 import * as path from "node:path"
 import { pathToFileURL } from "node:url"
 import * as os from "node:os"
@@ -70,6 +71,7 @@ const isActorType = (v: unknown): v is ActorType<any, any, never> =>
 export const loadActorTypes = async (modules: ReadonlyArray<string>): Promise<Array<ActorType<any, any, never>>> => {
   const types: Array<ActorType<any, any, never>> = []
   for (const m of modules) {
+    if (!fs.existsSync(path.resolve(m))) throw new UsageError(`gyre node: --load ${m}: no such file`)
     const mod = (await import(pathToFileURL(path.resolve(m)).href)) as Record<string, unknown>
     const found = Object.values(mod).filter(isActorType)
     if (found.length === 0) throw new UsageError(`gyre node: --load ${m} exports no actor type`)
@@ -123,6 +125,10 @@ export const command: Command<typeof flags> = {
     })
     if (f.devices < 0) throw new UsageError(`gyre node: --devices must be at least 0, got ${f.devices}`)
     const types = await loadActorTypes(list(f.load))
+    const kinds = [...types.map((t) => t.kind), ...(f.devices > 0 ? [DEVICE_KIND] : []), ...(f.scheduler ? [SCHEDULER_KIND] : [])]
+    for (const a of spawns) {
+      if (!kinds.includes(a.kind)) throw new UsageError(`gyre node: --spawn ${formatAddress(a)}: no actor type '${a.kind}' on this node (its types: ${kinds.join(", ") || "none"}; --load a module that exports it)`)
+    }
     const program = Effect.gen(function* () {
       const system = yield* ActorSystem
       const devices = f.devices > 0 ? yield* trainingDevices(system, f.devices) : undefined
@@ -155,7 +161,6 @@ export const command: Command<typeof flags> = {
       yield* serveUntilStopped(system.nats, Effect.andThen(candidate === undefined ? Effect.void : Fiber.interrupt(candidate), node.drain))
       yield* status({ event: "drained", node: f.name })
     })
-    const kinds = [...types.map((t) => t.kind), ...(f.devices > 0 ? [DEVICE_KIND] : []), ...(f.scheduler ? [SCHEDULER_KIND] : [])]
     const nats = await Effect.runPromise(embeddedNats({ name: `gyre-node-${f.name}`, run: f.run, node: f.name, kinds, store: f.store }))
     const layer = Layer.merge(ActorSystem.layer({ run: f.run }), Engine.layer).pipe(
       Layer.provideMerge(Nats.layer(nats)),

@@ -82,7 +82,7 @@ describe("gyre commands", () => {
     })
   }, 300_000)
 
-  it("answers a flag that names a missing file (a suite, a checkpoint) with one line naming the command and the flag, and exit code 2, before starting anything", async () => {
+  it("answers a flag that names something missing (a suite, a checkpoint, a store, a module, an actor type) with one line naming the command and the flag, and exit code 2, before starting anything", async () => {
     const missing = path.join(os.tmpdir(), `gyre-missing-${process.pid}`)
     const cases = [
       [["train", "--suite", "no-such-suite"], /^gyre train: --suite no-such-suite: no .*suites\/no-such-suite\/suite\.json \(suites there: .*toy.*\)$/],
@@ -90,7 +90,9 @@ describe("gyre commands", () => {
       [["demo", "--steps", "0"], /^gyre demo: --steps must be at least 1, got 0$/],
       [["eval", "--checkpoint", missing], /^gyre eval: --checkpoint .* has no config\.json$/],
       [["engine", "generate", "--checkpoint", missing, "--prompt", "hi"], /^gyre engine generate: --checkpoint .* has no config\.json$/],
-      [["runs", "--store", missing], /^gyre runs: no store /]
+      [["runs", "--store", missing], /^gyre runs: no store /],
+      [["node", "--load", missing], /^gyre node: --load .*: no such file$/],
+      [["node", "--spawn", "no-such-kind/x"], /^gyre node: --spawn no-such-kind\/x: no actor type 'no-such-kind' on this node/]
     ] as const
     const results = await pool(cases, ([args]) => cli(args))
     cases.forEach(([args, line], i) => {
