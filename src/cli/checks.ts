@@ -1,9 +1,11 @@
 /**
- * Flag values that name files, checked before a command starts anything: a checkpoint directory,
- * a suite. A missing one is a usage error (one line naming the flag, exit 2); what is inside is
- * checked when it is loaded (a malformed file is the command's failure, exit 1).
+ * Flag values that name files or a port, checked before a command starts anything: a checkpoint
+ * directory, a suite, the port a server listens on. A missing one is a usage error (one line
+ * naming the flag, exit 2); what is inside is checked when it is loaded (a malformed file is the
+ * command's failure, exit 1).
  */
 import * as fs from "node:fs"
+import * as net from "node:net"
 import * as path from "node:path"
 import { CONFIG_FILE, INDEX_FILE, MODEL_FILE } from "../engine/checkpoint.ts"
 import { listSuites } from "../harness/suites.ts"
@@ -22,4 +24,31 @@ export const checkCheckpoint = (command: string, dir: string) => {
   if (!fs.existsSync(path.join(dir, MODEL_FILE)) && !fs.existsSync(path.join(dir, INDEX_FILE))) {
     throw new UsageError(`gyre ${command}: --checkpoint ${dir} has neither ${MODEL_FILE} nor ${INDEX_FILE}`)
   }
+}
+
+/**
+ * Fails with a UsageError unless `host:port` can be listened on now (a port out of range, in use,
+ * or not allowed to this user): checked before the server's actors start, whose supervisor would
+ * otherwise retry the bind and give up with the gateway unavailable. Port 0 is any free port.
+ */
+export const checkPort = async (command: string, host: string, port: number): Promise<void> => {
+  if (!Number.isInteger(port) || port < 0 || port > 65535) throw new UsageError(`gyre ${command}: --port must be 0 to 65535, got ${port}`)
+  const refused = await new Promise<string | undefined>((resolve) => {
+    const probe = net.createServer()
+    probe.once("error", (e: NodeJS.ErrnoException) =>
+      resolve(
+        e.code === "EADDRINUSE"
+          ? `--port ${port} on ${host} is in use`
+          : e.code === "EACCES"
+            ? `--port ${port} is not allowed to this user`
+            : e.code === "EADDRNOTAVAIL"
+              ? `--host ${host} is not an address of this machine`
+              : e.code === "ENOTFOUND"
+                ? `--host ${host} does not resolve`
+                : `cannot listen on ${host}:${port} (${e.code ?? e.message})`
+      )
+    )
+    probe.listen(port, host, () => probe.close(() => resolve(undefined)))
+  })
+  if (refused !== undefined) throw new UsageError(`gyre ${command}: ${refused}`)
 }

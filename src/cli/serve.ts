@@ -27,7 +27,7 @@ import { address } from "../runtime/names.ts"
 import { startNode } from "../runtime/node.ts"
 import { ActorSystem, refOf } from "../runtime/system.ts"
 import { UsageError, parseConfigured, type Command } from "./args.ts"
-import { checkCheckpoint } from "./checks.ts"
+import { checkCheckpoint, checkPort } from "./checks.ts"
 import { embeddedNats } from "./auth.ts"
 import { serveUntilStopped } from "./lifetime.ts"
 
@@ -54,6 +54,7 @@ export const command: Command<typeof flags> = {
     const f = parseConfigured("serve", flags, argv)
     checkCheckpoint("serve", f.checkpoint)
     if (f.devices < 1) throw new UsageError("gyre serve: --devices must be at least 1")
+    await checkPort("serve", f.host, f.port)
     const chat = await chatFormatOf(f.checkpoint)
     const nats = await Effect.runPromise(embeddedNats({ name: "gyre-serve", run: f.run, node: f.node, kinds: ["rollout-worker", "gateway"], store: f.store }))
     const program = Effect.gen(function* () {

@@ -7,6 +7,7 @@
  */
 import { execFile } from "node:child_process"
 import * as fs from "node:fs"
+import * as net from "node:net"
 import * as os from "node:os"
 import * as path from "node:path"
 import { describe, expect, it } from "vitest"
@@ -99,6 +100,28 @@ describe("gyre commands", () => {
       expect(results[i]!.code, args.join(" ")).toBe(2)
       expect(results[i]!.stderr.trim(), args.join(" ")).toMatch(line)
     })
+  }, 300_000)
+
+  it("gyre serve: a port in use or out of range is one usage line before anything starts", async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "gyre-serve-port-"))
+    const checkpoint = path.join(dir, "ckpt")
+    expect((await cli(["engine", "init", "--preset", "tiny", "--out", checkpoint])).code).toBe(0)
+    const taken = net.createServer()
+    await new Promise<void>((resolve) => taken.listen(0, "127.0.0.1", resolve))
+    const port = (taken.address() as net.AddressInfo).port
+    try {
+      const cases = [
+        [["--port", String(port)], `gyre serve: --port ${port} on 127.0.0.1 is in use`],
+        [["--port", "70000"], "gyre serve: --port must be 0 to 65535, got 70000"]
+      ] as const
+      const results = await pool(cases, ([args]) => cli(["serve", "--checkpoint", checkpoint, ...args]))
+      cases.forEach(([args, line], i) => {
+        expect(results[i]!.code, args.join(" ")).toBe(2)
+        expect(results[i]!.stderr.trim(), args.join(" ")).toBe(line)
+      })
+    } finally {
+      taken.close()
+    }
   }, 300_000)
 
   it("names the source of a bad configured value: the environment variable, the config file's field", async () => {
