@@ -31,16 +31,16 @@ export const checkCheckpoint = (command: string, dir: string) => {
  * or not allowed to this user): checked before the server's actors start, whose supervisor would
  * otherwise retry the bind and give up with the gateway unavailable. Port 0 is any free port.
  */
-export const checkPort = async (command: string, host: string, port: number): Promise<void> => {
-  if (!Number.isInteger(port) || port < 0 || port > 65535) throw new UsageError(`gyre ${command}: --port must be 0 to 65535, got ${port}`)
+export const checkPort = async (command: string, host: string, port: number, flag = "--port"): Promise<void> => {
+  if (!Number.isInteger(port) || port < 0 || port > 65535) throw new UsageError(`gyre ${command}: ${flag} must be 0 to 65535, got ${port}`)
   const refused = await new Promise<string | undefined>((resolve) => {
     const probe = net.createServer()
     probe.once("error", (e: NodeJS.ErrnoException) =>
       resolve(
         e.code === "EADDRINUSE"
-          ? `--port ${port} on ${host} is in use`
+          ? `${flag} ${port} on ${host} is in use`
           : e.code === "EACCES"
-            ? `--port ${port} is not allowed to this user`
+            ? `${flag} ${port} is not allowed to this user`
             : e.code === "EADDRNOTAVAIL"
               ? `--host ${host} is not an address of this machine`
               : e.code === "ENOTFOUND"

@@ -45,6 +45,7 @@ import { repoRoot } from "../runtime/nats-server.ts"
 import { startNode } from "../runtime/node.ts"
 import { ActorSystem } from "../runtime/system.ts"
 import { UsageError, parseConfigured, type Command } from "./args.ts"
+import { checkPort } from "./checks.ts"
 import { embeddedNats } from "./auth.ts"
 import { serveUntilStopped } from "./lifetime.ts"
 import { RUN_RUNNERS } from "./run-host.ts"
@@ -124,6 +125,7 @@ export const command: Command<typeof flags> = {
       }
     })
     if (f.devices < 0) throw new UsageError(`gyre node: --devices must be at least 0, got ${f.devices}`)
+    if (f["metrics-port"] !== undefined) await checkPort("node", "127.0.0.1", f["metrics-port"], "--metrics-port")
     const types = await loadActorTypes(list(f.load))
     const kinds = [...types.map((t) => t.kind), ...(f.devices > 0 ? [DEVICE_KIND] : []), ...(f.scheduler ? [SCHEDULER_KIND] : [])]
     for (const a of spawns) {

@@ -102,7 +102,7 @@ describe("gyre commands", () => {
     })
   }, 300_000)
 
-  it("gyre serve: a port in use or out of range is one usage line before anything starts", async () => {
+  it("gyre serve's --port and gyre node's --metrics-port: in use or out of range is one usage line before anything starts", async () => {
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), "gyre-serve-port-"))
     const checkpoint = path.join(dir, "ckpt")
     expect((await cli(["engine", "init", "--preset", "tiny", "--out", checkpoint])).code).toBe(0)
@@ -119,6 +119,9 @@ describe("gyre commands", () => {
         expect(results[i]!.code, args.join(" ")).toBe(2)
         expect(results[i]!.stderr.trim(), args.join(" ")).toBe(line)
       })
+      const metrics = await cli(["node", "--name", "port-check", "--metrics-port", String(port)])
+      expect(metrics.code).toBe(2)
+      expect(metrics.stderr.trim()).toBe(`gyre node: --metrics-port ${port} on 127.0.0.1 is in use`)
     } finally {
       taken.close()
     }
