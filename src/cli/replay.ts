@@ -29,7 +29,7 @@ const flags = {
   type: { kind: "string", doc: "entry types, comma-separated (an event tag, a request, a system event; policy = every record)" },
   actor: { kind: "string", doc: "KIND or KIND/ID: tells and asks to it (and records naming it as a cell's device)" },
   execution: { kind: "string", doc: "entries about one execution (b<batch>-x<n>)" },
-  follow: { kind: "boolean", doc: "keep printing new entries until interrupted", default: false },
+  follow: { kind: "boolean", doc: "keep printing new entries until interrupted or the run's end (run-done)", default: false },
   pace: { kind: "string", doc: "original: wait between entries as the run did; instant: no wait", default: "instant", choices: ["original", "instant"] },
   json: { kind: "boolean", doc: "JSON lines instead of human lines", default: false },
   verify: { kind: "boolean", doc: "check the log's integrity, then replay its policy records through the run's policy (exit 1 on a divergence)", default: false },

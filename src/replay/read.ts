@@ -18,6 +18,7 @@ import { RolloutWorkerProtocol } from "../protocols/rollout.ts"
 import { PolicyRecord, SCHEDULER_KIND, SchedulerProtocol, StepMetrics } from "../protocols/scheduler.ts"
 import { TransportError, messageOf } from "../runtime/errors.ts"
 import { readJournal, type JournalEntry, type JournalSource } from "../runtime/journal.ts"
+import { runDoneJournaled } from "../scheduling/records.ts"
 import { layout } from "../runtime/names.ts"
 import { Nats, type NatsShape } from "../runtime/nats.ts"
 import { NodeProtocol } from "../runtime/node.ts"
@@ -207,7 +208,7 @@ export interface ReadOptions {
   /** Only the last `last` entries that pass the filters (of those up to `to`). */
   readonly last?: number
   readonly filter?: EntryFilter
-  /** Keep reading new entries until interrupted. */
+  /** Keep reading new entries until interrupted or the run's end (`run-done`, printed last). */
   readonly follow?: boolean
 }
 
@@ -237,21 +238,27 @@ const lastOf = <A, E>(n: number) => (stream: Stream.Stream<A, E>): Stream.Stream
     )
   )
 
+/** The run's end: nothing the run does is journaled after it, so following stops there. */
+const isRunDone = (e: Entry) => e.via === "event" && e.name === "run-done"
+
 /**
  * The run's journal as typed entries, positioned and filtered as `options` say. A `step:K` start
- * the journal does not hold yet gives nothing (or, following, everything that comes).
+ * the journal does not hold yet gives nothing (or, following, everything that comes). Following
+ * ends at the run's `run-done` (at once when the journal holds it already: a stopped store, an
+ * ended run).
  */
 export const readEntries = (log: JournalSource, options: ReadOptions = {}): Stream.Stream<Entry, TransportError> =>
   Stream.unwrap(
     Effect.gen(function* () {
       const from = yield* startOf(log, options.from)
-      const follow = options.follow === true && options.to === undefined
+      const follow = options.follow === true && options.to === undefined && !(yield* runDoneJournaled(log))
       if (from === undefined && !follow) return Stream.empty
       const within = yield* endOf(log, options.to)
       const read = (start: StartAt, follow: boolean) =>
         readJournal(log, { from: start, protocols: runProtocols, follow }).pipe(
           Stream.map(typed),
           Stream.takeWhile(within),
+          follow ? Stream.takeUntil(isRunDone) : (s) => s,
           Stream.filter(matches(options.filter ?? {}))
         )
       const start = from ?? { seq: 1 }

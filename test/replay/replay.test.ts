@@ -118,30 +118,48 @@ describe("gyre replay", { timeout: 180_000 }, () => {
     )
   })
 
-  it("--follow prints new entries of a live run until interrupted", async () => {
+  it("--follow prints new entries of a live run, and ends at the run's run-done (at once on an ended run)", async () => {
     const copy = mkdtempSync(join(tmpdir(), "gyre-replay-live-"))
     cpSync(join(rec.store, "jetstream"), join(copy, "jetstream"), { recursive: true })
+    const done = rec.journal.find((m) => m.subject === `gyre.${rec.run}.sys.run-done`)!
+    const follow = (url: string) => {
+      const child = spawn("node", [gyre, "replay", rec.run, "--follow", "--last", "2", "--json"], { env: { ...process.env, NATS_URL: url } })
+      const got = { out: "", exited: new Promise<number | null>((resolve) => child.on("exit", (code) => resolve(code))) }
+      child.stdout.on("data", (d) => (got.out += String(d)))
+      return { child, got }
+    }
+    const until = async (check: () => boolean) => {
+      for (let i = 0; i < 300 && !check(); i++) await new Promise((r) => setTimeout(r, 100))
+      return check()
+    }
     await Effect.runPromise(
       Effect.scoped(
         Effect.gen(function* () {
           const server = yield* startEmbeddedServer({ storeDir: copy })
-          const child = spawn("node", [gyre, "replay", rec.run, "--follow", "--last", "2", "--json"], { env: { ...process.env, NATS_URL: server.url } })
-          let out = ""
-          child.stdout.on("data", (d) => (out += String(d)))
-          const exited = new Promise<number | null>((resolve) => child.on("exit", (code) => resolve(code)))
-          const until = async (check: () => boolean) => {
-            for (let i = 0; i < 300 && !check(); i++) await new Promise((r) => setTimeout(r, 100))
-            return check()
-          }
-          expect(yield* Effect.promise(() => until(() => jsonLines(out).length >= 2))).toBe(true)
+          // The run as it ended: following has nothing to wait for.
+          const ended = follow(server.url)
+          expect(yield* Effect.promise(() => ended.got.exited)).toBe(0)
+          expect(jsonLines(ended.got.out).map((l) => l.seq)).toEqual(rec.journal.slice(-2).map((m) => m.seq))
+          // The run as it was before its end: new entries are printed as they come, up to run-done.
           const nats = Context.get(yield* Layer.build(Nats.layer({ url: server.url })), Nats)
+          yield* Effect.promise(() => nats.jsm.streams.deleteMessage(`GYRE_${rec.run}_JOURNAL`, done.seq))
+          const live = follow(server.url)
+          const before = rec.journal.filter((m) => m.seq !== done.seq).slice(-2)
+          expect(yield* Effect.promise(() => until(() => jsonLines(live.got.out).length >= 2))).toBe(true)
           yield* Effect.promise(() => nats.js.publish(`gyre.${rec.run}.sys.note`, JSON.stringify({ hello: "after" })))
-          expect(yield* Effect.promise(() => until(() => out.includes("note")))).toBe(true)
-          child.kill("SIGINT")
-          expect(yield* Effect.promise(() => exited)).toBe(0)
-          const lines = jsonLines(out)
-          expect(lines.map((l) => l.seq)).toEqual([...rec.journal.slice(-2).map((m) => m.seq), rec.journal.at(-1)!.seq + 1])
-          expect(lines.at(-1)).toMatchObject({ type: "note", payload: { hello: "after" } })
+          expect(yield* Effect.promise(() => until(() => live.got.out.includes("note")))).toBe(true)
+          yield* Effect.promise(() => nats.js.publish(done.subject, JSON.stringify(done.json)))
+          expect(yield* Effect.promise(() => live.got.exited)).toBe(0)
+          const lines = jsonLines(live.got.out)
+          const last = rec.journal.at(-1)!.seq
+          expect(lines.map((l) => l.seq)).toEqual([...before.map((m) => m.seq), last + 1, last + 2])
+          expect(lines.map((l) => l.type).slice(-2)).toEqual(["note", "run-done"])
+          // Interrupted before the end: exit 0 too.
+          yield* Effect.promise(() => nats.jsm.streams.deleteMessage(`GYRE_${rec.run}_JOURNAL`, last + 2))
+          const stopped = follow(server.url)
+          expect(yield* Effect.promise(() => until(() => jsonLines(stopped.got.out).length >= 2))).toBe(true)
+          stopped.child.kill("SIGINT")
+          expect(yield* Effect.promise(() => stopped.got.exited)).toBe(0)
         })
       )
     )
