@@ -159,10 +159,11 @@ export const runTraining = (f: TrainFlags, command = "train") => {
   const run = f.resume ?? f.run
   const nats = natsOptionsFromEnv("gyre-train")
   const store = nats.storeDir ?? f.store ?? path.join(repoRoot, ".gyre", "runs", run)
+  // Before the embedded server's layer is built: it would make an empty store there.
+  if (f.resume !== undefined && !fs.existsSync(store) && nats.url === undefined) {
+    throw new UsageError(`gyre ${command}: --resume ${run}: no store ${store} (give --store, or NATS_URL of the server that holds the run)`)
+  }
   return Effect.gen(function* () {
-    if (f.resume !== undefined && !fs.existsSync(store) && nats.url === undefined) {
-      throw new UsageError(`gyre ${command}: --resume ${run}: no store ${store} (give --store, or NATS_URL of the server that holds the run)`)
-    }
     const log = f.quiet || f.json ? () => undefined : (line: string) => console.log(line)
     const progress = f.quiet || f.json ? undefined : new RunProgress({ tty: process.stdout.isTTY === true, write: log }, f["executions-per-step"])
     const started = Date.now()

@@ -93,13 +93,16 @@ describe("gyre commands", () => {
       [["engine", "generate", "--checkpoint", missing, "--prompt", "hi"], /^gyre engine generate: --checkpoint .* has no config\.json$/],
       [["runs", "--store", missing], /^gyre runs: no store /],
       [["node", "--load", missing], /^gyre node: --load .*: no such file$/],
-      [["node", "--spawn", "no-such-kind/x"], /^gyre node: --spawn no-such-kind\/x: no actor type 'no-such-kind' on this node/]
+      [["node", "--spawn", "no-such-kind/x"], /^gyre node: --spawn no-such-kind\/x: no actor type 'no-such-kind' on this node/],
+      [["train", "--resume", `no-such-run-${process.pid}`], /^gyre train: --resume no-such-run-\d+: no store .*no-such-run-\d+ \(give --store/]
     ] as const
     const results = await pool(cases, ([args]) => cli(args))
     cases.forEach(([args, line], i) => {
       expect(results[i]!.code, args.join(" ")).toBe(2)
       expect(results[i]!.stderr.trim(), args.join(" ")).toMatch(line)
     })
+    // Nothing was made where the missing run's store would be (the embedded server never started).
+    expect(fs.existsSync(path.join(repoRoot, ".gyre", "runs", `no-such-run-${process.pid}`))).toBe(false)
   }, 300_000)
 
   it("gyre serve's --port and gyre node's --metrics-port: in use or out of range is one usage line before anything starts", async () => {
