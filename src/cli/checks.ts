@@ -7,8 +7,9 @@
 import * as fs from "node:fs"
 import * as net from "node:net"
 import * as path from "node:path"
+import { Effect } from "effect"
 import { CONFIG_FILE, INDEX_FILE, MODEL_FILE } from "../engine/checkpoint.ts"
-import { listSuites } from "../harness/suites.ts"
+import { listSuites, loadSuite } from "../harness/suites.ts"
 import { UsageError } from "./args.ts"
 
 /** Fails with a UsageError unless `suitesDir` holds the suite `name` (a suite.json there; its contents are checked when loaded). */
@@ -51,4 +52,22 @@ export const checkPort = async (command: string, host: string, port: number, fla
     probe.listen(port, host, () => probe.close(() => resolve(undefined)))
   })
   if (refused !== undefined) throw new UsageError(`gyre ${command}: ${refused}`)
+}
+
+/**
+ * Fails with a UsageError unless every one of `tasks` is a task of the suite (after `checkSuite`);
+ * the line counts the missing ones, names the first and says what the suite holds per split. A
+ * suite file that does not parse fails the command here, with its error.
+ */
+export const checkTasks = (command: string, flag: string, suitesDir: string, name: string, tasks: ReadonlyArray<string>) => {
+  const loaded = Effect.runSync(Effect.result(loadSuite(suitesDir, name)))
+  if (loaded._tag === "Failure") throw new Error(loaded.failure.message)
+  const suite = loaded.success
+  const missing = tasks.filter((t) => suite.task(t) === undefined)
+  if (missing.length === 0) return
+  const splits = new Map<string, number>()
+  for (const t of suite.tasks) splits.set(t.split, (splits.get(t.split) ?? 0) + 1)
+  const held = [...splits].map(([split, n]) => `${n} ${split}`).join(", ")
+  const named = `${missing.slice(0, 3).join(", ")}${missing.length > 3 ? ", ..." : ""}`
+  throw new UsageError(`gyre ${command}: ${flag}: ${missing.length} of ${tasks.length} not in suite ${name} (${named}); it holds ${held}`)
 }

@@ -10,7 +10,7 @@ import { Engine } from "../engine/engine.ts"
 import { Nats, natsOptionsFromEnv } from "../runtime/nats.ts"
 import { repoRoot } from "../runtime/nats-server.ts"
 import { UsageError, parseFlags, type Command } from "./args.ts"
-import { checkCheckpoint, checkSuite } from "./checks.ts"
+import { checkCheckpoint, checkSuite, checkTasks } from "./checks.ts"
 import { evaluate, evaluationConcurrency, parseTaskList } from "./evaluate.ts"
 
 const flags = {
@@ -44,6 +44,7 @@ export const command: Command<typeof flags> = {
     checkSuite("eval", f.suites, f.suite)
     const tasks = parseTaskList(f.tasks)
     if (tasks.length === 0) throw new UsageError("gyre eval: --tasks names no task")
+    checkTasks("eval", "--tasks", f.suites, f.suite, tasks)
     if (f.concurrency < 1) throw new UsageError("gyre eval: --concurrency must be at least 1")
     const env = parseEnv("eval", f.env)
     const program = evaluate({ checkpoint: f.checkpoint, suitesDir: f.suites, suite: f.suite, tasks, env, run: f.run, concurrency: f.concurrency })

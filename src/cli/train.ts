@@ -42,7 +42,7 @@ import { repoRoot } from "../runtime/nats-server.ts"
 import { ActorSystem } from "../runtime/system.ts"
 import { UsageError, parseConfigured, type Command, type Flags } from "./args.ts"
 import { embeddedNats } from "./auth.ts"
-import { checkCheckpoint, checkSuite } from "./checks.ts"
+import { checkCheckpoint, checkSuite, checkTasks } from "./checks.ts"
 import { parseEnv } from "./eval.ts"
 import { evaluate, evaluationConcurrency, parseTaskList } from "./evaluate.ts"
 import { followRun, RunProgress } from "./progress.ts"
@@ -108,7 +108,9 @@ const check = (f: TrainFlags, command: string) => {
   if (f.resume === undefined) checkSuite(command, f.suites, f.suite)
   if (f.resume !== undefined && f.checkpoint !== undefined) throw new UsageError(`gyre ${command}: --resume continues from the run's own weights; --checkpoint cannot be given with it`)
   parseEnv(command, f.env)
-  if (parseTaskList(f.heldout).length === 0) throw new UsageError(`gyre ${command}: --heldout names no task`)
+  const heldout = parseTaskList(f.heldout)
+  if (heldout.length === 0) throw new UsageError(`gyre ${command}: --heldout names no task`)
+  if (f.resume === undefined) checkTasks(command, "--heldout", f.suites, f.suite, heldout)
 }
 
 /** The run configuration `gyre train` asks for (a resumed run's journal has the one that counts). */

@@ -83,7 +83,7 @@ describe("gyre commands", () => {
     })
   }, 300_000)
 
-  it("answers a flag that names something missing (a suite, a checkpoint, a store, a module, an actor type) with one line naming the command and the flag, and exit code 2, before starting anything", async () => {
+  it("answers a flag that names something missing (a suite, a task, a checkpoint, a store, a module, an actor type) with one line naming the command and the flag, and exit code 2, before starting anything", async () => {
     const missing = path.join(os.tmpdir(), `gyre-missing-${process.pid}`)
     const cases = [
       [["train", "--suite", "no-such-suite"], /^gyre train: --suite no-such-suite: no .*suites\/no-such-suite\/suite\.json \(suites there: .*toy.*\)$/],
@@ -94,6 +94,7 @@ describe("gyre commands", () => {
       [["runs", "--store", missing], /^gyre runs: no store /],
       [["node", "--load", missing], /^gyre node: --load .*: no such file$/],
       [["node", "--spawn", "no-such-kind/x"], /^gyre node: --spawn no-such-kind\/x: no actor type 'no-such-kind' on this node/],
+      [["train", "--heldout", "heldout-3,no-such-task"], /^gyre train: --heldout: 1 of 2 not in suite toy \(no-such-task\); it holds \d+ train, \d+ heldout$/],
       [["train", "--resume", `no-such-run-${process.pid}`], /^gyre train: --resume no-such-run-\d+: no store .*no-such-run-\d+ \(give --store/]
     ] as const
     const results = await pool(cases, ([args]) => cli(args))
