@@ -21,6 +21,8 @@ const decodeRecord = Schema.decodeUnknownOption(Schema.fromJsonString(Schema.toC
 const decodeMetrics = Schema.decodeUnknownOption(Schema.fromJsonString(StepMetrics))
 
 export interface ProgressOptions {
+  /** Shown in place of the devices until one has joined (default "devices joining"). */
+  readonly noDevices?: string
   /** Bars and a status screen (a terminal), or plain lines. */
   readonly tty: boolean
   readonly write: (line: string) => void
@@ -31,8 +33,11 @@ export interface ProgressOptions {
 export const stepLine = (m: StepMetrics, elapsedS: number) =>
   `step ${String(m.step).padStart(3)}  score ${m.meanScore.toFixed(3)}  loss ${m.loss.toFixed(4)}  entropy ${m.entropy.toFixed(3)}  kl ${m.behaviourKl.toFixed(4)}  tokens ${String(m.tokensTrained).padStart(6)}  devices ${m.devices.length}  ${elapsedS.toFixed(0)} s`
 
-const deviceText = (view: RunView) =>
-  [...view.cells.values()].map((c) => `${c.device.replace(/^device\//, "")} ${c.activity} v${c.version}`).join(", ")
+/** The run's devices with their activity and weights (`none` until one has joined). */
+const deviceText = (view: RunView, none: string) =>
+  view.cells.size === 0
+    ? none
+    : [...view.cells.values()].map((c) => `${c.device.replace(/^device\//, "")} ${c.activity} v${c.version}`).join(", ")
 
 /** Shows a run's progress while it runs (see the module doc). */
 export class RunProgress {
@@ -100,7 +105,7 @@ export class RunProgress {
     const s = this.elapsed()
     const rate = s > 0 ? this.tokens / s : 0
     const score = this.lastScore === undefined ? "-" : this.lastScore.toFixed(3)
-    return `steps ${v.stepsDone} done, executions ${v.finished} finished / ${v.started - v.finished} running, ${rate.toFixed(0)} tokens trained/s, score ${score} | ${deviceText(v)}`
+    return `steps ${v.stepsDone} done, executions ${v.finished} finished / ${v.started - v.finished} running, ${rate.toFixed(0)} tokens trained/s, score ${score} | ${deviceText(v, this.o.noDevices ?? "devices joining")}`
   }
 
   /** The running step's micro-batch counts (read by the caller once a second). */

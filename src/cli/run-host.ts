@@ -108,6 +108,7 @@ export const hostRun = (o: HostRunOptions) =>
       yield* node.spawn("gateway", "main")
       yield* node.spawn("harness-runner", "main")
       for (let i = 0; i < o.devices; i++) yield* node.spawn("device", `main.${backend}${i}`)
+      if (o.devices === 0) yield* Effect.logInfo(`no device on this node: run ${system.run} starts when other nodes' devices join it on ${system.nats.servers} (gyre node --devices K --run ${system.run})`)
       const candidate = scheduler === undefined ? undefined : yield* Effect.forkScoped(scheduler.standBy(node, system))
       // run-done is core NATS, at most once: one published while this connection was down is
       // missed, so the journal is asked too, every few seconds.

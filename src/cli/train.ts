@@ -95,6 +95,9 @@ export type TrainFlags = Flags<typeof trainFlags>
 /** The suite knobs every harness of the run gets (and the warm start's demonstrations). */
 const suiteEnv = (f: TrainFlags) => ({ TOY_STEPS: String(f.horizon), TOY_TOOL_MS: "20", TOY_TEMPERATURE: "1", ...parseEnv("train", f.env) })
 
+/** What the progress line says while a run hosted with `--devices 0` waits for other nodes' devices. */
+const noDevicesHint = (run: string) => `no devices yet: waiting for gyre node --devices K --run ${run}`
+
 /** The flags' values checked together, before anything starts (`command`: `train`, or `demo` that runs it). */
 const check = (f: TrainFlags, command: string) => {
   if (f.devices < 0) throw new UsageError(`gyre ${command}: --devices must be at least 0, got ${f.devices}`)
@@ -167,7 +170,7 @@ export const runTraining = (f: TrainFlags, command = "train") => {
   }
   return Effect.gen(function* () {
     const log = f.quiet || f.json ? () => undefined : (line: string) => console.log(line)
-    const progress = f.quiet || f.json ? undefined : new RunProgress({ tty: process.stdout.isTTY === true, write: log }, f["executions-per-step"])
+    const progress = f.quiet || f.json ? undefined : new RunProgress({ tty: process.stdout.isTTY === true, write: log, ...(f.devices === 0 ? { noDevices: noDevicesHint(run) } : {}) }, f["executions-per-step"])
     const started = Date.now()
     const env = suiteEnv(f)
     const warm = { suite: f.suite, env, tasks: f["demo-tasks"], steps: f["sft-steps"], lr: f["sft-lr"], seed: f.seed, fresh: false, log, ...(progress ? { onStep: progress.warmStart(f["sft-steps"]) } : {}) }
