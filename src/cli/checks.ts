@@ -1,8 +1,8 @@
 /**
- * Flag values that name files or a port, checked before a command starts anything: a checkpoint
- * directory, a suite, the port a server listens on. A missing one is a usage error (one line
- * naming the flag, exit 2); what is inside is checked when it is loaded (a malformed file is the
- * command's failure, exit 1).
+ * Flag values that name things outside the command, checked before it starts anything: a
+ * checkpoint directory, a suite and its tasks, a run's store, the port a server listens on. A
+ * missing one is a usage error (one line naming the command and the flag, exit 2); what is inside
+ * is checked when it is loaded (a malformed file is the command's failure, exit 1).
  */
 import * as fs from "node:fs"
 import * as net from "node:net"
@@ -17,6 +17,12 @@ export const checkSuite = (command: string, suitesDir: string, name: string) => 
   if (!fs.existsSync(suitesDir)) throw new UsageError(`gyre ${command}: --suites ${suitesDir} is not there`)
   const known = listSuites(suitesDir)
   if (!known.includes(name)) throw new UsageError(`gyre ${command}: --suite ${name}: no ${path.join(suitesDir, name, "suite.json")} (suites there: ${known.join(", ") || "none"})`)
+}
+
+/** A `--store` that does not exist is a usage error naming it (`hint`: where else the log may be). */
+export const checkStore = (command: string, store: string | undefined, hint: string) => {
+  if (store !== undefined && !fs.existsSync(store)) throw new UsageError(`gyre ${command}: no store ${store} (${hint})`)
+  return store
 }
 
 /** Fails with a UsageError unless `dir` holds a checkpoint. */

@@ -12,7 +12,8 @@ import { runListings, type RunListing } from "../replay/status.ts"
 import type { JournalSource } from "../runtime/journal.ts"
 import { Nats, natsOptionsFromEnv } from "../runtime/nats.ts"
 import { repoRoot } from "../runtime/nats-server.ts"
-import { UsageError, parseFlags, type Command } from "./args.ts"
+import { parseFlags, type Command } from "./args.ts"
+import { checkStore } from "./checks.ts"
 
 /** Where `gyre train` keeps its embedded stores (`.gyre/runs/<run>`). */
 export const storesDir = path.join(repoRoot, ".gyre", "runs")
@@ -29,12 +30,6 @@ export const failed = (command: string, line: string) =>
     console.error(`gyre ${command}: ${line}`)
     return 1
   })
-
-/** A `--store` that does not exist is a usage error naming it (`hint`: where else the log may be). */
-const checkStore = (command: string, store: string | undefined, hint: string) => {
-  if (store !== undefined && !fs.existsSync(store)) throw new UsageError(`gyre ${command}: no store ${store} (${hint})`)
-  return store
-}
 
 /**
  * Runs `use` on run `run`'s log: from `--store`, else NATS_URL, else the run's own embedded store
