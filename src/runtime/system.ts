@@ -232,16 +232,19 @@ const make = (options: SystemOptions) =>
         return Effect.callback<unknown, unknown>((resume) => {
           const deadline = performance.now() + timeoutMs
           let cancel: () => void
-          const send = (waitMs: number) => {
-            cancel = replies.request(subject, data, headers, waitMs, (o) => {
+          const send = () => {
+            const left = deadline - performance.now()
+            // The wait that runs to the deadline is the last, even when its timer fires a
+            // little early (Node's timers start from the loop's cached clock).
+            const last = resendMs >= left
+            cancel = replies.request(subject, data, headers, Math.min(resendMs, left), (o) => {
               if (o._tag === "Reply") return resume(replyOf(rpc, o.msg.data, actor, tag))
-              const left = deadline - performance.now()
               // Unanswered: the request or its reply may have been lost; again, with the same id.
-              if (o._tag === "Timeout" && left >= 1) send(Math.min(resendMs, left))
+              if (o._tag === "Timeout" && !last && deadline - performance.now() >= 1) send()
               else resume(Effect.fail(askError(o, actor, tag, timeoutMs)))
             })
           }
-          send(Math.min(timeoutMs, resendMs))
+          send()
           // Interrupted: nothing more is sent, and a reply still to come is not heard.
           return Effect.sync(() => cancel())
         })
