@@ -40,21 +40,15 @@ export const checkCheckpoint = (command: string, dir: string) => {
  */
 export const checkPort = async (command: string, host: string, port: number, flag = "--port"): Promise<void> => {
   if (!Number.isInteger(port) || port < 0 || port > 65535) throw new UsageError(`gyre ${command}: ${flag} must be 0 to 65535, got ${port}`)
+  const reasons: Record<string, string> = {
+    EADDRINUSE: `${flag} ${port} on ${host} is in use`,
+    EACCES: `${flag} ${port} is not allowed to this user`,
+    EADDRNOTAVAIL: `--host ${host} is not an address of this machine`,
+    ENOTFOUND: `--host ${host} does not resolve`
+  }
   const refused = await new Promise<string | undefined>((resolve) => {
     const probe = net.createServer()
-    probe.once("error", (e: NodeJS.ErrnoException) =>
-      resolve(
-        e.code === "EADDRINUSE"
-          ? `${flag} ${port} on ${host} is in use`
-          : e.code === "EACCES"
-            ? `${flag} ${port} is not allowed to this user`
-            : e.code === "EADDRNOTAVAIL"
-              ? `--host ${host} is not an address of this machine`
-              : e.code === "ENOTFOUND"
-                ? `--host ${host} does not resolve`
-                : `cannot listen on ${host}:${port} (${e.code ?? e.message})`
-      )
-    )
+    probe.once("error", (e: NodeJS.ErrnoException) => resolve(reasons[e.code ?? ""] ?? `cannot listen on ${host}:${port} (${e.code ?? e.message})`))
     probe.listen(port, host, () => probe.close(() => resolve(undefined)))
   })
   if (refused !== undefined) throw new UsageError(`gyre ${command}: ${refused}`)

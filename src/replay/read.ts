@@ -18,11 +18,11 @@ import { RolloutWorkerProtocol } from "../protocols/rollout.ts"
 import { PolicyRecord, SCHEDULER_KIND, SchedulerProtocol, StepMetrics } from "../protocols/scheduler.ts"
 import { TransportError, messageOf } from "../runtime/errors.ts"
 import { readJournal, type JournalEntry, type JournalSource } from "../runtime/journal.ts"
-import { runDoneJournaled } from "../scheduling/records.ts"
 import { layout } from "../runtime/names.ts"
 import { Nats, type NatsShape } from "../runtime/nats.ts"
 import { NodeProtocol } from "../runtime/node.ts"
 import type { StartAt } from "../runtime/stream-reader.ts"
+import { runDoneJournaled } from "../scheduling/records.ts"
 
 /** The run is not on the server (or not in the store). */
 export class RunNotFound extends Schema.TaggedError<RunNotFound>()("RunNotFound", {
