@@ -7,7 +7,7 @@
  * so merging looks up integer pairs and builds no strings. A binary heap of the ranked pairs,
  * with stale entries skipped on pop, keeps long words O(n log n).
  */
-import { KeyHeap } from "../sim/heap.ts"
+import { KeyHeap } from "../common/heap.ts"
 
 /** The merges of a tokenizer.json over numbered symbols. */
 export interface Merges {

@@ -21,7 +21,7 @@
  *   the run lasts at least tau + (rollout left / slots + tokens left / rate) / cells; the part is
  *   the largest over tau (tau = 0 is the plain sum of all work over cells).
  */
-import { KeyHeap } from "./heap.ts"
+import { KeyHeap } from "../common/heap.ts"
 import type { Executions, Scenario } from "./scenario.ts"
 
 export interface LowerBound {

@@ -26,7 +26,7 @@
  */
 import type { Policy } from "../policy/policy.ts"
 import type { PolicyAction, PolicyEvent } from "../policy/vocabulary.ts"
-import { KeyHeap } from "./heap.ts"
+import { KeyHeap } from "../common/heap.ts"
 import { policyConfigOf, type Executions, type Scenario } from "./scenario.ts"
 
 export class PolicyViolation extends Error {
