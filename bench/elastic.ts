@@ -17,7 +17,8 @@
  *   run's executions, the most `elastic_over_async` could be on this workload.
  *
  * Flags: --steps N (8), --devices K (2), --checkpoint DIR (default: the cached warm start),
- * --policies a,b,c, --horizon, --executions-per-step, --group-size, --slots, --rounds R (1).
+ * --policies a,b,c, --horizon, --executions-per-step, --group-size, --slots, --rounds R (1);
+ * `--help` lists them, and a bad one is one line and exit 2 (bench/flags.ts).
  * With R rounds the policies run in turn R times (a, b, c, a, b, c, ...: each sees the same
  * drift of the machine) and every figure per policy is the median of its R runs (the ratios
  * are the medians' ratios); the table has a row per run and `runs_s` lists each policy's
@@ -41,21 +42,29 @@ import { runScenario } from "../src/replay/what-if.ts"
 import { lowerBound } from "../src/sim/bound.ts"
 import { executionsOf } from "../src/sim/scenario.ts"
 import { simulate } from "../src/sim/simulate.ts"
+import { atLeast, benchFlags, listOf } from "./flags.ts"
 
-const arg = (name: string, fallback: string) => {
-  const i = process.argv.indexOf(`--${name}`)
-  return i >= 0 && process.argv[i + 1] !== undefined ? process.argv[i + 1]! : fallback
-}
-const steps = Number(arg("steps", "8"))
-const devices = Number(arg("devices", "2"))
-const policies = arg("policies", "elastic,async,colocate").split(",")
-const rounds = Number(arg("rounds", "1"))
-if (!Number.isInteger(rounds) || rounds < 1) throw new Error(`--rounds must be a whole number >= 1, got ${arg("rounds", "1")}`)
+const BENCH = "bench:elastic"
+const f = benchFlags(BENCH, "the same suite, seed, checkpoint and steps under each scheduling policy, side by side", {
+  steps: { kind: "integer", doc: "RL steps a run", default: 8 },
+  devices: { kind: "integer", doc: "CPU devices a run", default: 2 },
+  policies: { kind: "string", doc: "the policies, comma-separated", default: "elastic,async,colocate" },
+  rounds: { kind: "integer", doc: "runs of each policy, alternated; every figure the median of a policy's runs", default: 1 },
+  checkpoint: { kind: "string", doc: "initial weights (default: the cached warm start)" },
+  horizon: { kind: "integer", doc: "turns of a toy task (TOY_STEPS)", default: 24 },
+  "executions-per-step": { kind: "integer", doc: "executions in a batch", default: 8 },
+  "group-size": { kind: "integer", doc: "executions of one task in a batch", default: 4 },
+  slots: { kind: "integer", doc: "concurrent executions a cell serves in rollout", default: 8 }
+})
+const steps = atLeast(BENCH, "steps", f.steps, 1)
+const devices = atLeast(BENCH, "devices", f.devices, 1)
+const policies = listOf(BENCH, "policies", f.policies, trainFlags.policy.choices)
+const rounds = atLeast(BENCH, "rounds", f.rounds, 1)
 const knobs = {
-  horizon: arg("horizon", "24"),
-  "executions-per-step": arg("executions-per-step", "8"),
-  "group-size": arg("group-size", "4"),
-  slots: arg("slots", "8")
+  horizon: String(atLeast(BENCH, "horizon", f.horizon, 1)),
+  "executions-per-step": String(atLeast(BENCH, "executions-per-step", f["executions-per-step"], 1)),
+  "group-size": String(atLeast(BENCH, "group-size", f["group-size"], 1)),
+  slots: String(atLeast(BENCH, "slots", f.slots, 1))
 }
 
 const quantile = (xs: ReadonlyArray<number>, q: number) => {
@@ -82,7 +91,7 @@ const readAudit = (store: string, run: string, executionsPerStep: number) =>
 
 const main = async () => {
   const checkpoint =
-    arg("checkpoint", "") ||
+    f.checkpoint ||
     (await Effect.runPromise(
       // gyre train's own warm start (its defaults), so the runs below find it cached
       warmStartedCheckpoint({

@@ -40,15 +40,17 @@ import { Engine, type Model } from "../src/engine/engine.ts"
 import type { KvCache } from "../src/engine/kvcache.ts"
 import { type PresetName, presets } from "../src/engine/presets.ts"
 import { adamwDefaults } from "../src/engine/trainer.ts"
+import { atLeast, benchFlags, listOf } from "./flags.ts"
 
-const args = process.argv.slice(2)
-const flag = (name: string) => {
-  const i = args.indexOf(`--${name}`)
-  return i >= 0 ? args[i + 1] : undefined
-}
-const quick = args.includes("--quick")
-const threads = Number(flag("threads") ?? availableParallelism())
-const presetList = (flag("presets") ?? "tiny,small").split(",") as Array<PresetName>
+const BENCH = "bench:engine"
+const f = benchFlags(BENCH, "the native engine against a plain-PyTorch Llama, the machine's SGEMM and its memory bandwidth", {
+  presets: { kind: "string", doc: "the model presets, comma-separated", default: "tiny,small" },
+  threads: { kind: "integer", doc: "compute threads, both sides", default: availableParallelism() },
+  quick: { kind: "boolean", doc: "fewer steps, one round, shorter timings", default: false }
+})
+const quick = f.quick
+const threads = atLeast(BENCH, "threads", f.threads, 1)
+const presetList = listOf(BENCH, "presets", f.presets, Object.keys(presets) as Array<PresetName>)
 const python = "/usr/bin/python3"
 const peerScript = new URL("./llama_torch.py", import.meta.url).pathname
 

@@ -26,12 +26,14 @@ import { loadCheckpoint, saveCheckpoint } from "../src/engine/checkpoint.ts"
 import type { LlamaConfig } from "../src/engine/config.ts"
 import { Engine } from "../src/engine/engine.ts"
 import { hfTokenizer } from "../src/engine/hf-tokenizer.ts"
+import { benchFlags, refuse } from "./flags.ts"
 
-const args = process.argv.slice(2)
-const flag = (name: string) => {
-  const i = args.indexOf(`--${name}`)
-  return i >= 0 ? args[i + 1] : undefined
-}
+const f = benchFlags("bench:load", "loading a generated ~1 GB BF16 checkpoint, and tokenizer.json's encoding rate", {
+  gb: { kind: "number", doc: "checkpoint size in GB of BF16", default: 1 },
+  dir: { kind: "string", doc: "the checkpoint's directory, kept (generated there when it holds none; default a temporary one)" },
+  encode: { kind: "boolean", doc: "the tokenizer figures alone", default: false },
+  "child-load": { kind: "string", doc: "(internal) load DIR in this process and print its figures" }
+})
 
 /** Llama-shaped (Llama 3.2 1B widths), layers chosen for `gb` GB of BF16. */
 const configFor = (gb: number): LlamaConfig => {
@@ -144,8 +146,8 @@ const encodeRate = () => {
 }
 
 const main = async () => {
-  const gb = Number(flag("gb") ?? 1)
-  const dir = flag("dir") ?? join(mkdtempSync(join(tmpdir(), "gyre-bench-load-")), "model")
+  const gb = f.gb > 0 ? f.gb : refuse("bench:load", `--gb must be above 0, got ${f.gb}`)
+  const dir = f.dir ?? join(mkdtempSync(join(tmpdir(), "gyre-bench-load-")), "model")
   const config = configFor(gb)
   const fresh = !existsSync(join(dir, "config.json"))
   if (fresh) {
@@ -189,10 +191,10 @@ const main = async () => {
   console.log(`  CPU time: read ${readCpuS.toFixed(2)} s, load ${best.load_cpu_s.toFixed(2)} s (${result.load_over_read_cpu.toFixed(2)}x); load average ${result.load_avg.toFixed(1)}`)
   console.log(`peak RSS ${result.peak_rss_gb.toFixed(2)} GB = ${result.peak_rss_over_model.toFixed(2)}x the F32 model (target <= 1.3)`)
   console.log(`encode ${result.encode_mb_per_s.toFixed(1)} MB/s (${enc.merges} merges, ${enc.encode_mb.toFixed(1)} MB; target >= 5)`)
-  if (fresh && flag("dir") === undefined) rmSync(join(dir, ".."), { recursive: true, force: true })
+  if (fresh && f.dir === undefined) rmSync(join(dir, ".."), { recursive: true, force: true })
   console.log(JSON.stringify(result))
 }
 
-if (args[0] === "--child-load") await childLoad(args[1]!)
-else if (args[0] === "--encode") console.log(JSON.stringify(encodeRate())) // the tokenizer part alone
+if (f["child-load"] !== undefined) await childLoad(f["child-load"])
+else if (f.encode) console.log(JSON.stringify(encodeRate())) // the tokenizer part alone
 else await main()

@@ -23,12 +23,13 @@ import { Nats } from "../src/runtime/nats.ts"
 import { stateDigest } from "../src/scheduling/driver.ts"
 import { executionsOf, parseScenario } from "../src/sim/scenario.ts"
 import { simulate } from "../src/sim/simulate.ts"
+import { atLeast, benchFlags } from "./flags.ts"
 
-const arg = (name: string, fallback: string) => {
-  const i = process.argv.indexOf(`--${name}`)
-  return i >= 0 && process.argv[i + 1] !== undefined ? process.argv[i + 1]! : fallback
-}
-const steps = Number(arg("steps", "800"))
+const BENCH = "bench:replay"
+const f = benchFlags(BENCH, "how fast gyre replay reads and verifies a long journal", {
+  steps: { kind: "integer", doc: "simulated steps journaled (64 executions each)", default: 800 }
+})
+const steps = atLeast(BENCH, "steps", f.steps, 1)
 const run = "bench-replay"
 
 const scenario = parseScenario(

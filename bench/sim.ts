@@ -19,6 +19,11 @@ import { compare } from "../src/sim/compare.ts"
 import { lowerBound } from "../src/sim/bound.ts"
 import { executionsOf, loadScenario, parseScenario } from "../src/sim/scenario.ts"
 import { simulate } from "../src/sim/simulate.ts"
+import { benchFlags } from "./flags.ts"
+
+const flags = benchFlags("bench:sim", "the simulator's speed at cluster scale, the bundled scenarios and (--grid) the policy grid", {
+  grid: { kind: "boolean", doc: "also elastic over the lower bound on the 108-scenario grid (about a minute)", default: false }
+})
 
 const scale = "scenarios/scale-512x64.json"
 const bundled = ["scenarios/published-2.4t.json", "scenarios/published-122b.json", "scenarios/heavy-tail.json"]
@@ -99,7 +104,7 @@ console.log("\nbundled scenarios (elastic = Gyre's variant, published = elastic-
 console.log(pad(rows))
 
 // ---- grid (optional) -------------------------------------------------------------------------
-const grid = process.argv.includes("--grid") ? gridRun() : undefined
+const grid = flags.grid ? gridRun() : undefined
 
 function gridRun() {
   const over: Record<string, Array<number>> = { elastic: [], "elastic-published": [] }

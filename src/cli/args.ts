@@ -57,8 +57,8 @@ export type Flags<S extends FlagSpec> = {
     : ValueOf<S[N]["kind"]> | undefined
 }
 
-const parseValue = (command: string, name: string, def: FlagDef, raw: string): unknown => {
-  const bad = (what: string) => new UsageError(`gyre ${command}: --${name} ${what}, got '${raw}'`)
+const parseValue = (who: string, name: string, def: FlagDef, raw: string): unknown => {
+  const bad = (what: string) => new UsageError(`${who}: --${name} ${what}, got '${raw}'`)
   switch (def.kind) {
     case "string":
       if (def.choices && !def.choices.includes(raw)) throw bad(`must be one of ${def.choices.join("|")}`)
@@ -94,30 +94,38 @@ export const parseFlags = <S extends FlagSpec>(
   spec: S,
   argv: ReadonlyArray<string>,
   base: Readonly<Record<string, unknown>> = {}
+): Flags<S> => parseFlagsAs(`gyre ${command}`, spec, argv, base)
+
+/** `parseFlags` for a program other than `gyre` (a benchmark): `who` starts every error's line. */
+export const parseFlagsAs = <S extends FlagSpec>(
+  who: string,
+  spec: S,
+  argv: ReadonlyArray<string>,
+  base: Readonly<Record<string, unknown>> = {}
 ): Flags<S> => {
   const out: Record<string, unknown> = { ...base }
   for (let i = 0; i < argv.length; i++) {
     const word = argv[i]!
-    if (!word.startsWith("--")) throw new UsageError(`gyre ${command}: unexpected argument '${word}'`)
+    if (!word.startsWith("--")) throw new UsageError(`${who}: unexpected argument '${word}'`)
     const eq = word.indexOf("=")
     const name = eq >= 0 ? word.slice(2, eq) : word.slice(2)
     const def = spec[name]
     if (def === undefined) {
-      throw new UsageError(`gyre ${command}: unknown flag --${name} (known: ${Object.keys(spec).map((k) => `--${k}`).join(" ")})`)
+      throw new UsageError(`${who}: unknown flag --${name} (known: ${Object.keys(spec).map((k) => `--${k}`).join(" ")})`)
     }
     let raw: string
     if (eq >= 0) raw = word.slice(eq + 1)
     else if (def.kind === "boolean" && (i + 1 >= argv.length || argv[i + 1]!.startsWith("--"))) raw = "true"
     else {
-      if (i + 1 >= argv.length) throw new UsageError(`gyre ${command}: --${name} needs a value`)
+      if (i + 1 >= argv.length) throw new UsageError(`${who}: --${name} needs a value`)
       raw = argv[++i]!
     }
-    out[name] = parseValue(command, name, def, raw)
+    out[name] = parseValue(who, name, def, raw)
   }
   for (const [name, def] of Object.entries(spec)) {
     if (out[name] !== undefined) continue
     if (def.default !== undefined) out[name] = def.default
-    else if (def.required) throw new UsageError(`gyre ${command}: --${name} is required`)
+    else if (def.required) throw new UsageError(`${who}: --${name} is required`)
   }
   return out as Flags<S>
 }
@@ -174,7 +182,7 @@ const fromEnv = (command: string, spec: FlagSpec, env: Readonly<Record<string, s
     const raw = env[envName(name)]
     if (raw === undefined || raw === "") continue
     try {
-      out[name] = parseValue(command, name, def, raw)
+      out[name] = parseValue(`gyre ${command}`, name, def, raw)
     } catch (e) {
       throw new UsageError(`${(e as Error).message} (from the environment, ${envName(name)})`)
     }
@@ -212,9 +220,12 @@ export const parseRunFlags = <S extends FlagSpec>(command: string, spec: S, argv
 }
 
 /** One line per flag, for `gyre <command> --help` (with the configuration layers where the command reads them). */
-export const usage = (command: string, summary: string, spec: FlagSpec, configured = false): string =>
+export const usage = (command: string, summary: string, spec: FlagSpec, configured = false): string => usageAs(`gyre ${command}`, summary, spec, configured)
+
+/** `usage` for a program other than `gyre` (a benchmark), named by `who`. */
+export const usageAs = (who: string, summary: string, spec: FlagSpec, configured = false): string =>
   [
-    `gyre ${command}: ${summary}`,
+    `${who}: ${summary}`,
     ...Object.entries(spec).map(([name, def]) => {
       const extra = def.required ? " (required)" : def.default !== undefined ? ` (default ${def.default})` : ""
       return `  --${name.padEnd(18)} ${def.doc}${extra}${configured ? ` [${envName(name)}]` : ""}`
