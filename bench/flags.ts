@@ -6,11 +6,13 @@
  */
 import { parseFlagsAs, usageAs, UsageError, type FlagSpec, type Flags } from "../src/cli/args.ts"
 
-/** One line on stderr, exit 2: a flag value the benchmark cannot run with. */
-export const refuse = (bench: string, line: string): never => {
-  console.error(`${bench}: ${line}`)
+const usageExit = (line: string): never => {
+  console.error(line)
   process.exit(2)
 }
+
+/** One line on stderr, exit 2: a flag value the benchmark cannot run with. */
+export const refuse = (bench: string, line: string): never => usageExit(`${bench}: ${line}`)
 
 /** The flags of `npm run <bench> -- ...`, parsed from this process's arguments. */
 export const benchFlags = <S extends FlagSpec>(bench: string, summary: string, spec: S, argv: ReadonlyArray<string> = process.argv.slice(2)): Flags<S> => {
@@ -21,7 +23,7 @@ export const benchFlags = <S extends FlagSpec>(bench: string, summary: string, s
   try {
     return parseFlagsAs(bench, spec, argv)
   } catch (e) {
-    if (e instanceof UsageError) return refuse(bench, e.message.slice(bench.length + 2))
+    if (e instanceof UsageError) return usageExit(e.message)
     throw e
   }
 }
