@@ -51,15 +51,23 @@ import { address } from "../src/runtime/names.ts"
 import { repoRoot } from "../src/runtime/nats-server.ts"
 import { startNode } from "../src/runtime/node.ts"
 import { ActorSystem, refOf } from "../src/runtime/system.ts"
+import { atLeast, benchFlags } from "./flags.ts"
 
-const EXECUTIONS = Number(process.env.BENCH_EXECUTIONS ?? 8)
-const HORIZON = Number(process.env.BENCH_HORIZON ?? 32)
+// Each flag's default may come from its `BENCH_*` variable (`BENCH_GATEWAY_ONLY=1 npm run bench:rollout`).
+const BENCH = "bench:rollout"
+const f = benchFlags(BENCH, "the rollout path: the toy suite's calls through gateway and worker, replayed directly, and the gateway's own overhead", {
+  executions: { kind: "integer", doc: "toy executions at once [BENCH_EXECUTIONS]", default: Number(process.env.BENCH_EXECUTIONS ?? 8) },
+  horizon: { kind: "integer", doc: "turns of a toy task [BENCH_HORIZON]", default: Number(process.env.BENCH_HORIZON ?? 32) },
+  "gateway-calls": { kind: "integer", doc: "sequential calls of the gateway phase [BENCH_GATEWAY_CALLS]", default: Number(process.env.BENCH_GATEWAY_CALLS ?? 400) },
+  "gateway-only": { kind: "boolean", doc: "the gateway phase alone, its figures as the JSON line [BENCH_GATEWAY_ONLY=1]", default: process.env.BENCH_GATEWAY_ONLY === "1" }
+})
+const EXECUTIONS = atLeast(BENCH, "executions", f.executions, 1)
+const HORIZON = atLeast(BENCH, "horizon", f.horizon, 1)
 const MAX_BATCH = 64
 const toyEnv = { TOY_STEPS: String(HORIZON), TOY_TOOL_MS: "0", TOY_MAX_TOKENS: "24", TOY_TEMPERATURE: "1" }
 
-const GATEWAY_CALLS = Number(process.env.BENCH_GATEWAY_CALLS ?? 400)
-/** `BENCH_GATEWAY_ONLY=1`: the gateway phase alone (for profiling it), its figures as the JSON line. */
-const GATEWAY_ONLY = process.env.BENCH_GATEWAY_ONLY === "1"
+const GATEWAY_CALLS = atLeast(BENCH, "gateway-calls", f["gateway-calls"], 1)
+const GATEWAY_ONLY = f["gateway-only"]
 
 interface ReplayCall {
   readonly prompt: Int32Array

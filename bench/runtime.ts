@@ -12,7 +12,7 @@
  * CPU per round trip is this process's (client and actor, or client and echo responder).
  * Spans and metrics on, as issue 12 asks: the run has a tracer that records every span in
  * memory (effect's native spans, under a tracer of their own, so `tracing` in
- * src/runtime/protocol.ts sees a backend and spans are made); `BENCH_TRACER=none` runs it
+ * src/runtime/protocol.ts sees a backend and spans are made); `--tracer none` (or `BENCH_TRACER=none`) runs it
  * with no tracer, as a process without OTLP runs (no spans). The JSON line says which (`spans`).
  * Prints a table and, last, one JSON line. Not a test: nothing here is asserted.
  */
@@ -26,9 +26,17 @@ import { address } from "../src/runtime/names.ts"
 import { startNode } from "../src/runtime/node.ts"
 import { encodeExitReply, requestHeaders } from "../src/runtime/protocol.ts"
 import { ActorSystem, refOf } from "../src/runtime/system.ts"
+import { atLeast, benchFlags } from "./flags.ts"
 
-const ASKS = Number(process.env.BENCH_ASKS ?? 3000)
-const TELLS = Number(process.env.BENCH_TELLS ?? 5000)
+// Each flag's default may come from its `BENCH_*` variable (`BENCH_TRACER=none npm run bench:runtime`).
+const BENCH = "bench:runtime"
+const f = benchFlags(BENCH, "the actor runtime's ask and tell against plain NATS on the same server", {
+  asks: { kind: "integer", doc: "round trips of each kind [BENCH_ASKS]", default: Number(process.env.BENCH_ASKS ?? 3000) },
+  tells: { kind: "integer", doc: "tells and raw JetStream messages [BENCH_TELLS]", default: Number(process.env.BENCH_TELLS ?? 5000) },
+  tracer: { kind: "string", doc: "memory: spans recorded in memory, as issue 12 asks; none: no tracer, no spans [BENCH_TRACER]", default: process.env.BENCH_TRACER === "none" ? "none" : "memory", choices: ["memory", "none"] }
+})
+const ASKS = atLeast(BENCH, "asks", f.asks, 1)
+const TELLS = atLeast(BENCH, "tells", f.tells, 1)
 const IN_FLIGHT = 64
 const payload = { text: "x".repeat(64), n: 7 }
 
@@ -168,7 +176,7 @@ const pipelined = async (count: number, op: (i: number) => Promise<unknown>) => 
   await Promise.all(Array.from({ length: IN_FLIGHT }, lane))
 }
 
-const SPANS = process.env.BENCH_TRACER !== "none"
+const SPANS = f.tracer === "memory"
 /** Effect's in-memory spans under a tracer that is not `nativeTracer` itself: spans on, exported nowhere. */
 const recording = Tracer.make({ span: (options) => Tracer.nativeTracer.span(options) })
 const layer = ActorSystem.layer({ run: "bench" }).pipe(Layer.provideMerge(Nats.layer({})))

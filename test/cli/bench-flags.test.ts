@@ -30,7 +30,9 @@ const refused: ReadonlyArray<readonly [string, ReadonlyArray<string>, RegExp]> =
   ["engine.ts", ["--threads", "two"], /^bench:engine: --threads must be an integer, got 'two'$/],
   ["replay.ts", ["--steps"], /^bench:replay: --steps needs a value$/],
   ["load.ts", ["--gb", "-1"], /^bench:load: --gb must be above 0, got -1$/],
-  ["sim.ts", ["--grid=maybe"], /^bench:sim: --grid must be true or false, got 'maybe'$/]
+  ["sim.ts", ["--grid=maybe"], /^bench:sim: --grid must be true or false, got 'maybe'$/],
+  ["runtime.ts", ["--tracer", "otlp"], /^bench:runtime: --tracer must be one of memory\|none, got 'otlp'$/],
+  ["rollout.ts", ["--gateway-calls", "0"], /^bench:rollout: --gateway-calls must be at least 1, got 0$/]
 ]
 
 describe("benchmark flags", () => {
