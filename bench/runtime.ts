@@ -27,6 +27,7 @@ import { address } from "../src/runtime/names.ts"
 import { startNode } from "../src/runtime/node.ts"
 import { encodeExitReply, requestHeaders } from "../src/runtime/protocol.ts"
 import { ActorSystem, refOf } from "../src/runtime/system.ts"
+import { mulberry32 } from "../src/tree/sample.ts"
 import { atLeast, benchFlags } from "./flags.ts"
 
 // Each flag's default may come from its `BENCH_*` variable (`BENCH_TRACER=none npm run bench:runtime`).
@@ -40,14 +41,6 @@ const ASKS = atLeast(BENCH, "asks", f.asks, 1)
 const TELLS = atLeast(BENCH, "tells", f.tells, 1)
 const IN_FLIGHT = 64
 const payload = { text: "x".repeat(64), n: 7 }
-
-/** A seeded generator of numbers in [0, 1) (mulberry32), so every run draws the same orders. */
-const seeded = (seed: number) => () => {
-  seed = (seed + 0x6d2b79f5) | 0
-  let t = Math.imul(seed ^ (seed >>> 15), 1 | seed)
-  t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t
-  return ((t ^ (t >>> 14)) >>> 0) / 4294967296
-}
 
 /** `xs` in a random order (Fisher-Yates). */
 const shuffle = <A>(xs: ReadonlyArray<A>, random: () => number): Array<A> => {
@@ -110,7 +103,7 @@ const program = Effect.gen(function* () {
   const lat: Record<keyof typeof parts, Array<number>> = { raw: [], ask: [], client: [], actor: [] }
   const cpu: Record<keyof typeof parts, number> = { raw: 0, ask: 0, client: 0, actor: 0 }
   const names = Object.keys(parts) as Array<keyof typeof parts>
-  const random = seeded(1)
+  const random = mulberry32(1) // seeded: every run draws the same orders
   for (let i = 0; i < ASKS + 200; i++) {
     // A new order every round: in a fixed one each part would always run right after the same
     // other part, on the caches that part left (an ask right after a raw request measured
