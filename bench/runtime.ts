@@ -3,10 +3,12 @@
  * in the same run.
  *
  * - ask vs raw request/reply: sequential round trips of a small payload, alternating a raw
- *   one, an ask, and each half of an ask alone (the client's, answered by a plain responder;
- *   the actor's, asked by a plain request) in a new seeded order every round, so all see the
- *   same load and none always follows the same other; p50/p99 latency and this process's CPU
- *   per trip (so an ask's cost splits into its client and actor halves).
+ *   one (`nc.request`), a bare one (the same echo through one wildcard inbox subscription, with
+ *   none of `nc.request`'s per-request promise, timer and `Error`: the transport's own round
+ *   trip, `ask_over_bare_p50`), an ask, and each half of an ask alone (the client's, answered
+ *   by a plain responder; the actor's, asked by a plain request) in a new seeded order every
+ *   round, so all see the same load and none always follows the same other; p50/p99 latency
+ *   and this process's CPU per trip (so an ask's cost splits into its client and actor halves).
  * - tell vs raw JetStream: N messages published with W in flight, consumed and acknowledged
  *   (the actor's durable consumer and handler vs a plain pull consumer that acks), messages/s
  *   from the first publish to the last acknowledgement.
@@ -18,7 +20,7 @@
  * Prints a table and, last, one JSON line. Not a test: nothing here is asserted.
  */
 import { AckPolicy } from "@nats-io/jetstream"
-import { nuid } from "@nats-io/transport-node"
+import { createInbox, nuid } from "@nats-io/transport-node"
 import { Deferred, Effect, Exit, Layer, Schema, Tracer } from "effect"
 import { Rpc, RpcGroup } from "effect/rpc"
 import * as Actor from "../src/runtime/actor.ts"
@@ -85,23 +87,37 @@ const program = Effect.gen(function* () {
   yield* node.spawn("bench", "b1")
   const ref = refOf(BenchProtocol, address("bench", "b1"))
 
-  // Round trips, alternated so all see the same machine load: a raw request/reply; an ask;
-  // the ask's client half alone (system.ask answered by a plain responder with a prepared
+  // Round trips, alternated so all see the same machine load: a raw request/reply; a bare one
+  // (the same echo asked through one wildcard inbox subscription, as `replies.ts` asks: no
+  // promise, timer or `Error` of nats.js's per request, so the transport's own round trip); an
+  // ask; the ask's client half alone (system.ask answered by a plain responder with a prepared
   // reply); the ask's actor half alone (a plain request with the ask's bytes and headers).
   const echo = nc.subscribe("bench.raw.echo", { callback: (_e, m) => void m.respond(m.data) })
+  const bareInbox = `${createInbox()}.bare`
+  const bareWaiting = new Map<string, () => void>()
+  const bare = nc.subscribe(`${bareInbox}.*`, { callback: (_e, m) => bareWaiting.get(m.subject.slice(bareInbox.length + 1))?.() })
+  let bareNext = 0
   const fakeReply = encodeExitReply(BenchProtocol.requests.get("Echo")!, Exit.succeed(8))
   const fake = nc.subscribe(system.layout.ask(address("bench", "fake")), { callback: (_e, m) => void m.respond(fakeReply) })
   const body = JSON.stringify(payload)
   const askHeaders = () => requestHeaders("Echo", nuid.next(), undefined, undefined)
   const fakeRef = refOf(BenchProtocol, address("bench", "fake"))
-  const parts: Record<"raw" | "ask" | "client" | "actor", Effect.Effect<unknown, unknown>> = {
+  const parts: Record<"raw" | "bare" | "ask" | "client" | "actor", Effect.Effect<unknown, unknown>> = {
     raw: Effect.promise(() => nc.request("bench.raw.echo", body, { timeout: 5000 })),
+    bare: Effect.callback<void>((resume) => {
+      const token = String(bareNext++)
+      bareWaiting.set(token, () => {
+        bareWaiting.delete(token)
+        resume(Effect.void)
+      })
+      nc.publish("bench.raw.echo", body, { reply: `${bareInbox}.${token}` })
+    }),
     ask: system.ask(ref, "Echo", payload),
     client: system.ask(fakeRef, "Echo", payload),
     actor: Effect.promise(() => nc.request(system.layout.ask(ref.address), body, { timeout: 5000, headers: askHeaders() }))
   }
-  const lat: Record<keyof typeof parts, Array<number>> = { raw: [], ask: [], client: [], actor: [] }
-  const cpu: Record<keyof typeof parts, number> = { raw: 0, ask: 0, client: 0, actor: 0 }
+  const lat: Record<keyof typeof parts, Array<number>> = { raw: [], bare: [], ask: [], client: [], actor: [] }
+  const cpu: Record<keyof typeof parts, number> = { raw: 0, bare: 0, ask: 0, client: 0, actor: 0 }
   const names = Object.keys(parts) as Array<keyof typeof parts>
   const random = mulberry32(1) // seeded: every run draws the same orders
   for (let i = 0; i < ASKS + 200; i++) {
@@ -120,6 +136,7 @@ const program = Effect.gen(function* () {
     }
   }
   echo.unsubscribe()
+  bare.unsubscribe()
   fake.unsubscribe()
   const rawLat = lat.raw
   const askLat = lat.ask
@@ -157,8 +174,11 @@ const program = Effect.gen(function* () {
     raw_request_p50_us: Math.round(percentile(rawLat, 50)),
     raw_request_p99_us: Math.round(percentile(rawLat, 99)),
     ask_over_raw_p50: +(percentile(askLat, 50) / percentile(rawLat, 50)).toFixed(3),
+    bare_request_p50_us: Math.round(percentile(lat.bare, 50)),
+    ask_over_bare_p50: +(percentile(askLat, 50) / percentile(lat.bare, 50)).toFixed(3),
     ask_cpu_us: Math.round(cpu.ask / ASKS),
     raw_request_cpu_us: Math.round(cpu.raw / ASKS),
+    bare_request_cpu_us: Math.round(cpu.bare / ASKS),
     ask_client_half_cpu_us: Math.round(cpu.client / ASKS),
     ask_actor_half_cpu_us: Math.round(cpu.actor / ASKS),
     tell_per_s: Math.round(TELLS / tellSeconds),
@@ -174,6 +194,7 @@ const program = Effect.gen(function* () {
     ["round trip p50 (us)", String(result.ask_p50_us), String(result.raw_request_p50_us), String(result.ask_over_raw_p50)],
     ["round trip p99 (us)", String(result.ask_p99_us), String(result.raw_request_p99_us), (result.ask_p99_us / result.raw_request_p99_us).toFixed(3)],
     ["CPU per round trip (us)", String(result.ask_cpu_us), String(result.raw_request_cpu_us), (result.ask_cpu_us / result.raw_request_cpu_us).toFixed(3)],
+    ["bare round trip p50 (us)", String(result.ask_p50_us), String(result.bare_request_p50_us), String(result.ask_over_bare_p50)],
     ["  client half alone", String(result.ask_client_half_cpu_us), String(result.raw_request_cpu_us), (result.ask_client_half_cpu_us / result.raw_request_cpu_us).toFixed(3)],
     ["  actor half alone", String(result.ask_actor_half_cpu_us), String(result.raw_request_cpu_us), (result.ask_actor_half_cpu_us / result.raw_request_cpu_us).toFixed(3)],
     ["durable msgs/s", String(result.tell_per_s), String(result.raw_js_per_s), String(result.tell_over_raw)]
