@@ -3,12 +3,13 @@
  * in the same run.
  *
  * - ask vs raw request/reply: sequential round trips of a small payload, alternating a raw
- *   one (`nc.request`), a bare one (the same echo through one wildcard inbox subscription, with
- *   none of `nc.request`'s per-request promise, timer and `Error`: the transport's own round
- *   trip, `ask_over_bare_p50`), an ask, and each half of an ask alone (the client's, answered
- *   by a plain responder; the actor's, asked by a plain request) in a new seeded order every
- *   round, so all see the same load and none always follows the same other; p50/p99 latency
- *   and this process's CPU per trip (so an ask's cost splits into its client and actor halves).
+ *   one (`nc.request`), a bare one (the same echo asked through `src/runtime/replies.ts`, as
+ *   an ask asks: none of `nc.request`'s per-request promise, timer and `Error`, so the
+ *   transport's own round trip, `ask_over_bare_p50`), an ask, and each half of an ask alone
+ *   (the client's, answered by a plain responder; the actor's, asked by a plain request) in a
+ *   new seeded order every round, so all see the same load and none always follows the same
+ *   other; p50/p99 latency and this process's CPU per trip (so an ask's cost splits into its
+ *   client and actor halves).
  * - tell vs raw JetStream: N messages published with W in flight, consumed and acknowledged
  *   (the actor's durable consumer and handler vs a plain pull consumer that acks), messages/s
  *   from the first publish to the last acknowledgement.
@@ -20,11 +21,12 @@
  * Prints a table and, last, one JSON line. Not a test: nothing here is asserted.
  */
 import { AckPolicy } from "@nats-io/jetstream"
-import { createInbox, nuid } from "@nats-io/transport-node"
+import { nuid } from "@nats-io/transport-node"
 import { Deferred, Effect, Exit, Layer, Schema, Tracer } from "effect"
 import { Rpc, RpcGroup } from "effect/rpc"
 import * as Actor from "../src/runtime/actor.ts"
 import { Nats } from "../src/runtime/nats.ts"
+import { makeReplies } from "../src/runtime/replies.ts"
 import { address } from "../src/runtime/names.ts"
 import { startNode } from "../src/runtime/node.ts"
 import { encodeExitReply, requestHeaders } from "../src/runtime/protocol.ts"
@@ -88,30 +90,21 @@ const program = Effect.gen(function* () {
   const ref = refOf(BenchProtocol, address("bench", "b1"))
 
   // Round trips, alternated so all see the same machine load: a raw request/reply; a bare one
-  // (the same echo asked through one wildcard inbox subscription, as `replies.ts` asks: no
-  // promise, timer or `Error` of nats.js's per request, so the transport's own round trip); an
-  // ask; the ask's client half alone (system.ask answered by a plain responder with a prepared
-  // reply); the ask's actor half alone (a plain request with the ask's bytes and headers).
+  // (the same echo asked through `replies.ts`, as an ask asks: none of nats.js's per-request
+  // promise, timer and `Error`, so the transport's own round trip); an ask; the ask's client
+  // half alone (system.ask answered by a plain responder with a prepared reply); the ask's
+  // actor half alone (a plain request with the ask's bytes and headers).
   const echo = nc.subscribe("bench.raw.echo", { callback: (_e, m) => void m.respond(m.data) })
-  const bareInbox = `${createInbox()}.bare`
-  const bareWaiting = new Map<string, () => void>()
-  const bare = nc.subscribe(`${bareInbox}.*`, { callback: (_e, m) => bareWaiting.get(m.subject.slice(bareInbox.length + 1))?.() })
-  let bareNext = 0
+  const replies = yield* makeReplies(nc)
   const fakeReply = encodeExitReply(BenchProtocol.requests.get("Echo")!, Exit.succeed(8))
   const fake = nc.subscribe(system.layout.ask(address("bench", "fake")), { callback: (_e, m) => void m.respond(fakeReply) })
   const body = JSON.stringify(payload)
+  const bodyBytes = Buffer.from(body)
   const askHeaders = () => requestHeaders("Echo", nuid.next(), undefined, undefined)
   const fakeRef = refOf(BenchProtocol, address("bench", "fake"))
   const parts: Record<"raw" | "bare" | "ask" | "client" | "actor", Effect.Effect<unknown, unknown>> = {
     raw: Effect.promise(() => nc.request("bench.raw.echo", body, { timeout: 5000 })),
-    bare: Effect.callback<void>((resume) => {
-      const token = String(bareNext++)
-      bareWaiting.set(token, () => {
-        bareWaiting.delete(token)
-        resume(Effect.void)
-      })
-      nc.publish("bench.raw.echo", body, { reply: `${bareInbox}.${token}` })
-    }),
+    bare: Effect.callback<void>((resume) => void replies.request("bench.raw.echo", bodyBytes, undefined, 5000, () => resume(Effect.void))),
     ask: system.ask(ref, "Echo", payload),
     client: system.ask(fakeRef, "Echo", payload),
     actor: Effect.promise(() => nc.request(system.layout.ask(ref.address), body, { timeout: 5000, headers: askHeaders() }))
@@ -136,7 +129,6 @@ const program = Effect.gen(function* () {
     }
   }
   echo.unsubscribe()
-  bare.unsubscribe()
   fake.unsubscribe()
   const rawLat = lat.raw
   const askLat = lat.ask
