@@ -104,7 +104,9 @@ const program = Effect.gen(function* () {
   const fakeRef = refOf(BenchProtocol, address("bench", "fake"))
   const parts: Record<"raw" | "bare" | "ask" | "client" | "actor", Effect.Effect<unknown, unknown>> = {
     raw: Effect.promise(() => nc.request("bench.raw.echo", body, { timeout: 5000 })),
-    bare: Effect.callback<void>((resume) => void replies.request("bench.raw.echo", bodyBytes, undefined, 5000, () => resume(Effect.void))),
+    bare: Effect.callback<void>(
+      (resume) => void replies.request("bench.raw.echo", bodyBytes, undefined, 5000, (o) => resume(o._tag === "Reply" ? Effect.void : Effect.die(new Error(`bare request: ${o._tag}`))))
+    ),
     ask: system.ask(ref, "Echo", payload),
     client: system.ask(fakeRef, "Echo", payload),
     actor: Effect.promise(() => nc.request(system.layout.ask(ref.address), body, { timeout: 5000, headers: askHeaders() }))
@@ -185,8 +187,8 @@ const program = Effect.gen(function* () {
   const rows: Array<[string, string, string, string]> = [
     ["round trip p50 (us)", String(result.ask_p50_us), String(result.raw_request_p50_us), String(result.ask_over_raw_p50)],
     ["round trip p99 (us)", String(result.ask_p99_us), String(result.raw_request_p99_us), (result.ask_p99_us / result.raw_request_p99_us).toFixed(3)],
-    ["CPU per round trip (us)", String(result.ask_cpu_us), String(result.raw_request_cpu_us), (result.ask_cpu_us / result.raw_request_cpu_us).toFixed(3)],
     ["bare round trip p50 (us)", String(result.ask_p50_us), String(result.bare_request_p50_us), String(result.ask_over_bare_p50)],
+    ["CPU per round trip (us)", String(result.ask_cpu_us), String(result.raw_request_cpu_us), (result.ask_cpu_us / result.raw_request_cpu_us).toFixed(3)],
     ["  client half alone", String(result.ask_client_half_cpu_us), String(result.raw_request_cpu_us), (result.ask_client_half_cpu_us / result.raw_request_cpu_us).toFixed(3)],
     ["  actor half alone", String(result.ask_actor_half_cpu_us), String(result.raw_request_cpu_us), (result.ask_actor_half_cpu_us / result.raw_request_cpu_us).toFixed(3)],
     ["durable msgs/s", String(result.tell_per_s), String(result.raw_js_per_s), String(result.tell_over_raw)]
