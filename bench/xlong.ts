@@ -128,6 +128,8 @@ interface DeviceProcess {
   readonly problems: Array<string>
   /** Peak RSS while rolling out (until the last outcome) and after. */
   readonly peak: { rollout: number; train: number }
+  /** How it ended, once it has. */
+  readonly exited: Promise<string>
 }
 
 const keep = (xs: Array<string>, x: string, n: number) => {
@@ -142,7 +144,8 @@ const startDevice = (natsUrl: string, run: string, i: number): DeviceProcess => 
     env: { ...process.env, NATS_URL: natsUrl },
     stdio: ["ignore", "ignore", "pipe"]
   })
-  const d: DeviceProcess = { child, tail: [], problems: [], peak: { rollout: 0, train: 0 } }
+  const exited = new Promise<string>((resolve) => child.once("exit", (code, signal) => resolve(signal === null ? `exit code ${code}` : `signal ${signal}`)))
+  const d: DeviceProcess = { child, tail: [], problems: [], peak: { rollout: 0, train: 0 }, exited }
   readline.createInterface({ input: child.stderr! }).on("line", (line) => {
     keep(d.tail, line, 40)
     if (/error|warn|fail/i.test(line)) keep(d.problems, line.slice(0, 400), 10)
@@ -312,7 +315,7 @@ interface Observed {
 }
 
 /** Hosts the run with devices in child processes; samples their memory; returns what it saw, and whether it finished. */
-const hostWithDevices = (config: RunConfig, devices: Array<DeviceProcess>, observed: Observed) =>
+const hostWithDevices = (config: RunConfig, devices: Array<DeviceProcess>, observed: Observed, wire: Wire) =>
   Effect.gen(function* () {
     const system = yield* ActorSystem
     const names = rlLayout(config.run)
@@ -340,8 +343,22 @@ const hostWithDevices = (config: RunConfig, devices: Array<DeviceProcess>, obser
         observed.trainS = elapsed()
       }
     })
-    return yield* hosted.pipe(Effect.timeoutOption(Duration.minutes(f["timeout-min"])))
+    // A device process that exits ends the wait: the run cannot go on without it.
+    const deviceExit = Effect.promise(() => Promise.race(devices.map((d, i) => d.exited.then((how) => `device process ${i} ended (${how}); its last lines:\n  ${d.tail.slice(-12).join("\n  ")}`))))
+    const progress = setInterval(() => console.log(progressLine(observed, devices, wire)), 60_000)
+    yield* Effect.addFinalizer(() => Effect.sync(() => clearInterval(progress)))
+    return yield* Effect.raceFirst(
+      hosted.pipe(
+        Effect.timeoutOption(Duration.minutes(f["timeout-min"])),
+        Effect.map((h) => (Option.isSome(h) ? { done: true as const } : { done: false as const, why: `no run-done within --timeout-min ${f["timeout-min"]}` }))
+      ),
+      deviceExit.pipe(Effect.map((why) => ({ done: false as const, why })))
+    )
   })
+
+/** One line of how far the run is, every minute. */
+const progressLine = (o: Observed, devices: ReadonlyArray<DeviceProcess>, wire: Wire) =>
+  `[${elapsed().toFixed(0)} s] ${stoppedIn(o)}: ${wire.generates} Generate asks, ${o.outcomes}/${EXECUTIONS} outcomes; device RSS ${devices.map((d) => Math.round(memoryOf(d.child.pid!).rss / MB)).join(", ")} MB`
 
 /** The stage a run that did not finish stopped in. */
 const stoppedIn = (o: Observed) => (o.outcomes < EXECUTIONS ? "rollout" : o.metrics === undefined ? "train" : "publish")
@@ -362,16 +379,16 @@ const main = Effect.gen(function* () {
   const setupS = elapsed()
   resetPeak()
   const observed: Observed = { outcomes: 0, rolloutS: undefined, metrics: undefined, trainS: undefined }
-  const hosted = yield* Effect.scoped(hostWithDevices(config, devices, observed))
+  const hosted = yield* Effect.scoped(hostWithDevices(config, devices, observed, tap.wire))
   const runS = elapsed()
   const gatewayPeak = memoryOf("self").hwm
   tap.stop()
-  const problems = Option.isNone(hosted) ? { stage: stoppedIn(observed), dead: yield* deadLetters(nats, run), devices: devices.flatMap((d) => d.problems) } : undefined
+  const problems = hosted.done ? undefined : { stage: stoppedIn(observed), why: hosted.why, dead: yield* deadLetters(nats, run) }
   yield* Effect.promise(() => Promise.all(devices.map(stopDevice)))
   const trajectories = yield* readTrajectories(system)
   const stored = yield* storedSizes(nats, run)
   const audit = yield* auditRun(system, EXECUTIONS)
-  const trees = Option.isSome(hosted) ? yield* checkTrees(system, config) : undefined
+  const trees = hosted.done ? yield* checkTrees(system, config) : undefined
   const stats = [...trajectories.executions.values()].map((t) => ({ stats: executionStats(t.decoder.tree), bytes: t.decoder.tree.byteSize, outcome: t.outcome, rejected: t.rejected.length }))
   const longest = Math.max(0, ...stats.map((s) => s.stats.depth))
   const attention4k = yield* attentionRate(model, 4096)
@@ -419,7 +436,7 @@ interface Figures {
   readonly stats: ReadonlyArray<{ readonly stats: ExecutionStats; readonly bytes: number; readonly outcome: ExecutionOutcome | undefined; readonly rejected: number }>
   readonly audit: RunAudit
   readonly trees: TreeCheck | undefined
-  readonly problems: { readonly stage: string; readonly dead: ReadonlyArray<string>; readonly devices: ReadonlyArray<string> } | undefined
+  readonly problems: { readonly stage: string; readonly why: string; readonly dead: ReadonlyArray<string> } | undefined
   readonly attention4k: Attention
   readonly attentionLong: Attention
   readonly malformed: number
@@ -475,17 +492,20 @@ const report = (r: Figures) => {
   const rolled = o.rolloutS !== undefined
   row("rollout", o.rolloutS, rolled && j.refusals === 0 ? "ok" : "FAILED", `${j.calls} calls, ${j.unique_tokens} distinct / ${j.total_tokens} tokens (dedup ${j.dedup_ratio}), longest context ${j.max_context_tokens}; cached ${j.cached_fraction} outside compactions; ${j.full_resends} full resends (${r.wire.fullResendTokens} tokens), ${r.wire.generates} Generate asks; ${j.refusals} refused${first === undefined ? "" : ` (first: ${first})`}; scores ${r.stats.map((s) => s.outcome?.score ?? "-").join(" ")}`)
   row("record", o.rolloutS, r.malformed === 0 && sum(r.stats.map((s) => s.rejected)) === 0 ? "ok" : "FAILED", `${r.stored.records} call records, max ${j.record_max_bytes} B, mean ${j.record_mean_bytes} B (target max <= 65536); ${r.malformed} malformed, ${sum(r.stats.map((s) => s.rejected))} rejected; tree ${j.tree_bytes_per_token} B/token`)
-  row("train", o.trainS, m !== undefined ? "ok" : "FAILED", m === undefined ? "no step metrics" : `${m.tokensTrained} tokens trained in ${m.microBatches} micro-batches (${j.train_tokens_per_s} tree tokens/s of compute), loss ${m.loss.toFixed(4)}, executions trained twice ${j.trained_twice}`)
+  const generated = sum(r.stats.map((s) => s.stats.generatedTokens))
+  const trainedAll = m !== undefined && (f.mode === "exact" ? m.tokensTrained === generated : m.tokensTrained > 0)
+  row("train", o.trainS, trainedAll ? "ok" : "FAILED", m === undefined ? "no step metrics" : `${m.tokensTrained} of ${generated} generated tokens trained in ${m.microBatches} micro-batches (${j.train_tokens_per_s} tree tokens/s of compute), loss ${m.loss.toFixed(4)}, executions trained twice ${j.trained_twice}`)
   row("publish", r.runS, r.problems === undefined ? "ok" : "FAILED", m === undefined ? "-" : `weights v${m.version} published in ${m.publishMs} ms`)
   row("replay", undefined, r.trees !== undefined && r.trees.mismatches.length === 0 ? "ok" : "FAILED", r.trees === undefined ? "not run" : `${r.trees.executions} trees, ${r.trees.microBatches} micro-batches re-planned, ${r.trees.mismatches.length} mismatches`)
   console.log(`messages: largest on the wire ${r.wire.maxBytes} B (${r.wire.maxSubject}), in the streams ${r.stored.maxBytes} B (${r.stored.maxSubject}); target <= 1048576`)
   console.log(`memory: gateway ${j.peak_rss_mb.gateway} MB, device ${j.peak_rss_mb.device} MB, trainer ${j.peak_rss_mb.trainer} MB (peak RSS)`)
   console.log(`attention: ${j.attention_pairs_per_s_4k} pairs/s at 4096 tokens, ${j.attention_pairs_per_s_long} at ${r.attentionLong.tokens} (${r.attentionLong.seconds.toFixed(1)} s)`)
   if (r.problems !== undefined) {
-    console.log(`STOPPED in ${r.problems.stage} after ${f["timeout-min"]} min`)
+    console.log(`STOPPED in ${r.problems.stage}: ${r.problems.why}`)
     for (const d of r.problems.dead) console.log(`  dead letter: ${d}`)
-    for (const p of r.problems.devices) console.log(`  device: ${p}`)
   }
+  // What the devices logged as an error or warning (a stage that failed without stopping the run says why here).
+  for (const [i, d] of r.devices.entries()) for (const p of d.problems) console.log(`device ${i}: ${p}`)
   console.log(JSON.stringify(j))
 }
 
