@@ -44,7 +44,7 @@ import { UsageError, parseConfigured, type Command, type Flags } from "./args.ts
 import { embeddedNats } from "./auth.ts"
 import { checkCheckpoint, checkSuite, checkTasks } from "./checks.ts"
 import { parseEnv } from "./eval.ts"
-import { evaluate, evaluationConcurrency, parseTaskList } from "./evaluate.ts"
+import { evaluate, evaluationConcurrency, heldoutGain, parseTaskList } from "./evaluate.ts"
 import { followRun, RunProgress } from "./progress.ts"
 import { checkKvFlags, kvFlags } from "./kv.ts"
 import { hostRun } from "./run-host.ts"
@@ -201,7 +201,8 @@ export const runTraining = (f: TrainFlags, command = "train") => {
       })
     )
     const after = yield* score(result.checkpoint, "heldout-after")
-    log(`held-out after:  ${after.meanScore.toFixed(3)} (before ${before.meanScore.toFixed(3)})`)
+    const gain = heldoutGain(before.tasks, after.tasks)
+    log(`held-out after:  ${after.meanScore.toFixed(3)} (before ${before.meanScore.toFixed(3)}: ${gainText(gain.gain, gain.ci95)} points)`)
     const audit = yield* auditRun(result.system, config.policyConfig.executions_per_step)
     const report = nats.url === undefined ? path.join(store, "report.html") : path.join(repoRoot, ".gyre", "reports", `${run}.html`)
     fs.mkdirSync(path.dirname(report), { recursive: true })
@@ -214,6 +215,9 @@ export const runTraining = (f: TrainFlags, command = "train") => {
       run_s: round(result.runS, 1),
       heldout_before: round(before.meanScore),
       heldout_after: round(after.meanScore),
+      heldout_tasks: heldout.length,
+      heldout_gain: round(gain.gain),
+      heldout_gain_ci95: gain.ci95 === null ? null : round(gain.ci95),
       train_scores: audit.steps.map((s) => round(s.meanScore)),
       devices: audit.cells,
       switches: audit.switches,
@@ -236,14 +240,18 @@ export const TRAIN_KINDS = ["device", "gateway", "harness-runner", "scheduler", 
 
 export type TrainSummary = Effect.Success<ReturnType<typeof runTraining>>
 
+/** A gain in points with its 95% half-width: `+11.2 +- 2.4` (no interval under 2 tasks). */
+export const gainText = (gain: number, ci95: number | null) => `${gain >= 0 ? "+" : ""}${(100 * gain).toFixed(1)}${ci95 === null ? "" : ` +- ${(100 * ci95).toFixed(1)}`}`
+
 /** The human-readable end of a run (the JSON line follows it). */
 export const summaryLines = (s: TrainSummary): Array<string> => [
   `held-out mean score: ${s.heldout_before.toFixed(3)} before, ${s.heldout_after.toFixed(3)} after ${s.steps} steps of ${s.policy} (${s.run_s} s of training, ${s.wall_s} s in all)`,
+  `held-out gain: ${gainText(s.heldout_gain, s.heldout_gain_ci95)} points on ${s.heldout_tasks} tasks (95% interval, paired over the tasks)`,
   `train score by step: ${s.train_scores.map((x) => x.toFixed(2)).join(" ")}`,
   `${s.switches} role switches: ${s.reprefill_tokens} tokens prefilled again, ${s.kv_handoff_bytes} KV bytes handed off`,
   `executions lost ${s.executions_lost}, trained twice ${s.trained_twice}, stale tokens dropped ${s.stale_dropped}`,
   `checkpoint ${s.checkpoint}; the run's store ${s.store}`,
-  `report ${s.report}`
+  `report ${s.report}: one self-contained page, open file://${s.report} in a browser (on another machine: copy the file first)`
 ]
 
 /** `--from-export DIR`: the step trained offline (src/replay/from-export.ts); exit 1 when the live checkpoint differs. */
