@@ -57,6 +57,7 @@ import type { ExecutionOutcome } from "../src/tree/outcome.ts"
 import { executionStats, type ExecutionStats } from "../src/tree/stats.ts"
 import { configFrom } from "../suites/long/world.mjs"
 import { atLeast, benchFlags, refuse } from "./flags.ts"
+import { printResult } from "./results.ts"
 
 const BENCH = "bench:xlong"
 const f = benchFlags(BENCH, "extremely long executions of the long suite through gateway, devices, JetStream, trainer and weights", {
@@ -506,7 +507,7 @@ const report = (r: Figures) => {
   }
   // What the devices logged as an error or warning (a stage that failed without stopping the run says why here).
   for (const [i, d] of r.devices.entries()) for (const p of d.problems) console.log(`device ${i}: ${p}`)
-  console.log(JSON.stringify(j))
+  printResult(BENCH, j)
 }
 
 await Effect.runPromise(
