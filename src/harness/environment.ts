@@ -23,6 +23,9 @@ export const baseEnv = (): Record<string, string> => {
   return env
 }
 
+/** The gateway's base URL as Anthropic's clients take it: without the trailing `/v1`. */
+export const anthropicBaseUrl = (baseUrl: string) => baseUrl.replace(/\/v1\/?$/, "")
+
 /**
  * The variables that point a harness's model clients at the gateway with the execution's key:
  * OpenAI's (`OPENAI_BASE_URL` ends in `/v1`, as the OpenAI SDK and Responses-API CLIs expect)
@@ -33,7 +36,7 @@ export const baseEnv = (): Record<string, string> => {
 export const gatewayEnv = (baseUrl: string, key: string): Record<string, string> => ({
   OPENAI_BASE_URL: baseUrl,
   OPENAI_API_KEY: key,
-  ANTHROPIC_BASE_URL: baseUrl.replace(/\/v1\/?$/, ""),
+  ANTHROPIC_BASE_URL: anthropicBaseUrl(baseUrl),
   ANTHROPIC_API_KEY: key,
   ANTHROPIC_AUTH_TOKEN: key
 })
