@@ -16,12 +16,13 @@ import type { RpcGroup } from "effect/rpc"
 import * as Actor from "../runtime/actor.ts"
 import { makeCallRecorder } from "../gateway/call-recorder.ts"
 import { makeCallRouter } from "../gateway/call-router.ts"
-import { openAiRoutes, type Generate } from "../gateway/endpoints.ts"
+import { chatTurns, type Generate } from "../gateway/chat-turn.ts"
+import { openAiRoutes } from "../gateway/endpoints.ts"
 import { serveHttp, type HttpLimits } from "../gateway/http.ts"
 import { recentCalls } from "../gateway/recent-calls.ts"
 import { makeSessions, roleOf } from "../gateway/sessions.ts"
 import { watchWorkers } from "../gateway/worker-directory.ts"
-import type { ChatFormat } from "../openai/chat.ts"
+import { gyreChat, type ChatFormat } from "../openai/chat.ts"
 import { GatewayProtocol, UnknownExecution } from "../protocols/gateway.ts"
 import { readiness } from "../gateway/probes.ts"
 import { ensureTrajectoryStream } from "../protocols/layout.ts"
@@ -101,6 +102,9 @@ export const gateway = (config: GatewayConfig = {}) =>
             return result
           })
 
+        const chat = config.chat ?? gyreChat
+        const turns = chatTurns({ chat, defaultMaxTokens: config.defaultMaxTokens ?? 512, maxContextTokens: config.maxContextTokens, generate })
+
         // HTTP server: requests run as fibers of this incarnation, drained when it stops.
         const host = config.host ?? "127.0.0.1"
         const server = yield* serveHttp({
@@ -109,14 +113,7 @@ export const gateway = (config: GatewayConfig = {}) =>
           ...(config.limits === undefined ? {} : { limits: config.limits }),
           probes: readiness(system, directory),
           authenticate: sessions.authenticate,
-          routeOf: openAiRoutes({
-            model,
-            servingSince: Math.floor(Date.now() / 1000),
-            defaultMaxTokens: config.defaultMaxTokens ?? 512,
-            maxContextTokens: config.maxContextTokens,
-            generate,
-            ...(config.chat === undefined ? {} : { chat: config.chat })
-          })
+          routeOf: openAiRoutes({ model, servingSince: Math.floor(Date.now() / 1000), maxContextTokens: config.maxContextTokens, generate, turns, chat })
         })
         const baseUrl = `http://${config.advertiseHost ?? host}:${server.port}/v1`
         yield* Effect.logInfo(`gateway ${ctx.address.id}: serving ${baseUrl} (model ${model})`)
