@@ -48,6 +48,7 @@ import { rlLayout } from "../src/protocols/layout.ts"
 import type { StepMetrics } from "../src/protocols/scheduler.ts"
 import { readTrajectories } from "../src/protocols/trajectories.ts"
 import { checkTrees, type TreeCheck } from "../src/replay/trees.ts"
+import { DEFAULT_KV_BLOCKS, KV_BLOCK_TOKENS } from "../src/serving/rollout-role.ts"
 import { Nats, type NatsShape } from "../src/runtime/nats.ts"
 import { repoRoot } from "../src/runtime/nats-server.ts"
 import { readStored } from "../src/runtime/stream-reader.ts"
@@ -66,6 +67,7 @@ const f = benchFlags(BENCH, "extremely long executions of the long suite through
   devices: { kind: "integer", doc: "device processes (each `gyre node --devices 1`)", default: 1 },
   env: { kind: "string", doc: "more suite knobs, KEY=VALUE,... (LONG_WINDOW, LONG_CALLS, LONG_TOOL_TOKENS, ...)", default: "" },
   "micro-batch-tokens": { kind: "integer", doc: "the trainer's micro-batch budget (gyre train --micro-batch-tokens)", default: 4096 },
+  "kv-blocks": { kind: "integer", doc: "KV-cache blocks of 16 tokens per device (default: 1.25 x the suite's window, at least gyre train's default)" },
   "kv-dtype": { kind: "string", doc: "how the devices' KV caches store K and V", default: "f32", choices: ["f32", "f16"] },
   mode: { kind: "string", doc: "exact tree training or bounded dedup sampling", default: "exact", choices: ["exact", "sampled"] },
   checkpoint: { kind: "string", doc: "initial weights (default: random tiny-long, or tiny with its positions raised to the window)" },
@@ -93,6 +95,8 @@ const LONG = (() => {
   }
 })()
 
+/** Room for the longest context the script keeps and its branches' cached contexts. */
+const KV_BLOCKS = atLeast(BENCH, "kv-blocks", f["kv-blocks"] ?? Math.max(DEFAULT_KV_BLOCKS, Math.ceil((1.25 * (LONG.window + LONG.outputTokens)) / KV_BLOCK_TOKENS)), 1)
 const MB = 1024 * 1024
 const RUN = `xlong-${Date.now().toString(36)}`
 const sum = (xs: ReadonlyArray<number>) => xs.reduce((a, b) => a + b, 0)
@@ -304,7 +308,7 @@ const runConfig = (run: string, checkpoint: string, checkpointDir: string): RunC
   const env = Object.entries(ENV).map(([k, v]) => `${k}=${v}`).join(",")
   const argv = ["--suite", "long", "--steps", "1", "--executions-per-step", String(EXECUTIONS), "--group-size", String(EXECUTIONS), "--slots", String(EXECUTIONS)]
   argv.push("--credit", "call", "--ppo-epochs", "1", "--lr-warmup", "0", "--checkpoint-every", "1", "--mode", f.mode, "--kv-dtype", f["kv-dtype"])
-  argv.push("--micro-batch-tokens", String(f["micro-batch-tokens"]), "--env", env)
+  argv.push("--micro-batch-tokens", String(f["micro-batch-tokens"]), "--kv-blocks", String(KV_BLOCKS), "--env", env)
   return runConfigOf(parseFlagsAs(BENCH, trainFlags, argv), run, checkpoint, checkpointDir)
 }
 
@@ -487,7 +491,7 @@ const report = (r: Figures) => {
   const m = o.metrics
   const first = r.stats.map((s) => detailsOf(s.outcome?.detail).first_refusal).find((x) => x !== undefined)
   const row = (stage: string, seconds: number | undefined, status: string, figures: string) => console.log(`${stage.padEnd(8)} ${(seconds === undefined ? "-" : seconds.toFixed(1)).padStart(8)} s  ${status.padEnd(6)} ${figures}`)
-  console.log(`bench:xlong: ${EXECUTIONS} execution(s) of long/train-0 at scale ${f.scale} (${LONG.calls} main calls, window ${LONG.window}, tool outputs ~${LONG.toolTokens} tokens), ${DEVICES} device process(es), micro-batches of ${f["micro-batch-tokens"]} tokens`)
+  console.log(`bench:xlong: ${EXECUTIONS} execution(s) of long/train-0 at scale ${f.scale} (${LONG.calls} main calls, window ${LONG.window}, tool outputs ~${LONG.toolTokens} tokens), ${DEVICES} device process(es), micro-batches of ${f["micro-batch-tokens"]} tokens, KV pools of ${KV_BLOCKS} blocks`)
   console.log(`${"stage".padEnd(8)} ${"at".padStart(8)}    status figures`)
   row("setup", r.setupS, "ok", `checkpoint, embedded nats-server, ${DEVICES} device process(es) started`)
   const rolled = o.rolloutS !== undefined
