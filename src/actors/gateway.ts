@@ -25,6 +25,7 @@ import type { ChatFormat } from "../openai/chat.ts"
 import { GatewayProtocol, UnknownExecution } from "../protocols/gateway.ts"
 import { readiness } from "../gateway/probes.ts"
 import { ensureTrajectoryStream } from "../protocols/layout.ts"
+import type { Sampling } from "../tree/record.ts"
 
 export interface GatewayConfig {
   /** Interface to listen on (default 127.0.0.1). */
@@ -51,6 +52,8 @@ export interface GatewayConfig {
   readonly generateTimeoutMs?: number
   /** The served model's tokenizer and chat template (default Gyre's; `chatFormatOf(checkpoint)`). */
   readonly chat?: ChatFormat
+  /** A training run's sampling, replacing each request's temperature and top_p (default: the request's). */
+  readonly sampling?: Sampling
 }
 
 /** The gateway actor type for a configuration. */
@@ -91,6 +94,7 @@ export const gateway = (config: GatewayConfig = {}) =>
               output: result.output,
               logprobs: result.logprobs,
               versions: result.versions,
+              sampling: { temperature: sampling.temperature, topP: sampling.topP },
               finishReason: result.finishReason === "cancelled" ? "cancelled" : finishReason,
               startedAt: call.startedAt,
               finishedAt: Date.now(),
@@ -115,6 +119,7 @@ export const gateway = (config: GatewayConfig = {}) =>
             defaultMaxTokens: config.defaultMaxTokens ?? 512,
             maxContextTokens: config.maxContextTokens,
             generate,
+            sampling: config.sampling,
             ...(config.chat === undefined ? {} : { chat: config.chat })
           })
         })

@@ -34,6 +34,7 @@ import {
 } from "../openai/openai.ts"
 import type { ChatMessage } from "../openai/messages.ts"
 import type { SamplingParams, StepTokens } from "../protocols/rollout.ts"
+import type { Sampling } from "../tree/record.ts"
 import type { CallResult } from "./call-router.ts"
 import { eventStream, sendJson, type HttpCall, type Methods } from "./http.ts"
 import type { Session } from "./sessions.ts"
@@ -63,6 +64,12 @@ export interface EndpointsOptions {
   readonly generate: Generate
   /** The model's tokenizer and chat template (default Gyre's byte-level ones). */
   readonly chat?: ChatFormat
+  /**
+   * A training run's sampling: it replaces the request's `temperature` and `top_p`, so every
+   * call's tokens come from the distribution the trainer corrects for. Unset (`gyre serve`):
+   * the request's.
+   */
+  readonly sampling?: Sampling | undefined
 }
 
 
@@ -112,8 +119,8 @@ export const openAiRoutes = (options: EndpointsOptions) => {
     stops: ReadonlyArray<ReadonlyArray<number>>
   ): SamplingParams => ({
     maxTokens: maxTokens ?? req.max_tokens ?? options.defaultMaxTokens,
-    temperature: req.temperature ?? 1,
-    topP: req.top_p ?? 1,
+    temperature: options.sampling?.temperature ?? req.temperature ?? 1,
+    topP: options.sampling?.topP ?? req.top_p ?? 1,
     seed: req.seed ?? null,
     stop: stops.map((s) => Int32Array.from(s))
   })
