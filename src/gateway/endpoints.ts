@@ -8,8 +8,10 @@
  *
  * A chat request is rendered to tokens with the model's chat format (`options.chat`: Gyre's
  * byte-level template, `../openai/chat.ts`, or a checkpoint's own, `../openai/hf-chat.ts`;
- * both use the execution's remembered assistant turns token-exact); streamed text is only ever a
- * prefix of the final text (stop strings and tool calls held back until decided).
+ * both use the execution's remembered assistant turns token-exact), counted with the model's
+ * tokenizer against `maxContextTokens` without blocking the event loop (`../openai/prompt.ts`);
+ * streamed text is only ever a prefix of the final text (stop strings and tool calls held back
+ * until decided).
  */
 import { nuid } from "@nats-io/transport-node"
 import { Effect } from "effect"
@@ -32,7 +34,7 @@ import {
   type TokenLogprob,
   type Usage
 } from "../openai/openai.ts"
-import type { ChatMessage } from "../openai/messages.ts"
+import { promptWithin, type PromptPiece } from "../openai/prompt.ts"
 import type { SamplingParams, StepTokens } from "../protocols/rollout.ts"
 import type { Sampling } from "../tree/record.ts"
 import type { CallResult } from "./call-router.ts"
@@ -73,23 +75,6 @@ export interface EndpointsOptions {
 }
 
 
-/**
- * Fewer tokens than the chat template can render `messages` in: the byte-level tokenizer
- * (`../engine/tokenizer.ts`) gives each byte of text a token, and each message at least its
- * role and end markers. A tokenizer with merges (BPE) needs bytes / its longest token here.
- */
-const chatTokensAtLeast = (messages: ReadonlyArray<ChatMessage>): number => {
-  let n = 2 // begin-of-text, then the assistant marker that ends the prompt
-  for (const m of messages) {
-    n += 2
-    if (m.role === "assistant") continue // may render from remembered tokens
-    const c = m.content
-    if (typeof c === "string") n += Buffer.byteLength(c)
-    else for (const part of c) n += Buffer.byteLength(part.text)
-  }
-  return n
-}
-
 const stopsOf = (stop: string | ReadonlyArray<string> | null | undefined): Array<string> =>
   (stop === null || stop === undefined ? [] : typeof stop === "string" ? [stop] : stop).filter((s) => s !== "")
 
@@ -103,12 +88,6 @@ export const openAiRoutes = (options: EndpointsOptions) => {
   const endOfText = chatFormat.eosIds.map((id) => [id])
   const logprobsOf = (tokens: ArrayLike<number>, logprobs: ArrayLike<number>): Array<TokenLogprob> =>
     Array.from(tokens, (t, i) => ({ token: tokenText(t, tokenizer), logprob: logprobs[i]!, bytes: tokenizer.tokenBytes(t), top_logprobs: [] }))
-
-  /** Fails at once when the prompt cannot fit: before tokenising (`atLeast`) and after. */
-  const checkLength = (tokens: number, param: string, atLeast: boolean) => {
-    const limit = options.maxContextTokens
-    return limit !== undefined && tokens >= limit ? Effect.fail(contextLengthExceeded(limit, tokens, param, atLeast)) : Effect.void
-  }
 
   const unknownModel = (name: string) =>
     apiError(404, `The model '${name}' does not exist. This gateway serves '${model}'.`, { param: "model", code: "model_not_found" })
@@ -130,11 +109,11 @@ export const openAiRoutes = (options: EndpointsOptions) => {
       const req = yield* decodeBody(ChatCompletionRequest, body)
       if (req.model !== model) return yield* Effect.fail(unknownModel(req.model))
       const messages = yield* decodeMessages(body)
-      yield* checkLength(chatTokensAtLeast(messages), "messages", true)
       const tools = req.tools ?? []
       const withTools = tools.length > 0 && req.tool_choice !== "none"
-      const prompt = chatFormat.render(messages, tools, call.session.turns)
-      yield* checkLength(prompt.length, "messages", false)
+      const prompt = yield* chatFormat.prompt(messages, tools, call.session.turns, options.maxContextTokens).pipe(
+        Effect.mapError((e) => contextLengthExceeded(e.limit, e.tokens, "messages", e.atLeast))
+      )
       const stops = stopsOf(req.stop)
       const sampling = samplingOf(req, req.max_completion_tokens, [...(req.ignore_eos === true ? [] : endOfTurn), ...stops.map(encode)])
       const id = `chatcmpl-${nuid.next()}`
@@ -187,12 +166,13 @@ export const openAiRoutes = (options: EndpointsOptions) => {
       if (req.model !== model) return yield* Effect.fail(unknownModel(req.model))
       const p = req.prompt
       const first = Array.isArray(p) ? p[0] : p
-      const prompt =
+      const pieces: Array<PromptPiece> =
         typeof first === "string"
-          ? Int32Array.from([...(chatFormat.bos === undefined ? [] : [chatFormat.bos]), ...encode(first)])
-          : Int32Array.from(Array.isArray(first) ? (first as ReadonlyArray<number>) : (p as ReadonlyArray<number>))
-      // Bodies are bounded (HTTP limits), so the text is tokenised before its length is checked.
-      yield* checkLength(prompt.length, "prompt", false)
+          ? [chatFormat.bos === undefined ? [] : [chatFormat.bos], first]
+          : [Array.isArray(first) ? (first as ReadonlyArray<number>) : (p as ReadonlyArray<number>)]
+      const prompt = yield* promptWithin(tokenizer, pieces, options.maxContextTokens).pipe(
+        Effect.mapError((e) => contextLengthExceeded(e.limit, e.tokens, "prompt", e.atLeast))
+      )
       const bad = prompt.findIndex((t) => t >= tokenizer.vocabSize)
       if (bad >= 0) return yield* Effect.fail(apiError(400, `Invalid token id ${prompt[bad]} in 'prompt': ids are below ${tokenizer.vocabSize}.`, { param: "prompt" }))
       const stops = stopsOf(req.stop)
