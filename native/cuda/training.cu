@@ -264,6 +264,10 @@ extern "C" gyre_status be_train_backward(be_trainer *t, const train_batch *b, co
     GYRE_CHECK(forest_attention_backward(ctx, acts->dqkv, acts->datt, io->qkv, io->att, io->lse, acts->dsum, t->mask, t->tiles,
                                          T, d));
     GYRE_CHECK(rope(ctx, acts->dqkv, t->dev_positions, m->rope_cos, m->rope_sin, T, d, 1));
+    if (o->qnorm >= 0)
+      GYRE_CHECK(head_rmsnorm_backward(ctx, acts->dqkv, g + o->qnorm, g + o->knorm, io->qk_raw, w + o->qnorm, w + o->knorm,
+                                       io->qk_rstd, T, d));
+    if (o->bqkv >= 0) GYRE_CHECK(bias_backward(ctx, g + o->bqkv, acts->dqkv, T, d->qkv_dim));
     GYRE_CHECK(gemm(ctx, d->qkv_dim, D, T, acts->dqkv, d->qkv_dim, 1, io->h1, D, 0, g + o->wqkv, D, 1));
     GYRE_CHECK(gemm(ctx, T, D, d->qkv_dim, acts->dqkv, d->qkv_dim, 0, w + o->wqkv, D, 0, acts->dh, D, 0));
     GYRE_CHECK(rmsnorm_backward(ctx, acts->dres, g + o->ln_in, acts->dh, io->x_in, w + o->ln_in, io->rstd1, T, D));

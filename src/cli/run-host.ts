@@ -81,7 +81,7 @@ export const hostRun = (o: HostRunOptions) =>
       const node = yield* startNode({
         name: "main",
         types: [
-          device({ checkpoint: o.config.checkpoint, kvDtype: o.config.kvDtype, maxBatch: 64, scheduler: formatAddress(schedulerAddress), training: trainingRoleFor(o.config), threads }),
+          device({ checkpoint: o.config.checkpoint, kvDtype: o.config.kvDtype, numBlocks: o.config.kvBlocks, maxBatch: 64, scheduler: formatAddress(schedulerAddress), training: trainingRoleFor(o.config), threads }),
           gateway({ port: 0, chat, sampling: runSampling(o.config) }),
           makeHarnessRunner({
             suitesDir: o.suitesDir,

@@ -95,6 +95,8 @@ export const RunConfig = Schema.Struct({
   checkpoint: Schema.String,
   /** How the devices' KV caches store K and V (absent: f32; f16 halves the memory and the hand-off bytes). */
   kvDtype: Schema.optional(Schema.Literals(["f32", "f16"])),
+  /** KV-cache blocks of 16 tokens per device (absent: 4096, 65,536 tokens): the longest context a device holds. */
+  kvBlocks: Schema.optional(Positive),
   /** Where checkpoints are written (`<dir>/step-<k>`). */
   checkpointDir: Schema.String,
   /** Wall clock (ms since the epoch) of the run's start: the policy's `at` counts from it. */
