@@ -15,7 +15,7 @@ import { Result, Schema } from "effect"
 import { DeltaDecoder } from "../src/tree/decoder.ts"
 import { DeltaEncoder } from "../src/tree/encoder.ts"
 import { packMicroBatches } from "../src/tree/pack.ts"
-import { CallRecordJson, type ModelCall } from "../src/tree/record.ts"
+import { CallRecordJson, type ModelCall, untempered } from "../src/tree/record.ts"
 import { mulberry32 } from "../src/tree/sample.ts"
 import { executionStats, type ExecutionStats } from "../src/tree/stats.ts"
 import { stepUnits } from "../src/tree/units.ts"
@@ -71,6 +71,7 @@ function* syntheticCalls(seed: number, scale: number): Generator<ModelCall> {
         output,
         logprobs: Float32Array.from(output, () => -3 * random()),
         versions: new Int32Array(outputLength).fill(version),
+        sampling: untempered,
         finishReason: "tool_calls",
         startedAt: index * 1000,
         finishedAt: index * 1000 + 800,

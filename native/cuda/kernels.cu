@@ -193,13 +193,17 @@ __global__ void swiglu_backward_k(float *__restrict__ dgu, const float *__restri
 }
 
 __global__ void __launch_bounds__(ROW_THREADS)
-    logits_stats_k(float *__restrict__ lse, float *__restrict__ entropy, const float *__restrict__ logits, int V) {
+    logits_stats_k(float *__restrict__ lse, float *__restrict__ entropy, float *__restrict__ logits, int V, float scale) {
   __shared__ float redf[32];
   __shared__ double redd[32];
   const size_t t = blockIdx.x;
-  const float *z = logits + t * V;
+  float *z = logits + t * V;
   float max = -INFINITY;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) max = fmaxf(max, z[v]);
+  /* each thread scales the elements it alone reads below */
+  for (int v = threadIdx.x; v < V; v += blockDim.x) {
+    if (scale != 1.0f) z[v] *= scale;
+    max = fmaxf(max, z[v]);
+  }
   max = block_max(max, redf);
   double sum = 0.0, wsum = 0.0;
   for (int v = threadIdx.x; v < V; v += blockDim.x) {
@@ -399,9 +403,9 @@ gyre_status swiglu_backward(exec_ctx *ctx, float *dgu, const float *dact, const 
   return GYRE_OK;
 }
 
-gyre_status logits_stats(exec_ctx *ctx, float *lse, float *entropy, const float *logits, int T, int V) {
+gyre_status logits_stats(exec_ctx *ctx, float *lse, float *entropy, float *logits, int T, int V, float scale) {
   if (T <= 0) return GYRE_OK;
-  LAUNCH(T, ROW_THREADS, 0, ctx->stream, logits_stats_k)(lse, entropy, logits, V);
+  LAUNCH(T, ROW_THREADS, 0, ctx->stream, logits_stats_k)(lse, entropy, logits, V, scale);
   CU_LAUNCHED();
   return GYRE_OK;
 }

@@ -51,7 +51,7 @@ gyre_status swiglu_forward(exec_ctx *ctx, float *act, const float *gu, int T, in
 gyre_status swiglu_backward(exec_ctx *ctx, float *dgu, const float *dact, const float *gu, int T, int F);
 
 /* Per row of logits[T,V]: lse[t] = logsumexp, entropy[t] of the softmax (double sums). */
-gyre_status logits_stats(exec_ctx *ctx, float *lse, float *entropy, const float *logits, int T, int V);
+gyre_status logits_stats(exec_ctx *ctx, float *lse, float *entropy, float *logits, int T, int V, float scale);
 /* logp[i] = logits[parents[i], tokens[i]] - lse[parents[i]], ent[i] = entropy[parents[i]];
  * NaN for roots. */
 gyre_status token_logprobs(exec_ctx *ctx, float *logp, float *ent, const float *logits, const float *lse,

@@ -141,7 +141,7 @@ extern "C" gyre_status be_train_forward(be_trainer *t, const train_batch *b, flo
   for (int l = 0; l < d->L; l++) GYRE_CHECK(layer_forward(m, ctx, l, T, t->dev_positions, &acts->io[l], attend_forest, &arg));
   GYRE_CHECK(rmsnorm_forward(ctx, acts->hf, acts->rstdf, acts->x_final, m->w + m->lay->norm_f, T, d->D, d->eps));
   GYRE_CHECK(gemm(ctx, T, d->V, d->D, acts->hf, d->D, 0, m->w + m->lay->lm_head, d->D, 1, acts->logits, d->V, 0));
-  GYRE_CHECK(logits_stats(ctx, acts->lse_rows, acts->entropy_rows, acts->logits, T, d->V));
+  GYRE_CHECK(logits_stats(ctx, acts->lse_rows, acts->entropy_rows, acts->logits, T, d->V, b->inv_temperature));
   GYRE_CHECK(token_logprobs(ctx, t->token_out, t->token_out + T, acts->logits, acts->lse_rows, acts->entropy_rows,
                             t->dev_tokens, t->dev_parents, T, d->V));
   CU(cudaMemcpyAsync(logp_host, t->token_out, sizeof(float) * T, cudaMemcpyDeviceToHost, ctx->stream));

@@ -65,10 +65,11 @@ extern "C" {
 #endif
 
 /* Bumped on any incompatible change of a signature, struct or buffer format below. */
-#define GYRE_ABI_VERSION 6 /* 2: gyre_loss_config.proximal_current; 3: RoPE scaling, tensor load/store;
+#define GYRE_ABI_VERSION 7 /* 2: gyre_loss_config.proximal_current; 3: RoPE scaling, tensor load/store;
                               4: gyre_config.head_dim, per-thread error messages, per-model thread counts;
                               5: gyre_cache_create's kv_dtype, gyre_cache_stats.kv_dtype (F16 KV);
-                              6: gyre_config.qkv_bias, qk_norm and YaRN fields, gyre_rope_attention_scaling */
+                              6: gyre_config.qkv_bias, qk_norm and YaRN fields, gyre_rope_attention_scaling;
+                              7: gyre_loss_config.temperature */
 
 /* ------------------------------------------------------------------------------------ */
 /* Status codes and errors                                                               */
@@ -389,7 +390,8 @@ GYRE_API void gyre_trainer_free(gyre_trainer *trainer);
 #define GYRE_LOSS_PPO 1 /* decoupled PPO-clip with truncated importance weight, below */
 
 /* Per loss term i (a token with parent >= 0), with logp_i = log pi_theta(tokens[i] | the
- * ancestors of i), mu_i = behaviour log-prob, prox_i = proximal log-prob (NaN or a NULL
+ * ancestors of i) where pi_theta = softmax(logits / temperature) (the distribution the
+ * behaviour tokens were drawn from; entropy and token_logprobs are of it too), mu_i = behaviour log-prob, prox_i = proximal log-prob (NaN or a NULL
  * array: prox_i = mu_i; with proximal_current: prox_i = logp_i, the weights being trained
  * are the proximal policy, so r_i = 1), A_i = advantage:
  *   w_i = min(exp(prox_i - mu_i), is_cap)        (is_cap <= 0: no cap)
@@ -407,6 +409,7 @@ typedef struct gyre_loss_config {
   int32_t current_version;
   int32_t max_staleness;   /* < 0: no bound */
   int32_t proximal_current; /* nonzero: prox_i = logp_i (proximal_logprobs ignored) */
+  float temperature;        /* > 0; 1: the model's own distribution */
 } gyre_loss_config;
 
 /* Means are unweighted over the trained terms (weight != 0, not stale). */

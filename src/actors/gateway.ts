@@ -32,6 +32,7 @@ import { gyreChat, type ChatFormat } from "../openai/chat.ts"
 import { GatewayProtocol, UnknownExecution } from "../protocols/gateway.ts"
 import { readiness } from "../gateway/probes.ts"
 import { ensureTrajectoryStream } from "../protocols/layout.ts"
+import type { Sampling } from "../tree/record.ts"
 
 export interface GatewayConfig {
   /** Interface to listen on (default 127.0.0.1). */
@@ -58,6 +59,8 @@ export interface GatewayConfig {
   readonly generateTimeoutMs?: number
   /** The served model's tokenizer and chat template (default Gyre's; `chatFormatOf(checkpoint)`). */
   readonly chat?: ChatFormat
+  /** A training run's sampling, replacing each request's temperature and top_p (default: the request's). */
+  readonly sampling?: Sampling
 }
 
 /** The gateway actor type for a configuration. */
@@ -98,6 +101,7 @@ export const gateway = (config: GatewayConfig = {}) =>
               output: result.output,
               logprobs: result.logprobs,
               versions: result.versions,
+              sampling: { temperature: sampling.temperature, topP: sampling.topP },
               finishReason: result.finishReason === "cancelled" ? "cancelled" : finishReason,
               startedAt: call.startedAt,
               finishedAt: Date.now(),
@@ -109,7 +113,7 @@ export const gateway = (config: GatewayConfig = {}) =>
           })
 
         const chat = config.chat ?? gyreChat
-        const turns = chatTurns({ chat, defaultMaxTokens: config.defaultMaxTokens ?? 512, maxContextTokens: config.maxContextTokens, generate })
+        const turns = chatTurns({ chat, defaultMaxTokens: config.defaultMaxTokens ?? 512, maxContextTokens: config.maxContextTokens, generate, sampling: config.sampling })
         const openAi = openAiRoutes({ model, servingSince: Math.floor(Date.now() / 1000), maxContextTokens: config.maxContextTokens, generate, turns, chat })
         const responses = responsesRoutes({ model, turns })
         const messages = messagesRoutes({ model, turns })

@@ -78,6 +78,7 @@ export const trainFlags = {
   mode: { kind: "string", doc: "exact tree training or bounded dedup sampling", default: "exact", choices: ["exact", "sampled"] },
   "max-paths": { kind: "integer", doc: "J_max of sampled mode", default: 5 },
   loss: { kind: "string", doc: "decoupled PPO-clip or truncated IS", default: "ppo", choices: ["ppo", "is"] },
+  temperature: { kind: "number", doc: "sampling temperature of every rollout call, whatever the harness sends (it replaces the request's temperature and top_p; top-p is 1); the loss takes the policy's log-probs at the same temperature (> 0)", default: 1 },
   ...kvFlags,
   "micro-batch-tokens": { kind: "integer", doc: "tokens per micro-batch", default: 4096 },
   "checkpoint-every": { kind: "integer", doc: "checkpoint every N steps (and after the last)", default: 4 },
@@ -104,6 +105,7 @@ const check = (f: TrainFlags, command: string) => {
   if (f.devices < 0) throw new UsageError(`gyre ${command}: --devices must be at least 0, got ${f.devices}`)
   const positive = ["steps", "executions-per-step", "group-size", "slots", "micro-batch-tokens", "checkpoint-every", "max-paths", "ppo-epochs"] as const
   for (const name of positive) if (f[name] < 1) throw new UsageError(`gyre ${command}: --${name} must be at least 1, got ${f[name]}`)
+  if (!(f.temperature > 0) || !Number.isFinite(f.temperature)) throw new UsageError(`gyre ${command}: --temperature must be a number > 0 (greedy sampling has no log-probs the trainer can correct for), got ${f.temperature}`)
   checkKvFlags(command, f)
   if (f["lr-warmup"] < 0) throw new UsageError(`gyre ${command}: --lr-warmup must be at least 0, got ${f["lr-warmup"]}`)
   if (f["executions-per-step"] % f["group-size"] !== 0) {
@@ -143,6 +145,7 @@ export const runConfigOf = (f: TrainFlags, run: string, checkpoint: string, chec
     microBatchTokens: f["micro-batch-tokens"],
     checkpointEvery: f["checkpoint-every"]
   }),
+  sampling: { temperature: f.temperature },
   checkpoint,
   kvDtype: f["kv-dtype"] as NonNullable<RunConfig["kvDtype"]>,
   kvBlocks: f["kv-blocks"],

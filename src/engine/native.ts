@@ -105,7 +105,8 @@ koffi.struct("gyre_loss_config", {
   is_cap: "float",
   current_version: "int32_t",
   max_staleness: "int32_t",
-  proximal_current: "int32_t"
+  proximal_current: "int32_t",
+  temperature: "float"
 })
 koffi.struct("gyre_train_stats", {
   loss: "double",
@@ -122,7 +123,7 @@ koffi.struct("gyre_train_stats", {
 koffi.struct("gyre_adamw", { lr: "float", beta1: "float", beta2: "float", eps: "float", weight_decay: "float", max_grad_norm: "float" })
 
 /** GYRE_ABI_VERSION of native/include/gyre.h that these prototypes and structs match. */
-const ABI_VERSION = 6
+const ABI_VERSION = 7
 
 const prototypes = {
   last_error: "size_t gyre_last_error(_Out_ uint8_t *buf, size_t cap)",

@@ -22,6 +22,7 @@ import { type ChatFormat, gyreChat, parseToolCalls, visibleText } from "../opena
 import type { ChatMessage, ToolDefinition } from "../openai/messages.ts"
 import { contextLengthExceeded, type ApiError, type FinishReason } from "../openai/openai.ts"
 import type { SamplingParams, StepTokens } from "../protocols/rollout.ts"
+import type { Sampling } from "../tree/record.ts"
 import type { CallResult } from "./call-router.ts"
 import type { HttpCall } from "./http.ts"
 import type { Session } from "./sessions.ts"
@@ -96,23 +97,12 @@ export interface ChatTurnsOptions {
   /** Longest prompt the workers take (tokens); unknown: the worker decides. */
   readonly maxContextTokens?: number | undefined
   readonly generate: Generate
-}
-
-/**
- * Fewer tokens than the chat template can render `messages` in: the byte-level tokenizer
- * (`../engine/tokenizer.ts`) gives each byte of text a token, and each message at least its
- * role and end markers. A tokenizer with merges (BPE) needs bytes / its longest token here.
- */
-const chatTokensAtLeast = (messages: ReadonlyArray<ChatMessage>): number => {
-  let n = 2 // begin-of-text, then the assistant marker that ends the prompt
-  for (const m of messages) {
-    n += 2
-    if (m.role === "assistant") continue // may render from remembered tokens
-    const c = m.content
-    if (typeof c === "string") n += Buffer.byteLength(c)
-    else for (const part of c) n += Buffer.byteLength(part.text)
-  }
-  return n
+  /**
+   * A training run's sampling: it replaces the request's temperature and top-p, so every
+   * call's tokens come from the distribution the trainer corrects for. Unset (`gyre serve`):
+   * the request's.
+   */
+  readonly sampling?: Sampling | undefined
 }
 
 /** The first of `stops` in `text` (earliest position), if any. */
@@ -131,29 +121,20 @@ export const chatTurns = (options: ChatTurnsOptions) => {
   const { tokenizer } = chatFormat
   const endOfTurn = chatFormat.stopIds.map((id) => [id])
 
-  /** Fails at once when the prompt cannot fit: before tokenising (`atLeast`) and after. */
-  const checkLength = (tokens: number, param: string, atLeast: boolean) => {
-    const limit = options.maxContextTokens
-    return limit !== undefined && tokens >= limit ? Effect.fail(contextLengthExceeded(limit, tokens, param, atLeast)) : Effect.void
-  }
-
-  /** The prompt ids of a request, within the context limit. */
+  /** The prompt ids of a request, within the context limit (counted without blocking the event loop for long: `../openai/prompt.ts`). */
   const render = (call: GatewayCall, req: TurnRequest): Effect.Effect<Int32Array, ApiError> =>
-    Effect.gen(function* () {
-      yield* checkLength(chatTokensAtLeast(req.messages), req.param, true)
-      const prompt = chatFormat.render(req.messages, req.tools, call.session.turns)
-      yield* checkLength(prompt.length, req.param, false)
-      return prompt
-    })
+    chatFormat.prompt(req.messages, req.tools, call.session.turns, options.maxContextTokens).pipe(
+      Effect.mapError((e) => contextLengthExceeded(e.limit, e.tokens, req.param, e.atLeast))
+    )
 
-  /** A request's sampling (the gateway's defaults for what it leaves out), stopping at `stop` (token sequences). */
+  /** A request's sampling (the run's, else the request's, else the defaults), stopping at `stop` (token sequences). */
   const sampling = (
     req: Pick<TurnRequest, "maxTokens" | "temperature" | "topP" | "seed">,
     stop: ReadonlyArray<ArrayLike<number>>
   ): SamplingParams => ({
     maxTokens: req.maxTokens ?? options.defaultMaxTokens,
-    temperature: req.temperature ?? 1,
-    topP: req.topP ?? 1,
+    temperature: options.sampling?.temperature ?? req.temperature ?? 1,
+    topP: options.sampling?.topP ?? req.topP ?? 1,
     seed: req.seed ?? null,
     stop: stop.map((s) => Int32Array.from(s))
   })

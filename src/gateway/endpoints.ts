@@ -31,6 +31,7 @@ import {
   type TokenLogprob,
   type Usage
 } from "../openai/openai.ts"
+import { promptWithin, type PromptPiece } from "../openai/prompt.ts"
 import type { StepTokens } from "../protocols/rollout.ts"
 import type { ChatTurns, GatewayCall, Generate } from "./chat-turn.ts"
 import { eventStream, sendJson, withBody, type Methods } from "./http.ts"
@@ -64,11 +65,6 @@ export const openAiRoutes = (options: EndpointsOptions) => {
   const endOfText = options.chat.eosIds.map((id) => [id])
   const logprobsOf = (tokens: ArrayLike<number>, logprobs: ArrayLike<number>): Array<TokenLogprob> =>
     Array.from(tokens, (t, i) => ({ token: tokenText(t, tokenizer), logprob: logprobs[i]!, bytes: tokenizer.tokenBytes(t), top_logprobs: [] }))
-
-  const checkLength = (tokens: number, param: string) => {
-    const limit = options.maxContextTokens
-    return limit !== undefined && tokens >= limit ? Effect.fail(contextLengthExceeded(limit, tokens, param, false)) : Effect.void
-  }
 
   const chat = (call: GatewayCall, body: unknown) =>
     Effect.gen(function* () {
@@ -131,12 +127,13 @@ export const openAiRoutes = (options: EndpointsOptions) => {
       if (req.model !== model) return yield* Effect.fail(unknownModel(req.model, model))
       const p = req.prompt
       const first = Array.isArray(p) ? p[0] : p
-      const prompt =
+      const pieces: Array<PromptPiece> =
         typeof first === "string"
-          ? Int32Array.from([...(options.chat.bos === undefined ? [] : [options.chat.bos]), ...encode(first)])
-          : Int32Array.from(Array.isArray(first) ? (first as ReadonlyArray<number>) : (p as ReadonlyArray<number>))
-      // Bodies are bounded (HTTP limits), so the text is tokenised before its length is checked.
-      yield* checkLength(prompt.length, "prompt")
+          ? [options.chat.bos === undefined ? [] : [options.chat.bos], first]
+          : [Array.isArray(first) ? (first as ReadonlyArray<number>) : (p as ReadonlyArray<number>)]
+      const prompt = yield* promptWithin(tokenizer, pieces, options.maxContextTokens).pipe(
+        Effect.mapError((e) => contextLengthExceeded(e.limit, e.tokens, "prompt", e.atLeast))
+      )
       const bad = prompt.findIndex((t) => t >= tokenizer.vocabSize)
       if (bad >= 0) return yield* Effect.fail(apiError(400, `Invalid token id ${prompt[bad]} in 'prompt': ids are below ${tokenizer.vocabSize}.`, { param: "prompt" }))
       const stops = stopsOf(req.stop)

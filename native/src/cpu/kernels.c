@@ -177,10 +177,12 @@ void swiglu_backward(float *dgu, const float *dact, const float *gu, int T, int 
   }
 }
 
-void logits_stats(float *lse, float *entropy, const float *logits, int T, int V) {
+void logits_stats(float *lse, float *entropy, float *logits, int T, int V, float scale) {
 #pragma omp parallel for num_threads(cpu_threads_for(30.0 * T * V)) schedule(static)
   for (int t = 0; t < T; t++) {
-    const float *z = logits + (size_t)t * V;
+    float *z = logits + (size_t)t * V;
+    if (scale != 1.0f)
+      for (int v = 0; v < V; v++) z[v] *= scale;
     float max = z[0];
     for (int v = 1; v < V; v++) max = z[v] > max ? z[v] : max;
     double sum = 0.0, wsum = 0.0;

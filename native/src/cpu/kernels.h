@@ -45,7 +45,7 @@ void swiglu_forward(float *act, const float *gu, int T, int F);
 void swiglu_backward(float *dgu, const float *dact, const float *gu, int T, int F);
 
 /* Per row of logits[T,V]: lse[t] = logsumexp, entropy[t] of the softmax. */
-void logits_stats(float *lse, float *entropy, const float *logits, int T, int V);
+void logits_stats(float *lse, float *entropy, float *logits, int T, int V, float scale);
 /* dlogits[T,V] (overwrites) for a loss L = sum_i L_i(logp_i), logp_i = log softmax(
  * logits[parents[i]])[tokens[i]], given dlogp[i] = dL_i/dlogp_i (0 where untrained). */
 void logits_backward(float *dlogits, const float *logits, const float *lse, const int32_t *tokens,

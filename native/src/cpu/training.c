@@ -108,7 +108,7 @@ gyre_status be_train_forward(be_trainer *t, const train_batch *b, float *logp_ho
   for (int l = 0; l < d->L; l++) layer_forward(m, l, T, b->positions, &acts->io[l], attend_forest, &ctx);
   rmsnorm_forward(acts->hf, acts->rstdf, acts->x_final, m->w + m->lay->norm_f, T, d->D, d->eps);
   gemm(T, d->V, d->D, acts->hf, d->D, 0, m->w + m->lay->lm_head, d->D, 1, acts->logits, d->V, 0);
-  logits_stats(acts->lse_rows, acts->entropy_rows, acts->logits, T, d->V);
+  logits_stats(acts->lse_rows, acts->entropy_rows, acts->logits, T, d->V, b->inv_temperature);
   for (int i = 0; i < T; i++) {
     int p = b->parents[i];
     logp_host[i] = p < 0 ? NAN : acts->logits[(size_t)p * d->V + b->tokens[i]] - acts->lse_rows[p];
