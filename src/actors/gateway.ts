@@ -2,14 +2,18 @@
  * The gateway actor: Gyre's black-box model endpoint. It speaks `GatewayProtocol` to the
  * harness runner (OpenExecution registers an execution's bearer key, CloseExecution revokes
  * it) and to devices leaving rollout (ContextsMoved: where their executions' contexts went),
- * and serves the OpenAI HTTP API on its port for the harnesses (`../gateway/endpoints.ts`).
+ * and serves on its port for the harnesses the OpenAI API (Chat Completions, completions,
+ * models: `../gateway/endpoints.ts`), the Responses API (`../gateway/responses-route.ts`) and
+ * the Anthropic Messages API (`../gateway/messages-route.ts`), each a conversion to and from
+ * one chat turn (`../gateway/chat-turn.ts`).
  *
  * The bearer key names the execution (`../gateway/sessions.ts`), the `X-Gyre-Role` header the
  * call's role (default the execution's). A request is rendered to tokens, sent to a rollout
  * worker or a device in the rollout role (`../gateway/call-router.ts`: sticky, deltas, transparent retries), answered, and
  * recorded: one delta-encoded `CallRecord` per call on `gyre.<run>.calls.<execution>` of the
  * stream `GYRE_<run>_TRAJECTORIES`, acknowledged by JetStream before the response ends
- * (`../gateway/call-recorder.ts`). Errors use the OpenAI format (`../openai/openai.ts`).
+ * (`../gateway/call-recorder.ts`). Errors use the OpenAI format (`../openai/openai.ts`), on the
+ * Messages routes Anthropic's (`../openai/anthropic.ts`).
  */
 import { Effect, Schema } from "effect"
 import type { RpcGroup } from "effect/rpc"
@@ -18,7 +22,9 @@ import { makeCallRecorder } from "../gateway/call-recorder.ts"
 import { makeCallRouter } from "../gateway/call-router.ts"
 import { chatTurns, type Generate } from "../gateway/chat-turn.ts"
 import { openAiRoutes } from "../gateway/endpoints.ts"
-import { serveHttp, type HttpLimits } from "../gateway/http.ts"
+import { openAiErrors, serveHttp, type HttpLimits } from "../gateway/http.ts"
+import { messagesErrorFormat, messagesRoutes } from "../gateway/messages-route.ts"
+import { responsesRoutes } from "../gateway/responses-route.ts"
 import { recentCalls } from "../gateway/recent-calls.ts"
 import { makeSessions, roleOf } from "../gateway/sessions.ts"
 import { watchWorkers } from "../gateway/worker-directory.ts"
@@ -104,6 +110,9 @@ export const gateway = (config: GatewayConfig = {}) =>
 
         const chat = config.chat ?? gyreChat
         const turns = chatTurns({ chat, defaultMaxTokens: config.defaultMaxTokens ?? 512, maxContextTokens: config.maxContextTokens, generate })
+        const openAi = openAiRoutes({ model, servingSince: Math.floor(Date.now() / 1000), maxContextTokens: config.maxContextTokens, generate, turns, chat })
+        const responses = responsesRoutes({ model, turns })
+        const messages = messagesRoutes({ model, turns })
 
         // HTTP server: requests run as fibers of this incarnation, drained when it stops.
         const host = config.host ?? "127.0.0.1"
@@ -113,7 +122,8 @@ export const gateway = (config: GatewayConfig = {}) =>
           ...(config.limits === undefined ? {} : { limits: config.limits }),
           probes: readiness(system, directory),
           authenticate: sessions.authenticate,
-          routeOf: openAiRoutes({ model, servingSince: Math.floor(Date.now() / 1000), maxContextTokens: config.maxContextTokens, generate, turns, chat })
+          routeOf: (path) => openAi(path) ?? responses(path) ?? messages(path),
+          errorFormatOf: messagesErrorFormat(openAiErrors)
         })
         const baseUrl = `http://${config.advertiseHost ?? host}:${server.port}/v1`
         yield* Effect.logInfo(`gateway ${ctx.address.id}: serving ${baseUrl} (model ${model})`)

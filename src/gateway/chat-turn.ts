@@ -75,6 +75,8 @@ export interface TurnDelta {
   readonly toolCalls: ReadonlyArray<{ readonly index: number; readonly id?: string; readonly name?: string; readonly arguments: string }>
   /** The generated step this delta comes from; undefined for the last delta. */
   readonly step: StepTokens | undefined
+  /** Tokens of the prompt. */
+  readonly promptTokens: number
 }
 
 export interface TurnAnswer {
@@ -176,7 +178,7 @@ export const chatTurns = (options: ChatTurnsOptions) => {
           : (step: StepTokens) => {
               seen.push(...step.tokens)
               const text = visibleText(seen, req.stops, { final: false, holdToolCalls: withTools }, tokenizer)
-              onDelta({ content: text.slice(emitted.length), reasoning: "", toolCalls: [], step })
+              onDelta({ content: text.slice(emitted.length), reasoning: "", toolCalls: [], step, promptTokens: prompt.length })
               emitted = text
             }
       let answer: Omit<TurnAnswer, "result"> | undefined
@@ -197,7 +199,8 @@ export const chatTurns = (options: ChatTurnsOptions) => {
           content: content.length > emitted.length && content.startsWith(emitted) ? content.slice(emitted.length) : "",
           reasoning: done.reasoning ?? "",
           toolCalls: done.toolCalls.map((c, index) => ({ index, id: c.id, name: c.name, arguments: c.arguments })),
-          step: undefined
+          step: undefined,
+          promptTokens: prompt.length
         })
       }
       return { ...done, result }

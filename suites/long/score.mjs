@@ -73,6 +73,8 @@ console.log(JSON.stringify({
     unreadable: t.unreadable,
     prompt_tokens: t.prompt,
     cached_tokens: t.cached,
+    continued_prompt_tokens: t.continuedPrompt,
+    continued_cached_tokens: t.continuedCached,
     cached_fraction: t.continuedPrompt === 0 ? null : round(t.continuedCached / t.continuedPrompt),
     uncached_calls: t.uncached
   },

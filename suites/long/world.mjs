@@ -351,11 +351,18 @@ export const oracleReply = (messages) => {
 }
 
 /**
- * Credit of a reply: the fraction of the expected words in place on its first line (extra
- * words count against it), so a model that has learned the verbs but not the modules earns half.
+ * Credit of a reply, judged on its first line: 0.9 x the fraction of the expected words in
+ * place (extra words count against it: a model that has the verbs but not the modules earns
+ * half of it) + 0.1 x its form, the share of the expected reply's length that it fills with
+ * lowercase letters and spaces. The form part is what separates the replies of an untrained
+ * model (random bytes almost never hold a right word), so its calls' rewards differ and a
+ * group's advantages are not all zero; it rewards writing a command-shaped line.
  */
 export const creditOf = (reply, expected) => {
+  const line = reply.split("\n")[0]
   const want = expected.split(" ")
-  const got = reply.split("\n")[0].trim().split(/ +/)
-  return want.filter((w, i) => got[i] === w).length / Math.max(want.length, got.length)
+  const got = line.trim().split(/ +/)
+  const words = want.filter((w, i) => got[i] === w).length / Math.max(want.length, got.length)
+  const form = [...line.slice(0, expected.length)].filter((c) => /[a-z ]/.test(c)).length / expected.length
+  return 0.9 * words + 0.1 * form
 }

@@ -135,12 +135,15 @@ describe("long suite: the script", () => {
     expect(() => configFrom({ LONG_POLICY: "human" })).toThrow(/LONG_POLICY=human/)
   })
 
-  it("credit: the fraction of expected words in place on the reply's first line", () => {
+  it("credit: the expected words in place on the reply's first line, and a little for its form", () => {
     expect(creditOf("fix parser", "fix parser")).toBe(1)
     expect(creditOf("fix parser\n\u00e9<|end|>garbage", "fix parser")).toBe(1)
-    expect(creditOf("fix lexer", "fix parser")).toBe(0.5)
-    expect(creditOf("fix parser now", "fix parser")).toBeCloseTo(2 / 3, 12)
+    expect(creditOf("fix lexer", "fix parser")).toBeCloseTo(0.9 * 0.5 + 0.1 * 0.9, 12)
+    expect(creditOf("fix parser now", "fix parser")).toBeCloseTo((0.9 * 2) / 3 + 0.1, 12)
     expect(creditOf("", "fix parser")).toBe(0)
+    // Random bytes: no word, but their form differs from reply to reply.
+    expect(creditOf("\u00e9Q{ab#z 1x", "fix parser")).toBeCloseTo(0.1 * 0.5, 12)
+    expect(creditOf("<|end|>", "fix parser")).toBeCloseTo(0.1 * 0.3, 12)
   })
 })
 
@@ -199,7 +202,7 @@ describe("long suite: harness and scorer", () => {
     const server = await chatServer((messages, i) => {
       if (i === 2) return { status: 400, message: "context_length_exceeded: planted" }
       const right = oracleReply(messages)
-      return i % 3 === 0 ? right.replace(/^\w+/, "look") : right
+      return i % 3 === 0 ? right.replace(/^\w+/, "inspect") : right
     })
     try {
       const { report, stats, lines } = await execute("heldout-1", { OPENAI_BASE_URL: server.url, OPENAI_API_KEY: "k" })
@@ -211,9 +214,11 @@ describe("long suite: harness and scorer", () => {
       const answered = server.bodies.length - 1
       const thirds = Array.from({ length: server.bodies.length }, (_, i) => i).filter((i) => i % 3 === 0).length
       expect(report.details).toMatchObject({ decisions: stats.calls, made: answered, right: answered - thirds, refused: 1, first_refusal: "m2: 400 context_length_exceeded: planted" })
-      expect(report.score).toBeCloseTo((answered - thirds / 2) / stats.calls, 12)
+      // A wrong verb: half the words, and the form of a command (every wrong reply is at least as long as the right one).
+      const wrong = 0.9 * 0.5 + 0.1
+      expect(report.score).toBeCloseTo((answered - thirds + thirds * wrong) / stats.calls, 12)
       expect(Object.keys(report.rewards)).toHaveLength(answered)
-      expect(report.rewards["chatcmpl-0"]).toBe(0.5)
+      expect(report.rewards["chatcmpl-0"]).toBeCloseTo(wrong, 12)
       expect(report.rewards["chatcmpl-1"]).toBe(1)
       // Usage as the calls reported it (call i: i of 100 + i prompt tokens cached); fresh calls are left out of cached_fraction.
       const answeredLines = lines.map((l, i) => ({ ...l, i })).filter((l) => l.refused === undefined)
