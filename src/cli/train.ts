@@ -36,6 +36,7 @@ import { TrainingSettings, type RunConfig } from "../protocols/run.ts"
 import { auditRun } from "../scheduling/audit.ts"
 import { readRunConfig, runDoneJournaled } from "../scheduling/records.ts"
 import { buildReport, renderReport } from "../replay/report.ts"
+import { trainingErrors } from "../replay/status.ts"
 import { trainFromExport } from "../replay/from-export.ts"
 import { Nats, natsOptionsFromEnv } from "../runtime/nats.ts"
 import { repoRoot } from "../runtime/nats-server.ts"
@@ -229,6 +230,7 @@ export const runTraining = (f: TrainFlags, command = "train") => {
       stale_dropped: audit.staleDropped,
       executions_lost: audit.executionsLost,
       trained_twice: audit.trainedTwice,
+      training_errors: trainingErrors(audit.steps).length,
       store: nats.url === undefined ? store : nats.url,
       warm_start_checkpoint: initial,
       checkpoint: result.checkpoint,
@@ -252,7 +254,7 @@ export const summaryLines = (s: TrainSummary): Array<string> => [
   `held-out gain: ${gainText(s.heldout_gain, s.heldout_gain_ci95)} points on ${s.heldout_tasks} tasks (95% interval, paired over the tasks)`,
   `train score by step: ${s.train_scores.map((x) => x.toFixed(2)).join(" ")}`,
   `${s.switches} role switches: ${s.reprefill_tokens} tokens prefilled again, ${s.kv_handoff_bytes} KV bytes handed off`,
-  `executions lost ${s.executions_lost}, trained twice ${s.trained_twice}, stale tokens dropped ${s.stale_dropped}`,
+  `executions lost ${s.executions_lost}, trained twice ${s.trained_twice}, stale tokens dropped ${s.stale_dropped}, not trained in full ${s.training_errors}`,
   `checkpoint ${s.checkpoint}; the run's store ${s.store}`,
   `report ${s.report}: one self-contained page, open file://${s.report} in a browser (on another machine: copy the file first)`
 ]
