@@ -27,10 +27,12 @@ gyre_status rmsnorm_forward(exec_ctx *ctx, float *out, float *rstd, const float 
 gyre_status rmsnorm_backward(exec_ctx *ctx, float *dx, float *dw, const float *dout, const float *x,
                              const float *w, const float *rstd, int T, int D);
 
-/* Rotate-half RoPE in place on the q and k heads of qkv[T, qkv_dim] by positions[t]; cos/sin
- * tables [max_pos, hd/2]; inverse rotates back (the backward of the rotation). */
-gyre_status rope(exec_ctx *ctx, float *qkv, const int32_t *positions, const float *cos_t, const float *sin_t,
-                 int T, const dims *d, int inverse);
+/* cs[T, hd] = cos | sin of the angles positions[t] * inv_freq[j] (inv_freq [hd/2]): the
+ * product in F32, cos and sin in double rounded to F32, as rope_rows (internal.h) on the host. */
+gyre_status rope_cs(exec_ctx *ctx, float *cs, const int32_t *positions, int T, const float *inv_freq, int hd);
+/* Rotate-half RoPE in place on the q and k heads of qkv[T, qkv_dim] by the rows' cs[T, hd]
+ * (rope_cs); inverse rotates back (the backward of the rotation). */
+gyre_status rope(exec_ctx *ctx, float *qkv, const float *cs, int T, const dims *d, int inverse);
 
 /* act[T,F] = silu(gu[:, :F]) * gu[:, F:]   (gu = gate | up, [T, 2F]) */
 gyre_status swiglu_forward(exec_ctx *ctx, float *act, const float *gu, int T, int F);

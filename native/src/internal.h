@@ -101,9 +101,10 @@ void init_weights(const param_layout *layout, uint64_t seed, float init_std, flo
 
 /* ---- RoPE (common/rope.c) ---- */
 
-/* cos/sin tables [max_pos, hd/2] as Hugging Face computes them (inv_freq in F32, angles
- * rounded to F32, cos and sin in double); every backend rotates by these. */
-void rope_tables(float *cos_t, float *sin_t, const dims *d);
+/* cs[T, hd]: row t holds cos then sin [hd/2 each] of the angles positions[t] * inv_freq[j],
+ * as Hugging Face computes them for any position (the product in F32, then cos and sin, here
+ * in double rounded to F32); every backend rotates by these values. */
+void rope_rows(float *cs, const int32_t *positions, int T, const float *inv_freq, int hd);
 /* inv_freq[hd/2] after the config's RoPE scaling (gyre.h), in F32 as transformers computes it. */
 void rope_inv_freq(float *inv_freq, const dims *d);
 

@@ -67,13 +67,17 @@ void rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, c
   }
 }
 
-void rope(float *qkv, const int32_t *positions, const float *cos_t, const float *sin_t, int T,
-          const dims *d, int inverse) {
+void rope_cs(float *cs, const int32_t *positions, int T, const float *inv_freq, int hd) {
+#pragma omp parallel for num_threads(cpu_threads_for(40.0 * T * hd)) schedule(static)
+  for (int t = 0; t < T; t++) rope_rows(cs + (size_t)t * hd, positions + t, 1, inv_freq, hd);
+}
+
+void rope(float *qkv, const float *cs, int T, const dims *d, int inverse) {
   int half = d->hd / 2, heads = d->H + d->KV; /* q heads then k heads, contiguous */
   float sign = inverse ? -1.0f : 1.0f;
 #pragma omp parallel for num_threads(cpu_threads_for(3.0 * T * heads * d->hd)) schedule(static)
   for (int t = 0; t < T; t++) {
-    const float *c = cos_t + (size_t)positions[t] * half, *s = sin_t + (size_t)positions[t] * half;
+    const float *c = cs + (size_t)t * d->hd, *s = c + half;
     for (int h = 0; h < heads; h++) {
       float *x = qkv + (size_t)t * d->qkv_dim + (size_t)h * d->hd;
       for (int j = 0; j < half; j++) {

@@ -20,10 +20,11 @@ void rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, in
 void rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w,
                       const float *rstd, int T, int D);
 
-/* Rotate-half RoPE in place on the q and k parts of qkv[T, qkv_dim] by positions[t];
- * cos/sin tables [max_pos, hd/2]; inverse rotates back (the backward of the rotation). */
-void rope(float *qkv, const int32_t *positions, const float *cos_t, const float *sin_t, int T,
-          const dims *d, int inverse);
+/* cs[T, hd] = cos | sin of each row's angles (rope_rows of internal.h), rows in parallel. */
+void rope_cs(float *cs, const int32_t *positions, int T, const float *inv_freq, int hd);
+/* Rotate-half RoPE in place on the q and k parts of qkv[T, qkv_dim] by the rows' cos | sin
+ * cs[T, hd]; inverse rotates back (the backward of the rotation). */
+void rope(float *qkv, const float *cs, int T, const dims *d, int inverse);
 
 /* act[T,F] = silu(gu[:, :F]) * gu[:, F:]   (gu = gate | up, [T, 2F]) */
 void swiglu_forward(float *act, const float *gu, int T, int F);

@@ -105,7 +105,8 @@ gyre_status be_train_forward(be_trainer *t, const train_batch *b, float *logp_ho
   GYRE_CHECK(ensure_scratch(t));
   forest_ctx ctx = {t, b};
   embed_forward(acts->io[0].x_in, b->tokens, m->w + m->lay->embed, T, d->D);
-  for (int l = 0; l < d->L; l++) layer_forward(m, l, T, b->positions, &acts->io[l], attend_forest, &ctx);
+  rope_cs(acts->rope_cs, b->positions, T, m->inv_freq, d->hd);
+  for (int l = 0; l < d->L; l++) layer_forward(m, l, T, acts->rope_cs, &acts->io[l], attend_forest, &ctx);
   rmsnorm_forward(acts->hf, acts->rstdf, acts->x_final, m->w + m->lay->norm_f, T, d->D, d->eps);
   gemm(T, d->V, d->D, acts->hf, d->D, 0, m->w + m->lay->lm_head, d->D, 1, acts->logits, d->V, 0);
   logits_stats(acts->lse_rows, acts->entropy_rows, acts->logits, T, d->V);
@@ -146,7 +147,7 @@ gyre_status be_train_backward(be_trainer *t, const train_batch *b, const float *
     gemm(T, d->q_dim, D, acts->dres, D, 0, w + o->wo, d->q_dim, 0, acts->datt, d->q_dim, 0);
     forest_attention_backward(acts->dqkv, acts->datt, io->qkv, io->att, io->lse, t->kt, t->vt, acts->dsum, b->forest, T, d,
                               t->scratch, t->scratch_floats, t->tiles);
-    rope(acts->dqkv, b->positions, m->rope_cos, m->rope_sin, T, d, 1);
+    rope(acts->dqkv, acts->rope_cs, T, d, 1);
     gemm(d->qkv_dim, D, T, acts->dqkv, d->qkv_dim, 1, io->h1, D, 0, g + o->wqkv, D, 1);
     gemm(T, D, d->qkv_dim, acts->dqkv, d->qkv_dim, 0, w + o->wqkv, D, 0, acts->dh, D, 0);
     rmsnorm_backward(acts->dres, g + o->ln_in, acts->dh, io->x_in, w + o->ln_in, io->rstd1, T, D);
