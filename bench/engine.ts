@@ -20,7 +20,7 @@
  * take at the measured bandwidth; bytes per step = every matmul weight once (4 bytes each) +
  * every sequence's K and V up to its position (2 x layers x kv heads x head_dim x the KV
  * element size per key). Bandwidth is measured in every round, best kept, like the rates. A
- * step whose bytes fit the last-level cache (`last_level_cache_mib`, from sysfs; tiny's 138 MB
+ * step whose bytes fit the last-level cache (`last_level_cache_mib`, from sysfs or getconf; tiny's 138 MB
  * on a host with a 300 MiB L3) reads part of them from it, faster than memory: its line says
  * so, since its ratio is then no memory figure.
  *
@@ -31,7 +31,6 @@
  * largest F32 logit: the accuracy F16 storage costs).
  */
 import { execFileSync, spawnSync } from "node:child_process"
-import { readdirSync, readFileSync } from "node:fs"
 import { availableParallelism } from "node:os"
 import { Effect, Layer, Logger } from "effect"
 import type { PackedBatch } from "../src/common/packed-batch.ts"
@@ -41,6 +40,7 @@ import type { KvCache } from "../src/engine/kvcache.ts"
 import { type PresetName, presets } from "../src/engine/presets.ts"
 import { adamwDefaults } from "../src/engine/trainer.ts"
 import { atLeast, benchFlags, listOf } from "./flags.ts"
+import { lastLevelCacheBytes } from "./machine.ts"
 
 const BENCH = "bench:engine"
 const f = benchFlags(BENCH, "the native engine against a plain-PyTorch Llama, the machine's SGEMM and its memory bandwidth", {
@@ -91,19 +91,6 @@ const peer = (cmd: ReadonlyArray<string>): Record<string, number> => {
 
 /* ---- FLOP counts ---- */
 
-/** The largest CPU cache in bytes (Linux sysfs: "307200K"), or undefined where it cannot be read. */
-const lastLevelCacheBytes = (): number | undefined => {
-  const dir = "/sys/devices/system/cpu/cpu0/cache"
-  try {
-    const sizes = readdirSync(dir)
-      .filter((d) => d.startsWith("index"))
-      .map((d) => /^(\d+)([KMG]?)/.exec(readFileSync(`${dir}/${d}/size`, "utf8").trim()))
-      .map((m) => (m === null ? 0 : Number(m[1]) * ({ "": 1, K: 2 ** 10, M: 2 ** 20, G: 2 ** 30 } as const)[m[2] as "" | "K" | "M" | "G"]))
-    return sizes.length === 0 ? undefined : Math.max(...sizes)
-  } catch {
-    return undefined
-  }
-}
 const llc = lastLevelCacheBytes()
 
 const matmulParams = (c: LlamaConfig) => {

@@ -23,6 +23,7 @@ struct be_trainer {
   int T;             /* rows of the last forward (0: none, or its logits already consumed) */
   float *grads, *adam_m, *adam_v;
   float *arena;      /* every activation below lives here */
+  size_t arena_floats;
   train_acts acts;   /* the shared layout (activations.h); io a host array of device pointers */
   float *token_out;
   uint32_t *mask;    /* [Tm][ceil(Tm / 32)] ancestor bits */
@@ -53,6 +54,7 @@ extern "C" gyre_status be_trainer_create(be_model *m, int32_t max_tokens, be_tra
   t->Tm = max_tokens;
   t->acts.io = (layer_io *)calloc((size_t)m->d.L, sizeof(layer_io));
   const size_t n = (size_t)m->lay->n_params, arena = t->acts.io ? lay_out(t, NULL) : 0;
+  t->arena_floats = arena;
   gyre_status st = t->acts.io == NULL ? gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cuda: out of host memory") : GYRE_OK;
   if (st == GYRE_OK) st = ctx_open(&t->ctx, m->ctx.device);
   if (st == GYRE_OK) st = dev_alloc((void **)&t->grads, sizeof(float) * 3 * n, "gradients and AdamW moments");
@@ -110,7 +112,26 @@ static gyre_status attend_forest(void *arg, exec_ctx *ctx, int layer, const laye
   return forest_attention_forward(ctx, io->att, io->lse, io->qkv, fa->t->mask, fa->t->tiles, fa->T, &fa->t->m->d);
 }
 
-extern "C" gyre_status be_train_forward(be_trainer *t, const train_batch *b, float *logp_host, float *entropy_host) {
+/* Batches of up to max_tokens tokens: one chunk (longer ones are refused for now). */
+extern "C" gyre_status be_train_begin(be_trainer *t, const train_batch *b) {
+  if (b->n > t->Tm)
+    return gyre_fail(GYRE_ERR_UNSUPPORTED, "cuda: a batch of %d tokens is longer than max_tokens %d (not chunked on this backend yet)",
+                     b->n, t->Tm);
+  return GYRE_OK;
+}
+
+extern "C" void be_train_end(be_trainer *t) { (void)t; }
+
+extern "C" void be_trainer_memory(const be_trainer *t, int64_t *fixed, int64_t *kv_per_token, int64_t *last_batch) {
+  const size_t n = (size_t)t->m->lay->n_params;
+  *fixed = (int64_t)(sizeof(float) * (3 * n + t->arena_floats));
+  *kv_per_token = 0;
+  *last_batch = 0;
+}
+
+extern "C" gyre_status be_train_forward(be_trainer *t, const train_batch *b, int32_t s, int32_t e, float *logp_host,
+                                        float *entropy_host) {
+  (void)s, (void)e; /* the whole batch (be_train_begin) */
   const train_acts *acts = &t->acts;
   const be_model *m = t->m;
   const dims *d = &m->d;
@@ -225,7 +246,8 @@ static gyre_status prepare_backward(be_trainer *t, const train_batch *b, const f
   return GYRE_OK;
 }
 
-extern "C" gyre_status be_train_backward(be_trainer *t, const train_batch *b, const float *dlogp_host) {
+extern "C" gyre_status be_train_backward(be_trainer *t, const train_batch *b, int32_t s, int32_t e, const float *dlogp_host) {
+  (void)s, (void)e; /* the whole batch (be_train_begin) */
   const train_acts *acts = &t->acts;
   const be_model *m = t->m;
   const dims *d = &m->d;

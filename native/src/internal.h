@@ -111,17 +111,19 @@ void rope_inv_freq(float *inv_freq, const dims *d);
 /* ---- forest of a packed batch (common/forest.c) ---- */
 
 /* The ancestors of token i (itself included) as ascending, disjoint index ranges
- * [ranges[2k], ranges[2k+1]] (inclusive) for k in [range_off[i], range_off[i+1]).
- * depth[i] = number of ancestors including itself; desc[j] = number of tokens having j as
- * an ancestor (itself included) - the work of the key-owner pass of attention backward. */
+ * [ranges[2k], ranges[2k+1]] (inclusive) for k in [range_off[i], range_off[i+1]), and the
+ * children of token p (the tokens whose parent it is) children[child_off[p] ..
+ * child_off[p+1]) in ascending order. depth[i] = number of ancestors including itself. */
 typedef struct forest {
   int32_t n;
   int32_t *range_off;
   int32_t *ranges;
   int32_t *depth;
-  int32_t *desc;
-  int64_t n_pairs;   /* sum of depth */
+  int32_t *child_off;  /* [n + 1] */
+  int32_t *children;   /* [child_off[n]] */
+  int64_t n_pairs;     /* sum of depth: the (query, key) pairs attention visits */
   int32_t max_depth;
+  int32_t max_ranges;  /* most ranges of one token */
 } forest;
 
 gyre_status forest_build(int32_t n, const int32_t *parents, forest *out);

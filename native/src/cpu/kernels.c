@@ -129,12 +129,14 @@ void logits_stats(float *lse, float *entropy, const float *logits, int T, int V)
   }
 }
 
-void logits_backward(float *dlogits, const float *logits, const float *lse, const int32_t *tokens,
-                     const int32_t *parents, const float *dlogp, int T, int V, float *coef) {
+void logits_backward(float *dlogits, const float *logits, const float *lse, int T, int s, const int32_t *child_off,
+                     const int32_t *children, const int32_t *tokens, const float *dlogp, int V, float *coef) {
   /* dL/dlogits[p] = sum over children c of p: dlogp_c (onehot(tokens[c]) - softmax_p) */
-  memset(coef, 0, sizeof(float) * (size_t)T);
-  for (int i = 0; i < T; i++)
-    if (parents[i] >= 0) coef[parents[i]] += dlogp[i];
+  for (int t = 0; t < T; t++) {
+    float c = 0.0f;
+    for (int k = child_off[s + t]; k < child_off[s + t + 1]; k++) c += dlogp[children[k]];
+    coef[t] = c;
+  }
 #pragma omp parallel for num_threads(cpu_threads()) schedule(static)
   for (int t = 0; t < T; t++) {
     float *dz = dlogits + (size_t)t * V;
@@ -145,8 +147,11 @@ void logits_backward(float *dlogits, const float *logits, const float *lse, cons
     }
     for (int v = 0; v < V; v++) dz[v] = -coef[t] * expf(z[v] - lse[t]);
   }
-  for (int i = 0; i < T; i++)
-    if (parents[i] >= 0 && dlogp[i] != 0.0f) dlogits[(size_t)parents[i] * V + tokens[i]] += dlogp[i];
+  for (int t = 0; t < T; t++)
+    for (int k = child_off[s + t]; k < child_off[s + t + 1]; k++) {
+      int i = children[k];
+      if (dlogp[i] != 0.0f) dlogits[(size_t)t * V + tokens[i]] += dlogp[i];
+    }
 }
 
 #define CHUNK 65536

@@ -33,10 +33,12 @@ void swiglu_backward(float *dgu, const float *dact, const float *gu, int T, int 
 
 /* Per row of logits[T,V]: lse[t] = logsumexp, entropy[t] of the softmax. */
 void logits_stats(float *lse, float *entropy, const float *logits, int T, int V);
-/* dlogits[T,V] (overwrites) for a loss L = sum_i L_i(logp_i), logp_i = log softmax(
- * logits[parents[i]])[tokens[i]], given dlogp[i] = dL_i/dlogp_i (0 where untrained). */
-void logits_backward(float *dlogits, const float *logits, const float *lse, const int32_t *tokens,
-                     const int32_t *parents, const float *dlogp, int T, int V, float *coef);
+/* dlogits[T,V] (overwrites) of the rows s .. s + T - 1 of a batch, for a loss L = sum_i
+ * L_i(logp_i), logp_i = log softmax(logits[parent of i])[tokens[i]], given dlogp[i] =
+ * dL_i/dlogp_i (0 where untrained) and the children of each row (child_off, children: the
+ * batch's forest). coef: scratch [T]. */
+void logits_backward(float *dlogits, const float *logits, const float *lse, int T, int s, const int32_t *child_off,
+                     const int32_t *children, const int32_t *tokens, const float *dlogp, int V, float *coef);
 
 /* Sum of squares of x[n] in double, in fixed chunks (same result for any thread count). */
 double sum_squares(const float *x, size_t n);
