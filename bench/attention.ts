@@ -14,7 +14,7 @@
  *
  * `measureAttention` is the measurement itself, for other benchmarks (bench/xlong.ts).
  */
-import { availableParallelism } from "node:os"
+import { availableParallelism, cpus } from "node:os"
 import { resolve } from "node:path"
 import { fileURLToPath } from "node:url"
 import { Effect, Layer, Logger } from "effect"
@@ -23,7 +23,7 @@ import { Engine } from "../src/engine/engine.ts"
 import type { NativeError } from "../src/engine/native.ts"
 import { type PresetName, presetNames, presets } from "../src/engine/presets.ts"
 import { atLeast, benchFlags, listOf, refuse } from "./flags.ts"
-import { cpuModel, lastLevelCacheBytes } from "./machine.ts"
+import { lastLevelCacheBytes, printResult } from "./results.ts"
 
 export interface AttentionRate {
   readonly tokens: number
@@ -111,7 +111,7 @@ const main = () => {
   )
   return rates.then((r) => {
     const llc = lastLevelCacheBytes()
-    const cpu = cpuModel()
+    const cpu = cpus()[0]?.model.trim() ?? "unknown"
     console.log(`attention rate: ${preset}, one path per length, SFT forward + backward, chunks of ${chunk}, ${threads} threads; ${cpu}, last-level cache ${llc === undefined ? "unknown" : `${(llc / 2 ** 20).toFixed(0)} MiB`}`)
     console.log("tokens     pairs           seconds   pairs/s      vs 4k")
     for (const x of r) {
@@ -120,8 +120,7 @@ const main = () => {
       )
     }
     const last = r.at(-1)!
-    console.log(
-      JSON.stringify({
+    printResult(BENCH, {
         attention_pairs_per_s_4k: Math.round(r[0]!.pairsPerS),
         attention_pairs_per_s_long: Math.round(last.pairsPerS),
         long_tokens: last.tokens,
@@ -132,8 +131,7 @@ const main = () => {
         chunk,
         preset,
         per_path: r.map((x) => ({ tokens: x.tokens, pairs_per_s: Math.round(x.pairsPerS), seconds: Number(x.seconds.toFixed(3)) }))
-      })
-    )
+    })
   })
 }
 

@@ -40,7 +40,7 @@ import type { KvCache } from "../src/engine/kvcache.ts"
 import { type PresetName, presets } from "../src/engine/presets.ts"
 import { adamwDefaults } from "../src/engine/trainer.ts"
 import { atLeast, benchFlags, listOf } from "./flags.ts"
-import { lastLevelCacheBytes } from "./machine.ts"
+import { lastLevelCacheBytes, printResult } from "./results.ts"
 
 const BENCH = "bench:engine"
 const f = benchFlags(BENCH, "the native engine against a plain-PyTorch Llama, the machine's SGEMM and its memory bandwidth", {
@@ -356,7 +356,7 @@ const main = Effect.gen(function* () {
   }
   report.stream_gb_s = round(bandwidth / 1e9)
   report.last_level_cache_mib = llc === undefined ? null : round(llc / 2 ** 20)
-  console.log(JSON.stringify(report))
+  printResult(BENCH, report)
 })
 
 Effect.runPromise(main.pipe(Effect.provide(Engine.layer.pipe(Layer.provide(Logger.layer([])))))).catch((e) => {

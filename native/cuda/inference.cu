@@ -178,11 +178,11 @@ static gyre_status run_model(be_model *m, be_cache *c, const fwd_batch *b, const
   float *x = (float *)c->work.p, *h = x + cap * d->D, *wanted = h + cap * d->D, *qkv = wanted + cap * d->D;
   float *att = qkv + cap * d->qkv_dim, *gu = att + cap * d->q_dim, *act = gu + cap * 2 * d->F;
   float *rstd = act + cap * d->F, *cs = rstd + cap;
-  layer_io io = {x, h, rstd, qkv, att, NULL, x, h, rstd, gu, act, x}; /* one residual stream x, in place */
+  layer_io io = {x, h, rstd, qkv, att, NULL, x, h, rstd, gu, act, x, NULL, NULL}; /* one residual stream x, in place */
   const dev_rows rows = {T, dev->positions, dev->row_seq, dev->block_off, dev->blocks};
   paged_arg arg = {c, &rows, &dev->plan};
   GYRE_CHECK(embed_forward(ctx, x, dev->tokens, m->w + m->lay->embed, T, d->D));
-  GYRE_CHECK(rope_cs(ctx, cs, dev->positions, T, m->inv_freq, d->hd));
+  GYRE_CHECK(rope_cs(ctx, cs, dev->positions, T, m->inv_freq, d->hd, m->rope_scale));
   for (int l = 0; l < d->L; l++) GYRE_CHECK(layer_forward(m, ctx, l, T, cs, &io, attend_paged, &arg));
   if (b->n_out == 0) return GYRE_OK;
   GYRE_CHECK(gather_rows(ctx, wanted, x, dev->out_rows, b->n_out, d->D));

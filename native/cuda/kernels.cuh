@@ -27,9 +27,23 @@ gyre_status rmsnorm_forward(exec_ctx *ctx, float *out, float *rstd, const float 
 gyre_status rmsnorm_backward(exec_ctx *ctx, float *dx, float *dw, const float *dout, const float *x,
                              const float *w, const float *rstd, int T, int D);
 
-/* cs[T, hd] = cos | sin of the angles positions[t] * inv_freq[j] (inv_freq [hd/2]): the
- * product in F32, cos and sin in double rounded to F32, as rope_rows (internal.h) on the host. */
-gyre_status rope_cs(exec_ctx *ctx, float *cs, const int32_t *positions, int T, const float *inv_freq, int hd);
+/* y[T,N] += b[N] on every row */
+gyre_status bias_forward(exec_ctx *ctx, float *y, const float *b, int T, int N);
+/* db[N] += sum over rows of dy[T,N] (fixed row chunks, added in order) */
+gyre_status bias_backward(exec_ctx *ctx, float *db, const float *dy, int T, int N);
+
+/* Qwen3's per-head RMSNorm, in place on the q and k heads of qkv[T, qkv_dim] (wq [hd] for q
+ * heads, wk [hd] for k heads); raw [T, q_dim + kv_dim] and rstd [T, H + KV] may be NULL. */
+gyre_status head_rmsnorm_forward(exec_ctx *ctx, float *qkv, float *raw, float *rstd, const float *wq, const float *wk,
+                                 int T, const dims *d);
+/* Its backward, in place: the q and k heads of dqkv from d(normed) to d(raw); dwq, dwk [hd] +=. */
+gyre_status head_rmsnorm_backward(exec_ctx *ctx, float *dqkv, float *dwq, float *dwk, const float *raw, const float *wq,
+                                  const float *wk, const float *rstd, int T, const dims *d);
+
+/* cs[T, hd] = cos | sin of the angles positions[t] * inv_freq[j] (inv_freq [hd/2]) times scale:
+ * the product in F32, cos and sin in double rounded to F32, as rope_rows (internal.h) on the host. */
+gyre_status rope_cs(exec_ctx *ctx, float *cs, const int32_t *positions, int T, const float *inv_freq, int hd,
+                    float scale);
 /* Rotate-half RoPE in place on the q and k heads of qkv[T, qkv_dim] by the rows' cs[T, hd]
  * (rope_cs); inverse rotates back (the backward of the rotation). */
 gyre_status rope(exec_ctx *ctx, float *qkv, const float *cs, int T, const dims *d, int inverse);
@@ -40,7 +54,7 @@ gyre_status swiglu_forward(exec_ctx *ctx, float *act, const float *gu, int T, in
 gyre_status swiglu_backward(exec_ctx *ctx, float *dgu, const float *dact, const float *gu, int T, int F);
 
 /* Per row of logits[T,V]: lse[t] = logsumexp, entropy[t] of the softmax (double sums). */
-gyre_status logits_stats(exec_ctx *ctx, float *lse, float *entropy, const float *logits, int T, int V);
+gyre_status logits_stats(exec_ctx *ctx, float *lse, float *entropy, float *logits, int T, int V, float scale);
 /* logp[i] = logits[parents[i], tokens[i]] - lse[parents[i]], ent[i] = entropy[parents[i]];
  * NaN for roots. */
 gyre_status token_logprobs(exec_ctx *ctx, float *logp, float *ent, const float *logits, const float *lse,

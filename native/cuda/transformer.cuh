@@ -13,6 +13,7 @@ struct be_model {
   exec_ctx ctx;            /* the device holding the weights; its stream moves them */
   float *w;                /* flat parameters */
   float *inv_freq;         /* [hd/2] RoPE inverse frequencies (rope_inv_freq) */
+  float rope_scale;        /* the factor cos and sin carry (rope_attention_scaling) */
 };
 
 /* Fills io->att (and io->lse) from io->qkv for layer `layer`, on ctx's stream. */

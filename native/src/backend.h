@@ -91,6 +91,7 @@ typedef struct train_batch {
   const int32_t *parents;
   const int32_t *positions;
   const struct forest *forest;
+  float inv_temperature; /* the loss's 1 / temperature: the logits are scaled by it */
 } train_batch;
 
 gyre_status be_trainer_create(be_model *m, int32_t max_tokens, be_trainer **out);
@@ -102,11 +103,14 @@ gyre_status be_train_begin(be_trainer *t, const train_batch *b);
 void be_train_end(be_trainer *t);
 /* Forward of the chunk [s, e), chunks in ascending order: stores its K/V, and for every child
  * i of a row p in [s, e): logp_host[i] = log p(tokens[i] | output at p) and entropy_host[i]
- * = entropy of that distribution. Keeps the chunk's activations. */
+ * = entropy of that distribution, p = softmax(logits * inv_temperature). Keeps the chunk's
+ * activations. */
 gyre_status be_train_forward(be_trainer *t, const train_batch *b, int32_t s, int32_t e, float *logp_host,
                              float *entropy_host);
 /* Backward of the chunk [s, e), chunks in descending order after all forwards, of
- * sum_i L_i(logp_i) given dlogp_host[i] = dL_i/dlogp_i (0 for roots and terms not trained):
+ * sum_i L_i(logp_i) given dlogp_host[i] = dL_i/dlogp_i (0 for roots and terms not trained;
+ * the logits' gradient is taken with respect to the scaled logits: the caller folds
+ * inv_temperature into dlogp_host):
  * recomputes the chunk's forward unless it is the one whose activations are kept, adds into
  * the gradient buffer, and adds the gradients of the K/V of tokens before s into the store
  * (those of the chunk's own tokens take what later chunks added). */

@@ -41,11 +41,12 @@ void gyre_trainer_free(gyre_trainer *t) {
   free(t);
 }
 
-/* The batch's loss terms from its log-probs: dlogp[i] for the backward, and the stats. */
+/* The batch's loss terms from its log-probs: dlogp[i] for the backward (with respect to the
+ * unscaled logits), and the stats. */
 static gyre_train_stats loss_terms(int32_t n, const int32_t *parents, const float *logp, const float *entropy,
                                    const float *weights, const float *advantages, const float *behaviour,
                                    const float *proximal, const int32_t *versions, const gyre_loss_config *loss,
-                                   float *dlogp) {
+                                   float inv_temperature, float *dlogp) {
   gyre_train_stats s = {0};
   double entropy_sum = 0, logp_sum = 0, ratio_sum = 0, w_sum = 0;
   int32_t clipped = 0, truncated = 0;
@@ -55,7 +56,7 @@ static gyre_train_stats loss_terms(int32_t n, const int32_t *parents, const floa
     loss_term lt = loss_term_at(loss, i, logp[i], weights, advantages, behaviour, proximal, versions);
     s.stale_tokens += lt.stale;
     if (!lt.trained) continue;
-    dlogp[i] = lt.dlogp;
+    dlogp[i] = lt.dlogp * inv_temperature; /* d/d(logits) = (1 / temperature) d/d(logits / temperature) */
     s.trained_tokens++;
     s.loss += lt.value;
     s.weight_sum += weights != NULL ? weights[i] : 1.0f;
@@ -87,7 +88,8 @@ static gyre_status train_chunks(gyre_trainer *t, const train_batch *b, const flo
     if (b->parents[i] < 0) logp[i] = entropy[i] = NAN;
   for (int32_t c = 0; c < chunks; c++)
     GYRE_CHECK(be_train_forward(t->be, b, c * C, c == chunks - 1 ? n : (c + 1) * C, logp, entropy));
-  *stats = loss_terms(n, b->parents, logp, entropy, weights, advantages, behaviour, proximal, versions, loss, dlogp);
+  *stats = loss_terms(n, b->parents, logp, entropy, weights, advantages, behaviour, proximal, versions, loss,
+                      b->inv_temperature, dlogp);
   for (int32_t c = chunks - 1; backward && c >= 0; c--)
     GYRE_CHECK(be_train_backward(t->be, b, c * C, c == chunks - 1 ? n : (c + 1) * C, dlogp));
   return GYRE_OK;
@@ -117,7 +119,7 @@ gyre_status gyre_train_batch(gyre_trainer *t, int32_t n, const int32_t *tokens, 
     forest_free(&f);
     return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
   }
-  train_batch b = {n, tokens, parents, positions, &f};
+  train_batch b = {n, tokens, parents, positions, &f, 1.0f / loss->temperature};
   gyre_train_stats s;
   model_use_threads(t->model);
   gyre_status st = be_train_begin(t->be, &b);

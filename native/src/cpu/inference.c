@@ -106,10 +106,10 @@ gyre_status be_forward(be_model *m, be_cache *c, const fwd_batch *b, float *logi
   float *x = c->work, *h = x + cap * d->D, *x_mid = h + cap * d->D, *qkv = x_mid + cap * d->D;
   float *att = qkv + cap * d->qkv_dim, *gu = att + cap * d->q_dim, *act = gu + cap * 2 * d->F;
   float *rstd = act + cap * d->F, *cs = rstd + cap;
-  layer_io io = {x, h, rstd, qkv, att, NULL, x_mid, h, rstd, gu, act, x};
+  layer_io io = {x, h, rstd, qkv, att, NULL, x_mid, h, rstd, gu, act, x, NULL, NULL};
   paged_ctx ctx = {c, b};
   embed_forward(x, b->tokens, m->w + m->lay->embed, T, d->D);
-  rope_cs(cs, b->positions, T, m->inv_freq, d->hd);
+  rope_cs(cs, b->positions, T, m->inv_freq, d->hd, m->rope_scale);
   for (int l = 0; l < d->L; l++) layer_forward(m, l, T, cs, &io, attend_paged, &ctx);
   if (b->n_out == 0) return GYRE_OK;
   for (int k = 0; k < b->n_out; k++) /* the wanted rows, normed into h */

@@ -199,11 +199,11 @@ gyre_status be_train_forward(be_trainer *t, const train_batch *b, int32_t s, int
   int T = e - s;
   chunk_ctx ctx = {t, b, s, e};
   embed_forward(acts->io[0].x_in, b->tokens + s, m->w + m->lay->embed, T, d->D);
-  rope_cs(acts->rope_cs, b->positions + s, T, m->inv_freq, d->hd);
+  rope_cs(acts->rope_cs, b->positions + s, T, m->inv_freq, d->hd, m->rope_scale);
   for (int l = 0; l < d->L; l++) layer_forward(m, l, T, acts->rope_cs, &acts->io[l], attend_forest, &ctx);
   rmsnorm_forward(acts->hf, acts->rstdf, acts->x_final, m->w + m->lay->norm_f, T, d->D, d->eps);
   gemm(T, d->V, d->D, acts->hf, d->D, 0, m->w + m->lay->lm_head, d->D, 1, acts->logits, d->V, 0);
-  logits_stats(acts->lse_rows, acts->entropy_rows, acts->logits, T, d->V);
+  logits_stats(acts->lse_rows, acts->entropy_rows, acts->logits, T, d->V, b->inv_temperature);
   for (int p = s; logp_host != NULL && p < e; p++)
     for (int k = f->child_off[p]; k < f->child_off[p + 1]; k++) {
       int i = f->children[k];
@@ -246,6 +246,9 @@ gyre_status be_train_backward(be_trainer *t, const train_batch *b, int32_t s, in
     forest_attention_backward(acts->dqkv, acts->datt, io->qkv, io->att, io->lse, &t->store->layers[l], acts->dsum, f, s, e, d,
                               t->scratch, t->scratch_floats, t->tiles, t->store->kchunks);
     rope(acts->dqkv, acts->rope_cs, T, d, 1);
+    if (o->qnorm >= 0)
+      head_rmsnorm_backward(acts->dqkv, g + o->qnorm, g + o->knorm, io->qk_raw, w + o->qnorm, w + o->knorm, io->qk_rstd, T, d);
+    if (o->bqkv >= 0) bias_backward(g + o->bqkv, acts->dqkv, T, d->qkv_dim);
     gemm(d->qkv_dim, D, T, acts->dqkv, d->qkv_dim, 1, io->h1, D, 0, g + o->wqkv, D, 1);
     gemm(T, D, d->qkv_dim, acts->dqkv, d->qkv_dim, 0, w + o->wqkv, D, 0, acts->dh, D, 0);
     rmsnorm_backward(acts->dres, g + o->ln_in, acts->dh, io->x_in, w + o->ln_in, io->rstd1, T, D);

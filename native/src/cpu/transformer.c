@@ -43,6 +43,7 @@ gyre_status be_model_create(const param_layout *lay, be_model **out) {
     return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cpu: out of host memory for %lld parameters", (long long)lay->n_params);
   }
   rope_inv_freq(m->inv_freq, &m->d);
+  m->rope_scale = rope_attention_scaling(&m->d);
   *out = m;
   return GYRE_OK;
 }
@@ -84,6 +85,8 @@ void layer_forward(const be_model *m, int layer, int T, const float *rope_cs, co
   size_t rows = (size_t)T * d->D;
   rmsnorm_forward(io->h1, io->rstd1, io->x_in, w + o->ln_in, T, d->D, d->eps);
   gemm(T, d->qkv_dim, d->D, io->h1, d->D, 0, w + o->wqkv, d->D, 1, io->qkv, d->qkv_dim, 0);
+  if (o->bqkv >= 0) bias_forward(io->qkv, w + o->bqkv, T, d->qkv_dim);
+  if (o->qnorm >= 0) head_rmsnorm_forward(io->qkv, io->qk_raw, io->qk_rstd, w + o->qnorm, w + o->knorm, T, d);
   rope(io->qkv, rope_cs, T, d, 0);
   attend(ctx, layer, io);
   memcpy(io->x_mid, io->x_in, sizeof(float) * rows);

@@ -12,6 +12,7 @@ struct be_model {
   float *w;                /* flat parameters (an anonymous mapping: zero until written) */
   size_t w_bytes;          /* its length */
   float *inv_freq;         /* [hd/2] RoPE inverse frequencies (rope_inv_freq) */
+  float rope_scale;        /* the factor cos and sin carry (rope_attention_scaling) */
 };
 
 /* Fills io->att (and io->lse) from io->qkv for layer `layer`. */
