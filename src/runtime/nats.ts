@@ -215,9 +215,18 @@ const watchLoss = (nc: NatsConnection, servers: string, goneMs: number) =>
 /** Chunks of an object put: nats.js cuts the size to the server's `max_payload` (1 MiB by default). */
 const objectChunkBytes = 64 << 20
 
-/** Puts `data` as object `name` in chunks of the server's largest message. */
-export const putObject = (store: ObjectStore, name: string, data: Uint8Array): Promise<ObjectInfo> =>
-  store.putBlob({ name, options: { max_chunk_size: objectChunkBytes } }, data)
+/** Puts `data` (or its parts, one after another, streamed without a copy of the whole) as object `name` in chunks of the server's largest message. */
+export const putObject = (store: ObjectStore, name: string, data: Uint8Array | ReadonlyArray<Uint8Array>): Promise<ObjectInfo> => {
+  const parts = data instanceof Uint8Array ? [data] : data
+  let next = 0
+  const stream = new ReadableStream<Uint8Array>({
+    pull: (controller) => {
+      if (next < parts.length) controller.enqueue(parts[next++]!)
+      else controller.close()
+    }
+  })
+  return store.put({ name, options: { max_chunk_size: objectChunkBytes } }, stream)
+}
 
 /**
  * The first message of `stream` on `subject` at or after sequence `seq`, from the stream's leader
