@@ -18,7 +18,7 @@
  * - Drain: `Drain {finish: false}` cancels running generations (they answer with their partial
  *   output, finishReason "cancelled"); `finish: true` lets them end.
  * - Bounded messages: a prompt the gateway sent as an object of the run's transfer store
- *   (`promptObject`) is read from there; an answer of more than `INLINE_TOKENS` output tokens
+ *   (`promptObject`) is read from there; an answer of more than `inlineTokens` output tokens
  *   goes back the same way (`outputObject`, deleted by the gateway once read).
  *
  * The configuration comes from the caller or from the environment (`rolloutConfigFromEnv`).
@@ -63,6 +63,8 @@ export interface RolloutConfig {
   readonly contextsPerExecution?: number
   /** Engine device of the model and its KV cache; default `workerDevice(id, device count)`. */
   readonly device?: number
+  /** Output tokens an answer carries inline at most; more go through the run's transfer store (default `INLINE_TOKENS`). */
+  readonly inlineTokens?: number
 }
 
 /**
@@ -164,7 +166,7 @@ export const startRollout = Effect.fn("startRollout")(function* (
 
   /** The answer as sent: its output moved to the transfer store when it is too long for one message. */
   const bounded = (result: GenerateResult) =>
-    result.output.length <= INLINE_TOKENS
+    result.output.length <= (config.inlineTokens ?? INLINE_TOKENS)
       ? Effect.succeed(result)
       : putArrays(store, "o", [result.output, result.logprobs, result.versions]).pipe(
           Effect.map((ref): GenerateResult => ({ ...result, output: new Int32Array(0), logprobs: new Float32Array(0), versions: new Int32Array(0), outputObject: ref })),
