@@ -1,12 +1,14 @@
 /**
- * `gyre serve`: an OpenAI-compatible endpoint for a Gyre checkpoint, every call recorded.
+ * `gyre serve`: an OpenAI- and Anthropic-compatible endpoint for a Gyre checkpoint (Chat
+ * Completions, Responses, Messages), every call recorded.
  *
  * The embedded default: a private, supervised nats-server (its store in `--store`, else
  * `.gyre/nats/<run>.<node>`, kept across restarts; users from `.gyre/auth`, see `auth.ts`; or
  * NATS_URL), one node hosting `--devices`
  * rollout workers (`rollout-worker/<node>.<backend><i>`, worker i on engine device i modulo the
  * device count) and the gateway on `--port`. It
- * opens one execution, prints the base URL, the API key and where the call records go, then
+ * opens one execution, prints the base URLs (OpenAI's, and Anthropic's without `/v1`), the API
+ * key and where the call records go, then
  * a JSON line `{"event":"ready",...}`, and serves until SIGINT or SIGTERM, on which it drains
  * (calls in flight finish) and prints `{"event":"drained"}`; it exits 1 with the reason when
  * NATS stays unreachable (`lifetime.ts`).
@@ -20,6 +22,7 @@ import { rolloutWorker } from "../actors/rollout-worker.ts"
 import { workerDevice } from "../serving/rollout-role.ts"
 import { readConfig } from "../engine/checkpoint.ts"
 import { Engine } from "../engine/engine.ts"
+import { anthropicBaseUrl } from "../harness/environment.ts"
 import { chatFormatOf } from "../openai/hf-chat.ts"
 import { Nats } from "../runtime/nats.ts"
 import { address } from "../runtime/names.ts"
@@ -83,6 +86,7 @@ export const command: Command<typeof flags> = {
       })
       const names = rlLayout(system.run)
       console.log(`OpenAI base URL: ${baseUrl}`)
+      console.log(`Anthropic base URL: ${anthropicBaseUrl(baseUrl)}`)
       console.log(`API key:         ${key}`)
       const onDevices = workers.map((id) => workerDevice(id, devices.length)).join(", ")
       console.log(`model:           ${f.model} (${f.checkpoint}, ${f.devices} ${backend} worker${f.devices === 1 ? "" : "s"} on device${f.devices === 1 ? "" : "s"} ${onDevices})`)
