@@ -49,6 +49,7 @@ import { startNode } from "../runtime/node.ts"
 import { ActorSystem } from "../runtime/system.ts"
 import { UsageError, parseConfigured, type Command } from "./args.ts"
 import { checkListen, checkPort } from "./checks.ts"
+import { checkKvFlags, nodeKvFlags } from "./kv.ts"
 import { embeddedNats } from "./auth.ts"
 import { joinLines, joinOf } from "./join.ts"
 import { serveUntilStopped } from "./lifetime.ts"
@@ -69,7 +70,8 @@ const flags = {
   suites: { kind: "string", doc: "--scheduler: directory holding the run's suite", default: path.join(repoRoot, "suites") },
   store: { kind: "string", doc: "store directory of the embedded nats-server (default .gyre/nats/<run>.<name>, kept across restarts)" },
   listen: { kind: "string", doc: "the embedded nats-server listens on HOST[:PORT] (default port 4222, 0: any free one; 0.0.0.0: every interface) instead of loopback; how another machine joins is logged and in the ready line (join)" },
-  "metrics-port": { kind: "integer", doc: "serve Prometheus /metrics on 127.0.0.1 at this port, 0 = any free one (default GYRE_METRICS_PORT or off)" }
+  "metrics-port": { kind: "integer", doc: "serve Prometheus /metrics on 127.0.0.1 at this port, 0 = any free one (default GYRE_METRICS_PORT or off)" },
+  ...nodeKvFlags
 } as const
 
 const isActorType = (v: unknown): v is ActorType<any, any, never> =>
@@ -104,13 +106,24 @@ const schedulerCandidate = (system: ActorSystemShape, suitesDir: string) =>
     return makeScheduler({ config, trainTasks: trainTaskIds(suite), runners: RUN_RUNNERS })
   })
 
-/** The device type of the training run this node's system belongs to, once its configuration is journaled. */
-const trainingDevices = (system: ActorSystemShape, count: number) =>
+/**
+ * The device type of the training run this node's system belongs to, once its configuration is
+ * journaled; `kv` (this node's flags) overrides the run's KV pool.
+ */
+const trainingDevices = (system: ActorSystemShape, count: number, kv: ReturnType<typeof checkKvFlags>) =>
   Effect.gen(function* () {
     const config = yield* onThisMachine(system, yield* journaledConfig(system))
     const engine = yield* Engine
     const threads = yield* cpuDeviceThreads(engine, count)
-    const type = device({ checkpoint: config.checkpoint, kvDtype: config.kvDtype, maxBatch: 64, scheduler: formatAddress(schedulerAddress), training: trainingRoleFor(config), threads })
+    const type = device({
+      checkpoint: config.checkpoint,
+      kvDtype: kv.kvDtype ?? config.kvDtype,
+      numBlocks: kv.kvBlocks ?? config.kvBlocks,
+      maxBatch: 64,
+      scheduler: formatAddress(schedulerAddress),
+      training: trainingRoleFor(config),
+      threads
+    })
     return { type, backend: engine.backend }
   })
 
@@ -132,6 +145,10 @@ export const command: Command<typeof flags> = {
     })
     if (f.devices < 0) throw new UsageError(`gyre node: --devices must be at least 0, got ${f.devices}`)
     if (f["metrics-port"] !== undefined) await checkPort("node", "127.0.0.1", f["metrics-port"], "--metrics-port")
+    const kv = checkKvFlags("node", f)
+    // Actors of --load modules read their configuration from the environment (GYRE_KV_BLOCKS, GYRE_KV_DTYPE).
+    if (kv.kvBlocks !== undefined) process.env.GYRE_KV_BLOCKS = String(kv.kvBlocks)
+    if (kv.kvDtype !== undefined) process.env.GYRE_KV_DTYPE = kv.kvDtype
     const types = await loadActorTypes(list(f.load))
     const kinds = [...types.map((t) => t.kind), ...(f.devices > 0 ? [DEVICE_KIND] : []), ...(f.scheduler ? [SCHEDULER_KIND] : [])]
     for (const a of spawns) {
@@ -143,7 +160,7 @@ export const command: Command<typeof flags> = {
       const system = yield* ActorSystem
       const join = listen === undefined || system.nats.server === undefined ? undefined : yield* joinOf({ urls: system.nats.server.urls, host: listen.host, run: f.run, auth: nats.auth })
       if (join !== undefined) yield* Effect.logInfo(joinLines(join).join("\n"))
-      const devices = f.devices > 0 ? yield* trainingDevices(system, f.devices) : undefined
+      const devices = f.devices > 0 ? yield* trainingDevices(system, f.devices, kv) : undefined
       const scheduler = f.scheduler ? yield* schedulerCandidate(system, f.suites) : undefined
       const hosted = [...types, ...(devices === undefined ? [] : [devices.type]), ...(scheduler === undefined ? [] : [scheduler.type])]
       const node = yield* startNode({

@@ -36,6 +36,7 @@ import { TrainingSettings, type RunConfig } from "../protocols/run.ts"
 import { auditRun } from "../scheduling/audit.ts"
 import { readRunConfig, runDoneJournaled } from "../scheduling/records.ts"
 import { buildReport, renderReport } from "../replay/report.ts"
+import { trainingErrors } from "../replay/status.ts"
 import { trainFromExport } from "../replay/from-export.ts"
 import { Nats, natsOptionsFromEnv } from "../runtime/nats.ts"
 import { repoRoot } from "../runtime/nats-server.ts"
@@ -47,6 +48,7 @@ import { parseEnv } from "./eval.ts"
 import { evaluate, evaluationConcurrency, heldoutGain, parseTaskList } from "./evaluate.ts"
 import { followRun, RunProgress } from "./progress.ts"
 import { joinLines, joinOf } from "./join.ts"
+import { checkKvFlags, kvFlags } from "./kv.ts"
 import { hostRun } from "./run-host.ts"
 import { publishInitialCheckpoint } from "./shared-checkpoint.ts"
 import { warmStartedCheckpoint } from "./warm-start.ts"
@@ -79,7 +81,8 @@ export const trainFlags = {
   mode: { kind: "string", doc: "exact tree training or bounded dedup sampling", default: "exact", choices: ["exact", "sampled"] },
   "max-paths": { kind: "integer", doc: "J_max of sampled mode", default: 5 },
   loss: { kind: "string", doc: "decoupled PPO-clip or truncated IS", default: "ppo", choices: ["ppo", "is"] },
-  "kv-dtype": { kind: "string", doc: "how the devices' KV caches store K and V: f16 halves their memory, the bytes a long-context decode step reads and the KV handed off at a switch (attention still sums in F32)", default: "f32", choices: ["f32", "f16"] },
+  temperature: { kind: "number", doc: "sampling temperature of every rollout call, whatever the harness sends (it replaces the request's temperature and top_p; top-p is 1); the loss takes the policy's log-probs at the same temperature (> 0)", default: 1 },
+  ...kvFlags,
   "micro-batch-tokens": { kind: "integer", doc: "tokens per micro-batch", default: 4096 },
   "checkpoint-every": { kind: "integer", doc: "checkpoint every N steps (and after the last)", default: 4 },
   seed: { kind: "integer", doc: "seed of the plan, sampling and the warm start", default: 1 },
@@ -106,6 +109,8 @@ const check = (f: TrainFlags, command: string) => {
   if (f.devices < 0) throw new UsageError(`gyre ${command}: --devices must be at least 0, got ${f.devices}`)
   const positive = ["steps", "executions-per-step", "group-size", "slots", "micro-batch-tokens", "checkpoint-every", "max-paths", "ppo-epochs"] as const
   for (const name of positive) if (f[name] < 1) throw new UsageError(`gyre ${command}: --${name} must be at least 1, got ${f[name]}`)
+  if (!(f.temperature > 0) || !Number.isFinite(f.temperature)) throw new UsageError(`gyre ${command}: --temperature must be a number > 0 (greedy sampling has no log-probs the trainer can correct for), got ${f.temperature}`)
+  checkKvFlags(command, f)
   if (f["lr-warmup"] < 0) throw new UsageError(`gyre ${command}: --lr-warmup must be at least 0, got ${f["lr-warmup"]}`)
   if (f["executions-per-step"] % f["group-size"] !== 0) {
     throw new UsageError(`gyre ${command}: --executions-per-step ${f["executions-per-step"]} must be a multiple of --group-size ${f["group-size"]}`)
@@ -144,8 +149,10 @@ export const runConfigOf = (f: TrainFlags, run: string, checkpoint: string, chec
     microBatchTokens: f["micro-batch-tokens"],
     checkpointEvery: f["checkpoint-every"]
   }),
+  sampling: { temperature: f.temperature },
   checkpoint,
   kvDtype: f["kv-dtype"] as NonNullable<RunConfig["kvDtype"]>,
+  kvBlocks: f["kv-blocks"],
   checkpointDir,
   startedAt: Date.now()
 })
@@ -262,6 +269,7 @@ const trainRun = (f: TrainFlags, command: string, place: RunPlace) =>
       stale_dropped: audit.staleDropped,
       executions_lost: audit.executionsLost,
       trained_twice: audit.trainedTwice,
+      training_errors: trainingErrors(audit.steps).length,
       store: place.external ?? store,
       warm_start_checkpoint: initial,
       checkpoint: result.checkpoint,
@@ -301,7 +309,7 @@ export const summaryLines = (s: TrainSummary): Array<string> => [
   `held-out gain: ${gainText(s.heldout_gain, s.heldout_gain_ci95)} points on ${s.heldout_tasks} tasks (95% interval, paired over the tasks)`,
   `train score by step: ${s.train_scores.map((x) => x.toFixed(2)).join(" ")}`,
   `${s.switches} role switches: ${s.reprefill_tokens} tokens prefilled again, ${s.kv_handoff_bytes} KV bytes handed off`,
-  `executions lost ${s.executions_lost}, trained twice ${s.trained_twice}, stale tokens dropped ${s.stale_dropped}`,
+  `executions lost ${s.executions_lost}, trained twice ${s.trained_twice}, stale tokens dropped ${s.stale_dropped}, not trained in full ${s.training_errors}`,
   `checkpoint ${s.checkpoint}; the run's store ${s.store}`,
   `report ${s.report}: one self-contained page, open file://${s.report} in a browser (on another machine: copy the file first)`
 ]
