@@ -43,6 +43,7 @@ import { lowerBound } from "../src/sim/bound.ts"
 import { executionsOf } from "../src/sim/scenario.ts"
 import { simulate } from "../src/sim/simulate.ts"
 import { atLeast, benchFlags, listOf } from "./flags.ts"
+import { printResult } from "./results.ts"
 
 const BENCH = "bench:elastic"
 const f = benchFlags(BENCH, "the same suite, seed, checkpoint and steps under each scheduling policy, side by side", {
@@ -144,27 +145,25 @@ const main = async () => {
   const elastic = makespan("elastic")
   const ratio = (other: string) => (elastic !== undefined && makespan(other) !== undefined ? Number((makespan(other)! / elastic).toFixed(3)) : null)
   const all = rows.flatMap((r) => r.audit.switchControlMs)
-  console.log(
-    JSON.stringify({
-      steps,
-      devices,
-      rounds,
-      elastic_s: elastic ?? null,
-      async_s: makespan("async") ?? null,
-      colocate_s: makespan("colocate") ?? null,
-      elastic_over_async: ratio("async"),
-      elastic_over_colocate: ratio("colocate"),
-      runs_s: Object.fromEntries(ran.map((p) => [p, rows.filter((r) => r.policy === p).map((r) => Number(r.runS.toFixed(1)))])),
-      utilization: per((r) => r.utilization, 3),
-      switch_control_p50_ms: Number(quantile(all, 0.5).toFixed(2)),
-      switch_control_p99_ms: Number(quantile(all, 0.99).toFixed(2)),
-      kv_transfer_p50_ms: Number(quantile(rows.flatMap((r) => r.audit.switchMs.training), 0.5).toFixed(1)),
-      reprefill_tokens: rows.reduce((a, r) => a + r.audit.reprefillTokens, 0),
-      sim_over_live: per((r) => r.simS / r.runS, 3),
-      lower_bound_s: per((r) => r.boundS, 1),
-      async_over_bound: elastic !== undefined && makespan("async") !== undefined ? Number((makespan("async")! / of("elastic", (r) => r.boundS)).toFixed(3)) : null
-    })
-  )
+  printResult(BENCH, {
+    steps,
+    devices,
+    rounds,
+    elastic_s: elastic ?? null,
+    async_s: makespan("async") ?? null,
+    colocate_s: makespan("colocate") ?? null,
+    elastic_over_async: ratio("async"),
+    elastic_over_colocate: ratio("colocate"),
+    runs_s: Object.fromEntries(ran.map((p) => [p, rows.filter((r) => r.policy === p).map((r) => Number(r.runS.toFixed(1)))])),
+    utilization: per((r) => r.utilization, 3),
+    switch_control_p50_ms: Number(quantile(all, 0.5).toFixed(2)),
+    switch_control_p99_ms: Number(quantile(all, 0.99).toFixed(2)),
+    kv_transfer_p50_ms: Number(quantile(rows.flatMap((r) => r.audit.switchMs.training), 0.5).toFixed(1)),
+    reprefill_tokens: rows.reduce((a, r) => a + r.audit.reprefillTokens, 0),
+    sim_over_live: per((r) => r.simS / r.runS, 3),
+    lower_bound_s: per((r) => r.boundS, 1),
+    async_over_bound: elastic !== undefined && makespan("async") !== undefined ? Number((makespan("async")! / of("elastic", (r) => r.boundS)).toFixed(3)) : null
+  })
 }
 
 await main()

@@ -31,7 +31,6 @@
  * largest F32 logit: the accuracy F16 storage costs).
  */
 import { execFileSync, spawnSync } from "node:child_process"
-import { readdirSync, readFileSync } from "node:fs"
 import { availableParallelism } from "node:os"
 import { Effect, Layer, Logger } from "effect"
 import type { PackedBatch } from "../src/common/packed-batch.ts"
@@ -41,6 +40,7 @@ import type { KvCache } from "../src/engine/kvcache.ts"
 import { type PresetName, presets } from "../src/engine/presets.ts"
 import { adamwDefaults } from "../src/engine/trainer.ts"
 import { atLeast, benchFlags, listOf } from "./flags.ts"
+import { lastLevelCacheBytes, printResult } from "./results.ts"
 
 const BENCH = "bench:engine"
 const f = benchFlags(BENCH, "the native engine against a plain-PyTorch Llama, the machine's SGEMM and its memory bandwidth", {
@@ -91,19 +91,6 @@ const peer = (cmd: ReadonlyArray<string>): Record<string, number> => {
 
 /* ---- FLOP counts ---- */
 
-/** The largest CPU cache in bytes (Linux sysfs: "307200K"), or undefined where it cannot be read. */
-const lastLevelCacheBytes = (): number | undefined => {
-  const dir = "/sys/devices/system/cpu/cpu0/cache"
-  try {
-    const sizes = readdirSync(dir)
-      .filter((d) => d.startsWith("index"))
-      .map((d) => /^(\d+)([KMG]?)/.exec(readFileSync(`${dir}/${d}/size`, "utf8").trim()))
-      .map((m) => (m === null ? 0 : Number(m[1]) * ({ "": 1, K: 2 ** 10, M: 2 ** 20, G: 2 ** 30 } as const)[m[2] as "" | "K" | "M" | "G"]))
-    return sizes.length === 0 ? undefined : Math.max(...sizes)
-  } catch {
-    return undefined
-  }
-}
 const llc = lastLevelCacheBytes()
 
 const matmulParams = (c: LlamaConfig) => {
@@ -369,7 +356,7 @@ const main = Effect.gen(function* () {
   }
   report.stream_gb_s = round(bandwidth / 1e9)
   report.last_level_cache_mib = llc === undefined ? null : round(llc / 2 ** 20)
-  console.log(JSON.stringify(report))
+  printResult(BENCH, report)
 })
 
 Effect.runPromise(main.pipe(Effect.provide(Engine.layer.pipe(Layer.provide(Logger.layer([])))))).catch((e) => {

@@ -1,13 +1,21 @@
-"""A plain-PyTorch Llama: the reference for the engine's logits test and its benchmark peer.
+"""A plain-PyTorch Llama, Qwen2 and Qwen3: the reference for the engine's logits and training
+tests and its benchmark peer.
 
-Written from the Hugging Face LlamaForCausalLM definition (no transformers package):
-RMSNorm in F32, rotate-half RoPE with inv_freq in F32, grouped-query attention, SwiGLU,
-tied or untied lm_head. Attention keeps the key/value heads unrepeated (queries of one KV
-group are folded into the row dimension), the cheapest exact form on a CPU.
+Written from the Hugging Face LlamaForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM
+definitions (no transformers package): RMSNorm in F32, rotate-half RoPE with inv_freq in F32
+(default, or YaRN as transformers' _compute_yarn_parameters, cos and sin times its attention
+factor), grouped-query attention, SwiGLU, tied or untied lm_head; Qwen2's biases on q, k and v;
+Qwen3's RMSNorm over each head's q and k before RoPE. Attention keeps the key/value heads
+unrepeated (queries of one KV group are folded into the row dimension), the cheapest exact form
+on a CPU. Checkpoints are read in F32, F16 or BF16, in one file or in shards with an index.
 
   llama_torch.py logits --checkpoint DIR --tokens 1,2,3     -> {"logits": [[...], ...]}
   llama_torch.py sft --checkpoint DIR --tokens 1,2,3        -> {"logits", "logprobs": [log p(tokens[i] | tokens[:i]), i >= 1],
                                                                 "grads": {HF tensor name: flat gradient of -sum(logprobs)}}
+  llama_torch.py train --checkpoint DIR --tokens 1,2,3 --steps N [--lr --weight-decay --max-grad-norm]
+                                                            -> {"losses": [-sum(logprobs) before each step],
+                                                                "weights": {HF tensor name: flat values after N AdamW steps}}
+  llama_torch.py rope --configs JSON_LIST                   -> [{"inv_freq": [...], "attention_scaling": a}, ...]
   llama_torch.py bench --config JSON --threads N [...]      -> timings as one JSON line
   llama_torch.py sgemm --threads N                          -> {"sgemm_gflops": g}
   llama_torch.py stream --threads N                         -> {"triad_gb_s": t, "read_gb_s": r}
@@ -27,8 +35,11 @@ import torch
 import torch.nn.functional as F
 
 
+STORED = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
 def load_safetensors(path):
-    """A dict of F32 tensors from a safetensors file."""
+    """A dict of F32 tensors from a safetensors file (F32, F16 or BF16: 16-bit values widen exactly)."""
     with open(path, "rb") as f:
         data = f.read()
     (n,) = struct.unpack("<Q", data[:8])
@@ -38,11 +49,63 @@ def load_safetensors(path):
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        assert info["dtype"] == "F32", name
         begin, end = info["data_offsets"]
-        t = torch.frombuffer(bytearray(data[base + begin : base + end]), dtype=torch.float32)
-        out[name] = t.reshape(info["shape"]).clone()
+        t = torch.frombuffer(bytearray(data[base + begin : base + end]), dtype=STORED[info["dtype"]])
+        out[name] = t.float().reshape(info["shape"]).clone()
     return out
+
+
+def load_checkpoint(directory):
+    """Every tensor of a checkpoint directory: model.safetensors, or the shards its index lists."""
+    index = os.path.join(directory, "model.safetensors.index.json")
+    if not os.path.exists(index):
+        return load_safetensors(os.path.join(directory, "model.safetensors"))
+    out = {}
+    for shard in sorted(set(json.load(open(index))["weight_map"].values())):
+        out.update(load_safetensors(os.path.join(directory, shard)))
+    return out
+
+
+def rope_scaling(cfg):
+    """The config's RoPE scaling dict (rope_parameters of transformers 5, or rope_scaling), or {}."""
+    r = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    return {k: v for k, v in r.items() if v is not None}
+
+
+def rope_parameters(cfg, hd):
+    """(inv_freq [hd / 2] in F32, attention factor) as transformers computes them: the default
+    frequencies, or YaRN's blend of interpolated and extrapolated ones (_compute_yarn_parameters)."""
+    r = rope_scaling(cfg)
+    base = r.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    kind = r.get("rope_type", r.get("type", "default"))
+    pos_freqs = base ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd)
+    if kind == "default":
+        return 1.0 / pos_freqs, 1.0
+    assert kind == "yarn", kind
+    factor = r["factor"]
+    original = r.get("original_max_position_embeddings") or cfg["max_position_embeddings"]
+
+    def get_mscale(scale, mscale=1):
+        return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+    attention_factor = r.get("attention_factor")
+    if attention_factor is None:
+        mscale, mscale_all_dim = r.get("mscale"), r.get("mscale_all_dim")
+        attention_factor = get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim) if mscale and mscale_all_dim else get_mscale(factor)
+
+    def correction_dim(rotations):
+        return (hd * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(r.get("beta_fast") or 32), correction_dim(r.get("beta_slow") or 1)
+    if r.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, hd - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(hd // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    extrapolation = 1 - ramp
+    inv_freq = 1.0 / (factor * pos_freqs) * (1 - extrapolation) + 1.0 / pos_freqs * extrapolation
+    return inv_freq, float(attention_factor)
 
 
 class Llama(torch.nn.Module):
@@ -53,6 +116,8 @@ class Llama(torch.nn.Module):
         self.H, self.KV = cfg["num_attention_heads"], cfg["num_key_value_heads"]
         self.hd = cfg.get("head_dim") or D // self.H  # LlamaConfig: H * hd need not be D
         self.eps = cfg["rms_norm_eps"]
+        self.qkv_bias = cfg.get("model_type") == "qwen2"  # Qwen2Attention: bias on q, k, v (not o)
+        self.qk_norm = cfg.get("model_type") == "qwen3"  # Qwen3Attention: q_norm, k_norm over head_dim
         P = torch.nn.Parameter
         self.embed = P(torch.randn(V, D) * 0.02)
         self.layers = torch.nn.ModuleList()
@@ -67,28 +132,19 @@ class Llama(torch.nn.Module):
             layer.gate = P(torch.randn(F_, D) * 0.02)
             layer.up = P(torch.randn(F_, D) * 0.02)
             layer.down = P(torch.randn(D, F_) * 0.02)
+            if self.qkv_bias:
+                layer.bq, layer.bk, layer.bv = P(torch.zeros(self.H * self.hd)), P(torch.zeros(self.KV * self.hd)), P(torch.zeros(self.KV * self.hd))
+            if self.qk_norm:
+                layer.q_norm, layer.k_norm = P(torch.ones(self.hd)), P(torch.ones(self.hd))
             self.layers.append(layer)
         self.norm = P(torch.ones(D))
         self.lm_head = None if cfg.get("tie_word_embeddings", False) else P(torch.randn(V, D) * 0.02)
-        self.inv_freq = 1.0 / (cfg.get("rope_theta", 10000.0) ** (torch.arange(0, self.hd, 2, dtype=torch.int64).float() / self.hd))
+        self.inv_freq, self.attention_scaling = rope_parameters(cfg, self.hd)
 
     def load_hf(self, tensors):
         with torch.no_grad():
-            self.embed.copy_(tensors["model.embed_tokens.weight"])
-            for i, layer in enumerate(self.layers):
-                p = f"model.layers.{i}."
-                layer.ln_in.copy_(tensors[p + "input_layernorm.weight"])
-                layer.q.copy_(tensors[p + "self_attn.q_proj.weight"])
-                layer.k.copy_(tensors[p + "self_attn.k_proj.weight"])
-                layer.v.copy_(tensors[p + "self_attn.v_proj.weight"])
-                layer.o.copy_(tensors[p + "self_attn.o_proj.weight"])
-                layer.ln_post.copy_(tensors[p + "post_attention_layernorm.weight"])
-                layer.gate.copy_(tensors[p + "mlp.gate_proj.weight"])
-                layer.up.copy_(tensors[p + "mlp.up_proj.weight"])
-                layer.down.copy_(tensors[p + "mlp.down_proj.weight"])
-            self.norm.copy_(tensors["model.norm.weight"])
-            if self.lm_head is not None:
-                self.lm_head.copy_(tensors["lm_head.weight"])
+            for name, p in named_parameters(self):
+                p.copy_(tensors[name])
 
     def rms(self, x, w):
         variance = x.pow(2).mean(-1, keepdim=True)
@@ -98,7 +154,7 @@ class Llama(torch.nn.Module):
         # x [B, heads, T, hd]; positions [T] (the same for every row of the batch)
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos(), emb.sin()
+        cos, sin = emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
         half = self.hd // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated * sin
@@ -117,9 +173,13 @@ class Llama(torch.nn.Module):
         x = self.embed[ids]
         for i, layer in enumerate(self.layers):
             h = self.rms(x, layer.ln_in)
-            q = (h @ layer.q.t()).view(B, T, self.H, self.hd).transpose(1, 2)
-            k = (h @ layer.k.t()).view(B, T, self.KV, self.hd).transpose(1, 2)
-            v = (h @ layer.v.t()).view(B, T, self.KV, self.hd).transpose(1, 2)
+            q, k, v = h @ layer.q.t(), h @ layer.k.t(), h @ layer.v.t()
+            if self.qkv_bias:
+                q, k, v = q + layer.bq, k + layer.bk, v + layer.bv
+            q, k, v = q.view(B, T, self.H, self.hd), k.view(B, T, self.KV, self.hd), v.view(B, T, self.KV, self.hd)
+            if self.qk_norm:
+                q, k = self.rms(q, layer.q_norm), self.rms(k, layer.k_norm)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
             q, k = self.rope(q, positions), self.rope(k, positions)
             if cache is not None:
                 kc, vc = cache[i]
@@ -141,7 +201,7 @@ class Llama(torch.nn.Module):
 def load_model(args):
     """The checkpoint's model and the --tokens ids [1, T]."""
     model = Llama(json.load(open(os.path.join(args.checkpoint, "config.json"))))
-    model.load_hf(load_safetensors(os.path.join(args.checkpoint, "model.safetensors")))
+    model.load_hf(load_checkpoint(args.checkpoint))
     return model, torch.tensor([[int(t) for t in args.tokens.split(",")]])
 
 
@@ -157,6 +217,11 @@ LAYER_NAMES = {
     "q": "self_attn.q_proj.weight",
     "k": "self_attn.k_proj.weight",
     "v": "self_attn.v_proj.weight",
+    "bq": "self_attn.q_proj.bias",
+    "bk": "self_attn.k_proj.bias",
+    "bv": "self_attn.v_proj.bias",
+    "q_norm": "self_attn.q_norm.weight",
+    "k_norm": "self_attn.k_norm.weight",
     "o": "self_attn.o_proj.weight",
     "ln_post": "post_attention_layernorm.weight",
     "gate": "mlp.gate_proj.weight",
@@ -170,7 +235,8 @@ def named_parameters(model):
     yield "model.embed_tokens.weight", model.embed
     for i, layer in enumerate(model.layers):
         for attr, name in LAYER_NAMES.items():
-            yield f"model.layers.{i}.{name}", getattr(layer, attr)
+            if hasattr(layer, attr):
+                yield f"model.layers.{i}.{name}", getattr(layer, attr)
     yield "model.norm.weight", model.norm
     if model.lm_head is not None:
         yield "lm_head.weight", model.lm_head
@@ -183,6 +249,34 @@ def cmd_sft(args):
     (-picked.sum()).backward()
     grads = {name: p.grad.reshape(-1).tolist() for name, p in named_parameters(model)}
     print(json.dumps({"logits": logits.tolist(), "logprobs": picked.tolist(), "grads": grads}))
+
+
+def cmd_train(args):
+    """AdamW steps (torch.optim.AdamW after clip_grad_norm_) on the SFT loss -sum(logprobs)."""
+    model, ids = load_model(args)
+    params = [p for _, p in named_parameters(model)]
+    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=args.weight_decay)
+    losses = []
+    for _ in range(args.steps):
+        opt.zero_grad(set_to_none=True)
+        logits = model(ids)[0]
+        loss = -F.log_softmax(logits, dim=-1)[torch.arange(ids.shape[1] - 1), ids[0, 1:]].sum()
+        loss.backward()
+        if args.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
+        opt.step()
+        losses.append(loss.item())
+    weights = {name: p.detach().reshape(-1).tolist() for name, p in named_parameters(model)}
+    print(json.dumps({"losses": losses, "weights": weights}))
+
+
+def cmd_rope(args):
+    """The RoPE parameters of each config of a JSON list."""
+    out = []
+    for cfg in json.loads(args.configs):
+        inv_freq, attention_scaling = rope_parameters(cfg, cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
+        out.append({"inv_freq": inv_freq.tolist(), "attention_scaling": attention_scaling})
+    print(json.dumps(out))
 
 
 def timed(fn, min_time):
@@ -283,6 +377,15 @@ def main():
     sf = sub.add_parser("sft")
     sf.add_argument("--checkpoint", required=True)
     sf.add_argument("--tokens", required=True)
+    tr = sub.add_parser("train")
+    tr.add_argument("--checkpoint", required=True)
+    tr.add_argument("--tokens", required=True)
+    tr.add_argument("--steps", type=int, default=3)
+    tr.add_argument("--lr", type=float, default=1e-3)
+    tr.add_argument("--weight-decay", type=float, default=0.01)
+    tr.add_argument("--max-grad-norm", type=float, default=1.0)
+    rp = sub.add_parser("rope")
+    rp.add_argument("--configs", required=True)
     bn = sub.add_parser("bench")
     bn.add_argument("--config", required=True)
     bn.add_argument("--threads", type=int, required=True)
@@ -302,7 +405,8 @@ def main():
     st.add_argument("--mib", type=int, default=256)
     st.add_argument("--min-time", type=float, default=1.0)
     args = p.parse_args()
-    {"logits": cmd_logits, "sft": cmd_sft, "bench": cmd_bench, "sgemm": cmd_sgemm, "stream": cmd_stream}[args.cmd](args)
+    commands = {"logits": cmd_logits, "sft": cmd_sft, "train": cmd_train, "rope": cmd_rope, "bench": cmd_bench, "sgemm": cmd_sgemm, "stream": cmd_stream}
+    commands[args.cmd](args)
 
 
 if __name__ == "__main__":

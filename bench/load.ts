@@ -27,6 +27,7 @@ import type { LlamaConfig } from "../src/engine/config.ts"
 import { Engine } from "../src/engine/engine.ts"
 import { hfTokenizer } from "../src/engine/hf-tokenizer.ts"
 import { benchFlags, refuse } from "./flags.ts"
+import { printResult } from "./results.ts"
 
 const f = benchFlags("bench:load", "loading a generated ~1 GB BF16 checkpoint, and tokenizer.json's encoding rate", {
   gb: { kind: "number", doc: "checkpoint size in GB of BF16", default: 1 },
@@ -192,7 +193,7 @@ const main = async () => {
   console.log(`peak RSS ${result.peak_rss_gb.toFixed(2)} GB = ${result.peak_rss_over_model.toFixed(2)}x the F32 model (target <= 1.3)`)
   console.log(`encode ${result.encode_mb_per_s.toFixed(1)} MB/s (${enc.merges} merges, ${enc.encode_mb.toFixed(1)} MB; target >= 5)`)
   if (fresh && f.dir === undefined) rmSync(join(dir, ".."), { recursive: true, force: true })
-  console.log(JSON.stringify(result))
+  printResult("bench:load", result)
 }
 
 if (f["child-load"] !== undefined) await childLoad(f["child-load"])

@@ -24,6 +24,7 @@ import { stateDigest } from "../src/scheduling/driver.ts"
 import { executionsOf, parseScenario } from "../src/sim/scenario.ts"
 import { simulate } from "../src/sim/simulate.ts"
 import { atLeast, benchFlags } from "./flags.ts"
+import { printResult } from "./results.ts"
 
 const BENCH = "bench:replay"
 const f = benchFlags(BENCH, "how fast gyre replay reads and verifies a long journal", {
@@ -109,7 +110,7 @@ const main = async () => {
   console.log(`decode           ${r.decodeS.toFixed(2)} s   ${decodePerS} entries/s   (median of 3 reads; target >= 50000)`)
   console.log(`decode, first   ${r.firstS.toFixed(2)} s   ${firstPerS} entries/s   (a cold process)`)
   console.log(`verify           ${r.verifyS.toFixed(2)} s   ${verifyPerS} entries/s   (target >= 20000)`)
-  console.log(JSON.stringify({ events: r.events, decode_per_s: decodePerS, decode_first_per_s: firstPerS, verify_per_s: verifyPerS }))
+  printResult(BENCH, { events: r.events, decode_per_s: decodePerS, decode_first_per_s: firstPerS, verify_per_s: verifyPerS })
 }
 
 await main()

@@ -52,6 +52,7 @@ import { repoRoot } from "../src/runtime/nats-server.ts"
 import { startNode } from "../src/runtime/node.ts"
 import { ActorSystem, refOf } from "../src/runtime/system.ts"
 import { atLeast, benchFlags } from "./flags.ts"
+import { printResult } from "./results.ts"
 
 // Each flag's default may come from its `BENCH_*` variable (`BENCH_GATEWAY_ONLY=1 npm run bench:rollout`).
 const BENCH = "bench:rollout"
@@ -290,7 +291,7 @@ const program = Effect.gen(function* () {
   yield* saveCheckpoint(checkpoint, yield* engine.createModel(presets.tiny, { seed: 1 }))
   const systemOf = (run: string) => ActorSystem.layer({ run }).pipe(Layer.provideMerge(Nats.layer({})))
   const gw = yield* gatewayPhase.pipe(Effect.scoped, Effect.provide(systemOf("bench-gateway"))) // the worker child stops before its server
-  if (GATEWAY_ONLY) return console.log(JSON.stringify(gw))
+  if (GATEWAY_ONLY) return printResult(BENCH, gw)
   const actor = yield* actorPath.pipe(Effect.scoped, Effect.provide(systemOf("bench-rollout")))
   const direct = yield* Effect.scoped(directPath(actor.replay))
   const r = actor.recent
@@ -319,7 +320,7 @@ const program = Effect.gen(function* () {
   console.log(
     `gateway alone (${GATEWAY_CALLS} sequential calls, worker in a child node): overhead p50 ${result.gateway_overhead_p50_ms} ms (preparing ${result.gateway_prepare_p50_ms}, to the worker and back ${result.gateway_ask_p50_ms}, record ${result.gateway_record_p50_ms}), p99 ${result.gateway_overhead_p99_ms} ms (${result.gateway_prepare_p99_ms}, ${result.gateway_ask_p99_ms}, ${result.gateway_record_p99_ms}), CPU ${result.gateway_cpu_ms_per_call} ms/call (gateway + client); raw NATS request of the same sizes: p50 ${result.raw_nats_p50_ms} ms, p99 ${result.raw_nats_p99_ms} ms, CPU ${result.raw_nats_cpu_ms_per_call} ms; a lone publish of the record: p50 ${result.raw_js_publish_p50_ms} ms, p99 ${result.raw_js_publish_p99_ms} ms; both at the gateway's pace (one every ${result.gateway_period_ms} ms): request p50 ${result.raw_nats_paced_p50_ms} ms, publish p50 ${result.raw_js_publish_paced_p50_ms} ms (floor ${result.gateway_floor_p50_ms} ms)`
   )
-  console.log(JSON.stringify(result))
+  printResult(BENCH, result)
 })
 
 await Effect.runPromise(Effect.scoped(program).pipe(Effect.provide(Engine.layer)))

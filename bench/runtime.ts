@@ -33,6 +33,7 @@ import { encodeExitReply, requestHeaders } from "../src/runtime/protocol.ts"
 import { ActorSystem, refOf } from "../src/runtime/system.ts"
 import { mulberry32 } from "../src/tree/sample.ts"
 import { atLeast, benchFlags } from "./flags.ts"
+import { printResult } from "./results.ts"
 
 // Each flag's default may come from its `BENCH_*` variable (`BENCH_TRACER=none npm run bench:runtime`).
 const BENCH = "bench:runtime"
@@ -196,7 +197,7 @@ const program = Effect.gen(function* () {
   console.log(`nats-server ${result.server}; ${ASKS} asks, ${TELLS} tells with ${IN_FLIGHT} in flight; spans ${SPANS ? "on (in-memory tracer)" : "off (no tracer)"}`)
   console.log(["measure".padEnd(24), "gyre".padStart(10), "raw NATS".padStart(10), "gyre/raw".padStart(10)].join(" "))
   for (const r of rows) console.log([r[0].padEnd(24), r[1].padStart(10), r[2].padStart(10), r[3].padStart(10)].join(" "))
-  console.log(JSON.stringify(result))
+  printResult(BENCH, result)
 })
 
 /** Runs `count` async operations with at most IN_FLIGHT outstanding. */

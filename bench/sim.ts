@@ -20,6 +20,7 @@ import { lowerBound } from "../src/sim/bound.ts"
 import { executionsOf, loadScenario, parseScenario } from "../src/sim/scenario.ts"
 import { simulate } from "../src/sim/simulate.ts"
 import { benchFlags } from "./flags.ts"
+import { printResult } from "./results.ts"
 
 const flags = benchFlags("bench:sim", "the simulator's speed at cluster scale, the bundled scenarios and (--grid) the policy grid", {
   grid: { kind: "boolean", doc: "also elastic over the lower bound on the 108-scenario grid (about a minute)", default: false }
@@ -163,12 +164,10 @@ function gridRun() {
 
 const round = (x: unknown): unknown =>
   typeof x === "number" ? Number(x.toPrecision(6)) : x && typeof x === "object" ? Object.fromEntries(Object.entries(x).map(([k, v]) => [k, round(v)])) : x
-console.log(
-  JSON.stringify({
-    bench: "sim",
-    scale: { scenario: scale, cells: big.cells, slots_per_cell: big.slots_per_cell, steps: big.steps, executions_per_step: big.executions_per_step, ...(round(speed) as object) },
-    scenarios: round(table),
-    // the grid's figures at the top level of the last line, under the names issue 14 gives them
-    ...(grid ? (round(grid) as object) : {})
-  })
-)
+printResult("bench:sim", {
+  bench: "sim",
+  scale: { scenario: scale, cells: big.cells, slots_per_cell: big.slots_per_cell, steps: big.steps, executions_per_step: big.executions_per_step, ...(round(speed) as object) },
+  scenarios: round(table),
+  // the grid's figures at the top level of the last line, under the names issue 14 gives them
+  ...(grid ? (round(grid) as object) : {})
+})

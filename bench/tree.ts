@@ -15,10 +15,11 @@ import { Schema } from "effect"
 import { DeltaDecoder } from "../src/tree/decoder.ts"
 import { DeltaEncoder } from "../src/tree/encoder.ts"
 import { packMicroBatches } from "../src/tree/pack.ts"
-import { CallRecordJson, type ModelCall } from "../src/tree/record.ts"
+import { CallRecordJson, type ModelCall, untempered } from "../src/tree/record.ts"
 import { mulberry32 } from "../src/tree/sample.ts"
 import { executionStats, type ExecutionStats } from "../src/tree/stats.ts"
 import { stepUnits } from "../src/tree/units.ts"
+import { printResult } from "./results.ts"
 
 const CALLS = 500
 const WINDOW = 240_000
@@ -70,6 +71,7 @@ function* syntheticCalls(seed: number, scale: number): Generator<ModelCall> {
         output,
         logprobs: Float32Array.from(output, () => -3 * random()),
         versions: new Int32Array(outputLength).fill(version),
+        sampling: untempered,
         finishReason: "tool_calls",
         startedAt: index * 1000,
         finishedAt: index * 1000 + 800,
@@ -205,27 +207,25 @@ row([`sampled J=${J_MAX}`, sampledReport.tokens, sampledReport.trainedTokens, sa
 console.log(`sampled paths as separate sequences (the published form): ${sampledPathTokens} tokens`)
 console.log(`1M build target (< 1 s): best ${fmt(bestBig.seconds, 3)} s, first ${fmt(big[0]!.seconds, 3)} s for ${bestBig.stats.uniqueTokens} unique tokens`)
 
-console.log(
-  JSON.stringify({
-    bench: "tree",
-    executions: GROUP,
-    calls_per_execution: CALLS,
-    records_per_s: Math.round(sum((b) => b.records) / groupSeconds),
-    tokens_per_s: Math.round(treeTokens / groupSeconds),
-    bytes_per_unique_token: Number(fmt(sum((b) => b.decoder.tree.byteSize) / treeTokens, 3)),
-    dedup_ratio: Number(fmt(sum((b) => b.stats.totalTokens) / treeTokens, 2)),
-    pack_fill_ratio: Number(fmt(exactReport.fillRatio, 4)),
-    flat_tokens: flatTokens,
-    tree_tokens: treeTokens,
-    sampled_tokens: sampledTokens,
-    sampled_path_tokens: sampledPathTokens,
-    packed_tokens: exactReport.tokens,
-    carried_tokens: exactReport.carriedTokens,
-    call_tokens: sum((b) => b.stats.totalTokens),
-    max_record_bytes: Math.max(...group.flatMap((b) => b.recordBytes)),
-    build_1m_s: Number(fmt(bestBig.seconds, 3)),
-    build_1m_first_s: Number(fmt(big[0]!.seconds, 3)),
-    unique_tokens_1m: bestBig.stats.uniqueTokens,
-    bytes_per_unique_token_1m: Number(fmt(bestBig.decoder.tree.byteSize / bestBig.stats.uniqueTokens, 3))
-  })
-)
+printResult("bench:tree", {
+  bench: "tree",
+  executions: GROUP,
+  calls_per_execution: CALLS,
+  records_per_s: Math.round(sum((b) => b.records) / groupSeconds),
+  tokens_per_s: Math.round(treeTokens / groupSeconds),
+  bytes_per_unique_token: Number(fmt(sum((b) => b.decoder.tree.byteSize) / treeTokens, 3)),
+  dedup_ratio: Number(fmt(sum((b) => b.stats.totalTokens) / treeTokens, 2)),
+  pack_fill_ratio: Number(fmt(exactReport.fillRatio, 4)),
+  flat_tokens: flatTokens,
+  tree_tokens: treeTokens,
+  sampled_tokens: sampledTokens,
+  sampled_path_tokens: sampledPathTokens,
+  packed_tokens: exactReport.tokens,
+  carried_tokens: exactReport.carriedTokens,
+  call_tokens: sum((b) => b.stats.totalTokens),
+  max_record_bytes: Math.max(...group.flatMap((b) => b.recordBytes)),
+  build_1m_s: Number(fmt(bestBig.seconds, 3)),
+  build_1m_first_s: Number(fmt(big[0]!.seconds, 3)),
+  unique_tokens_1m: bestBig.stats.uniqueTokens,
+  bytes_per_unique_token_1m: Number(fmt(bestBig.decoder.tree.byteSize / bestBig.stats.uniqueTokens, 3))
+})

@@ -178,7 +178,7 @@ static gyre_status run_model(be_model *m, be_cache *c, const fwd_batch *b, const
   float *x = (float *)c->work.p, *h = x + cap * d->D, *wanted = h + cap * d->D, *qkv = wanted + cap * d->D;
   float *att = qkv + cap * d->qkv_dim, *gu = att + cap * d->q_dim, *act = gu + cap * 2 * d->F;
   float *rstd = act + cap * d->F;
-  layer_io io = {x, h, rstd, qkv, att, NULL, x, h, rstd, gu, act, x}; /* one residual stream x, in place */
+  layer_io io = {x, h, rstd, qkv, att, NULL, x, h, rstd, gu, act, x, NULL, NULL}; /* one residual stream x, in place */
   const dev_rows rows = {T, dev->positions, dev->row_seq, dev->block_off, dev->blocks};
   paged_arg arg = {c, &rows, &dev->plan};
   GYRE_CHECK(embed_forward(ctx, x, dev->tokens, m->w + m->lay->embed, T, d->D));

@@ -78,6 +78,78 @@ __global__ void add_column_sums_k(float *__restrict__ y, const float *__restrict
   y[c] += s;
 }
 
+__global__ void bias_forward_k(float *__restrict__ y, const float *__restrict__ b, int64_t total, int N) {
+  for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < total;
+       idx += (int64_t)gridDim.x * blockDim.x)
+    y[idx] += b[idx % N];
+}
+
+/* partial[chunk][c] = sum over the chunk's rows t of dy[t][c] */
+__global__ void column_sums_k(float *__restrict__ partial, const float *__restrict__ dy, int T, int N) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y;
+  if (c >= N) return;
+  const int t1 = min(T, (chunk + 1) * COL_CHUNK);
+  float s = 0.0f;
+  for (int t = chunk * COL_CHUNK; t < t1; t++) s += dy[(size_t)t * N + c];
+  partial[(size_t)chunk * N + c] = s;
+}
+
+constexpr int HEAD_THREADS = 64;
+
+/* One block per (row t, head h) = blockIdx.x = t * heads + h: x -> x r w over the head's hd values. */
+__global__ void __launch_bounds__(HEAD_THREADS)
+    head_rmsnorm_forward_k(float *__restrict__ qkv, float *__restrict__ raw, float *__restrict__ rstd,
+                           const float *__restrict__ wq, const float *__restrict__ wk, int H, int heads, int hd,
+                           int qkv_dim, float eps) {
+  __shared__ float red[32];
+  const int t = blockIdx.x / heads, h = blockIdx.x % heads;
+  float *x = qkv + (size_t)t * qkv_dim + (size_t)h * hd;
+  const float *w = h < H ? wq : wk;
+  float ss = 0.0f;
+  for (int c = threadIdx.x; c < hd; c += blockDim.x) {
+    const float v = x[c];
+    ss += v * v;
+    if (raw != nullptr) raw[(size_t)blockIdx.x * hd + c] = v;
+  }
+  ss = block_sum(ss, red);
+  const float r = 1.0f / sqrtf(ss / hd + eps);
+  for (int c = threadIdx.x; c < hd; c += blockDim.x) x[c] = x[c] * r * w[c];
+  if (rstd != nullptr && threadIdx.x == 0) rstd[blockIdx.x] = r;
+}
+
+/* In place: dy -> r (dy w) - r^3 / hd * x * sum_c(dy_c w_c x_c), each thread rewriting what it read. */
+__global__ void __launch_bounds__(HEAD_THREADS)
+    head_rmsnorm_backward_dx_k(float *__restrict__ dqkv, const float *__restrict__ raw, const float *__restrict__ wq,
+                               const float *__restrict__ wk, const float *__restrict__ rstd, int H, int heads, int hd,
+                               int qkv_dim) {
+  __shared__ float red[32];
+  const int t = blockIdx.x / heads, h = blockIdx.x % heads;
+  float *dy = dqkv + (size_t)t * qkv_dim + (size_t)h * hd;
+  const float *x = raw + (size_t)blockIdx.x * hd, *w = h < H ? wq : wk;
+  const float r = rstd[blockIdx.x];
+  float dot = 0.0f;
+  for (int c = threadIdx.x; c < hd; c += blockDim.x) dot += dy[c] * w[c] * x[c];
+  dot = block_sum(dot, red);
+  const float k = r * r * r * dot / hd;
+  for (int c = threadIdx.x; c < hd; c += blockDim.x) dy[c] = r * dy[c] * w[c] - k * x[c];
+}
+
+/* partial[chunk][c] = sum over the chunk's rows t and heads h in [h0, h1) of dy x r */
+__global__ void head_rmsnorm_dw_k(float *__restrict__ partial, const float *__restrict__ dqkv,
+                                  const float *__restrict__ raw, const float *__restrict__ rstd, int T, int h0, int h1,
+                                  int heads, int hd, int qkv_dim) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y;
+  if (c >= hd) return;
+  const int t1 = min(T, (chunk + 1) * COL_CHUNK);
+  float s = 0.0f;
+  for (int t = chunk * COL_CHUNK; t < t1; t++)
+    for (int h = h0; h < h1; h++) {
+      const size_t row = (size_t)t * heads + h;
+      s += dqkv[(size_t)t * qkv_dim + (size_t)h * hd + c] * raw[row * hd + c] * rstd[row];
+    }
+  partial[(size_t)chunk * hd + c] = s;
+}
+
 __global__ void rope_k(float *__restrict__ qkv, const int32_t *__restrict__ positions, const float *__restrict__ cos_t,
                        const float *__restrict__ sin_t, int T, int heads, int half, int hd, int qkv_dim, float sign) {
   const int64_t total = (int64_t)T * heads * half;
@@ -121,13 +193,17 @@ __global__ void swiglu_backward_k(float *__restrict__ dgu, const float *__restri
 }
 
 __global__ void __launch_bounds__(ROW_THREADS)
-    logits_stats_k(float *__restrict__ lse, float *__restrict__ entropy, const float *__restrict__ logits, int V) {
+    logits_stats_k(float *__restrict__ lse, float *__restrict__ entropy, float *__restrict__ logits, int V, float scale) {
   __shared__ float redf[32];
   __shared__ double redd[32];
   const size_t t = blockIdx.x;
-  const float *z = logits + t * V;
+  float *z = logits + t * V;
   float max = -INFINITY;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) max = fmaxf(max, z[v]);
+  /* each thread scales the elements it alone reads below */
+  for (int v = threadIdx.x; v < V; v += blockDim.x) {
+    if (scale != 1.0f) z[v] *= scale;
+    max = fmaxf(max, z[v]);
+  }
   max = block_max(max, redf);
   double sum = 0.0, wsum = 0.0;
   for (int v = threadIdx.x; v < V; v += blockDim.x) {
@@ -249,6 +325,59 @@ gyre_status rmsnorm_backward(exec_ctx *ctx, float *dx, float *dw, const float *d
   return GYRE_OK;
 }
 
+gyre_status bias_forward(exec_ctx *ctx, float *y, const float *b, int T, int N) {
+  if (T <= 0) return GYRE_OK;
+  LAUNCH(grid_for((int64_t)T * N), 256, 0, ctx->stream, bias_forward_k)(y, b, (int64_t)T * N, N);
+  CU_LAUNCHED();
+  return GYRE_OK;
+}
+
+gyre_status bias_backward(exec_ctx *ctx, float *db, const float *dy, int T, int N) {
+  if (T <= 0) return GYRE_OK;
+  const int chunks = (int)cdiv(T, COL_CHUNK);
+  void *scratch;
+  GYRE_CHECK(ctx_scratch(ctx, sizeof(float) * (size_t)chunks * N, &scratch));
+  float *partial = (float *)scratch;
+  LAUNCH(dim3(cdiv(N, 128), chunks), 128, 0, ctx->stream, column_sums_k)(partial, dy, T, N);
+  CU_LAUNCHED();
+  LAUNCH(cdiv(N, 128), 128, 0, ctx->stream, add_column_sums_k)(db, partial, chunks, N);
+  CU_LAUNCHED();
+  return GYRE_OK;
+}
+
+gyre_status head_rmsnorm_forward(exec_ctx *ctx, float *qkv, float *raw, float *rstd, const float *wq, const float *wk,
+                                 int T, const dims *d) {
+  const int heads = d->H + d->KV;
+  if (T <= 0) return GYRE_OK;
+  LAUNCH(T * heads, HEAD_THREADS, 0, ctx->stream, head_rmsnorm_forward_k)(qkv, raw, rstd, wq, wk, d->H, heads, d->hd,
+                                                                          d->qkv_dim, d->eps);
+  CU_LAUNCHED();
+  return GYRE_OK;
+}
+
+gyre_status head_rmsnorm_backward(exec_ctx *ctx, float *dqkv, float *dwq, float *dwk, const float *raw, const float *wq,
+                                  const float *wk, const float *rstd, int T, const dims *d) {
+  const int heads = d->H + d->KV, hd = d->hd;
+  if (T <= 0) return GYRE_OK;
+  /* the weights' gradients first (they read dy), q's then k's, then dx over dy in place */
+  const int chunks = (int)cdiv(T, COL_CHUNK);
+  void *scratch;
+  GYRE_CHECK(ctx_scratch(ctx, sizeof(float) * 2 * (size_t)chunks * hd, &scratch));
+  float *partial = (float *)scratch;
+  for (int k = 0; k < 2; k++) {
+    float *part = partial + (size_t)k * chunks * hd;
+    LAUNCH(dim3(cdiv(hd, 64), chunks), 64, 0, ctx->stream, head_rmsnorm_dw_k)(part, dqkv, raw, rstd, T, k == 0 ? 0 : d->H,
+                                                                             k == 0 ? d->H : heads, heads, hd, d->qkv_dim);
+    CU_LAUNCHED();
+    LAUNCH(cdiv(hd, 64), 64, 0, ctx->stream, add_column_sums_k)(k == 0 ? dwq : dwk, part, chunks, hd);
+    CU_LAUNCHED();
+  }
+  LAUNCH(T * heads, HEAD_THREADS, 0, ctx->stream, head_rmsnorm_backward_dx_k)(dqkv, raw, wq, wk, rstd, d->H, heads, hd,
+                                                                              d->qkv_dim);
+  CU_LAUNCHED();
+  return GYRE_OK;
+}
+
 gyre_status rope(exec_ctx *ctx, float *qkv, const int32_t *positions, const float *cos_t, const float *sin_t, int T,
                  const dims *d, int inverse) {
   const int heads = d->H + d->KV, half = d->hd / 2; /* q heads then k heads, contiguous */
@@ -274,9 +403,9 @@ gyre_status swiglu_backward(exec_ctx *ctx, float *dgu, const float *dact, const 
   return GYRE_OK;
 }
 
-gyre_status logits_stats(exec_ctx *ctx, float *lse, float *entropy, const float *logits, int T, int V) {
+gyre_status logits_stats(exec_ctx *ctx, float *lse, float *entropy, float *logits, int T, int V, float scale) {
   if (T <= 0) return GYRE_OK;
-  LAUNCH(T, ROW_THREADS, 0, ctx->stream, logits_stats_k)(lse, entropy, logits, V);
+  LAUNCH(T, ROW_THREADS, 0, ctx->stream, logits_stats_k)(lse, entropy, logits, V, scale);
   CU_LAUNCHED();
   return GYRE_OK;
 }

@@ -27,6 +27,19 @@ gyre_status rmsnorm_forward(exec_ctx *ctx, float *out, float *rstd, const float 
 gyre_status rmsnorm_backward(exec_ctx *ctx, float *dx, float *dw, const float *dout, const float *x,
                              const float *w, const float *rstd, int T, int D);
 
+/* y[T,N] += b[N] on every row */
+gyre_status bias_forward(exec_ctx *ctx, float *y, const float *b, int T, int N);
+/* db[N] += sum over rows of dy[T,N] (fixed row chunks, added in order) */
+gyre_status bias_backward(exec_ctx *ctx, float *db, const float *dy, int T, int N);
+
+/* Qwen3's per-head RMSNorm, in place on the q and k heads of qkv[T, qkv_dim] (wq [hd] for q
+ * heads, wk [hd] for k heads); raw [T, q_dim + kv_dim] and rstd [T, H + KV] may be NULL. */
+gyre_status head_rmsnorm_forward(exec_ctx *ctx, float *qkv, float *raw, float *rstd, const float *wq, const float *wk,
+                                 int T, const dims *d);
+/* Its backward, in place: the q and k heads of dqkv from d(normed) to d(raw); dwq, dwk [hd] +=. */
+gyre_status head_rmsnorm_backward(exec_ctx *ctx, float *dqkv, float *dwq, float *dwk, const float *raw, const float *wq,
+                                  const float *wk, const float *rstd, int T, const dims *d);
+
 /* Rotate-half RoPE in place on the q and k heads of qkv[T, qkv_dim] by positions[t]; cos/sin
  * tables [max_pos, hd/2]; inverse rotates back (the backward of the rotation). */
 gyre_status rope(exec_ctx *ctx, float *qkv, const int32_t *positions, const float *cos_t, const float *sin_t,
@@ -38,7 +51,7 @@ gyre_status swiglu_forward(exec_ctx *ctx, float *act, const float *gu, int T, in
 gyre_status swiglu_backward(exec_ctx *ctx, float *dgu, const float *dact, const float *gu, int T, int F);
 
 /* Per row of logits[T,V]: lse[t] = logsumexp, entropy[t] of the softmax (double sums). */
-gyre_status logits_stats(exec_ctx *ctx, float *lse, float *entropy, const float *logits, int T, int V);
+gyre_status logits_stats(exec_ctx *ctx, float *lse, float *entropy, float *logits, int T, int V, float scale);
 /* logp[i] = logits[parents[i], tokens[i]] - lse[parents[i]], ent[i] = entropy[parents[i]];
  * NaN for roots. */
 gyre_status token_logprobs(exec_ctx *ctx, float *logp, float *ent, const float *logits, const float *lse,

@@ -88,6 +88,9 @@ gyre_status layer_forward(const be_model *m, exec_ctx *ctx, int layer, int T, co
   const size_t rows = (size_t)T * d->D;
   GYRE_CHECK(rmsnorm_forward(ctx, io->h1, io->rstd1, io->x_in, w + o->ln_in, T, d->D, d->eps));
   GYRE_CHECK(gemm(ctx, T, d->qkv_dim, d->D, io->h1, d->D, 0, w + o->wqkv, d->D, 1, io->qkv, d->qkv_dim, 0));
+  if (o->bqkv >= 0) GYRE_CHECK(bias_forward(ctx, io->qkv, w + o->bqkv, T, d->qkv_dim));
+  if (o->qnorm >= 0)
+    GYRE_CHECK(head_rmsnorm_forward(ctx, io->qkv, io->qk_raw, io->qk_rstd, w + o->qnorm, w + o->knorm, T, d));
   GYRE_CHECK(rope(ctx, io->qkv, positions, m->rope_cos, m->rope_sin, T, d, 0));
   GYRE_CHECK(attend(arg, ctx, layer, io));
   if (io->x_mid != io->x_in)

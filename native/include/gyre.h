@@ -3,7 +3,8 @@
  *
  * One ABI, two implementations: libgyre_cpu.so (C11 + OpenMP, always built) and
  * libgyre_cuda.so (CUDA, built when nvcc exists). The library knows a Llama-architecture
- * decoder (Hugging Face LlamaConfig semantics), a paged KV cache for inference and a
+ * decoder (Hugging Face LlamaConfig semantics, with Qwen2's q/k/v biases and Qwen3's per-head q/k
+ * RMSNorm as options), a paged KV cache for inference and a
  * tree-masked forward/backward with AdamW for training. It knows nothing of its callers:
  * every input and output goes through host memory buffers owned by the caller, every
  * object is an opaque handle, and every fallible call returns a gyre_status whose message
@@ -33,6 +34,11 @@
  *       model.layers.{i}.self_attn.q_proj.weight    [H*hd, D]
  *       model.layers.{i}.self_attn.k_proj.weight    [KV*hd, D]
  *       model.layers.{i}.self_attn.v_proj.weight    [KV*hd, D]
+ *       model.layers.{i}.self_attn.q_proj.bias      [H*hd]   (only with qkv_bias)
+ *       model.layers.{i}.self_attn.k_proj.bias      [KV*hd]  (only with qkv_bias)
+ *       model.layers.{i}.self_attn.v_proj.bias      [KV*hd]  (only with qkv_bias)
+ *       model.layers.{i}.self_attn.q_norm.weight    [hd]     (only with qk_norm)
+ *       model.layers.{i}.self_attn.k_norm.weight    [hd]     (only with qk_norm)
  *       model.layers.{i}.self_attn.o_proj.weight    [D, H*hd]
  *       model.layers.{i}.post_attention_layernorm.weight [D]
  *       model.layers.{i}.mlp.gate_proj.weight       [F, D]
@@ -59,9 +65,11 @@ extern "C" {
 #endif
 
 /* Bumped on any incompatible change of a signature, struct or buffer format below. */
-#define GYRE_ABI_VERSION 5 /* 2: gyre_loss_config.proximal_current; 3: RoPE scaling, tensor load/store;
+#define GYRE_ABI_VERSION 7 /* 2: gyre_loss_config.proximal_current; 3: RoPE scaling, tensor load/store;
                               4: gyre_config.head_dim, per-thread error messages, per-model thread counts;
-                              5: gyre_cache_create's kv_dtype, gyre_cache_stats.kv_dtype (F16 KV) */
+                              5: gyre_cache_create's kv_dtype, gyre_cache_stats.kv_dtype (F16 KV);
+                              6: gyre_config.qkv_bias, qk_norm and YaRN fields, gyre_rope_attention_scaling;
+                              7: gyre_loss_config.temperature */
 
 /* ------------------------------------------------------------------------------------ */
 /* Status codes and errors                                                               */
@@ -120,6 +128,10 @@ GYRE_API int32_t gyre_num_threads(void);
  * used as it is, whether or not head_dim * num_attention_heads == hidden_size (q_proj is
  * [H*hd, D], k/v_proj [KV*hd, D], o_proj [D, H*hd]); it must be even (rotate-half RoPE),
  * and RoPE rotates all of it.
+ * Architecture options (the decoder is Llama's with these):
+ *   qkv_bias  q_proj, k_proj and v_proj have biases (Qwen2ForCausalLM); o_proj has none
+ *   qk_norm   an RMSNorm over each head's q and k (weights q_norm [hd], k_norm [hd], eps
+ *             rms_norm_eps) after the projections and before RoPE (Qwen3ForCausalLM)
  * RoPE scaling (LlamaConfig.rope_scaling), by rope_type:
  *   GYRE_ROPE_DEFAULT  inv_freq_j = 1 / theta^(2j / head_dim); the rope_* fields are unused
  *   GYRE_ROPE_LINEAR   inv_freq_j / rope_factor
@@ -127,8 +139,25 @@ GYRE_API int32_t gyre_num_threads(void);
  *                      _compute_llama3_parameters): wavelengths above
  *                      rope_original_max_position_embeddings / rope_low_freq_factor are
  *                      divided by rope_factor, those below .. / rope_high_freq_factor kept,
- *                      the ones between interpolated smoothly. */
-typedef enum gyre_rope_type { GYRE_ROPE_DEFAULT = 0, GYRE_ROPE_LINEAR = 1, GYRE_ROPE_LLAMA3 = 2 } gyre_rope_type;
+ *                      the ones between interpolated smoothly.
+ *   GYRE_ROPE_YARN     YaRN (transformers' _compute_yarn_parameters): inv_freq_j blends
+ *                      inv_freq_j / rope_factor (interpolation) and inv_freq_j
+ *                      (extrapolation) by a linear ramp over the dimensions between the
+ *                      correction dims of rope_beta_fast (0: 32) and rope_beta_slow (0: 1)
+ *                      rotations in rope_original_max_position_embeddings (0:
+ *                      max_position_embeddings) positions, floored and ceiled when
+ *                      rope_truncate is 1; cos and sin are multiplied by the attention
+ *                      factor: rope_attention_factor when > 0, else from rope_mscale and
+ *                      rope_mscale_all_dim (both > 0: mscale(factor, rope_mscale) /
+ *                      mscale(factor, rope_mscale_all_dim)), else mscale(factor), with
+ *                      mscale(s, m) = s <= 1 ? 1 : 0.1 m ln(s) + 1
+ *                      (gyre_rope_attention_scaling). */
+typedef enum gyre_rope_type {
+  GYRE_ROPE_DEFAULT = 0,
+  GYRE_ROPE_LINEAR = 1,
+  GYRE_ROPE_LLAMA3 = 2,
+  GYRE_ROPE_YARN = 3
+} gyre_rope_type;
 
 typedef struct gyre_config {
   int32_t vocab_size;
@@ -142,11 +171,19 @@ typedef struct gyre_config {
   double rms_norm_eps;
   double rope_theta;
   int32_t rope_type;              /* gyre_rope_type */
-  int32_t rope_original_max_position_embeddings; /* LLAMA3: > 0 */
-  double rope_factor;             /* LINEAR, LLAMA3: > 0 */
+  int32_t rope_original_max_position_embeddings; /* LLAMA3: > 0; YARN: >= 0 */
+  double rope_factor;             /* LINEAR, LLAMA3, YARN: > 0 */
   double rope_low_freq_factor;    /* LLAMA3: > 0 */
   double rope_high_freq_factor;   /* LLAMA3: > rope_low_freq_factor */
   int32_t head_dim;               /* 0: hidden_size / num_attention_heads; else >= 2, even */
+  int32_t qkv_bias;               /* 0 or 1 */
+  int32_t qk_norm;                /* 0 or 1 */
+  int32_t rope_truncate;          /* YARN: 0 or 1 */
+  double rope_beta_fast;          /* YARN: >= 0 (0: 32) */
+  double rope_beta_slow;          /* YARN: >= 0 (0: 1) */
+  double rope_mscale;             /* YARN: >= 0 */
+  double rope_mscale_all_dim;     /* YARN: >= 0 */
+  double rope_attention_factor;   /* YARN: >= 0 (0: derived) */
 } gyre_config;
 
 /* GYRE_OK if the config is usable, else GYRE_ERR_INVALID_ARGUMENT naming the field. */
@@ -169,7 +206,7 @@ typedef struct gyre_model gyre_model;
 
 /* Random initialisation as Hugging Face's LlamaPreTrainedModel: every projection and the
  * embedding ~ N(0, init_std^2) (init_std = initializer_range, 0.02 by default), every
- * RMSNorm weight = 1. Deterministic given seed on every backend. */
+ * RMSNorm weight = 1, every bias = 0. Deterministic given seed on every backend. */
 GYRE_API gyre_status gyre_model_create(const gyre_config *cfg, uint64_t seed, float init_std,
                                        gyre_model **out);
 /* A model from a safetensors file held in memory (e.g. model.safetensors read from disk
@@ -198,6 +235,8 @@ GYRE_API gyre_status gyre_model_write_tensor(const gyre_model *model, int32_t in
                                              uint8_t *out, size_t cap);
 /* The RoPE inverse frequencies [head_dim / 2] the config rotates by (after scaling). */
 GYRE_API gyre_status gyre_rope_inv_freq(const gyre_config *cfg, float *out, int32_t n);
+/* The factor cos and sin are multiplied by (YARN's attention factor; 1 for the other types). */
+GYRE_API gyre_status gyre_rope_attention_scaling(const gyre_config *cfg, float *out);
 
 /* Serialises the weights as a safetensors file (F32, HF names, metadata {"format":"pt"}). */
 GYRE_API gyre_status gyre_model_save(const gyre_model *model, uint8_t *out, size_t cap,
@@ -351,7 +390,8 @@ GYRE_API void gyre_trainer_free(gyre_trainer *trainer);
 #define GYRE_LOSS_PPO 1 /* decoupled PPO-clip with truncated importance weight, below */
 
 /* Per loss term i (a token with parent >= 0), with logp_i = log pi_theta(tokens[i] | the
- * ancestors of i), mu_i = behaviour log-prob, prox_i = proximal log-prob (NaN or a NULL
+ * ancestors of i) where pi_theta = softmax(logits / temperature) (the distribution the
+ * behaviour tokens were drawn from; entropy and token_logprobs are of it too), mu_i = behaviour log-prob, prox_i = proximal log-prob (NaN or a NULL
  * array: prox_i = mu_i; with proximal_current: prox_i = logp_i, the weights being trained
  * are the proximal policy, so r_i = 1), A_i = advantage:
  *   w_i = min(exp(prox_i - mu_i), is_cap)        (is_cap <= 0: no cap)
@@ -369,6 +409,7 @@ typedef struct gyre_loss_config {
   int32_t current_version;
   int32_t max_staleness;   /* < 0: no bound */
   int32_t proximal_current; /* nonzero: prox_i = logp_i (proximal_logprobs ignored) */
+  float temperature;        /* > 0; 1: the model's own distribution */
 } gyre_loss_config;
 
 /* Means are unweighted over the trained terms (weight != 0, not stale). */

@@ -27,6 +27,8 @@ typedef struct layer_io {
   float *gu;     /* [T, 2F] gate | up */
   float *act;    /* [T, F] silu(gate) * up */
   float *x_out;  /* [T, D] x_mid + down_proj(act); may alias x_in */
+  float *qk_raw; /* [T, q_dim + kv_dim] q | k before the per-head norm (training with qk_norm) or NULL */
+  float *qk_rstd;/* [T, H + KV] the per-head norm's rstd (training with qk_norm) or NULL */
 } layer_io;
 
 /* What a trainer keeps for a micro-batch of T rows, forward and backward: L+1 residual

@@ -85,17 +85,20 @@ typedef struct train_batch {
   const int32_t *parents;
   const int32_t *positions;
   const struct forest *forest;
+  float inv_temperature; /* the loss's 1 / temperature: the logits are scaled by it */
 } train_batch;
 
 gyre_status be_trainer_create(be_model *m, int32_t max_tokens, be_trainer **out);
 void be_trainer_free(be_trainer *t);
 /* Forward over the batch; for every token i with a parent: logp_host[i] = log p(tokens[i] |
- * output at parents[i]) and entropy_host[i] = entropy of that distribution (NaN for roots).
- * Keeps the activations for be_train_backward of the same batch. */
+ * output at parents[i]) and entropy_host[i] = entropy of that distribution (NaN for roots),
+ * p = softmax(logits * inv_temperature). Keeps the activations for be_train_backward of the
+ * same batch. */
 gyre_status be_train_forward(be_trainer *t, const train_batch *b, float *logp_host,
                              float *entropy_host);
 /* Backward of sum_i L_i(logp_i) given dlogp_host[i] = dL_i/dlogp_i (0 for roots and terms
- * not trained); adds into the gradient buffer. */
+ * not trained); adds into the gradient buffer. The logits' gradient is taken with respect to
+ * the scaled logits: the caller folds inv_temperature into dlogp_host. */
 gyre_status be_train_backward(be_trainer *t, const train_batch *b, const float *dlogp_host);
 gyre_status be_grads_zero(be_trainer *t);
 gyre_status be_grads_get(const be_trainer *t, float *host);

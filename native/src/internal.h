@@ -47,12 +47,16 @@ typedef struct dims {
   double rope_theta;
   int32_t rope_type, rope_original_max_pos;
   double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+  int32_t rope_truncate;
+  double rope_beta_fast, rope_beta_slow, rope_mscale, rope_mscale_all_dim, rope_attention_factor;
+  int32_t qkv_bias, qk_norm;     /* gyre_config's architecture options */
 } dims;
 
 /* Offsets (in floats) of one layer's tensors in the flat parameter vector. q, k, v are
- * consecutive, so wqkv is the stacked [qkv_dim, D] matrix; gate, up likewise form [2F, D]. */
+ * consecutive, so wqkv is the stacked [qkv_dim, D] matrix; gate, up likewise form [2F, D];
+ * the biases form bqkv [qkv_dim]. bqkv, qnorm and knorm are -1 when the config has none. */
 typedef struct layer_offsets {
-  int64_t ln_in, wqkv, wo, ln_post, wgu, wdown;
+  int64_t ln_in, wqkv, bqkv, qnorm, knorm, wo, ln_post, wgu, wdown;
 } layer_offsets;
 
 typedef struct param_tensor {
@@ -106,6 +110,8 @@ void init_weights(const param_layout *layout, uint64_t seed, float init_std, flo
 void rope_tables(float *cos_t, float *sin_t, const dims *d);
 /* inv_freq[hd/2] after the config's RoPE scaling (gyre.h), in F32 as transformers computes it. */
 void rope_inv_freq(float *inv_freq, const dims *d);
+/* The factor the tables' cos and sin carry (YaRN's attention factor; 1 otherwise). */
+float rope_attention_scaling(const dims *d);
 
 /* ---- forest of a packed batch (common/forest.c) ---- */
 

@@ -42,7 +42,7 @@ import { SchedulerProtocol } from "../protocols/scheduler.ts"
 import { WeightsUnavailable, type WorkerLoad } from "../protocols/rollout.ts"
 import { openKvStore } from "../serving/handoff.ts"
 import { deviceLoad, makeRoleSwitch, type RoleState } from "../serving/role-switch.ts"
-import { rolloutConfigFromEnv, startRollout, type RolloutConfig } from "../serving/rollout-role.ts"
+import { KV_BLOCK_TOKENS, rolloutConfigFromEnv, startRollout, type RolloutConfig } from "../serving/rollout-role.ts"
 import type { TrainingRole, TrainingRoleFactory } from "../serving/training-role.ts"
 
 export interface DeviceConfig extends RolloutConfig {
@@ -71,8 +71,8 @@ export const deviceConfigFromEnv = (): DeviceConfig => ({
   ...(process.env.GYRE_SCHEDULER ? { scheduler: process.env.GYRE_SCHEDULER } : {})
 })
 
-/** The device actor type for a configuration. */
-export const device = (config: DeviceConfig) =>
+/** The device actor type for a configuration (or a function reading it when an incarnation starts). */
+export const device = (configured: DeviceConfig | (() => DeviceConfig)) =>
   Actor.make({
     kind: DEVICE_KIND,
     protocol: DeviceProtocol,
@@ -80,6 +80,7 @@ export const device = (config: DeviceConfig) =>
     concurrency: 1024,
     behaviour: (ctx) =>
       Effect.gen(function* () {
+        const config = typeof configured === "function" ? configured() : configured
         const self = formatAddress(ctx.address)
         const state: RoleState = { role: "rollout", switching: false }
         let training: TrainingRole | undefined
@@ -94,7 +95,7 @@ export const device = (config: DeviceConfig) =>
           rollout,
           training,
           state,
-          blockTokens: config.blockTokens ?? 16,
+          blockTokens: config.blockTokens ?? KV_BLOCK_TOKENS,
           store: yield* openKvStore(ctx.system),
           report: () => report(rollout.batcher.load())
         })
@@ -130,5 +131,5 @@ export const device = (config: DeviceConfig) =>
       })
   })
 
-/** A device configured from the environment (for `gyre node --load`). */
-export const Device = device(deviceConfigFromEnv())
+/** A device configured from the environment when it starts (for `gyre node --load`). */
+export const Device = device(deviceConfigFromEnv)

@@ -2,29 +2,37 @@
  * The gateway actor: Gyre's black-box model endpoint. It speaks `GatewayProtocol` to the
  * harness runner (OpenExecution registers an execution's bearer key, CloseExecution revokes
  * it) and to devices leaving rollout (ContextsMoved: where their executions' contexts went),
- * and serves the OpenAI HTTP API on its port for the harnesses (`../gateway/endpoints.ts`).
+ * and serves on its port for the harnesses the OpenAI API (Chat Completions, completions,
+ * models: `../gateway/endpoints.ts`), the Responses API (`../gateway/responses-route.ts`) and
+ * the Anthropic Messages API (`../gateway/messages-route.ts`), each a conversion to and from
+ * one chat turn (`../gateway/chat-turn.ts`).
  *
  * The bearer key names the execution (`../gateway/sessions.ts`), the `X-Gyre-Role` header the
  * call's role (default the execution's). A request is rendered to tokens, sent to a rollout
  * worker or a device in the rollout role (`../gateway/call-router.ts`: sticky, deltas, transparent retries), answered, and
  * recorded: one delta-encoded `CallRecord` per call on `gyre.<run>.calls.<execution>` of the
  * stream `GYRE_<run>_TRAJECTORIES`, acknowledged by JetStream before the response ends
- * (`../gateway/call-recorder.ts`). Errors use the OpenAI format (`../openai/openai.ts`).
+ * (`../gateway/call-recorder.ts`). Errors use the OpenAI format (`../openai/openai.ts`), on the
+ * Messages routes Anthropic's (`../openai/anthropic.ts`).
  */
 import { Effect, Schema } from "effect"
 import type { RpcGroup } from "effect/rpc"
 import * as Actor from "../runtime/actor.ts"
 import { makeCallRecorder } from "../gateway/call-recorder.ts"
 import { makeCallRouter } from "../gateway/call-router.ts"
-import { openAiRoutes, type Generate } from "../gateway/endpoints.ts"
-import { serveHttp, type HttpLimits } from "../gateway/http.ts"
+import { chatTurns, type Generate } from "../gateway/chat-turn.ts"
+import { openAiRoutes } from "../gateway/endpoints.ts"
+import { openAiErrors, serveHttp, type HttpLimits } from "../gateway/http.ts"
+import { messagesErrorFormat, messagesRoutes } from "../gateway/messages-route.ts"
+import { responsesRoutes } from "../gateway/responses-route.ts"
 import { recentCalls } from "../gateway/recent-calls.ts"
 import { makeSessions, roleOf } from "../gateway/sessions.ts"
 import { watchWorkers } from "../gateway/worker-directory.ts"
-import type { ChatFormat } from "../openai/chat.ts"
+import { gyreChat, type ChatFormat } from "../openai/chat.ts"
 import { GatewayProtocol, UnknownExecution } from "../protocols/gateway.ts"
 import { readiness } from "../gateway/probes.ts"
 import { ensureTrajectoryStream } from "../protocols/layout.ts"
+import type { Sampling } from "../tree/record.ts"
 
 export interface GatewayConfig {
   /** Interface to listen on (default 127.0.0.1). */
@@ -51,6 +59,8 @@ export interface GatewayConfig {
   readonly generateTimeoutMs?: number
   /** The served model's tokenizer and chat template (default Gyre's; `chatFormatOf(checkpoint)`). */
   readonly chat?: ChatFormat
+  /** A training run's sampling, replacing each request's temperature and top_p (default: the request's). */
+  readonly sampling?: Sampling
 }
 
 /** The gateway actor type for a configuration. */
@@ -91,6 +101,7 @@ export const gateway = (config: GatewayConfig = {}) =>
               output: result.output,
               logprobs: result.logprobs,
               versions: result.versions,
+              sampling: { temperature: sampling.temperature, topP: sampling.topP },
               finishReason: result.finishReason === "cancelled" ? "cancelled" : finishReason,
               startedAt: call.startedAt,
               finishedAt: Date.now(),
@@ -101,6 +112,12 @@ export const gateway = (config: GatewayConfig = {}) =>
             return result
           })
 
+        const chat = config.chat ?? gyreChat
+        const turns = chatTurns({ chat, defaultMaxTokens: config.defaultMaxTokens ?? 512, maxContextTokens: config.maxContextTokens, generate, sampling: config.sampling })
+        const openAi = openAiRoutes({ model, servingSince: Math.floor(Date.now() / 1000), maxContextTokens: config.maxContextTokens, generate, turns, chat })
+        const responses = responsesRoutes({ model, turns })
+        const messages = messagesRoutes({ model, turns })
+
         // HTTP server: requests run as fibers of this incarnation, drained when it stops.
         const host = config.host ?? "127.0.0.1"
         const server = yield* serveHttp({
@@ -109,14 +126,8 @@ export const gateway = (config: GatewayConfig = {}) =>
           ...(config.limits === undefined ? {} : { limits: config.limits }),
           probes: readiness(system, directory),
           authenticate: sessions.authenticate,
-          routeOf: openAiRoutes({
-            model,
-            servingSince: Math.floor(Date.now() / 1000),
-            defaultMaxTokens: config.defaultMaxTokens ?? 512,
-            maxContextTokens: config.maxContextTokens,
-            generate,
-            ...(config.chat === undefined ? {} : { chat: config.chat })
-          })
+          routeOf: (path) => openAi(path) ?? responses(path) ?? messages(path),
+          errorFormatOf: messagesErrorFormat(openAiErrors)
         })
         const baseUrl = `http://${config.advertiseHost ?? host}:${server.port}/v1`
         yield* Effect.logInfo(`gateway ${ctx.address.id}: serving ${baseUrl} (model ${model})`)

@@ -4,7 +4,7 @@
  * `RunExecution`: a fresh workspace (`<workspaceRoot>/<execution>/workspace`, copied from the
  * task's template); a random bearer key registered with the gateway (`OpenExecution`); the
  * suite's harness command in its own process group with `OPENAI_BASE_URL`, `OPENAI_API_KEY`,
- * `GYRE_TASK_ID`, `GYRE_EXECUTION_ID`, `GYRE_WORKSPACE`, `GYRE_SUITE_DIR`, `GYRE_SEED` (the
+ * `ANTHROPIC_BASE_URL`, `ANTHROPIC_API_KEY`, `ANTHROPIC_AUTH_TOKEN` (`gatewayEnv`), `GYRE_TASK_ID`, `GYRE_EXECUTION_ID`, `GYRE_WORKSPACE`, `GYRE_SUITE_DIR`, `GYRE_SEED` (the
  * request's seed, when it has one) (+ the suite's, task's and request's environment), killed at the wall-clock limit (SIGTERM, SIGKILL after a grace period); the
  * key revoked (`CloseExecution`); then the suite's scorer on the workspace, whatever state
  * it is in, retried within the budget (`src/harness/scorer.ts`: its output format; an execution
@@ -38,7 +38,7 @@ import { GatewayProtocol, apiKeyDigest, newApiKey } from "../protocols/gateway.t
 import { ForbiddenEnvironment, HarnessRunnerProtocol, UnknownTask, type RunExecution } from "../protocols/harness.ts"
 import { ensureTrajectoryStream, rlLayout } from "../protocols/layout.ts"
 import { markExecutionStart } from "../protocols/trajectories.ts"
-import { baseEnv, FORBIDDEN_ENV } from "../harness/environment.ts"
+import { baseEnv, FORBIDDEN_ENV, gatewayEnv } from "../harness/environment.ts"
 import { chownTree, harnessUser, runAsFromEnv } from "../harness/harness-user.ts"
 import { describeEnd, runInGroup, tailOf, writeGroupLog, type GroupResult } from "../harness/process-group.ts"
 import { evaluate, type Evaluation } from "../harness/scorer.ts"
@@ -182,7 +182,7 @@ export const makeHarnessRunner = (config: HarnessRunnerConfig) => {
             if (!opened.ok) {
               evaluation = { evaluation: "failed", score: null, attempts: 0, detail: `not run: ${opened.reason}` }
             } else {
-              const harness = yield* run(suite.harness, workspace, { ...env, OPENAI_BASE_URL: opened.baseUrl, OPENAI_API_KEY: key }, req.timeoutMs ?? suite.harness.timeoutMs)
+              const harness = yield* run(suite.harness, workspace, { ...env, ...gatewayEnv(opened.baseUrl, key) }, req.timeoutMs ?? suite.harness.timeoutMs)
               yield* system.ask(gateway, "CloseExecution", { execution: req.execution }, { timeoutMs: gatewayTimeoutMs }).pipe(
                 Effect.catch((e) => Effect.logWarning(`CloseExecution ${req.execution}: ${errorLine(e)}`))
               )

@@ -19,18 +19,19 @@ import * as Actor from "../runtime/actor.ts"
 import { RolloutWorkerProtocol } from "../protocols/rollout.ts"
 import { rolloutConfigFromEnv, startRollout, type RolloutConfig } from "../serving/rollout-role.ts"
 
-/** The rollout-worker actor type for a configuration. */
-export const rolloutWorker = (config: RolloutConfig) =>
+/** The rollout-worker actor type for a configuration (or a function reading it when an incarnation starts). */
+export const rolloutWorker = (config: RolloutConfig | (() => RolloutConfig)) =>
   Actor.make({
     kind: "rollout-worker",
     protocol: RolloutWorkerProtocol,
     state: { schema: Schema.Struct({}), initial: () => ({}) },
     concurrency: 1024,
     behaviour: (ctx) =>
-      startRollout(ctx, config, (load) => ctx.reportLoad(load)).pipe(
+      Effect.sync(() => (typeof config === "function" ? config() : config)).pipe(
+        Effect.flatMap((c) => startRollout(ctx, c, (load) => ctx.reportLoad(load))),
         Effect.map((role) => role.handlers)
       )
   })
 
-/** A rollout worker configured from the environment (for `gyre node --load`). */
-export const RolloutWorker = rolloutWorker(rolloutConfigFromEnv())
+/** A rollout worker configured from the environment when it starts (for `gyre node --load`). */
+export const RolloutWorker = rolloutWorker(rolloutConfigFromEnv)

@@ -46,6 +46,7 @@ import { startNode } from "../runtime/node.ts"
 import { ActorSystem } from "../runtime/system.ts"
 import { UsageError, parseConfigured, type Command } from "./args.ts"
 import { checkPort } from "./checks.ts"
+import { checkKvFlags, nodeKvFlags } from "./kv.ts"
 import { embeddedNats } from "./auth.ts"
 import { serveUntilStopped } from "./lifetime.ts"
 import { RUN_RUNNERS } from "./run-host.ts"
@@ -63,7 +64,8 @@ const flags = {
   scheduler: { kind: "boolean", doc: "stand by as a scheduler candidate of the training run --run (it leads while it holds the run's lease)", default: false },
   suites: { kind: "string", doc: "--scheduler: directory holding the run's suite", default: path.join(repoRoot, "suites") },
   store: { kind: "string", doc: "store directory of the embedded nats-server (default .gyre/nats/<run>.<name>, kept across restarts)" },
-  "metrics-port": { kind: "integer", doc: "serve Prometheus /metrics on 127.0.0.1 at this port, 0 = any free one (default GYRE_METRICS_PORT or off)" }
+  "metrics-port": { kind: "integer", doc: "serve Prometheus /metrics on 127.0.0.1 at this port, 0 = any free one (default GYRE_METRICS_PORT or off)" },
+  ...nodeKvFlags
 } as const
 
 const isActorType = (v: unknown): v is ActorType<any, any, never> =>
@@ -98,13 +100,24 @@ const schedulerCandidate = (system: ActorSystemShape, suitesDir: string) =>
     return makeScheduler({ config, trainTasks: trainTaskIds(suite), runners: RUN_RUNNERS })
   })
 
-/** The device type of the training run this node's system belongs to, once its configuration is journaled. */
-const trainingDevices = (system: ActorSystemShape, count: number) =>
+/**
+ * The device type of the training run this node's system belongs to, once its configuration is
+ * journaled; `kv` (this node's flags) overrides the run's KV pool.
+ */
+const trainingDevices = (system: ActorSystemShape, count: number, kv: ReturnType<typeof checkKvFlags>) =>
   Effect.gen(function* () {
     const config = yield* journaledConfig(system)
     const engine = yield* Engine
     const threads = yield* cpuDeviceThreads(engine, count)
-    const type = device({ checkpoint: config.checkpoint, kvDtype: config.kvDtype, maxBatch: 64, scheduler: formatAddress(schedulerAddress), training: trainingRoleFor(config), threads })
+    const type = device({
+      checkpoint: config.checkpoint,
+      kvDtype: kv.kvDtype ?? config.kvDtype,
+      numBlocks: kv.kvBlocks ?? config.kvBlocks,
+      maxBatch: 64,
+      scheduler: formatAddress(schedulerAddress),
+      training: trainingRoleFor(config),
+      threads
+    })
     return { type, backend: engine.backend }
   })
 
@@ -126,6 +139,10 @@ export const command: Command<typeof flags> = {
     })
     if (f.devices < 0) throw new UsageError(`gyre node: --devices must be at least 0, got ${f.devices}`)
     if (f["metrics-port"] !== undefined) await checkPort("node", "127.0.0.1", f["metrics-port"], "--metrics-port")
+    const kv = checkKvFlags("node", f)
+    // Actors of --load modules read their configuration from the environment (GYRE_KV_BLOCKS, GYRE_KV_DTYPE).
+    if (kv.kvBlocks !== undefined) process.env.GYRE_KV_BLOCKS = String(kv.kvBlocks)
+    if (kv.kvDtype !== undefined) process.env.GYRE_KV_DTYPE = kv.kvDtype
     const types = await loadActorTypes(list(f.load))
     const kinds = [...types.map((t) => t.kind), ...(f.devices > 0 ? [DEVICE_KIND] : []), ...(f.scheduler ? [SCHEDULER_KIND] : [])]
     for (const a of spawns) {
@@ -133,7 +150,7 @@ export const command: Command<typeof flags> = {
     }
     const program = Effect.gen(function* () {
       const system = yield* ActorSystem
-      const devices = f.devices > 0 ? yield* trainingDevices(system, f.devices) : undefined
+      const devices = f.devices > 0 ? yield* trainingDevices(system, f.devices, kv) : undefined
       const scheduler = f.scheduler ? yield* schedulerCandidate(system, f.suites) : undefined
       const hosted = [...types, ...(devices === undefined ? [] : [devices.type]), ...(scheduler === undefined ? [] : [scheduler.type])]
       const node = yield* startNode({

@@ -23,7 +23,7 @@ import { makeScheduler, schedulerAddress } from "../actors/scheduler.ts"
 import { trainingRoleFor } from "../actors/trainer.ts"
 import { Engine } from "../engine/engine.ts"
 import { chatFormatOf } from "../openai/hf-chat.ts"
-import { type RunConfig } from "../protocols/run.ts"
+import { runSampling, type RunConfig } from "../protocols/run.ts"
 import { StepMetrics } from "../protocols/scheduler.ts"
 import { address, formatAddress } from "../runtime/names.ts"
 import { startNode } from "../runtime/node.ts"
@@ -81,8 +81,8 @@ export const hostRun = (o: HostRunOptions) =>
       const node = yield* startNode({
         name: "main",
         types: [
-          device({ checkpoint: o.config.checkpoint, kvDtype: o.config.kvDtype, maxBatch: 64, scheduler: formatAddress(schedulerAddress), training: trainingRoleFor(o.config), threads }),
-          gateway({ port: 0, chat }),
+          device({ checkpoint: o.config.checkpoint, kvDtype: o.config.kvDtype, numBlocks: o.config.kvBlocks, maxBatch: 64, scheduler: formatAddress(schedulerAddress), training: trainingRoleFor(o.config), threads }),
+          gateway({ port: 0, chat, sampling: runSampling(o.config) }),
           makeHarnessRunner({
             suitesDir: o.suitesDir,
             gateway: address("gateway", "main"),

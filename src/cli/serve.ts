@@ -1,12 +1,14 @@
 /**
- * `gyre serve`: an OpenAI-compatible endpoint for a Gyre checkpoint, every call recorded.
+ * `gyre serve`: an OpenAI- and Anthropic-compatible endpoint for a Gyre checkpoint (Chat
+ * Completions, Responses, Messages), every call recorded.
  *
  * The embedded default: a private, supervised nats-server (its store in `--store`, else
  * `.gyre/nats/<run>.<node>`, kept across restarts; users from `.gyre/auth`, see `auth.ts`; or
  * NATS_URL), one node hosting `--devices`
  * rollout workers (`rollout-worker/<node>.<backend><i>`, worker i on engine device i modulo the
  * device count) and the gateway on `--port`. It
- * opens one execution, prints the base URL, the API key and where the call records go, then
+ * opens one execution, prints the base URLs (OpenAI's, and Anthropic's without `/v1`), the API
+ * key and where the call records go, then
  * a JSON line `{"event":"ready",...}`, and serves until SIGINT or SIGTERM, on which it drains
  * (calls in flight finish) and prints `{"event":"drained"}`; it exits 1 with the reason when
  * NATS stays unreachable (`lifetime.ts`).
@@ -19,8 +21,8 @@ import { rlLayout } from "../protocols/layout.ts"
 import { rolloutWorker } from "../actors/rollout-worker.ts"
 import { workerDevice } from "../serving/rollout-role.ts"
 import { readConfig } from "../engine/checkpoint.ts"
-import type { KvDtype } from "../engine/config.ts"
 import { Engine } from "../engine/engine.ts"
+import { anthropicBaseUrl } from "../harness/environment.ts"
 import { chatFormatOf } from "../openai/hf-chat.ts"
 import { Nats } from "../runtime/nats.ts"
 import { address } from "../runtime/names.ts"
@@ -29,6 +31,7 @@ import { ActorSystem, refOf } from "../runtime/system.ts"
 import { UsageError, parseConfigured, type Command } from "./args.ts"
 import { checkCheckpoint, checkPort } from "./checks.ts"
 import { embeddedNats } from "./auth.ts"
+import { checkKvFlags, kvFlags } from "./kv.ts"
 import { serveUntilStopped } from "./lifetime.ts"
 
 const flags = {
@@ -40,8 +43,7 @@ const flags = {
   run: { kind: "string", doc: "run id (names the streams the calls are recorded on)", default: `serve-${Date.now().toString(36)}` },
   node: { kind: "string", doc: "node name", default: "serve" },
   store: { kind: "string", doc: "JetStream store directory of the embedded nats-server (default .gyre/nats/<run>.<node>, kept across restarts)" },
-  "kv-blocks": { kind: "integer", doc: "KV-cache blocks of 16 tokens per worker", default: 4096 },
-  "kv-dtype": { kind: "string", doc: "how the workers' KV caches store K and V: f16 halves their memory and a long-context decode step's reads", default: "f32", choices: ["f32", "f16"] },
+  ...kvFlags,
   "max-batch": { kind: "integer", doc: "generations batched at once per worker", default: 32 },
   "max-tokens": { kind: "integer", doc: "max_tokens of requests that give none", default: 512 }
 } as const
@@ -52,6 +54,7 @@ export const command: Command<typeof flags> = {
   flags,
   run: async (argv) => {
     const f = parseConfigured("serve", flags, argv)
+    const kv = checkKvFlags("serve", f)
     checkCheckpoint("serve", f.checkpoint)
     if (f.devices < 1) throw new UsageError("gyre serve: --devices must be at least 1")
     await checkPort("serve", f.host, f.port)
@@ -61,12 +64,13 @@ export const command: Command<typeof flags> = {
       const system = yield* ActorSystem
       const { backend, devices } = yield* Engine
       const workers = Array.from({ length: f.devices }, (_, i) => `${f.node}.${backend}${i}`)
-      // The workers' context limit (model positions, KV blocks of 16 tokens): longer prompts are a 400 at the gateway.
-      const maxContextTokens = Math.min((yield* readConfig(f.checkpoint)).config.max_position_embeddings, f["kv-blocks"] * 16)
+      // The model's positions: a longer prompt is a 400 at the gateway before it is tokenised. The
+      // workers' KV pool (--kv-blocks) bounds it further: the worker refuses, naming the flag.
+      const maxContextTokens = (yield* readConfig(f.checkpoint)).config.max_position_embeddings
       const node = yield* startNode({
         name: f.node,
         types: [
-          rolloutWorker({ checkpoint: f.checkpoint, numBlocks: f["kv-blocks"], kvDtype: f["kv-dtype"] as KvDtype, maxBatch: f["max-batch"] }),
+          rolloutWorker({ checkpoint: f.checkpoint, numBlocks: kv.kvBlocks, kvDtype: kv.kvDtype, maxBatch: f["max-batch"] }),
           gateway({ host: f.host, port: f.port, model: f.model, defaultMaxTokens: f["max-tokens"], maxContextTokens, chat })
         ]
       })
@@ -82,6 +86,7 @@ export const command: Command<typeof flags> = {
       })
       const names = rlLayout(system.run)
       console.log(`OpenAI base URL: ${baseUrl}`)
+      console.log(`Anthropic base URL: ${anthropicBaseUrl(baseUrl)}`)
       console.log(`API key:         ${key}`)
       const onDevices = workers.map((id) => workerDevice(id, devices.length)).join(", ")
       console.log(`model:           ${f.model} (${f.checkpoint}, ${f.devices} ${backend} worker${f.devices === 1 ? "" : "s"} on device${f.devices === 1 ? "" : "s"} ${onDevices})`)

@@ -45,8 +45,9 @@ import { UsageError, parseConfigured, type Command, type Flags } from "./args.ts
 import { embeddedNats } from "./auth.ts"
 import { checkCheckpoint, checkSuite, checkTasks } from "./checks.ts"
 import { parseEnv } from "./eval.ts"
-import { evaluate, evaluationConcurrency, parseTaskList } from "./evaluate.ts"
+import { evaluate, evaluationConcurrency, heldoutGain, parseTaskList } from "./evaluate.ts"
 import { followRun, RunProgress } from "./progress.ts"
+import { checkKvFlags, kvFlags } from "./kv.ts"
 import { hostRun } from "./run-host.ts"
 import { warmStartedCheckpoint } from "./warm-start.ts"
 
@@ -78,7 +79,8 @@ export const trainFlags = {
   mode: { kind: "string", doc: "exact tree training or bounded dedup sampling", default: "exact", choices: ["exact", "sampled"] },
   "max-paths": { kind: "integer", doc: "J_max of sampled mode", default: 5 },
   loss: { kind: "string", doc: "decoupled PPO-clip or truncated IS", default: "ppo", choices: ["ppo", "is"] },
-  "kv-dtype": { kind: "string", doc: "how the devices' KV caches store K and V: f16 halves their memory, the bytes a long-context decode step reads and the KV handed off at a switch (attention still sums in F32)", default: "f32", choices: ["f32", "f16"] },
+  temperature: { kind: "number", doc: "sampling temperature of every rollout call, whatever the harness sends (it replaces the request's temperature and top_p; top-p is 1); the loss takes the policy's log-probs at the same temperature (> 0)", default: 1 },
+  ...kvFlags,
   "micro-batch-tokens": { kind: "integer", doc: "tokens per micro-batch", default: 4096 },
   "checkpoint-every": { kind: "integer", doc: "checkpoint every N steps (and after the last)", default: 4 },
   seed: { kind: "integer", doc: "seed of the plan, sampling and the warm start", default: 1 },
@@ -104,6 +106,8 @@ const check = (f: TrainFlags, command: string) => {
   if (f.devices < 0) throw new UsageError(`gyre ${command}: --devices must be at least 0, got ${f.devices}`)
   const positive = ["steps", "executions-per-step", "group-size", "slots", "micro-batch-tokens", "checkpoint-every", "max-paths", "ppo-epochs"] as const
   for (const name of positive) if (f[name] < 1) throw new UsageError(`gyre ${command}: --${name} must be at least 1, got ${f[name]}`)
+  if (!(f.temperature > 0) || !Number.isFinite(f.temperature)) throw new UsageError(`gyre ${command}: --temperature must be a number > 0 (greedy sampling has no log-probs the trainer can correct for), got ${f.temperature}`)
+  checkKvFlags(command, f)
   if (f["lr-warmup"] < 0) throw new UsageError(`gyre ${command}: --lr-warmup must be at least 0, got ${f["lr-warmup"]}`)
   if (f["executions-per-step"] % f["group-size"] !== 0) {
     throw new UsageError(`gyre ${command}: --executions-per-step ${f["executions-per-step"]} must be a multiple of --group-size ${f["group-size"]}`)
@@ -142,8 +146,10 @@ export const runConfigOf = (f: TrainFlags, run: string, checkpoint: string, chec
     microBatchTokens: f["micro-batch-tokens"],
     checkpointEvery: f["checkpoint-every"]
   }),
+  sampling: { temperature: f.temperature },
   checkpoint,
   kvDtype: f["kv-dtype"] as NonNullable<RunConfig["kvDtype"]>,
+  kvBlocks: f["kv-blocks"],
   checkpointDir,
   startedAt: Date.now()
 })
@@ -199,7 +205,8 @@ export const runTraining = (f: TrainFlags, command = "train") => {
       })
     )
     const after = yield* score(result.checkpoint, "heldout-after")
-    log(`held-out after:  ${after.meanScore.toFixed(3)} (before ${before.meanScore.toFixed(3)})`)
+    const gain = heldoutGain(before.tasks, after.tasks)
+    log(`held-out after:  ${after.meanScore.toFixed(3)} (before ${before.meanScore.toFixed(3)}: ${gainText(gain.gain, gain.ci95)} points)`)
     const audit = yield* auditRun(result.system, config.policyConfig.executions_per_step)
     const report = nats.url === undefined ? path.join(store, "report.html") : path.join(repoRoot, ".gyre", "reports", `${run}.html`)
     fs.mkdirSync(path.dirname(report), { recursive: true })
@@ -212,6 +219,9 @@ export const runTraining = (f: TrainFlags, command = "train") => {
       run_s: round(result.runS, 1),
       heldout_before: round(before.meanScore),
       heldout_after: round(after.meanScore),
+      heldout_tasks: heldout.length,
+      heldout_gain: round(gain.gain),
+      heldout_gain_ci95: gain.ci95 === null ? null : round(gain.ci95),
       train_scores: audit.steps.map((s) => round(s.meanScore)),
       devices: audit.cells,
       switches: audit.switches,
@@ -235,14 +245,18 @@ export const TRAIN_KINDS = ["device", "gateway", "harness-runner", "scheduler", 
 
 export type TrainSummary = Effect.Success<ReturnType<typeof runTraining>>
 
+/** A gain in points with its 95% half-width: `+11.2 +- 2.4` (no interval under 2 tasks). */
+export const gainText = (gain: number, ci95: number | null) => `${gain >= 0 ? "+" : ""}${(100 * gain).toFixed(1)}${ci95 === null ? "" : ` +- ${(100 * ci95).toFixed(1)}`}`
+
 /** The human-readable end of a run (the JSON line follows it). */
 export const summaryLines = (s: TrainSummary): Array<string> => [
   `held-out mean score: ${s.heldout_before.toFixed(3)} before, ${s.heldout_after.toFixed(3)} after ${s.steps} steps of ${s.policy} (${s.run_s} s of training, ${s.wall_s} s in all)`,
+  `held-out gain: ${gainText(s.heldout_gain, s.heldout_gain_ci95)} points on ${s.heldout_tasks} tasks (95% interval, paired over the tasks)`,
   `train score by step: ${s.train_scores.map((x) => x.toFixed(2)).join(" ")}`,
   `${s.switches} role switches: ${s.reprefill_tokens} tokens prefilled again, ${s.kv_handoff_bytes} KV bytes handed off`,
   `executions lost ${s.executions_lost}, trained twice ${s.trained_twice}, stale tokens dropped ${s.stale_dropped}, not trained in full ${s.training_errors}`,
   `checkpoint ${s.checkpoint}; the run's store ${s.store}`,
-  `report ${s.report}`
+  `report ${s.report}: one self-contained page, open file://${s.report} in a browser (on another machine: copy the file first)`
 ]
 
 /** `--from-export DIR`: the step trained offline (src/replay/from-export.ts); exit 1 when the live checkpoint differs. */

@@ -24,19 +24,30 @@ export interface ParamTensor {
   readonly shape: ReadonlyArray<number>
 }
 
-const ropeTypes = { linear: 1, llama3: 2 } as const
+const ropeTypes = { linear: 1, llama3: 2, yarn: 3 } as const
 
-/** The C struct of a config. */
-export const cConfig = ({ rope_scaling: r, ...c }: LlamaConfig) => ({
-  ...c,
-  head_dim: headDim(c),
-  tie_word_embeddings: c.tie_word_embeddings ? 1 : 0,
-  rope_type: r === undefined ? 0 : ropeTypes[r.rope_type],
-  rope_factor: r?.factor ?? 0,
-  rope_low_freq_factor: r?.rope_type === "llama3" ? r.low_freq_factor : 0,
-  rope_high_freq_factor: r?.rope_type === "llama3" ? r.high_freq_factor : 0,
-  rope_original_max_position_embeddings: r?.rope_type === "llama3" ? r.original_max_position_embeddings : 0
-})
+/** The C struct of a config (gyre.h gyre_config; YaRN's absent fields are its defaults, 0). */
+export const cConfig = ({ rope_scaling: r, model_type, ...c }: LlamaConfig) => {
+  const yarn = r?.rope_type === "yarn" ? r : undefined
+  return {
+    ...c,
+    head_dim: headDim(c),
+    tie_word_embeddings: c.tie_word_embeddings ? 1 : 0,
+    qkv_bias: model_type === "qwen2" ? 1 : 0,
+    qk_norm: model_type === "qwen3" ? 1 : 0,
+    rope_type: r === undefined ? 0 : ropeTypes[r.rope_type],
+    rope_factor: r?.factor ?? 0,
+    rope_low_freq_factor: r?.rope_type === "llama3" ? r.low_freq_factor : 0,
+    rope_high_freq_factor: r?.rope_type === "llama3" ? r.high_freq_factor : 0,
+    rope_original_max_position_embeddings: r?.rope_type === "llama3" || r?.rope_type === "yarn" ? (r.original_max_position_embeddings ?? 0) : 0,
+    rope_truncate: yarn?.truncate === false ? 0 : 1,
+    rope_beta_fast: yarn?.beta_fast ?? 0,
+    rope_beta_slow: yarn?.beta_slow ?? 0,
+    rope_mscale: yarn?.mscale ?? 0,
+    rope_mscale_all_dim: yarn?.mscale_all_dim ?? 0,
+    rope_attention_factor: yarn?.attention_factor ?? 0
+  }
+}
 
 /** Where a tensor's stored bytes are: a range of a file, elements of `dtype` (gyre_dtype code). */
 export interface TensorSource {
@@ -183,6 +194,8 @@ export interface EngineShape {
   ) => Effect.Effect<Model, NativeError, Scope.Scope>
   /** The RoPE inverse frequencies the config rotates by (head_dim / 2 values, after scaling). */
   readonly ropeInvFreq: (config: LlamaConfig) => Effect.Effect<Float32Array, NativeError>
+  /** The factor RoPE's cos and sin carry (YaRN's attention factor; 1 for the other types). */
+  readonly ropeAttentionScaling: (config: LlamaConfig) => Effect.Effect<number, NativeError>
   /** FNV-1a 64 of the bytes (the hand-off checksum). */
   readonly checksum: (bytes: Uint8Array) => Effect.Effect<bigint>
 }
@@ -253,6 +266,11 @@ const make = Effect.gen(function* () {
       Effect.suspend(() => {
         const out = new Float32Array(Math.max(1, Math.floor(headDim(config) / 2)))
         return lib.runSync("rope_inv_freq", [cConfig(config), out, out.length]).pipe(Effect.as(out))
+      }),
+    ropeAttentionScaling: (config) =>
+      Effect.suspend(() => {
+        const out = new Float32Array(1)
+        return lib.runSync("rope_attention_scaling", [cConfig(config), out]).pipe(Effect.map(() => out[0]!))
       }),
     checksum: (bytes) => lib.value<bigint>("checksum", [bytes, bytes.length]).pipe(Effect.map(BigInt))
   } satisfies EngineShape

@@ -76,7 +76,15 @@ koffi.struct("gyre_config", {
   rope_factor: "double",
   rope_low_freq_factor: "double",
   rope_high_freq_factor: "double",
-  head_dim: "int32_t"
+  head_dim: "int32_t",
+  qkv_bias: "int32_t",
+  qk_norm: "int32_t",
+  rope_truncate: "int32_t",
+  rope_beta_fast: "double",
+  rope_beta_slow: "double",
+  rope_mscale: "double",
+  rope_mscale_all_dim: "double",
+  rope_attention_factor: "double"
 })
 koffi.struct("gyre_cache_stats", {
   block_tokens: "int32_t",
@@ -97,7 +105,8 @@ koffi.struct("gyre_loss_config", {
   is_cap: "float",
   current_version: "int32_t",
   max_staleness: "int32_t",
-  proximal_current: "int32_t"
+  proximal_current: "int32_t",
+  temperature: "float"
 })
 koffi.struct("gyre_train_stats", {
   loss: "double",
@@ -114,7 +123,7 @@ koffi.struct("gyre_train_stats", {
 koffi.struct("gyre_adamw", { lr: "float", beta1: "float", beta2: "float", eps: "float", weight_decay: "float", max_grad_norm: "float" })
 
 /** GYRE_ABI_VERSION of native/include/gyre.h that these prototypes and structs match. */
-const ABI_VERSION = 5
+const ABI_VERSION = 7
 
 const prototypes = {
   last_error: "size_t gyre_last_error(_Out_ uint8_t *buf, size_t cap)",
@@ -139,6 +148,7 @@ const prototypes = {
     "int32_t gyre_model_read_tensor(gyre_model *m, int32_t index, int32_t dtype, const char *path, int64_t offset, int64_t nbytes)",
   model_write_tensor: "int32_t gyre_model_write_tensor(const gyre_model *m, int32_t index, int32_t dtype, uint8_t *out, size_t cap)",
   rope_inv_freq: "int32_t gyre_rope_inv_freq(const gyre_config *cfg, float *out, int32_t n)",
+  rope_attention_scaling: "int32_t gyre_rope_attention_scaling(const gyre_config *cfg, float *out)",
   model_save: "int32_t gyre_model_save(const gyre_model *m, uint8_t *out, size_t cap, _Out_ size_t *len)",
   model_get_weights: "int32_t gyre_model_get_weights(const gyre_model *m, float *out, int64_t n)",
   model_set_weights: "int32_t gyre_model_set_weights(gyre_model *m, const float *w, int64_t n)",

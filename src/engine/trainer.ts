@@ -14,11 +14,14 @@ import { type NativeCalls, type NativeError, readStruct, structBuffer } from "./
  * currentVersion are dropped. pi_prox is the batch's `proximalLogprobs` (NaN: mu), or with
  * `proximal: "current"` the weights being trained (r = 1: one update per batch, whose
  * gradient is then w A grad log pi with w = min(pi / mu, isCap), without a scoring pass).
+ * pi is softmax(logits / temperature) (default 1): the distribution the run samples from, so
+ * that mu and pi are log-probs of the same distribution.
  */
 export type LossConfig =
   | { readonly kind: "sft" }
   | {
       readonly kind: "ppo"
+      readonly temperature?: number
       readonly clipLow: number
       readonly clipHigh: number
       readonly isCap: number
@@ -63,7 +66,7 @@ export const adamwDefaults: Omit<AdamW, "lr"> = { beta1: 0.9, beta2: 0.999, eps:
 
 const cLoss = (loss: LossConfig) =>
   loss.kind === "sft"
-    ? { kind: 0, clip_eps_low: 0, clip_eps_high: 0, is_cap: 0, current_version: 0, max_staleness: -1, proximal_current: 0 }
+    ? { kind: 0, clip_eps_low: 0, clip_eps_high: 0, is_cap: 0, current_version: 0, max_staleness: -1, proximal_current: 0, temperature: 1 }
     : {
         kind: 1,
         clip_eps_low: loss.clipLow,
@@ -71,7 +74,8 @@ const cLoss = (loss: LossConfig) =>
         is_cap: loss.isCap,
         current_version: loss.currentVersion ?? 0,
         max_staleness: loss.maxStaleness ?? -1,
-        proximal_current: loss.proximal === "current" ? 1 : 0
+        proximal_current: loss.proximal === "current" ? 1 : 0,
+        temperature: loss.temperature ?? 1
       }
 
 export class Trainer {

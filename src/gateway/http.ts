@@ -1,8 +1,11 @@
 /**
  * The gateway's HTTP plumbing, free of what it serves: a server whose requests run as fibers
  * of the caller's scope, dispatched by path and method, authenticated by a caller-given
- * function, failures answered in the OpenAI error format (an `ApiError`, anything else a 500);
- * JSON bodies read within bounds (`./body.ts`); JSON and server-sent-event responses.
+ * function, failures answered in the error format of the path (`ErrorFormat`: OpenAI's unless
+ * `errorFormatOf` says otherwise; an `ApiError` as is, anything else a 500); JSON bodies read
+ * within bounds (`./body.ts`); JSON and server-sent-event responses (unnamed `data:` events
+ * ending with `data: [DONE]` as Chat Completions streams them, or named events as the
+ * Responses and Anthropic Messages APIs do).
  *
  * Every input is total: the request target is split and percent-decoded here (a malformed
  * one is a 400 `invalid_url`, never a throw), a request the parser rejects (bad request
@@ -41,6 +44,12 @@ export interface HttpCall<S> {
 /** The handlers of one path, by HTTP method. */
 export type Methods<S> = Partial<Record<string, (call: HttpCall<S>) => Effect.Effect<void, ApiError>>>
 
+/** A handler of the request's JSON body. */
+export const withBody =
+  <S>(handler: (call: HttpCall<S>, body: unknown) => Effect.Effect<void, ApiError>) =>
+  (call: HttpCall<S>) =>
+    call.json.pipe(Effect.flatMap((body) => handler(call, body)))
+
 /** An unauthenticated GET path answering a status and a JSON body (health and readiness). */
 export type Probe = Effect.Effect<{ readonly status: number; readonly body: unknown }>
 
@@ -78,6 +87,15 @@ export const HttpLimitsConfig = Config.all(
   ) as { readonly [K in keyof HttpLimits]: Config.Config<number> }
 )
 
+/** How a path answers failures: the body of an error response, and the last event of a stream that fails once started. */
+export interface ErrorFormat {
+  readonly body: (e: ApiError) => unknown
+  readonly event: (e: ApiError) => string
+}
+
+/** OpenAI's: `{"error": {...}}`, mid-stream as a last `data:` event. */
+export const openAiErrors: ErrorFormat = { body: errorBody, event: (e) => `data: ${JSON.stringify(errorBody(e))}\n\n` }
+
 export interface HttpServerOptions<S> {
   readonly host: string
   readonly port: number
@@ -87,6 +105,8 @@ export interface HttpServerOptions<S> {
   /** The handlers of a percent-decoded path. */
   readonly routeOf: (path: string) => Methods<S> | undefined
   readonly authenticate: (req: http.IncomingMessage) => Effect.Effect<S, ApiError>
+  /** The error format of a percent-decoded path (default `openAiErrors`), known or not. */
+  readonly errorFormatOf?: (path: string, req: http.IncomingMessage) => ErrorFormat
 }
 
 export const sendJson = (res: http.ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}) => {
@@ -96,26 +116,32 @@ export const sendJson = (res: http.ServerResponse, status: number, body: unknown
   res.end(text)
 }
 
-/** A server-sent-event response, started on the first write so errors before it keep their status. */
-export const eventStream = (res: http.ServerResponse) => {
+/**
+ * A server-sent-event response, started on the first write so errors before it keep their
+ * status. `send(data)` writes an unnamed event, `send(data, name)` an `event: <name>` one;
+ * `end()` writes `data: [DONE]` first when `doneMarker` (Chat Completions' end of stream).
+ */
+export const eventStream = (res: http.ServerResponse, options: { readonly doneMarker: boolean } = { doneMarker: true }) => {
   let started = false
   return {
     get started() {
       return started
     },
-    send(event: unknown) {
+    send(data: unknown, name?: string) {
       if (res.destroyed || res.writableEnded) return
       if (!started) {
         res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache", connection: "keep-alive" })
         started = true
       }
-      res.write(`data: ${JSON.stringify(event)}\n\n`)
+      res.write(`${name === undefined ? "" : `event: ${name}\n`}data: ${JSON.stringify(data)}\n\n`)
     },
     end() {
-      if (!res.destroyed && !res.writableEnded) res.end("data: [DONE]\n\n")
+      if (!res.destroyed && !res.writableEnded) res.end(options.doneMarker ? "data: [DONE]\n\n" : undefined)
     }
   }
 }
+
+export type EventStream = ReturnType<typeof eventStream>
 
 /** The path of a request target (`/a/b?q` -> `/a/b`, trailing slashes dropped), percent-decoded; undefined when malformed. */
 export const pathOf = (target: string | undefined): string | undefined => {
@@ -133,17 +159,17 @@ export const pathOf = (target: string | undefined): string | undefined => {
 /** Statuses after which the connection is closed: the rest of the body is not read. */
 const closing = new Set([408, 413, 503])
 
-/** Answers a failed request: an `ApiError` as is, anything else as a 500; mid-stream as a last event. */
-const answerFailure = (req: http.IncomingMessage, res: http.ServerResponse, error: ApiError, allowed: string) => {
+/** Answers a failed request in `format`: an `ApiError` as is, anything else as a 500; mid-stream as a last event. */
+const answerFailure = (req: http.IncomingMessage, res: http.ServerResponse, error: ApiError, allowed: string, format: ErrorFormat) => {
   if (res.writableEnded || res.destroyed) return
   if (res.headersSent) {
-    res.end(`data: ${JSON.stringify(errorBody(error))}\n\n`)
+    res.end(format.event(error))
     return
   }
   const close = closing.has(error.status) && !req.complete
   const headers: Record<string, string> = close ? { connection: "close" } : error.status === 405 ? { allow: allowed } : error.status === 429 ? { "retry-after": "1" } : {}
   if (close) res.once("finish", () => req.socket.destroy())
-  sendJson(res, error.status, errorBody(error), headers)
+  sendJson(res, error.status, format.body(error), headers)
 }
 
 /** Requests in flight per session. */
@@ -211,7 +237,7 @@ const dispatch = <S>(options: HttpServerOptions<S>, limits: HttpLimits, budget: 
             state.defects++
             yield* Effect.logError(`gateway: ${req.method} ${String(req.url).slice(0, 200)} failed`, cause)
           }
-          answerFailure(req, res, error, allowed)
+          answerFailure(req, res, error, allowed, path === undefined || options.errorFormatOf === undefined ? openAiErrors : options.errorFormatOf(path, req))
         })
       })
     )

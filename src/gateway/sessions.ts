@@ -78,18 +78,31 @@ export const makeSessions = (run: string) => {
       byDigest.delete(session.keyDigest)
       return session
     },
-    /** The session named by the request's `Authorization: Bearer <key>` (401 otherwise). */
+    /**
+     * The session named by the request's key: `Authorization: Bearer <key>` (OpenAI's clients,
+     * Anthropic's with an auth token), else `x-api-key: <key>` (Anthropic's with an API key); 401 otherwise.
+     */
     authenticate: (req: http.IncomingMessage) => {
-      const auth = req.headers.authorization
-      const match = auth === undefined ? null : /^Bearer\s+(\S+)\s*$/i.exec(auth.trim())
-      if (match === null) {
-        return Effect.fail(apiError(401, "You didn't provide an API key. Send it in the Authorization header as 'Bearer <key>'.", { code: "missing_api_key" }))
+      const key = requestKey(req)
+      if (key === undefined) {
+        return Effect.fail(
+          apiError(401, "You didn't provide an API key. Send it in the Authorization header as 'Bearer <key>' or in the x-api-key header.", { code: "missing_api_key" })
+        )
       }
-      const key = match[1]!
       const session = key.length > MAX_KEY_LENGTH ? undefined : byDigest.get(apiKeyDigest(key))
       return session === undefined ? Effect.fail(apiError(401, "Incorrect API key provided: it names no open execution.", { code: "invalid_api_key" })) : Effect.succeed(session)
     }
   }
+}
+
+/** The key of a request: its `Authorization: Bearer` key, else its `x-api-key` header. */
+const requestKey = (req: http.IncomingMessage): string | undefined => {
+  const auth = req.headers.authorization
+  const bearer = auth === undefined ? null : /^Bearer\s+(\S+)\s*$/i.exec(auth.trim())
+  if (bearer !== null) return bearer[1]!
+  const header = req.headers["x-api-key"]
+  const value = (Array.isArray(header) ? header[0] : header)?.trim()
+  return value === undefined || value === "" || /\s/.test(value) ? undefined : value
 }
 
 export type Sessions = ReturnType<typeof makeSessions>

@@ -28,14 +28,27 @@
  * with tool calls) or by the exact content string it returned (a turn without), and renders
  * a history message that matches a remembered turn with those tokens.
  */
-import { byteTokenizer, encode, special, type Tokenizer } from "../engine/tokenizer.ts"
+import type { Effect } from "effect"
+import { byteTokenizer, special, type Tokenizer } from "../engine/tokenizer.ts"
 import type { ChatMessage, MessageContent, ToolCall, ToolDefinition } from "./messages.ts"
+import { promptWithin, renderPieces, type PromptPiece, type PromptTooLong } from "./prompt.ts"
+
+type Render<A> = (messages: ReadonlyArray<ChatMessage>, tools: ReadonlyArray<ToolDefinition>, turns: AssistantTurns | undefined) => A
 
 /** A model's chat face: tokenizer, template, end-of-turn ids. */
 export interface ChatFormat {
   readonly tokenizer: Tokenizer
-  /** Prompt ids of a chat request, ending where the assistant's turn begins. */
-  readonly render: (messages: ReadonlyArray<ChatMessage>, tools: ReadonlyArray<ToolDefinition>, turns: AssistantTurns | undefined) => Int32Array
+  /** A chat request's prompt as pieces (`prompt.ts`), ending where the assistant's turn begins. */
+  readonly pieces: Render<Array<PromptPiece>>
+  /** The prompt's ids. */
+  readonly render: Render<Int32Array>
+  /** The prompt's ids when fewer than `limit` (undefined: no limit), counted without blocking the event loop for long. */
+  readonly prompt: (
+    messages: ReadonlyArray<ChatMessage>,
+    tools: ReadonlyArray<ToolDefinition>,
+    turns: AssistantTurns | undefined,
+    limit: number | undefined
+  ) => Effect.Effect<Int32Array, PromptTooLong>
   /** Ids that end the model's turn (chat generation stops at them unless ignore_eos). */
   readonly stopIds: ReadonlyArray<number>
   /** Ids that end a plain-text completion (its eos). */
@@ -43,6 +56,13 @@ export interface ChatFormat {
   /** The id a plain-text completion prompt starts with, if the model has one. */
   readonly bos: number | undefined
 }
+
+/** A chat format over its tokenizer and prompt pieces (`render` and `prompt` encode them). */
+export const chatFormat = (fields: Omit<ChatFormat, "render" | "prompt">): ChatFormat => ({
+  ...fields,
+  render: (messages, tools, turns) => renderPieces(fields.tokenizer, fields.pieces(messages, tools, turns)),
+  prompt: (messages, tools, turns, limit) => promptWithin(fields.tokenizer, fields.pieces(messages, tools, turns), limit)
+})
 
 export const TOOL_CALL_OPEN = "<tool_call>"
 export const TOOL_CALL_CLOSE = "</tool_call>"
@@ -111,35 +131,23 @@ const bounded = <K, V>(map: Map<K, V>, key: K, value: V, capacity: number) => {
   if (map.size > capacity) map.delete(map.keys().next().value as K)
 }
 
-/** Prompt token ids of a chat request, ending with `<|assistant|>`. */
-export const renderChat = (
-  messages: ReadonlyArray<ChatMessage>,
-  tools: ReadonlyArray<ToolDefinition>,
-  turns: AssistantTurns | undefined
-): Int32Array => {
-  const ids: Array<number> = [special.bos]
-  const push = (tokens: ArrayLike<number>) => {
-    for (let i = 0; i < tokens.length; i++) ids.push(tokens[i]!)
-  }
-  if (tools.length > 0) push([special.system, ...encode(toolsPrompt(tools)), special.end])
+/** The pieces of Gyre's template: special ids around each message's text, ending with `<|assistant|>`. */
+const gyrePieces: Render<Array<PromptPiece>> = (messages, tools, turns) => {
+  const pieces: Array<PromptPiece> = [[special.bos]]
+  if (tools.length > 0) pieces.push([special.system], toolsPrompt(tools), [special.end])
   for (const m of messages) {
     if (m.role === "assistant") {
-      ids.push(special.assistant)
+      pieces.push([special.assistant])
       const raw = turns?.lookup(m)
-      if (raw !== undefined) push(raw)
-      else {
-        const parts = [textOf(m.content), ...(m.tool_calls ?? []).map(canonicalToolCall)].filter((p) => p !== "")
-        push(encode(parts.join("\n")))
-      }
-      if (ids[ids.length - 1] !== special.end) ids.push(special.end)
+      if (raw !== undefined) pieces.push(raw)
+      else pieces.push([textOf(m.content), ...(m.tool_calls ?? []).map(canonicalToolCall)].filter((p) => p !== "").join("\n"))
+      if (raw === undefined || raw[raw.length - 1] !== special.end) pieces.push([special.end])
     } else {
-      ids.push(m.role === "developer" ? special.system : special[m.role])
-      push(encode(textOf(m.content)))
-      ids.push(special.end)
+      pieces.push([m.role === "developer" ? special.system : special[m.role]], textOf(m.content), [special.end])
     }
   }
-  ids.push(special.assistant)
-  return Int32Array.from(ids)
+  pieces.push([special.assistant])
+  return pieces
 }
 
 export interface ParsedToolCall {
@@ -189,7 +197,10 @@ const parseCall = (json: string): { name: string; arguments: string } | undefine
 }
 
 /** Gyre's chat format: the byte-level tokenizer and the template above. */
-export const gyreChat: ChatFormat = { tokenizer: byteTokenizer, render: (m, t, turns) => renderChat(m, t, turns), stopIds: [special.end, special.eos], eosIds: [special.eos], bos: special.bos }
+export const gyreChat: ChatFormat = chatFormat({ tokenizer: byteTokenizer, pieces: gyrePieces, stopIds: [special.end, special.eos], eosIds: [special.eos], bos: special.bos })
+
+/** Prompt token ids of a chat request in Gyre's template, ending with `<|assistant|>`. */
+export const renderChat: Render<Int32Array> = gyreChat.render
 
 /**
  * The text a client sees of generated tokens: special tokens dropped, and cut before the

@@ -19,8 +19,9 @@ import { readFile } from "node:fs/promises"
 import { join } from "node:path"
 import { Template } from "@huggingface/jinja"
 import { type HfTokens, readHfTokens } from "../engine/hf-tokenizer.ts"
-import { type AssistantTurns, type ChatFormat, gyreChat, textOf } from "./chat.ts"
+import { type AssistantTurns, type ChatFormat, chatFormat, gyreChat, textOf } from "./chat.ts"
 import type { ChatMessage, ToolDefinition } from "./messages.ts"
+import type { PromptPiece } from "./prompt.ts"
 
 export const CHAT_TEMPLATE_FILE = "chat_template.jinja"
 
@@ -71,7 +72,7 @@ export const hfChat = (tokens: HfTokens, source: string): ChatFormat => {
   const template = new Template(source)
   const { tokenizer, eosIds } = tokens
   const stop = new Set(eosIds)
-  const render = (messages: ReadonlyArray<ChatMessage>, tools: ReadonlyArray<ToolDefinition>, turns: AssistantTurns | undefined): Int32Array => {
+  const pieces = (messages: ReadonlyArray<ChatMessage>, tools: ReadonlyArray<ToolDefinition>, turns: AssistantTurns | undefined): Array<PromptPiece> => {
     const raw: Array<Int32Array> = []
     const shown = messages.map((m) => {
       const ids = m.role === "assistant" ? turns?.lookup(m) : undefined
@@ -86,17 +87,17 @@ export const hfChat = (tokens: HfTokens, source: string): ChatFormat => {
       bos_token: tokens.bosToken,
       eos_token: tokens.eosToken
     })
-    const ids: Array<number> = []
+    const out: Array<PromptPiece> = []
     let at = 0
     for (const match of text.matchAll(PLACEHOLDER)) {
-      ids.push(...tokenizer.encode(text.slice(at, match.index)), ...raw[Number(match[1])]!)
+      out.push(text.slice(at, match.index), raw[Number(match[1])]!)
       at = match.index + match[0].length
     }
-    ids.push(...tokenizer.encode(text.slice(at)))
-    return Int32Array.from(ids)
+    out.push(text.slice(at))
+    return out
   }
   const bos = tokens.bosToken === "" ? undefined : tokenizer.encode(tokens.bosToken)
-  return { tokenizer, render, stopIds: eosIds, eosIds, bos: bos?.length === 1 ? bos[0] : undefined }
+  return chatFormat({ tokenizer, pieces, stopIds: eosIds, eosIds, bos: bos?.length === 1 ? bos[0] : undefined })
 }
 
 /** The chat format of a checkpoint directory with a tokenizer.json, or undefined without one. */

@@ -196,7 +196,11 @@ export const usageChunk = (id: string, created: number, model: string, object: "
   usage
 })
 
+/** The served model as both OpenAI's and Anthropic's clients read a model list (each ignores the other's fields). */
 export const modelList = (model: string, created: number) => ({
   object: "list" as const,
-  data: [{ id: model, object: "model" as const, created, owned_by: "gyre" }]
+  data: [{ id: model, object: "model" as const, created, owned_by: "gyre", type: "model" as const, display_name: model, created_at: new Date(created * 1000).toISOString() }],
+  has_more: false,
+  first_id: model,
+  last_id: model
 })

@@ -33,6 +33,11 @@ import { fetchWeights } from "../protocols/weights.ts"
 import { RolloutWorkerProtocol, TokenChunk, WeightsUnavailable, type WorkerLoad } from "../protocols/rollout.ts"
 import { makeBatcher } from "./batcher.ts"
 
+/** Tokens per KV-cache block of every device and worker. */
+export const KV_BLOCK_TOKENS = 16
+/** KV-cache blocks of a device or worker unless configured: 65,536 tokens. */
+export const DEFAULT_KV_BLOCKS = 4096
+
 export interface RolloutConfig {
   /** Checkpoint directory: config.json and model.safetensors (the initial weights). */
   readonly checkpoint: string
@@ -128,7 +133,7 @@ export const startRollout = Effect.fn("startRollout")(function* (
   const device = config.device ?? workerDevice(ctx.address.id, engine.devices.length)
   const { model } = yield* loadCheckpoint(config.checkpoint, { device })
   const modelConfig = model.config
-  const cache = yield* model.cache({ blockTokens: config.blockTokens ?? 16, numBlocks: config.numBlocks ?? 4096, kvDtype: config.kvDtype ?? "f32" })
+  const cache = yield* model.cache({ blockTokens: config.blockTokens ?? KV_BLOCK_TOKENS, numBlocks: config.numBlocks ?? DEFAULT_KV_BLOCKS, kvDtype: config.kvDtype ?? "f32" })
   const batcher = yield* makeBatcher(cache, {
     worker: formatAddress(ctx.address),
     maxContext: config.maxContext ?? modelConfig.max_position_embeddings,

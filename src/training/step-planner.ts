@@ -25,7 +25,7 @@
  */
 import type { PackedBatch } from "../common/packed-batch.ts"
 import type { StepExecutionRef, StepPlan } from "../protocols/device.ts"
-import { parseExecutionName, type RunConfig, type TrainingSettings } from "../protocols/run.ts"
+import { parseExecutionName, runSampling, type RunConfig, type TrainingSettings } from "../protocols/run.ts"
 import type { LossConfig } from "../engine/trainer.ts"
 import { callAdvantages, groupAdvantages, stateAdvantages, type AdvantageConfig } from "../tree/advantage.ts"
 import { digestOf } from "../tree/hash.ts"
@@ -39,6 +39,7 @@ import { stepUnits, type StepExecution, type TrainingMode } from "../tree/units.
 /**
  * The run's loss for micro-batches of step `step` (see ARCHITECTURE.md, "Training": ppo and is
  * coincide while r = 1); `proximal` "given": the later PPO epochs (`src/training/update.ts`).
+ * The policy's log-probs are taken at the run's sampling temperature, the behaviour's.
  */
 export const stepLoss = (config: RunConfig, step: number, proximal: "current" | "given" = "current"): LossConfig => {
   const t = config.training
@@ -50,7 +51,8 @@ export const stepLoss = (config: RunConfig, step: number, proximal: "current" | 
     isCap: t.isCap,
     currentVersion: step,
     maxStaleness: config.policyConfig.max_staleness,
-    proximal
+    proximal,
+    temperature: runSampling(config).temperature
   }
 }
 

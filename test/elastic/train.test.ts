@@ -31,11 +31,15 @@ describe("gyre train", () => {
     const more = ["--slots", "2", "--horizon", "3", "--env", "TOY_TOOL_MS=30,TOY_MAX_TOKENS=16", "--heldout", "heldout-0..heldout-1", "--store", join(dir, "store"), "--json"]
     const out = execFileSync("node", [gyre, ...args, ...more], { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"], timeout: 240_000 })
     const summary = lastJson(out)
-    for (const key of ["run", "policy", "steps", "wall_s", "heldout_before", "heldout_after", "switches", "reprefill_tokens", "kv_handoff_bytes", "stale_dropped", "executions_lost", "trained_twice", "store", "warm_start_checkpoint", "checkpoint"]) {
+    for (const key of ["run", "policy", "steps", "wall_s", "heldout_before", "heldout_after", "heldout_tasks", "heldout_gain", "heldout_gain_ci95", "switches", "reprefill_tokens", "kv_handoff_bytes", "stale_dropped", "executions_lost", "trained_twice", "store", "warm_start_checkpoint", "checkpoint"]) {
       expect(summary, key).toHaveProperty(key)
     }
     expect(summary.policy).toBe("elastic")
     expect(summary.steps).toBe(2)
+    // Both held-out figures average the two tasks of --heldout; the gain is paired over them.
+    expect(summary.heldout_tasks).toBe(2)
+    expect(summary.heldout_gain).toBeCloseTo(summary.heldout_after - summary.heldout_before, 3)
+    expect(summary.heldout_gain_ci95).toBeGreaterThanOrEqual(0)
     expect(summary.executions_lost).toBe(0)
     expect(summary.trained_twice).toBe(0)
     // Zero re-prefill is asserted where the switch is controlled (switch.test.ts); here a context

@@ -63,6 +63,9 @@ describe("harness runner", () => {
     expect(result.env).toEqual({
       base: "http://127.0.0.1:1/v1",
       key: result.env.key,
+      anthropicBase: "http://127.0.0.1:1",
+      anthropicKey: result.env.key,
+      anthropicToken: result.env.key,
       task: "series-8",
       execution: result.execution,
       seed: "41",

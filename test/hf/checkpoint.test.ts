@@ -236,7 +236,7 @@ describe("Hugging Face checkpoints", () => {
     }
     const withConfig = (extra: Record<string, unknown>) => (dir: string) => writeFileSync(join(dir, "config.json"), JSON.stringify(configJson(config, extra)))
     const cases: Array<[string, string, RegExp]> = [
-      ["yarn", variant("yarn", withConfig({ rope_scaling: { rope_type: "yarn", factor: 4 } })), /config\.json: rope_scaling\.rope_type 'yarn' is not supported/],
+      ["dynamic", variant("dynamic", withConfig({ rope_scaling: { rope_type: "dynamic", factor: 4 } })), /config\.json: rope_scaling\.rope_type 'dynamic' is not supported/],
       ["llama3 field", variant("llama3", withConfig({ rope_scaling: { rope_type: "llama3", factor: 8 } })), /config\.json: rope_scaling \(llama3\).*low_freq_factor/],
       ["bias", variant("bias", withConfig({ attention_bias: true })), /config\.json: attention_bias true is not supported/],
       ["window", variant("window", withConfig({ sliding_window: 4096 })), /config\.json: sliding_window is not supported/],

@@ -73,14 +73,14 @@ describe("harness isolation", () => {
     const result = await withSystem("forbidden", Effect.gen(function* () {
       const { log } = yield* startRunner({ suitesDir })
       const refused = []
-      const envs: ReadonlyArray<Record<string, string>> = [{ BASH_ENV: "/tmp/x.sh" }, { LD_PRELOAD: "/tmp/x.so" }, { NODE_OPTIONS: "--require /tmp/x.js" }, { OK: "1", PATH: "/tmp" }]
+      const envs: ReadonlyArray<Record<string, string>> = [{ BASH_ENV: "/tmp/x.sh" }, { LD_PRELOAD: "/tmp/x.so" }, { NODE_OPTIONS: "--require /tmp/x.js" }, { OK: "1", PATH: "/tmp" }, { ANTHROPIC_BASE_URL: "http://elsewhere" }]
       for (const env of envs) {
         refused.push(yield* runExecution(request({ suite: "snoop", task: "peek" }, { env })).pipe(Effect.flip))
       }
       return { refused, opened: log.opened.length }
     }))
-    expect(result.refused.map((e) => e._tag)).toEqual(["ForbiddenEnvironment", "ForbiddenEnvironment", "ForbiddenEnvironment", "ForbiddenEnvironment"])
-    expect(result.refused.map((e) => (e._tag === "ForbiddenEnvironment" ? e.names : []))).toEqual([["BASH_ENV"], ["LD_PRELOAD"], ["NODE_OPTIONS"], ["PATH"]])
+    expect(result.refused.map((e) => e._tag)).toEqual(["ForbiddenEnvironment", "ForbiddenEnvironment", "ForbiddenEnvironment", "ForbiddenEnvironment", "ForbiddenEnvironment"])
+    expect(result.refused.map((e) => (e._tag === "ForbiddenEnvironment" ? e.names : []))).toEqual([["BASH_ENV"], ["LD_PRELOAD"], ["NODE_OPTIONS"], ["PATH"], ["ANTHROPIC_BASE_URL"]])
     expect(result.opened).toBe(0)
   })
 })

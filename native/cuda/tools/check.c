@@ -8,7 +8,8 @@
  *       tree-masked training (SFT and PPO: log-probs, statistics, gradients, accumulation,
  *       determinism), AdamW, optimizer state round trip, and the out-of-blocks and
  *       bad-hand-off errors. Built-in configurations cover head dims 6, 8, 16, 64 and 128, GQA,
- *       MQA and MHA, tied and untied heads, 20 query heads per kv head; each --checkpoint
+ *       MQA and MHA, tied and untied heads, 20 query heads per kv head, Qwen2's q/k/v biases,
+ *       Qwen3's per-head q/k norm with YaRN (biases and norms off their initial values); each --checkpoint
  *       adds a saved model (named after its directory).
  *   gyre-cuda-check bench --cuda LIB --checkpoint DIR [--probe FILE] [--quick] [--json FILE]
  *       (a checkpoint directory holds config.json and model.safetensors; without the latter
@@ -164,6 +165,17 @@ static double json_number(const char *text, const char *key, double fallback) {
   return end == at ? fallback : v;
 }
 
+/* Whether a flat JSON object's string field `key` is `value`. */
+static int json_string_is(const char *text, const char *key, const char *value) {
+  char quoted[128];
+  snprintf(quoted, sizeof quoted, "\"%s\"", key);
+  const char *at = strstr(text, quoted);
+  if (at == NULL || (at = strchr(at + strlen(quoted), ':')) == NULL) return 0;
+  at++;
+  while (*at == ' ' || *at == '\t' || *at == '\n' || *at == '\r') at++;
+  return *at == '"' && strncmp(at + 1, value, strlen(value)) == 0 && at[1 + strlen(value)] == '"';
+}
+
 static gyre_config read_config(const char *dir) {
   char path[4096];
   snprintf(path, sizeof path, "%s/config.json", dir);
@@ -184,6 +196,8 @@ static gyre_config read_config(const char *dir) {
   c.rms_norm_eps = json_number(text, "rms_norm_eps", 1e-6);
   c.rope_theta = json_number(text, "rope_theta", 10000);
   c.head_dim = (int32_t)json_number(text, "head_dim", 0); /* null (no number) is 0: the default */
+  c.qkv_bias = json_string_is(text, "model_type", "qwen2"); /* Qwen2ForCausalLM; RoPE scaling is not read */
+  c.qk_norm = json_string_is(text, "model_type", "qwen3");
   free(text);
   return c;
 }
@@ -200,6 +214,19 @@ static uint8_t *model_bytes(const api *ref, const model_spec *s, size_t *len) {
   }
   gyre_model *m;
   TRY(ref, model_create(&s->cfg, 1234, 0.05f, &m));
+  if (s->cfg.qkv_bias || s->cfg.qk_norm) { /* biases (0) and norms (1) moved off their initial values */
+    int64_t n;
+    TRY(ref, param_count(&s->cfg, &n));
+    float *w = xmalloc(sizeof(float) * (size_t)n);
+    TRY(ref, model_get_weights(m, w, n));
+    uint64_t state = 99;
+    for (int64_t i = 0; i < n; i++) {
+      state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+      w[i] += 0.1f * ((float)(state >> 40) / 16777216.0f - 0.5f);
+    }
+    TRY(ref, model_set_weights(m, w, n));
+    free(w);
+  }
   TRY(ref, model_save(m, NULL, 0, len));
   uint8_t *buf = xmalloc(*len);
   TRY(ref, model_save(m, buf, *len, len));
@@ -427,7 +454,7 @@ static void training_checks(const api *cpu, const api *gpu, gyre_model *mc, gyre
   gyre_train_stats sc, sg;
 
   /* SFT */
-  gyre_loss_config sft = {GYRE_LOSS_SFT, 0.2f, 0.2f, 0.0f, 3, -1, 0};
+  gyre_loss_config sft = {GYRE_LOSS_SFT, 0.2f, 0.2f, 0.0f, 3, -1, 0, 1.0f};
   TRY(cpu, train_batch(tc, p.n, p.tokens, p.parents, p.positions, p.weights, NULL, NULL, NULL, NULL, &sft, 1, lpc, &sc));
   TRY(gpu, train_batch(tg, p.n, p.tokens, p.parents, p.positions, p.weights, NULL, NULL, NULL, NULL, &sft, 1, lpg, &sg));
   check(s->name, "sft token log-probs", rel_diff(lpg, lpc, p.n), 1e-4);
@@ -442,7 +469,7 @@ static void training_checks(const api *cpu, const api *gpu, gyre_model *mc, gyre
     p.behaviour[i] = isnan(lpc[i]) ? 0.0f : lpc[i] + 0.3f * (lcg_unit() - 0.5f);
     p.proximal[i] = i % 3 == 0 ? NAN : p.behaviour[i] + 0.1f * (lcg_unit() - 0.5f);
   }
-  gyre_loss_config ppo = {GYRE_LOSS_PPO, 0.2f, 0.28f, 1.5f, 3, 2, 0};
+  gyre_loss_config ppo = {GYRE_LOSS_PPO, 0.2f, 0.28f, 1.5f, 3, 2, 0, 1.0f};
   if (train(cpu, tc, &p, &ppo, lpc, &sc) != GYRE_OK || train(gpu, tg, &p, &ppo, lpg, &sg) != GYRE_OK)
     die("%s: PPO train_batch failed", s->name);
   check(s->name, "ppo token log-probs", rel_diff(lpg, lpc, p.n), 1e-4);
@@ -461,6 +488,14 @@ static void training_checks(const api *cpu, const api *gpu, gyre_model *mc, gyre
   check(s->name, "ppo current-proximal loss", fabs(sg.loss - sc.loss) / fmax(fabs(sc.loss), 1e-12), 1e-4);
   check(s->name, "ppo current-proximal ratio", fabs(sg.mean_ratio - 1.0) + fabs(sc.mean_ratio - 1.0), 0);
   check(s->name, "ppo current-proximal is weight", fabs(sg.mean_is_weight - sc.mean_is_weight), 1e-4);
+  /* ... and at a sampling temperature (logits / 0.7 in the log-probs, the entropy and the gradients) */
+  gyre_loss_config tempered = ppo;
+  tempered.temperature = 0.7f;
+  if (train(cpu, tc, &p, &tempered, lpc, &sc) != GYRE_OK || train(gpu, tg, &p, &tempered, lpg, &sg) != GYRE_OK)
+    die("%s: PPO (temperature 0.7) train_batch failed", s->name);
+  check(s->name, "ppo tempered token log-probs", rel_diff(lpg, lpc, p.n), 1e-4);
+  check(s->name, "ppo tempered loss", fabs(sg.loss - sc.loss) / fmax(fabs(sc.loss), 1e-12), 1e-4);
+  check(s->name, "ppo tempered entropy", fabs(sg.entropy - sc.entropy) / fabs(sc.entropy), 1e-4);
   TRY(cpu, trainer_get_grads(tc, gc, n_params));
   TRY(gpu, trainer_get_grads(tg, gg, n_params));
   check(s->name, "sft+ppo accumulated gradients", rel_diff(gg, gc, n_params), 1e-4);
@@ -540,6 +575,19 @@ static gyre_config with_head_dim(gyre_config c, int hd) {
   return c;
 }
 
+/* Qwen2 (q/k/v biases) or Qwen3 (per-head q/k RMSNorm, YaRN with its attention factor). */
+static gyre_config qwen(gyre_config c, int qwen3) {
+  c.qkv_bias = !qwen3;
+  c.qk_norm = qwen3;
+  if (qwen3) {
+    c.rope_type = GYRE_ROPE_YARN;
+    c.rope_factor = 4.0;
+    c.rope_original_max_position_embeddings = 512;
+    c.rope_truncate = 1;
+  }
+  return c;
+}
+
 #define CHECKS_FAILED 4 /* a child's exit status when some of its checks failed */
 
 /* Runs one model's comparison in a child process, so a crash of either library (or a CUDA
@@ -591,15 +639,17 @@ static int run_compare(const char *cpu_path, const char *cuda_path, const char *
   if (strcmp(gpu.backend(), "cuda") != 0 || strcmp(cpu.backend(), "cpu") != 0)
     die("expected a cpu and a cuda build, got %s and %s", cpu.backend(), gpu.backend());
   json_add("{");
-  model_spec specs[6 + MAX_DIRS] = {
+  model_spec specs[8 + MAX_DIRS] = {
       {"gqa-hd16", config_of(300, 64, 160, 2, 4, 2, 0), NULL},
       {"mqa-hd64-tied", config_of(259, 128, 256, 2, 2, 1, 1), NULL},
       {"mha-hd128", config_of(128, 256, 320, 1, 2, 2, 0), NULL},
       {"g20-hd8", config_of(64, 160, 96, 1, 20, 1, 0), NULL}, /* 20 query heads per kv head: 2 slices */
       {"mha-hd6", config_of(40, 12, 20, 2, 2, 2, 0), NULL},   /* head_dim not a multiple of 4 */
       {"gqa-hd16-wide", with_head_dim(config_of(96, 48, 80, 2, 4, 2, 0), 16), NULL}, /* H * hd = 64 != D = 48 */
+      {"qwen2-gqa-hd16-tied", qwen(config_of(200, 64, 96, 2, 4, 2, 1), 0), NULL},
+      {"qwen3-gqa-hd32-yarn", qwen(with_head_dim(config_of(150, 48, 80, 2, 4, 2, 0), 32), 1), NULL},
   };
-  int n_specs = 6;
+  int n_specs = 8;
   for (int k = 0; k < n_dirs; k++, n_specs++) {
     const char *slash = strrchr(dirs[k], '/');
     specs[n_specs].name = slash != NULL && slash[1] != '\0' ? slash + 1 : dirs[k];
@@ -724,7 +774,7 @@ static int run_bench(const char *cuda_path, const char *dir, const char *probe, 
   }
   gyre_trainer *t;
   TRY(&gpu, trainer_create(m, n, &t));
-  gyre_loss_config sft = {GYRE_LOSS_SFT, 0.2f, 0.2f, 0.0f, 0, -1, 0};
+  gyre_loss_config sft = {GYRE_LOSS_SFT, 0.2f, 0.2f, 0.0f, 0, -1, 0, 1.0f};
   gyre_adamw opt = {1e-4f, 0.9f, 0.999f, 1e-8f, 0.0f, 1.0f};
   float norm;
   const int steps = quick ? 1 : 5;

@@ -23,6 +23,8 @@ void train_acts_lay_out(train_acts *a, const dims *d, size_t T, float *base, siz
     io->rstd2 = arena_carve(base, cursor, T);
     io->gu = arena_carve(base, cursor, T * 2 * d->F);
     io->act = arena_carve(base, cursor, T * d->F);
+    io->qk_raw = d->qk_norm ? arena_carve(base, cursor, T * (d->q_dim + d->kv_dim)) : NULL;
+    io->qk_rstd = d->qk_norm ? arena_carve(base, cursor, T * (d->H + d->KV)) : NULL;
   }
   a->x_final = stream ? stream + d->L * T * d->D : NULL;
   a->hf = arena_carve(base, cursor, T * d->D);

@@ -10,6 +10,23 @@ static int32_t config_head_dim(const gyre_config *c) {
   return c->head_dim != 0 ? c->head_dim : c->hidden_size / c->num_attention_heads;
 }
 
+/* YaRN's own fields (gyre.h): all optional, none negative. */
+static gyre_status yarn_check(const gyre_config *c) {
+  if (c->rope_truncate != 0 && c->rope_truncate != 1)
+    return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "config: rope_truncate must be 0 or 1");
+  if (c->rope_original_max_position_embeddings < 0)
+    return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "config: rope_original_max_position_embeddings must be >= 0 for yarn");
+#define NOT_NEGATIVE(field)                                                                                   \
+  if (!(c->field >= 0.0)) return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "config: " #field " must be >= 0, got %g", c->field);
+  NOT_NEGATIVE(rope_beta_fast)
+  NOT_NEGATIVE(rope_beta_slow)
+  NOT_NEGATIVE(rope_mscale)
+  NOT_NEGATIVE(rope_mscale_all_dim)
+  NOT_NEGATIVE(rope_attention_factor)
+#undef NOT_NEGATIVE
+  return GYRE_OK;
+}
+
 gyre_status gyre_config_check(const gyre_config *c) {
   if (c == NULL) return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "config: NULL");
 #define POSITIVE(field)                                                                     \
@@ -44,8 +61,10 @@ gyre_status gyre_config_check(const gyre_config *c) {
     return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "config: tie_word_embeddings must be 0 or 1");
   if (!(c->rms_norm_eps > 0.0) || !(c->rope_theta > 0.0))
     return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "config: rms_norm_eps and rope_theta must be > 0");
-  if (c->rope_type != GYRE_ROPE_DEFAULT && c->rope_type != GYRE_ROPE_LINEAR && c->rope_type != GYRE_ROPE_LLAMA3)
-    return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "config: rope_type %d is not 0 (default), 1 (linear) or 2 (llama3)",
+  if (c->qkv_bias != 0 && c->qkv_bias != 1) return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "config: qkv_bias must be 0 or 1");
+  if (c->qk_norm != 0 && c->qk_norm != 1) return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "config: qk_norm must be 0 or 1");
+  if (c->rope_type < GYRE_ROPE_DEFAULT || c->rope_type > GYRE_ROPE_YARN)
+    return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "config: rope_type %d is not 0 (default), 1 (linear), 2 (llama3) or 3 (yarn)",
                      (int)c->rope_type);
   if (c->rope_type != GYRE_ROPE_DEFAULT && !(c->rope_factor > 0.0))
     return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "config: rope_factor must be > 0, got %g", c->rope_factor);
@@ -55,6 +74,7 @@ gyre_status gyre_config_check(const gyre_config *c) {
     return gyre_fail(GYRE_ERR_INVALID_ARGUMENT,
                      "config: llama3 RoPE needs 0 < rope_low_freq_factor < rope_high_freq_factor and "
                      "rope_original_max_position_embeddings > 0");
+  if (c->rope_type == GYRE_ROPE_YARN) return yarn_check(c);
   return GYRE_OK;
 }
 
@@ -79,6 +99,14 @@ gyre_status dims_from_config(const gyre_config *c, dims *d) {
   d->rope_factor = c->rope_factor;
   d->rope_low_freq_factor = c->rope_low_freq_factor;
   d->rope_high_freq_factor = c->rope_high_freq_factor;
+  d->rope_truncate = c->rope_truncate;
+  d->rope_beta_fast = c->rope_beta_fast;
+  d->rope_beta_slow = c->rope_beta_slow;
+  d->rope_mscale = c->rope_mscale;
+  d->rope_mscale_all_dim = c->rope_mscale_all_dim;
+  d->rope_attention_factor = c->rope_attention_factor;
+  d->qkv_bias = c->qkv_bias;
+  d->qk_norm = c->qk_norm;
   return GYRE_OK;
 }
 
@@ -97,7 +125,7 @@ gyre_status layout_build(const gyre_config *cfg, param_layout *lay) {
   memset(lay, 0, sizeof *lay);
   GYRE_CHECK(dims_from_config(cfg, &lay->d));
   const dims *d = &lay->d;
-  int32_t max_tensors = 3 + 9 * d->L;
+  int32_t max_tensors = 3 + 14 * d->L;
   lay->tensors = calloc((size_t)max_tensors, sizeof *lay->tensors);
   lay->layers = calloc((size_t)d->L, sizeof *lay->layers);
   if (lay->tensors == NULL || lay->layers == NULL) {
@@ -120,6 +148,18 @@ gyre_status layout_build(const gyre_config *cfg, param_layout *lay) {
     off = add_tensor(lay, off, name, d->kv_dim, d->D);
     snprintf(name, sizeof name, "model.layers.%d.self_attn.v_proj.weight", i);
     off = add_tensor(lay, off, name, d->kv_dim, d->D);
+    lo->bqkv = lo->qnorm = lo->knorm = -1;
+    if (d->qkv_bias) {
+      TENSOR(bqkv, "self_attn.q_proj.bias", d->q_dim, 0)
+      snprintf(name, sizeof name, "model.layers.%d.self_attn.k_proj.bias", i);
+      off = add_tensor(lay, off, name, d->kv_dim, 0);
+      snprintf(name, sizeof name, "model.layers.%d.self_attn.v_proj.bias", i);
+      off = add_tensor(lay, off, name, d->kv_dim, 0);
+    }
+    if (d->qk_norm) {
+      TENSOR(qnorm, "self_attn.q_norm.weight", d->hd, 0)
+      TENSOR(knorm, "self_attn.k_norm.weight", d->hd, 0)
+    }
     TENSOR(wo, "self_attn.o_proj.weight", d->D, d->q_dim)
     TENSOR(ln_post, "post_attention_layernorm.weight", d->D, 0)
     TENSOR(wgu, "mlp.gate_proj.weight", d->F, d->D)
@@ -203,5 +243,13 @@ gyre_status gyre_rope_inv_freq(const gyre_config *cfg, float *out, int32_t n) {
   if (out == NULL || n != d.hd / 2)
     return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "gyre_rope_inv_freq: n = %d, head_dim / 2 is %d", (int)n, (int)(d.hd / 2));
   rope_inv_freq(out, &d);
+  return GYRE_OK;
+}
+
+gyre_status gyre_rope_attention_scaling(const gyre_config *cfg, float *out) {
+  dims d;
+  GYRE_CHECK(dims_from_config(cfg, &d));
+  if (out == NULL) return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "gyre_rope_attention_scaling: out is NULL");
+  *out = rope_attention_scaling(&d);
   return GYRE_OK;
 }

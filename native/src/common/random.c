@@ -1,5 +1,6 @@
 /* random.c - splitmix64 streams, counter-based uniforms and the weight initialisation. */
 #include <math.h>
+#include <string.h>
 
 #include "../internal.h"
 
@@ -30,8 +31,10 @@ void init_weights(const param_layout *layout, uint64_t seed, float init_std, flo
     const param_tensor *p = &layout->tensors[t];
     int64_t numel = p->rank == 1 ? p->shape[0] : p->shape[0] * p->shape[1];
     float *w = flat + p->offset;
-    if (p->rank == 1) { /* RMSNorm weights */
-      for (int64_t i = 0; i < numel; i++) w[i] = 1.0f;
+    if (p->rank == 1) { /* RMSNorm weights 1, biases 0 */
+      size_t len = strlen(p->name);
+      float value = len > 5 && strcmp(p->name + len - 5, ".bias") == 0 ? 0.0f : 1.0f;
+      for (int64_t i = 0; i < numel; i++) w[i] = value;
       continue;
     }
     uint64_t state = seed ^ (0x51ed270b27eb5cc5ULL * (uint64_t)(t + 1));

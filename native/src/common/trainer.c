@@ -67,7 +67,7 @@ gyre_status gyre_train_batch(gyre_trainer *t, int32_t n, const int32_t *tokens, 
     return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
   }
   float *entropy = logp + n, *dlogp = entropy + n;
-  train_batch b = {n, tokens, parents, positions, &f};
+  train_batch b = {n, tokens, parents, positions, &f, 1.0f / loss->temperature};
   model_use_threads(t->model);
   gyre_status st = be_train_forward(t->be, &b, logp, entropy);
   if (st == GYRE_OK) {
@@ -80,7 +80,7 @@ gyre_status gyre_train_batch(gyre_trainer *t, int32_t n, const int32_t *tokens, 
       loss_term lt = loss_term_at(loss, i, logp[i], weights, advantages, behaviour, proximal, versions);
       s.stale_tokens += lt.stale;
       if (!lt.trained) continue;
-      dlogp[i] = lt.dlogp;
+      dlogp[i] = lt.dlogp * b.inv_temperature; /* d/d(logits) = (1 / temperature) d/d(logits / temperature) */
       s.trained_tokens++;
       s.loss += lt.value;
       s.weight_sum += weights != NULL ? weights[i] : 1.0f;

@@ -106,7 +106,7 @@ gyre_status be_forward(be_model *m, be_cache *c, const fwd_batch *b, float *logi
   float *x = c->work, *h = x + cap * d->D, *x_mid = h + cap * d->D, *qkv = x_mid + cap * d->D;
   float *att = qkv + cap * d->qkv_dim, *gu = att + cap * d->q_dim, *act = gu + cap * 2 * d->F;
   float *rstd = act + cap * d->F;
-  layer_io io = {x, h, rstd, qkv, att, NULL, x_mid, h, rstd, gu, act, x};
+  layer_io io = {x, h, rstd, qkv, att, NULL, x_mid, h, rstd, gu, act, x, NULL, NULL};
   paged_ctx ctx = {c, b};
   embed_forward(x, b->tokens, m->w + m->lay->embed, T, d->D);
   for (int l = 0; l < d->L; l++) layer_forward(m, l, T, b->positions, &io, attend_paged, &ctx);

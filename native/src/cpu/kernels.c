@@ -67,6 +67,76 @@ void rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, c
   }
 }
 
+void bias_forward(float *y, const float *b, int T, int N) {
+#pragma omp parallel for num_threads(cpu_threads_for((double)T * N)) schedule(static)
+  for (int t = 0; t < T; t++) {
+    float *yt = y + (size_t)t * N;
+    for (int c = 0; c < N; c++) yt[c] += b[c];
+  }
+}
+
+void bias_backward(float *db, const float *dy, int T, int N) {
+  /* columns in parallel, rows in order */
+#pragma omp parallel num_threads(cpu_threads_for((double)T * N))
+  {
+    int nt = omp_get_num_threads(), tid = omp_get_thread_num();
+    int c0 = N * tid / nt, c1 = N * (tid + 1) / nt;
+    for (int t = 0; t < T; t++) {
+      const float *src = dy + (size_t)t * N;
+      for (int c = c0; c < c1; c++) db[c] += src[c];
+    }
+  }
+}
+
+void head_rmsnorm_forward(float *qkv, float *raw, float *rstd, const float *wq, const float *wk, int T,
+                          const dims *d) {
+  const int heads = d->H + d->KV, hd = d->hd; /* q heads then k heads, contiguous */
+#pragma omp parallel for num_threads(cpu_threads_for(4.0 * T * heads * hd)) schedule(static)
+  for (int t = 0; t < T; t++) {
+    for (int h = 0; h < heads; h++) {
+      float *x = qkv + (size_t)t * d->qkv_dim + (size_t)h * hd;
+      const float *w = h < d->H ? wq : wk;
+      if (raw != NULL) memcpy(raw + ((size_t)t * heads + h) * hd, x, sizeof(float) * hd);
+      float ss = 0.0f;
+      for (int c = 0; c < hd; c++) ss += x[c] * x[c];
+      float r = 1.0f / sqrtf(ss / hd + d->eps);
+      for (int c = 0; c < hd; c++) x[c] = x[c] * r * w[c];
+      if (rstd != NULL) rstd[(size_t)t * heads + h] = r;
+    }
+  }
+}
+
+void head_rmsnorm_backward(float *dqkv, float *dwq, float *dwk, const float *raw, const float *wq, const float *wk,
+                           const float *rstd, int T, const dims *d) {
+  /* as rmsnorm_backward per head: dw first (it reads dy), then dx over dy in place */
+  const int heads = d->H + d->KV, hd = d->hd;
+#pragma omp parallel num_threads(cpu_threads_for(6.0 * T * heads * hd))
+  {
+    int nt = omp_get_num_threads(), tid = omp_get_thread_num();
+    for (int k = 0; k < 2; k++) { /* q's columns, then k's, split among the threads */
+      int c0 = hd * tid / nt, c1 = hd * (tid + 1) / nt, h0 = k == 0 ? 0 : d->H, h1 = k == 0 ? d->H : heads;
+      float *dw = k == 0 ? dwq : dwk;
+      for (int t = 0; t < T; t++)
+        for (int h = h0; h < h1; h++) {
+          const float *dy = dqkv + (size_t)t * d->qkv_dim + (size_t)h * hd, *x = raw + ((size_t)t * heads + h) * hd;
+          float r = rstd[(size_t)t * heads + h];
+          for (int c = c0; c < c1; c++) dw[c] += dy[c] * x[c] * r;
+        }
+    }
+#pragma omp barrier
+#pragma omp for schedule(static)
+    for (int t = 0; t < T; t++)
+      for (int h = 0; h < heads; h++) {
+        float *dy = dqkv + (size_t)t * d->qkv_dim + (size_t)h * hd;
+        const float *x = raw + ((size_t)t * heads + h) * hd, *w = h < d->H ? wq : wk;
+        float r = rstd[(size_t)t * heads + h], dot = 0.0f;
+        for (int c = 0; c < hd; c++) dot += dy[c] * w[c] * x[c];
+        float k = r * r * r * dot / hd;
+        for (int c = 0; c < hd; c++) dy[c] = r * dy[c] * w[c] - k * x[c];
+      }
+  }
+}
+
 void rope(float *qkv, const int32_t *positions, const float *cos_t, const float *sin_t, int T,
           const dims *d, int inverse) {
   int half = d->hd / 2, heads = d->H + d->KV; /* q heads then k heads, contiguous */
@@ -107,10 +177,12 @@ void swiglu_backward(float *dgu, const float *dact, const float *gu, int T, int 
   }
 }
 
-void logits_stats(float *lse, float *entropy, const float *logits, int T, int V) {
+void logits_stats(float *lse, float *entropy, float *logits, int T, int V, float scale) {
 #pragma omp parallel for num_threads(cpu_threads_for(30.0 * T * V)) schedule(static)
   for (int t = 0; t < T; t++) {
-    const float *z = logits + (size_t)t * V;
+    float *z = logits + (size_t)t * V;
+    if (scale != 1.0f)
+      for (int v = 0; v < V; v++) z[v] *= scale;
     float max = z[0];
     for (int v = 1; v < V; v++) max = z[v] > max ? z[v] : max;
     double sum = 0.0, wsum = 0.0;

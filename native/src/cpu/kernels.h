@@ -20,6 +20,20 @@ void rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, in
 void rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w,
                       const float *rstd, int T, int D);
 
+/* y[T,N] += b[N] on every row */
+void bias_forward(float *y, const float *b, int T, int N);
+/* db[N] += sum over rows of dy[T,N] (rows in order) */
+void bias_backward(float *db, const float *dy, int T, int N);
+
+/* Qwen3's per-head RMSNorm, in place on the q and k heads of qkv[T, qkv_dim]: each head's hd
+ * values x -> x r w, r = (mean(x^2) + eps)^-1/2, w = wq [hd] for q heads, wk [hd] for k heads.
+ * raw (may be NULL) keeps the values before, [T, q_dim + kv_dim]; rstd (may be NULL) r, [T, H + KV]. */
+void head_rmsnorm_forward(float *qkv, float *raw, float *rstd, const float *wq, const float *wk, int T,
+                          const dims *d);
+/* Its backward, in place: the q and k heads of dqkv from d(normed) to d(raw); dwq, dwk [hd] +=. */
+void head_rmsnorm_backward(float *dqkv, float *dwq, float *dwk, const float *raw, const float *wq, const float *wk,
+                           const float *rstd, int T, const dims *d);
+
 /* Rotate-half RoPE in place on the q and k parts of qkv[T, qkv_dim] by positions[t];
  * cos/sin tables [max_pos, hd/2]; inverse rotates back (the backward of the rotation). */
 void rope(float *qkv, const int32_t *positions, const float *cos_t, const float *sin_t, int T,
@@ -31,7 +45,7 @@ void swiglu_forward(float *act, const float *gu, int T, int F);
 void swiglu_backward(float *dgu, const float *dact, const float *gu, int T, int F);
 
 /* Per row of logits[T,V]: lse[t] = logsumexp, entropy[t] of the softmax. */
-void logits_stats(float *lse, float *entropy, const float *logits, int T, int V);
+void logits_stats(float *lse, float *entropy, float *logits, int T, int V, float scale);
 /* dlogits[T,V] (overwrites) for a loss L = sum_i L_i(logp_i), logp_i = log softmax(
  * logits[parents[i]])[tokens[i]], given dlogp[i] = dL_i/dlogp_i (0 where untrained). */
 void logits_backward(float *dlogits, const float *logits, const float *lse, const int32_t *tokens,

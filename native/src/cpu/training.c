@@ -108,7 +108,7 @@ gyre_status be_train_forward(be_trainer *t, const train_batch *b, float *logp_ho
   for (int l = 0; l < d->L; l++) layer_forward(m, l, T, b->positions, &acts->io[l], attend_forest, &ctx);
   rmsnorm_forward(acts->hf, acts->rstdf, acts->x_final, m->w + m->lay->norm_f, T, d->D, d->eps);
   gemm(T, d->V, d->D, acts->hf, d->D, 0, m->w + m->lay->lm_head, d->D, 1, acts->logits, d->V, 0);
-  logits_stats(acts->lse_rows, acts->entropy_rows, acts->logits, T, d->V);
+  logits_stats(acts->lse_rows, acts->entropy_rows, acts->logits, T, d->V, b->inv_temperature);
   for (int i = 0; i < T; i++) {
     int p = b->parents[i];
     logp_host[i] = p < 0 ? NAN : acts->logits[(size_t)p * d->V + b->tokens[i]] - acts->lse_rows[p];
@@ -147,6 +147,9 @@ gyre_status be_train_backward(be_trainer *t, const train_batch *b, const float *
     forest_attention_backward(acts->dqkv, acts->datt, io->qkv, io->att, io->lse, t->kt, t->vt, acts->dsum, b->forest, T, d,
                               t->scratch, t->scratch_floats, t->tiles);
     rope(acts->dqkv, b->positions, m->rope_cos, m->rope_sin, T, d, 1);
+    if (o->qnorm >= 0)
+      head_rmsnorm_backward(acts->dqkv, g + o->qnorm, g + o->knorm, io->qk_raw, w + o->qnorm, w + o->knorm, io->qk_rstd, T, d);
+    if (o->bqkv >= 0) bias_backward(g + o->bqkv, acts->dqkv, T, d->qkv_dim);
     gemm(d->qkv_dim, D, T, acts->dqkv, d->qkv_dim, 1, io->h1, D, 0, g + o->wqkv, D, 1);
     gemm(T, D, d->qkv_dim, acts->dqkv, d->qkv_dim, 0, w + o->wqkv, D, 0, acts->dh, D, 0);
     rmsnorm_backward(acts->dres, g + o->ln_in, acts->dh, io->x_in, w + o->ln_in, io->rstd1, T, D);

@@ -87,6 +87,8 @@ void layer_forward(const be_model *m, int layer, int T, const int32_t *positions
   size_t rows = (size_t)T * d->D;
   rmsnorm_forward(io->h1, io->rstd1, io->x_in, w + o->ln_in, T, d->D, d->eps);
   gemm(T, d->qkv_dim, d->D, io->h1, d->D, 0, w + o->wqkv, d->D, 1, io->qkv, d->qkv_dim, 0);
+  if (o->bqkv >= 0) bias_forward(io->qkv, w + o->bqkv, T, d->qkv_dim);
+  if (o->qnorm >= 0) head_rmsnorm_forward(io->qkv, io->qk_raw, io->qk_rstd, w + o->qnorm, w + o->knorm, T, d);
   rope(io->qkv, positions, m->rope_cos, m->rope_sin, T, d, 0);
   attend(ctx, layer, io);
   memcpy(io->x_mid, io->x_in, sizeof(float) * rows);
