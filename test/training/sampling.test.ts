@@ -130,12 +130,12 @@ const klOf = (records: ReadonlyArray<CallRecord>, config: RunConfig) =>
       expect(d.add(r).rejected).toEqual([])
     }
     const units = stepUnits([...decoders.values()].map((d, i) => ({ execution: d.execution, tree: d.tree, advantage: i % 2 === 0 ? 1 : -1 })), { _tag: "exact" })
-    const packed = packMicroBatches(units.units, config.training.microBatchTokens)
+    const packedBatches = packMicroBatches(units.units, config.training.microBatchTokens)
     const { model } = yield* loadCheckpoint(checkpoint)
     const trainer = yield* model.trainer({ maxTokens: config.training.microBatchTokens })
     const sum = new MetricsSum()
-    for (const microBatch of packed.microBatches) {
-      const batch = microBatch.build()
+    for (const mb of packedBatches.microBatches) {
+      const batch = mb.build()
       const result = yield* trainer.train(batch, stepLoss(config, 0), { backward: false })
       sum.add(microBatchStats(result, batch, 0, 1, config.training.isCap), summarize(batch, 0, 1), [])
     }
