@@ -8,8 +8,8 @@
  * and assistant with a string or blocks: `text`, `tool_use` (an assistant tool call, keyed by
  * its `id`, so a turn the gateway generated renders with its recorded tokens), `tool_result`
  * (a tool message, its content a string or text blocks; `is_error` prefixes "Error: "),
- * `thinking` and `redacted_thinking` (part of the assistant turn: a generated turn renders its
- * reasoning from the recorded tokens). Server-tool blocks (`server_tool_use`,
+ * `thinking` (the assistant turn's `reasoning_content`) and `redacted_thinking` (accepted; its
+ * data is opaque). A turn the gateway generated renders from its recorded tokens. Server-tool blocks (`server_tool_use`,
  * `web_search_tool_result`, ...) are accepted and left out of the prompt; images and documents
  * are refused (the model reads text only). Tools with `input_schema` are function tools;
  * Anthropic-defined tool types (bash, text editor, web search, computer, ...) are left out of
@@ -130,19 +130,26 @@ const userMessages = (blocks: ReadonlyArray<{ readonly type: string }>, i: numbe
     return out
   })
 
-/** One assistant message's blocks as one assistant turn: its text and its tool calls (thinking renders from recorded tokens). */
+/** One assistant message's blocks as one assistant turn: its text, its thinking (`reasoning_content`) and its tool calls. */
 const assistantMessage = (blocks: ReadonlyArray<{ readonly type: string }>, i: number): Effect.Effect<ChatMessage, ApiError> =>
   Effect.gen(function* () {
     let content = ""
+    let reasoning = ""
     const toolCalls: Array<{ id: string; type: "function"; function: { name: string; arguments: string } }> = []
     for (const [j, raw] of blocks.entries()) {
       const d = yield* decodeBlock(raw, raw.type, ["messages", i, "content", j])
       if (d === undefined) continue
       if (d.type === "text") content += d.block.text as string
+      else if (d.type === "thinking") reasoning += d.block.thinking as string
       else if (d.type === "tool_use") toolCalls.push({ id: d.block.id as string, type: "function", function: { name: d.block.name as string, arguments: JSON.stringify(d.block.input ?? {}) } })
       else if (d.type === "tool_result") return yield* Effect.fail(apiError(400, "An assistant message cannot hold a 'tool_result' block.", { param: `messages[${i}].content[${j}].type` }))
     }
-    return { role: "assistant", content: content === "" ? null : content, ...(toolCalls.length > 0 ? { tool_calls: toolCalls } : {}) }
+    return {
+      role: "assistant",
+      content: content === "" ? null : content,
+      ...(reasoning === "" ? {} : { reasoning_content: reasoning }),
+      ...(toolCalls.length > 0 ? { tool_calls: toolCalls } : {})
+    }
   })
 
 /** The chat messages of a request's system prompt and messages (`body`: the request as sent, its blocks undecoded). */
@@ -176,7 +183,10 @@ export const requestTools = (req: CountTokensRequest, body: unknown): Effect.Eff
   })
 
 /** The request's tool choice: how the model may call tools, and whether several calls at once. */
-export const toolChoiceOf = (req: CountTokensRequest, tools: ReadonlyArray<ToolDefinition>) => {
+export const toolChoiceOf = (
+  req: CountTokensRequest,
+  tools: ReadonlyArray<ToolDefinition>
+): Effect.Effect<{ readonly choice: "auto" | "none" | "required" | { readonly name: string }; readonly parallel: boolean }, ApiError> => {
   const c = req.tool_choice
   const parallel = c?.disable_parallel_tool_use !== true
   if (c === null || c === undefined || c.type === "auto") return Effect.succeed({ choice: "auto" as const, parallel })
