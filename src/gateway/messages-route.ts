@@ -151,8 +151,7 @@ export const messagesRoutes = (options: { readonly model: string; readonly turns
           : (d) => {
               promptTokens = d.promptTokens
               writer.delta(d)
-            },
-        () => `toolu_${nuid.next()}`
+            }
       )
       if (stream === undefined) writer.delta({ content: answer.content ?? "", reasoning: answer.reasoning ?? "", toolCalls: answer.toolCalls.map((c, index) => ({ index, ...c })) })
       const content = writer.finish(answer)

@@ -5,14 +5,15 @@
  * and Anthropic's error shape.
  *
  * Requests: `system` as a string or text blocks (a system message); `messages` of roles user
- * and assistant with a string or blocks: `text`, `tool_use` (an assistant tool call, keyed by
+ * and assistant (and system: a system message where it stands, text only) with a string or blocks: `text`, `tool_use` (an assistant tool call, keyed by
  * its `id`, so a turn the gateway generated renders with its recorded tokens), `tool_result`
  * (a tool message, its content a string or text blocks; `is_error` prefixes "Error: "),
- * `thinking` and `redacted_thinking` (part of the assistant turn: a generated turn renders its
- * reasoning from the recorded tokens). Server-tool blocks (`server_tool_use`,
+ * `thinking` (the assistant turn's `reasoning_content`) and `redacted_thinking` (accepted; its
+ * data is opaque). A turn the gateway generated renders from its recorded tokens. Server-tool blocks (`server_tool_use`,
  * `web_search_tool_result`, ...) are accepted and left out of the prompt; images and documents
  * are refused (the model reads text only). Tools with `input_schema` are function tools;
- * Anthropic-defined tool types (bash, text editor, web search, computer, ...) are left out of
+ * Anthropic-defined tool types (bash, text editor, web search, computer, ...) and tools marked
+ * `defer_loading` (loaded on demand by a tool search the gateway does not run) are left out of
  * what the model sees. `tool_choice` auto / any / tool / none (and `disable_parallel_tool_use`),
  * `stop_sequences`, `temperature`, `top_p`, `metadata`, `thinking`, `cache_control`, the
  * `anthropic-version` and `anthropic-beta` headers are accepted; `top_k` is refused (the
@@ -43,9 +44,9 @@ const ToolChoice = Schema.Union([
 /** The fields of a Messages request that render the prompt (all a count_tokens request has). */
 const promptFields = {
   model: Schema.String,
-  messages: Schema.Array(Schema.Struct({ role: Schema.Literals(["user", "assistant"]), content: Content })).check(Schema.isMinLength(1)),
+  messages: Schema.Array(Schema.Struct({ role: Schema.Literals(["user", "assistant", "system"]), content: Content })).check(Schema.isMinLength(1)),
   system: opt(Schema.Union([Schema.String, Schema.Array(TextBlock)])),
-  tools: opt(Schema.Array(Schema.Struct({ name: Schema.String, type: opt(Schema.String) }))),
+  tools: opt(Schema.Array(Schema.Struct({ name: Schema.String, type: opt(Schema.String), defer_loading: opt(Schema.Boolean) }))),
   tool_choice: opt(ToolChoice),
   thinking: opt(Schema.Struct({ type: Schema.Literals(["enabled", "disabled", "adaptive"]), budget_tokens: opt(PositiveInt) }))
 }
@@ -92,15 +93,15 @@ const decodeBlock = (raw: unknown, type: string, at: ReadonlyArray<PropertyKey>)
   return Effect.map(decodeBody(blockSchemas[type as BlockType], raw, at), (b) => ({ type: type as BlockType, block: b }) as { readonly type: BlockType; readonly block: Record<string, unknown> })
 }
 
-/** The text of a tool result's content: a string, or its text blocks (other kinds are a 400). */
-const resultText = (content: unknown, at: ReadonlyArray<PropertyKey>): Effect.Effect<string, ApiError> => {
+/** The text of a tool result's or a system message's content: a string, or its text blocks (other kinds are a 400). */
+const textBlocks = (content: unknown, at: ReadonlyArray<PropertyKey>): Effect.Effect<string, ApiError> => {
   if (content === undefined) return Effect.succeed("")
   if (typeof content === "string") return Effect.succeed(content)
   const parts = content as ReadonlyArray<{ readonly type: string; readonly text?: string }>
   const bad = parts.findIndex((p) => p.type !== "text" || p.text === undefined)
   if (bad >= 0) {
     const kind = parts[bad]!.type
-    const why = kind === "text" ? "A text block needs its text." : `A tool result holds text blocks; '${kind}' is not supported: the model reads text only.`
+    const why = kind === "text" ? "A text block needs its text." : `Only text blocks are read here; '${kind}' is not supported: the model reads text only.`
     return Effect.fail(apiError(400, why, { param: fieldPath([...at, bad, kind === "text" ? "text" : "type"]) }))
   }
   return Effect.succeed(parts.map((p) => p.text!).join("\n"))
@@ -122,7 +123,7 @@ const userMessages = (blocks: ReadonlyArray<{ readonly type: string }>, i: numbe
       if (d.type === "text") text.push(d.block.text as string)
       else if (d.type === "tool_result") {
         flush()
-        const content = yield* resultText(d.block.content, [...at, "content"])
+        const content = yield* textBlocks(d.block.content, [...at, "content"])
         out.push({ role: "tool", content: d.block.is_error === true ? `Error: ${content}` : content, tool_call_id: d.block.tool_use_id as string })
       } else return yield* Effect.fail(apiError(400, `A user message cannot hold a '${d.type}' block.`, { param: `messages[${i}].content[${j}].type` }))
     }
@@ -130,19 +131,26 @@ const userMessages = (blocks: ReadonlyArray<{ readonly type: string }>, i: numbe
     return out
   })
 
-/** One assistant message's blocks as one assistant turn: its text and its tool calls (thinking renders from recorded tokens). */
+/** One assistant message's blocks as one assistant turn: its text, its thinking (`reasoning_content`) and its tool calls. */
 const assistantMessage = (blocks: ReadonlyArray<{ readonly type: string }>, i: number): Effect.Effect<ChatMessage, ApiError> =>
   Effect.gen(function* () {
     let content = ""
+    let reasoning = ""
     const toolCalls: Array<{ id: string; type: "function"; function: { name: string; arguments: string } }> = []
     for (const [j, raw] of blocks.entries()) {
       const d = yield* decodeBlock(raw, raw.type, ["messages", i, "content", j])
       if (d === undefined) continue
       if (d.type === "text") content += d.block.text as string
+      else if (d.type === "thinking") reasoning += d.block.thinking as string
       else if (d.type === "tool_use") toolCalls.push({ id: d.block.id as string, type: "function", function: { name: d.block.name as string, arguments: JSON.stringify(d.block.input ?? {}) } })
       else if (d.type === "tool_result") return yield* Effect.fail(apiError(400, "An assistant message cannot hold a 'tool_result' block.", { param: `messages[${i}].content[${j}].type` }))
     }
-    return { role: "assistant", content: content === "" ? null : content, ...(toolCalls.length > 0 ? { tool_calls: toolCalls } : {}) }
+    return {
+      role: "assistant",
+      content: content === "" ? null : content,
+      ...(reasoning === "" ? {} : { reasoning_content: reasoning }),
+      ...(toolCalls.length > 0 ? { tool_calls: toolCalls } : {})
+    }
   })
 
 /** The chat messages of a request's system prompt and messages (`body`: the request as sent, its blocks undecoded). */
@@ -155,6 +163,7 @@ export const requestMessages = (req: CountTokensRequest, body: unknown): Effect.
     for (const [i, m] of req.messages.entries()) {
       if (typeof m.content === "string") out.push({ role: m.role, content: m.content })
       else if (m.role === "user") out.push(...(yield* userMessages(raw[i]!.content, i)))
+      else if (m.role === "system") out.push({ role: "system", content: yield* textBlocks(raw[i]!.content, ["messages", i, "content"]) })
       else out.push(yield* assistantMessage(raw[i]!.content, i))
     }
     return out
@@ -162,13 +171,13 @@ export const requestMessages = (req: CountTokensRequest, body: unknown): Effect.
 
 const CustomTool = Schema.Struct({ name: Schema.NonEmptyString, description: opt(Schema.String), input_schema: Schema.Unknown })
 
-/** Tools with an `input_schema` (type absent or "custom") as function tools; Anthropic-defined tool types are left out. */
+/** Tools with an `input_schema` (type absent or "custom") as function tools; Anthropic-defined tool types and deferred tools (`defer_loading`) are left out. */
 export const requestTools = (req: CountTokensRequest, body: unknown): Effect.Effect<Array<ToolDefinition>, ApiError> =>
   Effect.gen(function* () {
     const raw = (body as { readonly tools?: ReadonlyArray<unknown> }).tools ?? []
     const out: Array<ToolDefinition> = []
     for (const [i, t] of (req.tools ?? []).entries()) {
-      if (t.type !== null && t.type !== undefined && t.type !== "custom") continue
+      if ((t.type !== null && t.type !== undefined && t.type !== "custom") || t.defer_loading === true) continue
       const tool = yield* decodeBody(CustomTool, raw[i], ["tools", i])
       out.push({ type: "function", function: { name: tool.name, ...(tool.description ? { description: tool.description } : {}), parameters: tool.input_schema } })
     }
@@ -176,7 +185,10 @@ export const requestTools = (req: CountTokensRequest, body: unknown): Effect.Eff
   })
 
 /** The request's tool choice: how the model may call tools, and whether several calls at once. */
-export const toolChoiceOf = (req: CountTokensRequest, tools: ReadonlyArray<ToolDefinition>) => {
+export const toolChoiceOf = (
+  req: CountTokensRequest,
+  tools: ReadonlyArray<ToolDefinition>
+): Effect.Effect<{ readonly choice: "auto" | "none" | "required" | { readonly name: string }; readonly parallel: boolean }, ApiError> => {
   const c = req.tool_choice
   const parallel = c?.disable_parallel_tool_use !== true
   if (c === null || c === undefined || c.type === "auto") return Effect.succeed({ choice: "auto" as const, parallel })

@@ -9,7 +9,9 @@
  * assistant; text parts), `function_call`, `function_call_output`, `custom_tool_call`,
  * `custom_tool_call_output`, `reasoning`. A maximal run of assistant-side items (reasoning,
  * assistant messages, calls) is one assistant turn, its calls keyed by `call_id`, so a turn
- * the gateway generated renders with its recorded tokens. Items of built-in tools (web search,
+ * the gateway generated renders with its recorded tokens; its reasoning (the items' reasoning
+ * text, else their summary, else what the gateway sealed in `encrypted_content`) is the turn's
+ * `reasoning_content`. Items of built-in tools (web search,
  * file search, computer, code interpreter, local shell, MCP, image generation) are accepted and
  * left out of the prompt: the model never makes such calls.
  *
@@ -103,9 +105,19 @@ const textOfContent = (content: Content, param: string): Effect.Effect<string, A
   return Effect.succeed(texts.join(""))
 }
 
+/** The text of a reasoning item: its reasoning text, else its summary, else the text the gateway sealed in its `encrypted_content`. */
+export const reasoningTextOf = (item: typeof itemSchemas.reasoning.Type): string => {
+  const parts = item.content ?? []
+  if (parts.length > 0) return parts.map((p) => p.text).join("")
+  const summary = item.summary ?? []
+  if (summary.length > 0) return summary.map((p) => p.text).join("\n\n")
+  return unsealReasoning(item.encrypted_content ?? "") ?? ""
+}
+
 /** An assistant turn being gathered from consecutive items. */
 interface PendingTurn {
   content: string
+  reasoning: string
   toolCalls: Array<{ id: string; type: "function"; function: { name: string; arguments: string } }>
 }
 
@@ -123,10 +135,17 @@ export const inputMessages = (req: ResponsesRequest, body: unknown): Effect.Effe
     }
     let turn: PendingTurn | undefined
     const flush = () => {
-      if (turn !== undefined) messages.push({ role: "assistant", content: turn.content === "" ? null : turn.content, ...(turn.toolCalls.length > 0 ? { tool_calls: turn.toolCalls } : {}) })
+      if (turn !== undefined) {
+        messages.push({
+          role: "assistant",
+          content: turn.content === "" ? null : turn.content,
+          ...(turn.reasoning === "" ? {} : { reasoning_content: turn.reasoning }),
+          ...(turn.toolCalls.length > 0 ? { tool_calls: turn.toolCalls } : {})
+        })
+      }
       turn = undefined
     }
-    const pending = () => (turn ??= { content: "", toolCalls: [] })
+    const pending = () => (turn ??= { content: "", reasoning: "", toolCalls: [] })
     const raw = (body as { readonly input: ReadonlyArray<unknown> }).input
     for (const [i, item] of req.input.entries()) {
       const type = item.type ?? "message"
@@ -164,9 +183,7 @@ export const inputMessages = (req: ResponsesRequest, body: unknown): Effect.Effe
           break
         }
         case "reasoning": {
-          // Part of the assistant turn; a turn the gateway generated renders its reasoning from the recorded tokens.
-          yield* decodeBody(itemSchemas.reasoning, raw[i], at)
-          pending()
+          pending().reasoning += reasoningTextOf(yield* decodeBody(itemSchemas.reasoning, raw[i], at))
           break
         }
       }
@@ -279,8 +296,14 @@ export const customInput = (args: string): string => {
   return args
 }
 
-/** Reasoning text sealed as the gateway's `encrypted_content` (base64: not a secret, only opaque to clients). */
-export const sealReasoning = (text: string) => Buffer.from(text, "utf8").toString("base64")
+const SEALED = "gyre:"
+
+/** Reasoning text sealed as the gateway's `encrypted_content` (`gyre:` and base64: not a secret, only opaque to clients). */
+export const sealReasoning = (text: string) => SEALED + Buffer.from(text, "utf8").toString("base64")
+
+/** The text of an `encrypted_content` the gateway sealed; undefined for another's (never read). */
+const unsealReasoning = (sealed: string): string | undefined =>
+  sealed.startsWith(SEALED) ? Buffer.from(sealed.slice(SEALED.length), "base64").toString("utf8") : undefined
 
 export interface ResponsesUsage {
   readonly input_tokens: number

@@ -63,16 +63,23 @@ describe("Anthropic Messages API", () => {
       const { text, calls } = shown(m)
       expect(text).toContain(REASONING)
       expect(calls.map((c) => [c.name, c.input])).toEqual([["read_file", CALL_ARGUMENTS]])
-      expect(calls[0]!.id).toMatch(/^toolu_/)
-      expect(m.usage.output_tokens).toBe(7)
+      expect(calls[0]!.id).toMatch(/^[A-Za-z0-9_-]+$/)
     }
+    // the model's <think> text is a thinking block first
+    expect(first!.content[0]).toEqual({ type: "thinking", thinking: REASONING, signature: "gyre" })
+    expect(second!.content[0]).toEqual({ type: "thinking", thinking: REASONING, signature: "gyre" })
     expect(third!.stop_reason).toBe("end_turn")
     expect(shown(third!).calls).toEqual([])
     expect(shown(third!).text).toContain('<tool_call>\n{"name": "read_file"')
     expect(out.records.map((r) => r.callId)).toEqual(out.messages.map((m) => m.id))
     expect(out.records.map((r) => r.finishReason)).toEqual(["tool_calls", "tool_calls", "stop", "tool_calls"])
     // usage: the prompt's tokens, those the worker had cached as cache reads
-    out.messages.forEach((m, i) => expect(m.usage.input_tokens + (m.usage.cache_read_input_tokens ?? 0)).toBe(out.records[i]!.promptLength))
+    out.messages.forEach((m, i) => {
+      expect(m.usage.input_tokens + (m.usage.cache_read_input_tokens ?? 0)).toBe(out.records[i]!.promptLength)
+      expect(m.usage.output_tokens).toBe(out.records[i]!.outputLength)
+    })
+    // without parallel calls the turn ends with the call's closing text: no end-of-turn token
+    expect([first!.usage.output_tokens, third!.usage.output_tokens]).toEqual([6, 7])
     expect(second!.usage.cache_read_input_tokens).toBeGreaterThan(0)
     expect(out.counted.input_tokens).toBe(out.records[1]!.promptLength)
     expectOnePath(out.execution, out.records)

@@ -56,6 +56,13 @@ describe("Responses API", () => {
       expect(calls[0]!.call_id).toMatch(/^call_/)
       expect(r.usage!.output_tokens).toBe(7)
     }
+    // the model's <think> text is a reasoning item first, sealed for the way back as asked
+    const reasoning = first!.output[0]!
+    expect(reasoning.type).toBe("reasoning")
+    if (reasoning.type === "reasoning") {
+      expect(reasoning.content?.map((c) => c.text)).toEqual([REASONING])
+      expect(reasoning.encrypted_content).toMatch(/^gyre:/)
+    }
     expect(third!.output.map((o) => o.type)).not.toContain("function_call")
     expect(shown(third!).text).toContain('<tool_call>\n{"name": "read_file"')
     expect(out.records.map((r) => r.callId)).toEqual(out.responses.map((r) => r.id))
