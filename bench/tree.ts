@@ -11,7 +11,7 @@
  * exact training units and packed into micro-batches, and sampled with J_max = 5.
  * Prints a table and, last, one JSON line. Not a test: nothing here is asserted.
  */
-import { Result, Schema } from "effect"
+import { Schema } from "effect"
 import { DeltaDecoder } from "../src/tree/decoder.ts"
 import { DeltaEncoder } from "../src/tree/encoder.ts"
 import { packMicroBatches } from "../src/tree/pack.ts"
@@ -187,10 +187,8 @@ const packStart = performance.now()
 const packedExact = packMicroBatches(exact.units, BUDGET)
 const packSeconds = (performance.now() - packStart) / 1000
 const packedSampled = packMicroBatches(sampled.units, BUDGET)
-if (Result.isFailure(packedExact)) throw packedExact.failure
-if (Result.isFailure(packedSampled)) throw packedSampled.failure
-const exactReport = packedExact.success.report
-const sampledReport = packedSampled.success.report
+const exactReport = packedExact.report
+const sampledReport = packedSampled.report
 
 const sum = (f: (b: Built) => number) => group.reduce((a, b) => a + f(b), 0)
 const flatTokens = sum((b) => b.stats.pathTokens)
