@@ -18,13 +18,13 @@ import type { Engine } from "../engine/engine.ts"
 import { gateway } from "../actors/gateway.ts"
 import { makeHarnessRunner } from "../actors/harness-runner.ts"
 import { rolloutWorker } from "../actors/rollout-worker.ts"
-import { chatFormatOf } from "../openai/hf-chat.ts"
 import { HarnessRunnerProtocol } from "../protocols/harness.ts"
 import { address } from "../runtime/names.ts"
 import type { Nats } from "../runtime/nats.ts"
 import { startNode } from "../runtime/node.ts"
 import { ActorSystem, refOf } from "../runtime/system.ts"
 import { UsageError } from "./args.ts"
+import { chatFormatFor } from "./tool-format.ts"
 
 export interface EvaluationOptions {
   readonly checkpoint: string
@@ -36,6 +36,8 @@ export interface EvaluationOptions {
   /** Run id of the evaluation (its own streams). */
   readonly run: string
   readonly concurrency: number
+  /** The model's tool-call format where its chat template leaves it open (`--tool-format`). */
+  readonly toolFormat?: string | undefined
 }
 
 /** Executions at once by default: `gyre eval`'s `--concurrency`, `gyre train`'s held-out runs. */
@@ -82,7 +84,7 @@ export const evaluate = (options: EvaluationOptions): Effect.Effect<Evaluation, 
       const system = yield* ActorSystem
       const workspaces = fs.mkdtempSync(path.join(os.tmpdir(), "gyre-eval-ws-"))
       yield* Effect.addFinalizer(() => Effect.sync(() => fs.rmSync(workspaces, { recursive: true, force: true })))
-      const chat = yield* Effect.promise(() => chatFormatOf(options.checkpoint))
+      const chat = yield* Effect.promise(() => chatFormatFor("eval", options.checkpoint, options.toolFormat))
       const node = yield* startNode({
         name: "eval",
         types: [

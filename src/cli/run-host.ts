@@ -23,7 +23,6 @@ import { makeHarnessRunner } from "../actors/harness-runner.ts"
 import { makeScheduler, schedulerAddress } from "../actors/scheduler.ts"
 import { trainingRoleFor } from "../actors/trainer.ts"
 import { Engine } from "../engine/engine.ts"
-import { chatFormatOf } from "../openai/hf-chat.ts"
 import { runSampling, type RunConfig } from "../protocols/run.ts"
 import { StepMetrics } from "../protocols/scheduler.ts"
 import { address, formatAddress } from "../runtime/names.ts"
@@ -31,6 +30,7 @@ import { startNode } from "../runtime/node.ts"
 import { ActorSystem, type ActorSystemShape } from "../runtime/system.ts"
 import { journalRunConfig, runDoneJournaled } from "../scheduling/records.ts"
 import { finalCheckpoint } from "./shared-checkpoint.ts"
+import { chatFormatFor } from "./tool-format.ts"
 
 export interface RunProgress {
   readonly metrics: StepMetrics
@@ -76,7 +76,7 @@ export const hostRun = (o: HostRunOptions) =>
       const workspaces = fs.mkdtempSync(path.join(os.tmpdir(), "gyre-train-ws-"))
       yield* Effect.addFinalizer(() => Effect.sync(() => fs.rmSync(workspaces, { recursive: true, force: true })))
       const { executions_per_step: B, max_staleness } = o.config.policyConfig
-      const chat = yield* Effect.promise(() => chatFormatOf(o.config.checkpoint))
+      const chat = yield* Effect.promise(() => chatFormatFor("train", o.config.checkpoint, o.config.toolFormat))
       const scheduler = o.scheduler === false ? undefined : makeScheduler({ config: o.config, trainTasks: o.trainTasks, runners: RUN_RUNNERS })
       yield* journalRunConfig(system, o.config)
       const node = yield* startNode({

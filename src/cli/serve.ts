@@ -23,7 +23,6 @@ import { workerDevice } from "../serving/rollout-role.ts"
 import { readConfig } from "../engine/checkpoint.ts"
 import { Engine } from "../engine/engine.ts"
 import { anthropicBaseUrl } from "../harness/environment.ts"
-import { chatFormatOf } from "../openai/hf-chat.ts"
 import { Nats } from "../runtime/nats.ts"
 import { address } from "../runtime/names.ts"
 import { startNode } from "../runtime/node.ts"
@@ -33,6 +32,7 @@ import { checkCheckpoint, checkPort } from "./checks.ts"
 import { embeddedNats } from "./auth.ts"
 import { checkKvFlags, kvFlags } from "./kv.ts"
 import { serveUntilStopped } from "./lifetime.ts"
+import { chatFormatFor, toolFormatFlag } from "./tool-format.ts"
 
 const flags = {
   checkpoint: { kind: "string", doc: "checkpoint directory: Gyre's or a Hugging Face Llama one (config.json, safetensors, tokenizer.json)", required: true },
@@ -45,7 +45,8 @@ const flags = {
   store: { kind: "string", doc: "JetStream store directory of the embedded nats-server (default .gyre/nats/<run>.<node>, kept across restarts)" },
   ...kvFlags,
   "max-batch": { kind: "integer", doc: "generations batched at once per worker", default: 32 },
-  "max-tokens": { kind: "integer", doc: "max_tokens of requests that give none", default: 512 }
+  "max-tokens": { kind: "integer", doc: "max_tokens of requests that give none", default: 512 },
+  "tool-format": toolFormatFlag
 } as const
 
 export const command: Command<typeof flags> = {
@@ -58,7 +59,7 @@ export const command: Command<typeof flags> = {
     checkCheckpoint("serve", f.checkpoint)
     if (f.devices < 1) throw new UsageError("gyre serve: --devices must be at least 1")
     await checkPort("serve", f.host, f.port)
-    const chat = await chatFormatOf(f.checkpoint)
+    const chat = await chatFormatFor("serve", f.checkpoint, f["tool-format"])
     const nats = await Effect.runPromise(embeddedNats({ name: "gyre-serve", run: f.run, node: f.node, kinds: ["rollout-worker", "gateway"], store: f.store }))
     const program = Effect.gen(function* () {
       const system = yield* ActorSystem

@@ -52,6 +52,7 @@ import { checkKvFlags, kvFlags } from "./kv.ts"
 import { hostRun } from "./run-host.ts"
 import { publishInitialCheckpoint } from "./shared-checkpoint.ts"
 import { warmStartedCheckpoint } from "./warm-start.ts"
+import { chatFormatFor, toolFormatFlag } from "./tool-format.ts"
 
 export const trainFlags = {
   suite: { kind: "string", doc: "suite name (a folder of --suites)", default: "toy" },
@@ -81,6 +82,7 @@ export const trainFlags = {
   mode: { kind: "string", doc: "exact tree training or bounded dedup sampling", default: "exact", choices: ["exact", "sampled"] },
   "max-paths": { kind: "integer", doc: "J_max of sampled mode", default: 5 },
   loss: { kind: "string", doc: "decoupled PPO-clip or truncated IS", default: "ppo", choices: ["ppo", "is"] },
+  "tool-format": toolFormatFlag,
   temperature: { kind: "number", doc: "sampling temperature of every rollout call, whatever the harness sends (it replaces the request's temperature and top_p; top-p is 1); the loss takes the policy's log-probs at the same temperature (> 0)", default: 1 },
   ...kvFlags,
   "micro-batch-tokens": { kind: "integer", doc: "tokens per micro-batch", default: 4096 },
@@ -150,6 +152,7 @@ export const runConfigOf = (f: TrainFlags, run: string, checkpoint: string, chec
     checkpointEvery: f["checkpoint-every"]
   }),
   sampling: { temperature: f.temperature },
+  ...(f["tool-format"] === undefined ? {} : { toolFormat: f["tool-format"] }),
   checkpoint,
   kvDtype: f["kv-dtype"] as NonNullable<RunConfig["kvDtype"]>,
   kvBlocks: f["kv-blocks"],
@@ -219,6 +222,8 @@ const trainRun = (f: TrainFlags, command: string, place: RunPlace) =>
     const initial = resumed?.checkpoint ?? f.checkpoint ?? (yield* warmStartedCheckpoint(warm))
     clock.lap("warm_start")
     const config = resumed ?? runConfigOf(f, run, initial, path.join(store, "checkpoints"))
+    // a tool format the checkpoint's template does not render is refused before anything runs
+    yield* Effect.tryPromise({ try: () => chatFormatFor(command, initial, config.toolFormat), catch: (e) => e })
     if (resumed !== undefined) log(`resuming ${run}: ${resumed.policy}, ${resumed.policyConfig.steps} steps (the journal's configuration)`)
     // The join lines go to stderr when stdout is kept for the JSON line: another machine needs them either way.
     yield* openToOthers(place, initial, quiet ? (line) => console.error(line) : log)
@@ -227,7 +232,7 @@ const trainRun = (f: TrainFlags, command: string, place: RunPlace) =>
     // A resumed run scores under names of its own (the stopped run's evaluations are in the store).
     const attempt = resumed === undefined ? "" : `-r${Date.now().toString(36)}`
     const score = (checkpoint: string, name: string) =>
-      evaluate({ checkpoint, suitesDir: f.suites, suite: config.suite, tasks: heldout, env: config.env, run: `${run}-${name}${attempt}`, concurrency: Math.min(evaluationConcurrency, heldout.length) })
+      evaluate({ checkpoint, suitesDir: f.suites, suite: config.suite, tasks: heldout, env: config.env, run: `${run}-${name}${attempt}`, concurrency: Math.min(evaluationConcurrency, heldout.length), toolFormat: config.toolFormat })
     const before = yield* score(initial, "heldout-before")
     log(`held-out before: ${before.meanScore.toFixed(3)} on ${heldout.length} tasks (${clock.lap("heldout_before")} s)`)
     const connection = yield* Nats

@@ -2,14 +2,17 @@
  * The gateway's OpenAI endpoints over one `generate` function (route, record, answer):
  *
  *   POST /v1/chat/completions   messages, max_tokens, temperature, top_p, stop, seed, tools,
- *                               stream (server-sent events, `data: {...}` then `data: [DONE]`)
+ *                               tool_choice, parallel_tool_calls, stream (server-sent events,
+ *                               `data: {...}` then `data: [DONE]`); answers reasoning_content
+ *                               and tool calls (arguments streamed as generated); n > 1,
+ *                               top_logprobs and a JSON response_format are 400s
  *   POST /v1/completions        a text or token-id prompt (no chat template)
  *   GET  /v1/models, /v1/models/<id>
  *
  * A chat request is a turn (`./chat-turn.ts`: rendered to tokens with the model's chat format,
  * `../openai/chat.ts` or a checkpoint's own, `../openai/hf-chat.ts`, using the execution's
- * remembered assistant turns token-exact); streamed text is only ever a prefix of the final
- * text (stop strings and tool calls held back until decided).
+ * remembered assistant turns token-exact, read back as reasoning, content and tool calls in the
+ * model's format); each streamed field is only ever a prefix of the final one.
  */
 import { nuid } from "@nats-io/transport-node"
 import { Effect } from "effect"

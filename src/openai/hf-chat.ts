@@ -12,8 +12,11 @@
  * Token-exact turns: an assistant message the gateway produced (`AssistantTurns`) is rendered
  * as a placeholder, and the placeholder's place in the rendered text takes the ids the model
  * generated (without the trailing end-of-turn id, which the template writes itself); only the
- * text between placeholders is encoded. An assistant message the harness edited (or the
- * gateway never produced) is rendered and encoded as text.
+ * text between placeholders is encoded. Text a template writes before an assistant turn's
+ * content that its generation prompt did not have (Mistral's " ", Qwen3's empty `<think>`
+ * block on a last turn) is left out before a placeholder: the model generated the ids right
+ * after the generation prompt. An assistant message the harness edited (or the gateway never
+ * produced) is rendered and encoded as text.
  *
  * Tool-call format: the template is asked to render one probe call (`PROBE`), and the format
  * whose parser reads that call back from the rendered text is the model's (so the template
@@ -107,6 +110,19 @@ const probeTurn = (renderText: (messages: ReadonlyArray<Record<string, unknown>>
   }
 }
 
+/** What the template writes between its generation prompt and an assistant turn's content ("" when nothing, or when it cannot tell). */
+const contentDecoration = (renderText: (messages: ReadonlyArray<Record<string, unknown>>, generationPrompt: boolean) => string): string => {
+  const user = { role: "user", content: "gyre probe" }
+  try {
+    const before = renderText([user], true)
+    const after = renderText([user, { role: "assistant", content: placeholder(0) }], false)
+    const at = after.indexOf(placeholder(0))
+    return after.startsWith(before) && at >= before.length ? after.slice(before.length, at) : ""
+  } catch {
+    return ""
+  }
+}
+
 /** The format whose parser reads the probe call back from the template's rendering. */
 const renderedFormat = (turn: string | undefined): ToolFormat | undefined =>
   turn === undefined
@@ -130,6 +146,7 @@ export const hfChat = (tokens: HfTokens, source: string, toolFormat?: ToolFormat
       eos_token: tokens.eosToken
     })
   const turn = probeTurn((messages, generationPrompt) => renderText(messages, generationPrompt, [probeTool]))
+  const decoration = contentDecoration(renderText)
   const rendered = renderedFormat(turn)
   if (rendered !== undefined && toolFormat !== undefined && rendered.name !== toolFormat) throw new ToolFormatMismatch({ asked: toolFormat, rendered: rendered.name })
   const format = rendered ?? toolFormats[toolFormat ?? "hermes"]
@@ -145,7 +162,8 @@ export const hfChat = (tokens: HfTokens, source: string, toolFormat?: ToolFormat
     const out: Array<PromptPiece> = []
     let at = 0
     for (const match of text.matchAll(PLACEHOLDER)) {
-      out.push(text.slice(at, match.index), raw[Number(match[1])]!)
+      const before = text.slice(at, match.index)
+      out.push(decoration !== "" && before.endsWith(decoration) ? before.slice(0, before.length - decoration.length) : before, raw[Number(match[1])]!)
       at = match.index + match[0].length
     }
     out.push(text.slice(at))

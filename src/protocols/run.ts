@@ -91,6 +91,8 @@ export const RunConfig = Schema.Struct({
   training: TrainingSettings,
   /** The rollouts' sampling (absent: runs journaled before it, temperature 1). */
   sampling: Schema.optional(RunSampling),
+  /** The model's tool-call format (`--tool-format`, a name of `src/openai/tool-formats.ts`); absent: its chat template's, else hermes. */
+  toolFormat: Schema.optional(Schema.String),
   /** Directory of the initial weights (config.json + model.safetensors), policy version 0. */
   checkpoint: Schema.String,
   /** How the devices' KV caches store K and V (absent: f32; f16 halves the memory and the hand-off bytes). */

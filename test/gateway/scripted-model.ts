@@ -1,6 +1,7 @@
 /**
  * A Hugging Face model directory whose weights are set by hand so that the real engine
- * generates one fixed turn whatever the prompt: reasoning, then a tool call.
+ * generates one fixed turn whatever the prompt (by default reasoning, then a tool call; any
+ * `Script`: a template and the turn's tokens).
  *
  * The tokenizer is byte-level (ids 0..255 the bytes, no merges) with ChatML specials and
  * non-special added tokens for `<think>`, `</think>`, `<tool_call>`, `</tool_call>` and two
@@ -24,25 +25,47 @@ export const REASONING = "Read the file first."
 export const CALL_ARGUMENTS = { path: "a.txt" }
 const CALL_JSON = `\n{"name": "read_file", "arguments": ${JSON.stringify(CALL_ARGUMENTS).replace(":", ": ")}}\n`
 
-const specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-const added = ["<think>", "</think>", "<tool_call>", "</tool_call>", REASONING, CALL_JSON]
-
-/** The generated turn's tokens, after the generation prompt's `\n` (byte 10). */
-const script = ["\n", "<think>", REASONING, "</think>", "<tool_call>", CALL_JSON, "</tool_call>", "<|im_end|>"]
-
 /** A read_file function tool, as chat, Responses and Messages requests offer it. */
 export const readFileSchema = { type: "object", properties: { path: { type: "string" } }, required: ["path"] }
 
-export const writeScriptedModel = (dir: string) => {
+/** A scripted turn: the template, its special tokens, and the tokens the model writes after the prompt's last one. */
+export interface Script {
+  readonly template: string
+  /** Special tokens (the template's markers, bos and eos); the turn's other multi-character pieces are added tokens that are not special. */
+  readonly specials: ReadonlyArray<string>
+  readonly bos: string
+  readonly eos: string
+  /**
+   * The prompt's last token (the end of the template's generation prompt), then the turn's
+   * tokens, each distinct: single characters are byte tokens, longer pieces added tokens.
+   */
+  readonly turn: ReadonlyArray<string>
+}
+
+/** ChatML with Hermes calls: every turn is reasoning, then one read_file call (the default). */
+export const hermesScript: Script = {
+  template: chatmlToolsTemplate,
+  specials: ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+  bos: "<|endoftext|>",
+  eos: "<|im_end|>",
+  turn: ["\n", "<think>", REASONING, "</think>", "<tool_call>", CALL_JSON, "</tool_call>", "<|im_end|>"]
+}
+
+export const writeScriptedModel = (dir: string, scripted: Script = hermesScript) => {
+  const { specials, turn: script } = scripted
   const chars = byteChars()
   const vocab: Record<string, number> = Object.fromEntries(chars.map((c, i) => [c, i]))
-  const idOf = new Map<string, number>([["\n", 10]])
-  const addedTokens = [...specials, ...added].map((content, i) => {
+  const utf8 = new TextEncoder()
+  const idOf = new Map<string, number>()
+  for (const piece of script) if ([...utf8.encode(piece)].length === 1) idOf.set(piece, utf8.encode(piece)[0]!)
+  const added = [...new Set([...specials, ...script.filter((piece) => !idOf.has(piece))])]
+  const addedTokens = added.map((content, i) => {
     idOf.set(content, 256 + i)
     return { id: 256 + i, content, single_word: false, lstrip: false, rstrip: false, normalized: false, special: specials.includes(content) }
   })
+  if (new Set(script).size !== script.length) throw new Error("a scripted turn's tokens must be distinct (the model is a bigram)")
   const vocabSize = 256 + addedTokens.length
-  const hidden = 32
+  const hidden = Math.max(32, Math.ceil(script.length / 8) * 8)
   const config = {
     architectures: ["LlamaForCausalLM"],
     model_type: "llama",
@@ -58,8 +81,8 @@ export const writeScriptedModel = (dir: string) => {
     rms_norm_eps: 1e-5,
     rope_theta: 10000,
     tie_word_embeddings: false,
-    bos_token_id: idOf.get("<|endoftext|>"),
-    eos_token_id: idOf.get("<|im_end|>")
+    bos_token_id: idOf.get(scripted.bos),
+    eos_token_id: idOf.get(scripted.eos)
   }
   const zeros = (...shape: Array<number>) => ({ shape, values: new Float32Array(shape.reduce((a, b) => a * b, 1)) })
   const embed = zeros(vocabSize, hidden)
@@ -86,7 +109,7 @@ export const writeScriptedModel = (dir: string) => {
   ]
   writeSafetensors(dir, [{ file: "model.safetensors", dtype: "F32", tensors }])
   writeFileSync(join(dir, "config.json"), JSON.stringify(config))
-  writeFileSync(join(dir, "generation_config.json"), JSON.stringify({ eos_token_id: [idOf.get("<|im_end|>"), idOf.get("<|endoftext|>")] }))
+  writeFileSync(join(dir, "generation_config.json"), JSON.stringify({ eos_token_id: [...new Set([idOf.get(scripted.eos), idOf.get(scripted.bos)])] }))
   const tokenizer = {
     version: "1.0",
     truncation: null,
@@ -99,6 +122,6 @@ export const writeScriptedModel = (dir: string) => {
     model: { type: "BPE", dropout: null, unk_token: null, continuing_subword_prefix: null, end_of_word_suffix: null, fuse_unk: false, byte_fallback: false, ignore_merges: false, vocab, merges: [] }
   }
   writeFileSync(join(dir, "tokenizer.json"), JSON.stringify(tokenizer))
-  writeFileSync(join(dir, "tokenizer_config.json"), JSON.stringify({ bos_token: "<|endoftext|>", eos_token: "<|im_end|>", chat_template: chatmlToolsTemplate }))
+  writeFileSync(join(dir, "tokenizer_config.json"), JSON.stringify({ bos_token: scripted.bos, eos_token: scripted.eos, chat_template: scripted.template }))
   return dir
 }

@@ -68,6 +68,8 @@ describe("the loss at the run's sampling temperature", () => {
         const at = (t: number) => trainer.train(batch, ppo(t), { backward: false })
         const tempered = yield* at(0.6)
         const untempered = yield* at(1)
+        // a trainer that takes the path in chunks of 16 tokens (K/V carried forward) tempers each chunk alike
+        const chunked = yield* (yield* model.trainer({ maxTokens: 16 })).train(batch, ppo(0.6), { backward: false })
         // gradient of the tempered loss along a random direction against central differences
         yield* trainer.zeroGrads()
         yield* trainer.train(batch, ppo(0.6))
@@ -80,12 +82,13 @@ describe("the loss at the run's sampling temperature", () => {
           model.setWeights(Float32Array.from(weights, (w, i) => w + sign * eps * u[i]!)).pipe(Effect.andThen(at(0.6)), Effect.map((x) => x.stats.loss))
         const numeric = ((yield* lossAt(1)) - (yield* lossAt(-1))) / (2 * eps)
         const analytic = grads.reduce((s, g, i) => s + g * u[i]!, 0)
-        return { behaviour, tempered, untempered, numeric, analytic }
+        return { behaviour, tempered, untempered, chunked, numeric, analytic }
       })
     )
     const generated = (x: ArrayLike<number>) => Array.from(x).slice(4)
     expect(maxAbsDiff(generated(r.tempered.tokenLogprobs), r.behaviour.slice(4))).toBeLessThan(2e-4)
     expect(r.tempered.stats.meanIsWeight).toBeCloseTo(1, 3)
+    expect(maxAbsDiff(generated(r.chunked.tokenLogprobs), generated(r.tempered.tokenLogprobs))).toBeLessThan(1e-5)
     // the untempered policy is another distribution: its log-probs are far from the behaviour's
     const gap = generated(r.untempered.tokenLogprobs).reduce((s, x, i) => s + Math.abs(x - r.behaviour[i + 4]!), 0) / 40
     expect(gap).toBeGreaterThan(0.05)
