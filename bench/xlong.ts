@@ -130,9 +130,10 @@ const resetPeak = () => {
 
 interface DeviceProcess {
   readonly child: ChildProcess
-  /** Its last stderr lines, and the last ones that say error or warn. */
+  /** Its last stderr lines. */
   readonly tail: Array<string>
-  readonly problems: Array<string>
+  /** Its distinct warnings and errors (the first 10 kinds: the entry's first lines, and how often that kind came). */
+  readonly problems: Map<string, { readonly text: string; count: number }>
   /** Peak RSS while rolling out (until the last outcome) and after. */
   readonly peak: { rollout: number; train: number }
   /** How it ended, once it has. */
@@ -152,12 +153,29 @@ const startDevice = (natsUrl: string, run: string, i: number): DeviceProcess => 
     stdio: ["ignore", "ignore", "pipe"]
   })
   const exited = new Promise<string>((resolve) => child.once("exit", (code, signal) => resolve(signal === null ? `exit code ${code}` : `signal ${signal}`)))
-  const d: DeviceProcess = { child, tail: [], problems: [], peak: { rollout: 0, train: 0 }, exited }
-  readline.createInterface({ input: child.stderr! }).on("line", (line) => {
+  const d: DeviceProcess = { child, tail: [], problems: new Map(), peak: { rollout: 0, train: 0 }, exited }
+  let entry: Array<string> = []
+  const flush = () => {
+    if (entry.length > 0 && /^\[[^\]]*\] (WARN|ERROR|FATAL)/.test(entry[0]!)) notice(d.problems, entry.join(" / ").replace(/^\[[^\]]*\] /, "").replace(/ \(#\d+\)/, ""))
+    entry = []
+  }
+  const lines = readline.createInterface({ input: child.stderr! })
+  lines.on("line", (line) => {
     keep(d.tail, line, 40)
-    if (/error|warn|fail/i.test(line)) keep(d.problems, line.slice(0, 400), 10)
+    // A log entry is a line starting with its time, then indented lines (its cause, a stack).
+    if (/^\[\d/.test(line)) flush()
+    if (entry.length < 3 && (entry.length > 0 || /^\[\d/.test(line))) entry.push(line.trim().slice(0, 300))
   })
+  lines.on("close", flush)
   return d
+}
+
+/** Counts a warning or error by its kind (its text with the numbers taken out). */
+const notice = (problems: DeviceProcess["problems"], text: string) => {
+  const kind = text.replace(/\d+/g, "N")
+  const seen = problems.get(kind)
+  if (seen !== undefined) seen.count++
+  else if (problems.size < 10) problems.set(kind, { text, count: 1 })
 }
 
 const stopDevice = (d: DeviceProcess) =>
@@ -512,7 +530,7 @@ const report = (r: Figures) => {
     for (const d of r.problems.dead) console.log(`  dead letter: ${d}`)
   }
   // What the devices logged as an error or warning (a stage that failed without stopping the run says why here).
-  for (const [i, d] of r.devices.entries()) for (const p of d.problems) console.log(`device ${i}: ${p}`)
+  for (const [i, d] of r.devices.entries()) for (const p of d.problems.values()) console.log(`device ${i}${p.count > 1 ? ` (${p.count} times)` : ""}: ${p.text}`)
   printResult(BENCH, j)
 }
 
