@@ -1,7 +1,7 @@
 /**
  * `npm run bench:xlong`: extremely long executions end to end. Executions of the `long` suite
  * (task train-0; full scale: 300+ calls, over 1,000,000 distinct tokens, contexts to ~430k
- * tokens) run through the whole loop as a one-step `gyre train` run: the run host of
+ * tokens; random tiny-long weights unless `--checkpoint`) run through the whole loop as a one-step `gyre train` run: the run host of
  * `src/cli/run-host.ts` in this process (gateway, harness runner, scheduler) on an embedded
  * nats-server, its devices in `gyre node --devices 1` child processes (rollout, then training:
  * one AdamW step, the weights published). Not a test: a table per stage, then one JSON line.
@@ -17,13 +17,15 @@
  *   compactions), `refusals` (calls answered with a 4xx) and the first refusal's message;
  * - the trees rebuilt from the trajectory stream (`executionStats`): calls, tokens, dedup, bytes;
  * - the step's metrics and the journal's audit: trained tokens (the loss's), executions trained
- *   twice, tokens prefilled again at role switches; `train_tokens_per_s` is the trained
+ *   twice; `reprefill_tokens`: tokens prefilled again at role switches (the audit) and after
+ *   KV-pool evictions (the gateway's totals, asked when the last outcome is in; the table also
+ *   shows the gateway's own count of full resends beside the wire's); `train_tokens_per_s` is the trained
  *   executions' tree tokens over the step's compute seconds; `gyre replay --trees`' check;
  * - peak RSS from /proc: this process (gateway, harness runner, scheduler) as `gateway`, each
  *   device process until the last outcome as `device` and after it as `trainer`;
- * - `attention_pairs_per_s_*`: one training step (forward and backward) of one path of 4,096
- *   tokens and of the longest path recorded (at most `--attention-max-tokens`), T(T+1)/2
- *   attention pairs over its seconds, through the engine's TS API.
+ * - `attention_pairs_per_s_*`: `measureAttention` of bench:attention (tiny-long, one training
+ *   pass of one path, T(T+1)/2 attention pairs over its seconds) at 4,096 tokens and at the
+ *   longest path recorded (at most `--attention-max-tokens`), in chunks of the micro-batch budget.
  * `wall_s` runs from the start to the end of the replay check (the attention measurement after
  * it is not part of the run).
  *
@@ -42,10 +44,10 @@ import { parseFlagsAs } from "../src/cli/args.ts"
 import { hostRun } from "../src/cli/run-host.ts"
 import { runConfigOf, trainFlags } from "../src/cli/train.ts"
 import { saveCheckpoint } from "../src/engine/checkpoint.ts"
-import type { LlamaConfig } from "../src/engine/config.ts"
 import { Engine } from "../src/engine/engine.ts"
 import { presets } from "../src/engine/presets.ts"
 import type { RunConfig } from "../src/protocols/run.ts"
+import { GatewayProtocol, type CallTotals } from "../src/protocols/gateway.ts"
 import { rlLayout } from "../src/protocols/layout.ts"
 import type { StepMetrics } from "../src/protocols/scheduler.ts"
 import { readTrajectories } from "../src/protocols/trajectories.ts"
@@ -54,11 +56,13 @@ import { DEFAULT_KV_BLOCKS, KV_BLOCK_TOKENS } from "../src/serving/rollout-role.
 import { Nats, type NatsShape } from "../src/runtime/nats.ts"
 import { repoRoot } from "../src/runtime/nats-server.ts"
 import { readStored } from "../src/runtime/stream-reader.ts"
-import { ActorSystem } from "../src/runtime/system.ts"
+import { address } from "../src/runtime/names.ts"
+import { ActorSystem, refOf } from "../src/runtime/system.ts"
 import { auditRun, type RunAudit } from "../src/scheduling/audit.ts"
 import type { ExecutionOutcome } from "../src/tree/outcome.ts"
 import { executionStats, type ExecutionStats } from "../src/tree/stats.ts"
 import { configFrom } from "../suites/long/world.mjs"
+import { measureAttention, type AttentionRate } from "./attention.ts"
 import { atLeast, benchFlags, refuse } from "./flags.ts"
 import { printResult } from "./results.ts"
 
@@ -72,7 +76,7 @@ const f = benchFlags(BENCH, "extremely long executions of the long suite through
   "kv-blocks": { kind: "integer", doc: "KV-cache blocks of 16 tokens per device (default: 1.25 x the suite's window, at least gyre train's default)" },
   "kv-dtype": { kind: "string", doc: "how the devices' KV caches store K and V", default: "f32", choices: ["f32", "f16"] },
   mode: { kind: "string", doc: "exact tree training or bounded dedup sampling", default: "exact", choices: ["exact", "sampled"] },
-  checkpoint: { kind: "string", doc: "initial weights (default: random tiny-long, or tiny with its positions raised to the window)" },
+  checkpoint: { kind: "string", doc: "initial weights (default: random tiny-long)" },
   "attention-max-tokens": { kind: "integer", doc: "longest path the long attention rate is measured on", default: 16384 },
   "timeout-min": { kind: "integer", doc: "give up on the run after this many minutes, reporting the stage it was in", default: 120 }
 })
@@ -225,11 +229,11 @@ const wiretap = (nats: NatsShape, run: string) => {
       wire.bytes += size
       if (size > wire.maxBytes) Object.assign(wire, { maxBytes: size, maxSubject: msg.subject })
       if (!msg.subject.startsWith(asks) || msg.headers?.get("Gyre-Request") !== "Generate") return
-      const ask = JSON.parse(decoder.decode(msg.data)) as { execution: string; base: unknown; prompt: string }
+      const ask = JSON.parse(decoder.decode(msg.data)) as { execution: string; base: unknown; prompt: string; promptObject?: { count: number } }
       wire.generates++
       if (ask.base === null && served.has(ask.execution)) {
         wire.fullResends++
-        wire.fullResendTokens += Math.floor((ask.prompt.length * 3) / 4 / 4)
+        wire.fullResendTokens += ask.promptObject?.count ?? Math.floor((ask.prompt.length * 3) / 4 / 4)
       }
       served.add(ask.execution)
     }
@@ -278,46 +282,13 @@ const deadLetters = (nats: NatsShape, run: string) =>
 
 // ---- the model -----------------------------------------------------------------------------
 
-/** The initial weights' configuration: tiny-long when the engine has it, else tiny with positions for the window. */
-const modelConfig = (): LlamaConfig => {
-  const long = (presets as Record<string, LlamaConfig>)["tiny-long"]
-  if (long !== undefined) return long
-  let positions = presets.tiny.max_position_embeddings as number
-  while (positions < LONG.window + LONG.outputTokens) positions *= 2
-  return { ...presets.tiny, max_position_embeddings: positions }
-}
-
-const writeCheckpoint = (dir: string, config: LlamaConfig) =>
+/** Random tiny-long weights (2^20 positions): what an untrained policy writes. */
+const writeCheckpoint = (dir: string) =>
   Effect.scoped(
     Effect.gen(function* () {
       const engine = yield* Engine
-      const model = yield* engine.createModel(config, { seed: 1, initStd: 0.2 })
+      const model = yield* engine.createModel(presets["tiny-long"], { seed: 1, initStd: 0.2 })
       yield* saveCheckpoint(dir, model)
-    })
-  )
-
-/** Attention pairs per second of one training step on one path of `T` tokens (forward and backward, SFT loss). */
-const attentionRate = (config: LlamaConfig, T: number) =>
-  Effect.scoped(
-    Effect.gen(function* () {
-      const engine = yield* Engine
-      const model = yield* engine.createModel(config, { seed: 2, initStd: 0.2 })
-      const trainer = yield* model.trainer({ maxTokens: T })
-      const batch = {
-        length: T,
-        tokens: Int32Array.from({ length: T }, (_, i) => (i * 31 + 7) % 256),
-        parents: Int32Array.from({ length: T }, (_, i) => i - 1),
-        positions: Int32Array.from({ length: T }, (_, i) => i),
-        weights: new Float32Array(T).fill(1 / T),
-        advantages: new Float32Array(T),
-        behaviourLogprobs: new Float32Array(T),
-        proximalLogprobs: new Float32Array(T).fill(NaN),
-        versions: new Int32Array(T).fill(-1)
-      }
-      const t0 = performance.now()
-      yield* trainer.train(batch, { kind: "sft" })
-      const s = (performance.now() - t0) / 1000
-      return { tokens: T, seconds: s, pairsPerS: (T * (T + 1)) / 2 / s }
     })
   )
 
@@ -334,6 +305,8 @@ const runConfig = (run: string, checkpoint: string, checkpointDir: string): RunC
 
 interface Observed {
   outcomes: number
+  /** The gateway's own counts once the rollout is over. */
+  gateway: CallTotals | undefined
   rolloutS: number | undefined
   metrics: StepMetrics | undefined
   trainS: number | undefined
@@ -344,10 +317,17 @@ const hostWithDevices = (config: RunConfig, devices: Array<DeviceProcess>, obser
   Effect.gen(function* () {
     const system = yield* ActorSystem
     const names = rlLayout(config.run)
+    const gatewayRef = refOf(GatewayProtocol, address("gateway", "main"))
     const outcomes = system.nats.nc.subscribe(names.allOutcomes, {
       callback: () => {
         observed.outcomes++
-        if (observed.outcomes === EXECUTIONS) observed.rolloutS = elapsed()
+        if (observed.outcomes !== EXECUTIONS) return
+        observed.rolloutS = elapsed()
+        // Every call is answered: the gateway's totals are final.
+        Effect.runPromise(system.ask(gatewayRef, "Status", undefined)).then(
+          (s) => (observed.gateway = s.totals),
+          () => undefined
+        )
       }
     })
     const sampler = setInterval(() => {
@@ -392,9 +372,8 @@ const main = Effect.gen(function* () {
   const run = RUN
   const work = fs.mkdtempSync(path.join(os.tmpdir(), "gyre-xlong-"))
   yield* Effect.addFinalizer(() => Effect.sync(() => fs.rmSync(work, { recursive: true, force: true })))
-  const model = modelConfig()
   const checkpoint = f.checkpoint ?? path.join(work, "initial")
-  if (f.checkpoint === undefined) yield* writeCheckpoint(checkpoint, model)
+  if (f.checkpoint === undefined) yield* writeCheckpoint(checkpoint)
   const config = runConfig(run, checkpoint, path.join(work, "checkpoints"))
   const system = yield* ActorSystem
   const nats = system.nats
@@ -403,7 +382,7 @@ const main = Effect.gen(function* () {
   yield* Effect.addFinalizer(() => Effect.promise(() => Promise.all(devices.map(stopDevice))))
   const setupS = elapsed()
   resetPeak()
-  const observed: Observed = { outcomes: 0, rolloutS: undefined, metrics: undefined, trainS: undefined }
+  const observed: Observed = { outcomes: 0, gateway: undefined, rolloutS: undefined, metrics: undefined, trainS: undefined }
   const hosted = yield* Effect.scoped(hostWithDevices(config, devices, observed, tap.wire))
   const runS = elapsed()
   const gatewayPeak = memoryOf("self").hwm
@@ -417,8 +396,8 @@ const main = Effect.gen(function* () {
   const wallS = elapsed()
   const stats = [...trajectories.executions.values()].map((t) => ({ stats: executionStats(t.decoder.tree), bytes: t.decoder.tree.byteSize, outcome: t.outcome, rejected: t.rejected.length }))
   const longest = Math.max(0, ...stats.map((s) => s.stats.depth))
-  const attention4k = yield* attentionRate(model, 4096)
-  const attentionLong = yield* attentionRate({ ...model, max_position_embeddings: Math.max(model.max_position_embeddings, longest) }, Math.max(4096, Math.min(longest, ATTENTION_MAX)))
+  // bench:attention's measurement: tiny-long, the trainer's chunks of the run's micro-batch budget, one pass each.
+  const [attention4k, attentionLong] = yield* measureAttention({ tokens: [4096, Math.max(4096, Math.min(longest, ATTENTION_MAX))], chunk: f["micro-batch-tokens"], threads: os.availableParallelism(), runs: 1 })
   report({ setupS, runS, wallS, observed, gatewayPeak, devices, wire: tap.wire, stored, stats, audit, trees, problems, attention4k, attentionLong, malformed: trajectories.malformed.length })
 })
 
@@ -441,12 +420,6 @@ const detailsOf = (detail: string | undefined): Details => {
   }
 }
 
-interface Attention {
-  readonly tokens: number
-  readonly seconds: number
-  readonly pairsPerS: number
-}
-
 /** Everything the run left, for the report. */
 interface Figures {
   readonly setupS: number
@@ -462,8 +435,8 @@ interface Figures {
   readonly audit: RunAudit
   readonly trees: TreeCheck | undefined
   readonly problems: { readonly stage: string; readonly why: string; readonly dead: ReadonlyArray<string> } | undefined
-  readonly attention4k: Attention
-  readonly attentionLong: Attention
+  readonly attention4k: AttentionRate
+  readonly attentionLong: AttentionRate
   readonly malformed: number
 }
 
@@ -486,7 +459,7 @@ const summaryOf = (r: Figures) => {
     record_mean_bytes: r.stored.records === 0 ? 0 : Math.round(r.stored.recordBytes / r.stored.records),
     max_message_bytes: Math.max(r.wire.maxBytes, r.stored.maxBytes),
     full_resends: r.wire.fullResends,
-    reprefill_tokens: r.audit.reprefillTokens,
+    reprefill_tokens: r.audit.reprefillTokens + (r.observed.gateway?.reprefillTokens ?? 0),
     cached_fraction: continued === 0 ? null : round(sum(details.map((d) => d.continued_cached_tokens ?? 0)) / continued, 4),
     dedup_ratio: unique === 0 ? null : round(sum(r.stats.map((s) => s.stats.totalTokens)) / unique, 2),
     tree_bytes_per_token: unique === 0 ? null : round(sum(r.stats.map((s) => s.bytes)) / unique, 2),
@@ -515,7 +488,8 @@ const report = (r: Figures) => {
   console.log(`${"stage".padEnd(8)} ${"at".padStart(8)}    status figures`)
   row("setup", r.setupS, "ok", `checkpoint, embedded nats-server, ${DEVICES} device process(es) started`)
   const rolled = o.rolloutS !== undefined
-  row("rollout", o.rolloutS, rolled && j.refusals === 0 ? "ok" : "FAILED", `${j.calls} calls, ${j.unique_tokens} distinct / ${j.total_tokens} tokens (dedup ${j.dedup_ratio}), longest context ${j.max_context_tokens}; cached ${j.cached_fraction} outside compactions; ${j.full_resends} full resends (${r.wire.fullResendTokens} tokens), ${r.wire.generates} Generate asks; ${j.refusals} refused${first === undefined ? "" : ` (first: ${first})`}; scores ${r.stats.map((s) => s.outcome?.score ?? "-").join(" ")}`)
+  const gw = o.gateway
+  row("rollout", o.rolloutS, rolled && j.refusals === 0 ? "ok" : "FAILED", `${j.calls} calls, ${j.unique_tokens} distinct / ${j.total_tokens} tokens (dedup ${j.dedup_ratio}), longest context ${j.max_context_tokens}; cached ${j.cached_fraction} outside compactions; ${j.full_resends} full resends on the wire (${r.wire.fullResendTokens} tokens; the gateway counted ${gw?.fullResends ?? "?"}), ${r.wire.generates} Generate asks; ${gw?.reprefillTokens ?? "?"} evicted tokens prefilled again; ${j.refusals} refused${first === undefined ? "" : ` (first: ${first})`}; scores ${r.stats.map((s) => s.outcome?.score ?? "-").join(" ")}`)
   row("record", o.rolloutS, r.malformed === 0 && sum(r.stats.map((s) => s.rejected)) === 0 ? "ok" : "FAILED", `${r.stored.records} call records, max ${j.record_max_bytes} B, mean ${j.record_mean_bytes} B (target max <= 65536); ${r.malformed} malformed, ${sum(r.stats.map((s) => s.rejected))} rejected; tree ${j.tree_bytes_per_token} B/token`)
   const generated = sum(r.stats.map((s) => s.stats.generatedTokens))
   const trainedAll = m !== undefined && (f.mode === "exact" ? m.tokensTrained === generated : m.tokensTrained > 0)
