@@ -41,30 +41,17 @@ import * as readline from "node:readline"
 import { Duration, Effect, Layer, Option, Stream } from "effect"
 import type { Msg, MsgHdrs } from "@nats-io/transport-node"
 import { parseFlagsAs } from "../src/cli/args.ts"
-import { hostRun } from "../src/cli/run-host.ts"
-import { runConfigOf, trainFlags } from "../src/cli/train.ts"
-import { saveCheckpoint } from "../src/engine/checkpoint.ts"
-import { Engine } from "../src/engine/engine.ts"
-import { presets } from "../src/engine/presets.ts"
 import type { RunConfig } from "../src/protocols/run.ts"
-import { GatewayProtocol, type CallTotals } from "../src/protocols/gateway.ts"
-import { rlLayout } from "../src/protocols/layout.ts"
+import type { CallTotals } from "../src/protocols/gateway.ts"
 import type { StepMetrics } from "../src/protocols/scheduler.ts"
-import { readTrajectories } from "../src/protocols/trajectories.ts"
-import { checkTrees, type TreeCheck } from "../src/replay/trees.ts"
-import { DEFAULT_KV_BLOCKS, KV_BLOCK_TOKENS } from "../src/serving/rollout-role.ts"
-import { Nats, type NatsShape } from "../src/runtime/nats.ts"
-import { repoRoot } from "../src/runtime/nats-server.ts"
-import { readStored } from "../src/runtime/stream-reader.ts"
-import { address } from "../src/runtime/names.ts"
-import { ActorSystem, refOf } from "../src/runtime/system.ts"
-import { auditRun, type RunAudit } from "../src/scheduling/audit.ts"
+import type { TreeCheck } from "../src/replay/trees.ts"
+import type { NatsShape } from "../src/runtime/nats.ts"
+import type { RunAudit } from "../src/scheduling/audit.ts"
 import type { ExecutionOutcome } from "../src/tree/outcome.ts"
-import { executionStats, type ExecutionStats } from "../src/tree/stats.ts"
+import type { ExecutionStats } from "../src/tree/stats.ts"
 import { configFrom } from "../suites/long/world.mjs"
-import { measureAttention, type AttentionRate } from "./attention.ts"
+import type { AttentionRate } from "./attention.ts"
 import { atLeast, benchFlags, refuse } from "./flags.ts"
-import { printResult } from "./results.ts"
 
 const BENCH = "bench:xlong"
 const f = benchFlags(BENCH, "extremely long executions of the long suite through gateway, devices, JetStream, trainer and weights", {
@@ -100,6 +87,49 @@ const LONG = (() => {
     return refuse(BENCH, (e as Error).message)
   }
 })()
+
+// The run's modules, loaded once the flags are good: a bad flag is refused without loading them.
+const [
+  { hostRun },
+  { runConfigOf, trainFlags },
+  { saveCheckpoint },
+  { Engine },
+  { presets },
+  { GatewayProtocol },
+  { rlLayout },
+  { readTrajectories },
+  { checkTrees },
+  { DEFAULT_KV_BLOCKS, KV_BLOCK_TOKENS },
+  { Nats },
+  { repoRoot },
+  { readStored },
+  { address },
+  { ActorSystem, refOf },
+  { auditRun },
+  { executionStats },
+  { measureAttention },
+  { printResult }
+] = await Promise.all([
+  import("../src/cli/run-host.ts"),
+  import("../src/cli/train.ts"),
+  import("../src/engine/checkpoint.ts"),
+  import("../src/engine/engine.ts"),
+  import("../src/engine/presets.ts"),
+  import("../src/protocols/gateway.ts"),
+  import("../src/protocols/layout.ts"),
+  import("../src/protocols/trajectories.ts"),
+  import("../src/replay/trees.ts"),
+  import("../src/serving/rollout-role.ts"),
+  import("../src/runtime/nats.ts"),
+  import("../src/runtime/nats-server.ts"),
+  import("../src/runtime/stream-reader.ts"),
+  import("../src/runtime/names.ts"),
+  import("../src/runtime/system.ts"),
+  import("../src/scheduling/audit.ts"),
+  import("../src/tree/stats.ts"),
+  import("./attention.ts"),
+  import("./results.ts")
+])
 
 /** Room for the longest context the script keeps and its branches' cached contexts. */
 const KV_BLOCKS = atLeast(BENCH, "kv-blocks", f["kv-blocks"] ?? Math.max(DEFAULT_KV_BLOCKS, Math.ceil((1.25 * (LONG.window + LONG.outputTokens)) / KV_BLOCK_TOKENS)), 1)
