@@ -1,7 +1,7 @@
 /**
  * `npm run bench:xlong`: extremely long executions end to end. Executions of the `long` suite
  * (task train-0; full scale: 300+ calls, over 1,000,000 distinct tokens, contexts to ~430k
- * tokens) run through the whole loop as a one-step `gyre train` run: the run host of
+ * tokens; random tiny-long weights unless `--checkpoint`) run through the whole loop as a one-step `gyre train` run: the run host of
  * `src/cli/run-host.ts` in this process (gateway, harness runner, scheduler) on an embedded
  * nats-server, its devices in `gyre node --devices 1` child processes (rollout, then training:
  * one AdamW step, the weights published). Not a test: a table per stage, then one JSON line.
@@ -17,13 +17,15 @@
  *   compactions), `refusals` (calls answered with a 4xx) and the first refusal's message;
  * - the trees rebuilt from the trajectory stream (`executionStats`): calls, tokens, dedup, bytes;
  * - the step's metrics and the journal's audit: trained tokens (the loss's), executions trained
- *   twice, tokens prefilled again at role switches; `train_tokens_per_s` is the trained
+ *   twice; `reprefill_tokens`: tokens prefilled again at role switches (the audit) and after
+ *   KV-pool evictions (the gateway's totals, asked when the last outcome is in; the table also
+ *   shows the gateway's own count of full resends beside the wire's); `train_tokens_per_s` is the trained
  *   executions' tree tokens over the step's compute seconds; `gyre replay --trees`' check;
  * - peak RSS from /proc: this process (gateway, harness runner, scheduler) as `gateway`, each
  *   device process until the last outcome as `device` and after it as `trainer`;
- * - `attention_pairs_per_s_*`: one training step (forward and backward) of one path of 4,096
- *   tokens and of the longest path recorded (at most `--attention-max-tokens`), T(T+1)/2
- *   attention pairs over its seconds, through the engine's TS API.
+ * - `attention_pairs_per_s_*`: `measureAttention` of bench:attention (tiny-long, one training
+ *   pass of one path, T(T+1)/2 attention pairs over its seconds) at 4,096 tokens and at the
+ *   longest path recorded (at most `--attention-max-tokens`), in chunks of the micro-batch budget.
  * `wall_s` runs from the start to the end of the replay check (the attention measurement after
  * it is not part of the run).
  *
@@ -39,28 +41,17 @@ import * as readline from "node:readline"
 import { Duration, Effect, Layer, Option, Stream } from "effect"
 import type { Msg, MsgHdrs } from "@nats-io/transport-node"
 import { parseFlagsAs } from "../src/cli/args.ts"
-import { hostRun } from "../src/cli/run-host.ts"
-import { runConfigOf, trainFlags } from "../src/cli/train.ts"
-import { saveCheckpoint } from "../src/engine/checkpoint.ts"
-import type { LlamaConfig } from "../src/engine/config.ts"
-import { Engine } from "../src/engine/engine.ts"
-import { presets } from "../src/engine/presets.ts"
 import type { RunConfig } from "../src/protocols/run.ts"
-import { rlLayout } from "../src/protocols/layout.ts"
+import type { CallTotals } from "../src/protocols/gateway.ts"
 import type { StepMetrics } from "../src/protocols/scheduler.ts"
-import { readTrajectories } from "../src/protocols/trajectories.ts"
-import { checkTrees, type TreeCheck } from "../src/replay/trees.ts"
-import { DEFAULT_KV_BLOCKS, KV_BLOCK_TOKENS } from "../src/serving/rollout-role.ts"
-import { Nats, type NatsShape } from "../src/runtime/nats.ts"
-import { repoRoot } from "../src/runtime/nats-server.ts"
-import { readStored } from "../src/runtime/stream-reader.ts"
-import { ActorSystem } from "../src/runtime/system.ts"
-import { auditRun, type RunAudit } from "../src/scheduling/audit.ts"
+import type { TreeCheck } from "../src/replay/trees.ts"
+import type { NatsShape } from "../src/runtime/nats.ts"
+import type { RunAudit } from "../src/scheduling/audit.ts"
 import type { ExecutionOutcome } from "../src/tree/outcome.ts"
-import { executionStats, type ExecutionStats } from "../src/tree/stats.ts"
+import type { ExecutionStats } from "../src/tree/stats.ts"
 import { configFrom } from "../suites/long/world.mjs"
+import type { AttentionRate } from "./attention.ts"
 import { atLeast, benchFlags, refuse } from "./flags.ts"
-import { printResult } from "./results.ts"
 
 const BENCH = "bench:xlong"
 const f = benchFlags(BENCH, "extremely long executions of the long suite through gateway, devices, JetStream, trainer and weights", {
@@ -72,7 +63,7 @@ const f = benchFlags(BENCH, "extremely long executions of the long suite through
   "kv-blocks": { kind: "integer", doc: "KV-cache blocks of 16 tokens per device (default: 1.25 x the suite's window, at least gyre train's default)" },
   "kv-dtype": { kind: "string", doc: "how the devices' KV caches store K and V", default: "f32", choices: ["f32", "f16"] },
   mode: { kind: "string", doc: "exact tree training or bounded dedup sampling", default: "exact", choices: ["exact", "sampled"] },
-  checkpoint: { kind: "string", doc: "initial weights (default: random tiny-long, or tiny with its positions raised to the window)" },
+  checkpoint: { kind: "string", doc: "initial weights (default: random tiny-long)" },
   "attention-max-tokens": { kind: "integer", doc: "longest path the long attention rate is measured on", default: 16384 },
   "timeout-min": { kind: "integer", doc: "give up on the run after this many minutes, reporting the stage it was in", default: 120 }
 })
@@ -96,6 +87,49 @@ const LONG = (() => {
     return refuse(BENCH, (e as Error).message)
   }
 })()
+
+// The run's modules, loaded once the flags are good: a bad flag is refused without loading them.
+const [
+  { hostRun },
+  { runConfigOf, trainFlags },
+  { saveCheckpoint },
+  { Engine },
+  { presets },
+  { GatewayProtocol },
+  { rlLayout },
+  { readTrajectories },
+  { checkTrees },
+  { DEFAULT_KV_BLOCKS, KV_BLOCK_TOKENS },
+  { Nats },
+  { repoRoot },
+  { readStored },
+  { address },
+  { ActorSystem, refOf },
+  { auditRun },
+  { executionStats },
+  { measureAttention },
+  { printResult }
+] = await Promise.all([
+  import("../src/cli/run-host.ts"),
+  import("../src/cli/train.ts"),
+  import("../src/engine/checkpoint.ts"),
+  import("../src/engine/engine.ts"),
+  import("../src/engine/presets.ts"),
+  import("../src/protocols/gateway.ts"),
+  import("../src/protocols/layout.ts"),
+  import("../src/protocols/trajectories.ts"),
+  import("../src/replay/trees.ts"),
+  import("../src/serving/rollout-role.ts"),
+  import("../src/runtime/nats.ts"),
+  import("../src/runtime/nats-server.ts"),
+  import("../src/runtime/stream-reader.ts"),
+  import("../src/runtime/names.ts"),
+  import("../src/runtime/system.ts"),
+  import("../src/scheduling/audit.ts"),
+  import("../src/tree/stats.ts"),
+  import("./attention.ts"),
+  import("./results.ts")
+])
 
 /** Room for the longest context the script keeps and its branches' cached contexts. */
 const KV_BLOCKS = atLeast(BENCH, "kv-blocks", f["kv-blocks"] ?? Math.max(DEFAULT_KV_BLOCKS, Math.ceil((1.25 * (LONG.window + LONG.outputTokens)) / KV_BLOCK_TOKENS)), 1)
@@ -130,9 +164,10 @@ const resetPeak = () => {
 
 interface DeviceProcess {
   readonly child: ChildProcess
-  /** Its last stderr lines, and the last ones that say error or warn. */
+  /** Its last stderr lines. */
   readonly tail: Array<string>
-  readonly problems: Array<string>
+  /** Its distinct warnings and errors (the first 10 kinds: the entry's first lines, and how often that kind came). */
+  readonly problems: Map<string, { readonly text: string; count: number }>
   /** Peak RSS while rolling out (until the last outcome) and after. */
   readonly peak: { rollout: number; train: number }
   /** How it ended, once it has. */
@@ -152,12 +187,29 @@ const startDevice = (natsUrl: string, run: string, i: number): DeviceProcess => 
     stdio: ["ignore", "ignore", "pipe"]
   })
   const exited = new Promise<string>((resolve) => child.once("exit", (code, signal) => resolve(signal === null ? `exit code ${code}` : `signal ${signal}`)))
-  const d: DeviceProcess = { child, tail: [], problems: [], peak: { rollout: 0, train: 0 }, exited }
-  readline.createInterface({ input: child.stderr! }).on("line", (line) => {
+  const d: DeviceProcess = { child, tail: [], problems: new Map(), peak: { rollout: 0, train: 0 }, exited }
+  let entry: Array<string> = []
+  const flush = () => {
+    if (entry.length > 0 && /^\[[^\]]*\] (WARN|ERROR|FATAL)/.test(entry[0]!)) notice(d.problems, entry.join(" / ").replace(/^\[[^\]]*\] /, "").replace(/ \(#\d+\)/, ""))
+    entry = []
+  }
+  const lines = readline.createInterface({ input: child.stderr! })
+  lines.on("line", (line) => {
     keep(d.tail, line, 40)
-    if (/error|warn|fail/i.test(line)) keep(d.problems, line.slice(0, 400), 10)
+    // A log entry is a line starting with its time, then indented lines (its cause, a stack).
+    if (/^\[\d/.test(line)) flush()
+    if (entry.length < 3 && (entry.length > 0 || /^\[\d/.test(line))) entry.push(line.trim().slice(0, 300))
   })
+  lines.on("close", flush)
   return d
+}
+
+/** Counts a warning or error by its kind (its text with the numbers taken out). */
+const notice = (problems: DeviceProcess["problems"], text: string) => {
+  const kind = text.replace(/\d+/g, "N")
+  const seen = problems.get(kind)
+  if (seen !== undefined) seen.count++
+  else if (problems.size < 10) problems.set(kind, { text, count: 1 })
 }
 
 const stopDevice = (d: DeviceProcess) =>
@@ -207,11 +259,11 @@ const wiretap = (nats: NatsShape, run: string) => {
       wire.bytes += size
       if (size > wire.maxBytes) Object.assign(wire, { maxBytes: size, maxSubject: msg.subject })
       if (!msg.subject.startsWith(asks) || msg.headers?.get("Gyre-Request") !== "Generate") return
-      const ask = JSON.parse(decoder.decode(msg.data)) as { execution: string; base: unknown; prompt: string }
+      const ask = JSON.parse(decoder.decode(msg.data)) as { execution: string; base: unknown; prompt: string; promptObject?: { count: number } }
       wire.generates++
       if (ask.base === null && served.has(ask.execution)) {
         wire.fullResends++
-        wire.fullResendTokens += Math.floor((ask.prompt.length * 3) / 4 / 4)
+        wire.fullResendTokens += ask.promptObject?.count ?? Math.floor((ask.prompt.length * 3) / 4 / 4)
       }
       served.add(ask.execution)
     }
@@ -260,46 +312,13 @@ const deadLetters = (nats: NatsShape, run: string) =>
 
 // ---- the model -----------------------------------------------------------------------------
 
-/** The initial weights' configuration: tiny-long when the engine has it, else tiny with positions for the window. */
-const modelConfig = (): LlamaConfig => {
-  const long = (presets as Record<string, LlamaConfig>)["tiny-long"]
-  if (long !== undefined) return long
-  let positions = presets.tiny.max_position_embeddings as number
-  while (positions < LONG.window + LONG.outputTokens) positions *= 2
-  return { ...presets.tiny, max_position_embeddings: positions }
-}
-
-const writeCheckpoint = (dir: string, config: LlamaConfig) =>
+/** Random tiny-long weights (2^20 positions): what an untrained policy writes. */
+const writeCheckpoint = (dir: string) =>
   Effect.scoped(
     Effect.gen(function* () {
       const engine = yield* Engine
-      const model = yield* engine.createModel(config, { seed: 1, initStd: 0.2 })
+      const model = yield* engine.createModel(presets["tiny-long"], { seed: 1, initStd: 0.2 })
       yield* saveCheckpoint(dir, model)
-    })
-  )
-
-/** Attention pairs per second of one training step on one path of `T` tokens (forward and backward, SFT loss). */
-const attentionRate = (config: LlamaConfig, T: number) =>
-  Effect.scoped(
-    Effect.gen(function* () {
-      const engine = yield* Engine
-      const model = yield* engine.createModel(config, { seed: 2, initStd: 0.2 })
-      const trainer = yield* model.trainer({ maxTokens: T })
-      const batch = {
-        length: T,
-        tokens: Int32Array.from({ length: T }, (_, i) => (i * 31 + 7) % 256),
-        parents: Int32Array.from({ length: T }, (_, i) => i - 1),
-        positions: Int32Array.from({ length: T }, (_, i) => i),
-        weights: new Float32Array(T).fill(1 / T),
-        advantages: new Float32Array(T),
-        behaviourLogprobs: new Float32Array(T),
-        proximalLogprobs: new Float32Array(T).fill(NaN),
-        versions: new Int32Array(T).fill(-1)
-      }
-      const t0 = performance.now()
-      yield* trainer.train(batch, { kind: "sft" })
-      const s = (performance.now() - t0) / 1000
-      return { tokens: T, seconds: s, pairsPerS: (T * (T + 1)) / 2 / s }
     })
   )
 
@@ -316,6 +335,8 @@ const runConfig = (run: string, checkpoint: string, checkpointDir: string): RunC
 
 interface Observed {
   outcomes: number
+  /** The gateway's own counts once the rollout is over. */
+  gateway: CallTotals | undefined
   rolloutS: number | undefined
   metrics: StepMetrics | undefined
   trainS: number | undefined
@@ -326,10 +347,17 @@ const hostWithDevices = (config: RunConfig, devices: Array<DeviceProcess>, obser
   Effect.gen(function* () {
     const system = yield* ActorSystem
     const names = rlLayout(config.run)
+    const gatewayRef = refOf(GatewayProtocol, address("gateway", "main"))
     const outcomes = system.nats.nc.subscribe(names.allOutcomes, {
       callback: () => {
         observed.outcomes++
-        if (observed.outcomes === EXECUTIONS) observed.rolloutS = elapsed()
+        if (observed.outcomes !== EXECUTIONS) return
+        observed.rolloutS = elapsed()
+        // Every call is answered: the gateway's totals are final.
+        Effect.runPromise(system.ask(gatewayRef, "Status", undefined)).then(
+          (s) => (observed.gateway = s.totals),
+          () => undefined
+        )
       }
     })
     const sampler = setInterval(() => {
@@ -374,9 +402,8 @@ const main = Effect.gen(function* () {
   const run = RUN
   const work = fs.mkdtempSync(path.join(os.tmpdir(), "gyre-xlong-"))
   yield* Effect.addFinalizer(() => Effect.sync(() => fs.rmSync(work, { recursive: true, force: true })))
-  const model = modelConfig()
   const checkpoint = f.checkpoint ?? path.join(work, "initial")
-  if (f.checkpoint === undefined) yield* writeCheckpoint(checkpoint, model)
+  if (f.checkpoint === undefined) yield* writeCheckpoint(checkpoint)
   const config = runConfig(run, checkpoint, path.join(work, "checkpoints"))
   const system = yield* ActorSystem
   const nats = system.nats
@@ -385,7 +412,7 @@ const main = Effect.gen(function* () {
   yield* Effect.addFinalizer(() => Effect.promise(() => Promise.all(devices.map(stopDevice))))
   const setupS = elapsed()
   resetPeak()
-  const observed: Observed = { outcomes: 0, rolloutS: undefined, metrics: undefined, trainS: undefined }
+  const observed: Observed = { outcomes: 0, gateway: undefined, rolloutS: undefined, metrics: undefined, trainS: undefined }
   const hosted = yield* Effect.scoped(hostWithDevices(config, devices, observed, tap.wire))
   const runS = elapsed()
   const gatewayPeak = memoryOf("self").hwm
@@ -399,8 +426,8 @@ const main = Effect.gen(function* () {
   const wallS = elapsed()
   const stats = [...trajectories.executions.values()].map((t) => ({ stats: executionStats(t.decoder.tree), bytes: t.decoder.tree.byteSize, outcome: t.outcome, rejected: t.rejected.length }))
   const longest = Math.max(0, ...stats.map((s) => s.stats.depth))
-  const attention4k = yield* attentionRate(model, 4096)
-  const attentionLong = yield* attentionRate({ ...model, max_position_embeddings: Math.max(model.max_position_embeddings, longest) }, Math.max(4096, Math.min(longest, ATTENTION_MAX)))
+  // bench:attention's measurement: tiny-long, the trainer's chunks of the run's micro-batch budget, one pass each.
+  const [attention4k, attentionLong] = yield* measureAttention({ tokens: [4096, Math.max(4096, Math.min(longest, ATTENTION_MAX))], chunk: f["micro-batch-tokens"], threads: os.availableParallelism(), runs: 1 })
   report({ setupS, runS, wallS, observed, gatewayPeak, devices, wire: tap.wire, stored, stats, audit, trees, problems, attention4k, attentionLong, malformed: trajectories.malformed.length })
 })
 
@@ -423,12 +450,6 @@ const detailsOf = (detail: string | undefined): Details => {
   }
 }
 
-interface Attention {
-  readonly tokens: number
-  readonly seconds: number
-  readonly pairsPerS: number
-}
-
 /** Everything the run left, for the report. */
 interface Figures {
   readonly setupS: number
@@ -444,8 +465,8 @@ interface Figures {
   readonly audit: RunAudit
   readonly trees: TreeCheck | undefined
   readonly problems: { readonly stage: string; readonly why: string; readonly dead: ReadonlyArray<string> } | undefined
-  readonly attention4k: Attention
-  readonly attentionLong: Attention
+  readonly attention4k: AttentionRate
+  readonly attentionLong: AttentionRate
   readonly malformed: number
 }
 
@@ -468,7 +489,7 @@ const summaryOf = (r: Figures) => {
     record_mean_bytes: r.stored.records === 0 ? 0 : Math.round(r.stored.recordBytes / r.stored.records),
     max_message_bytes: Math.max(r.wire.maxBytes, r.stored.maxBytes),
     full_resends: r.wire.fullResends,
-    reprefill_tokens: r.audit.reprefillTokens,
+    reprefill_tokens: r.audit.reprefillTokens + (r.observed.gateway?.reprefillTokens ?? 0),
     cached_fraction: continued === 0 ? null : round(sum(details.map((d) => d.continued_cached_tokens ?? 0)) / continued, 4),
     dedup_ratio: unique === 0 ? null : round(sum(r.stats.map((s) => s.stats.totalTokens)) / unique, 2),
     tree_bytes_per_token: unique === 0 ? null : round(sum(r.stats.map((s) => s.bytes)) / unique, 2),
@@ -497,7 +518,8 @@ const report = (r: Figures) => {
   console.log(`${"stage".padEnd(8)} ${"at".padStart(8)}    status figures`)
   row("setup", r.setupS, "ok", `checkpoint, embedded nats-server, ${DEVICES} device process(es) started`)
   const rolled = o.rolloutS !== undefined
-  row("rollout", o.rolloutS, rolled && j.refusals === 0 ? "ok" : "FAILED", `${j.calls} calls, ${j.unique_tokens} distinct / ${j.total_tokens} tokens (dedup ${j.dedup_ratio}), longest context ${j.max_context_tokens}; cached ${j.cached_fraction} outside compactions; ${j.full_resends} full resends (${r.wire.fullResendTokens} tokens), ${r.wire.generates} Generate asks; ${j.refusals} refused${first === undefined ? "" : ` (first: ${first})`}; scores ${r.stats.map((s) => s.outcome?.score ?? "-").join(" ")}`)
+  const gw = o.gateway
+  row("rollout", o.rolloutS, rolled && j.refusals === 0 ? "ok" : "FAILED", `${j.calls} calls, ${j.unique_tokens} distinct / ${j.total_tokens} tokens (dedup ${j.dedup_ratio}), longest context ${j.max_context_tokens}; cached ${j.cached_fraction} outside compactions; ${j.full_resends} full resends on the wire (${r.wire.fullResendTokens} tokens; the gateway counted ${gw?.fullResends ?? "?"}), ${r.wire.generates} Generate asks; ${gw?.reprefillTokens ?? "?"} evicted tokens prefilled again; ${j.refusals} refused${first === undefined ? "" : ` (first: ${first})`}; scores ${r.stats.map((s) => s.outcome?.score ?? "-").join(" ")}`)
   row("record", o.rolloutS, r.malformed === 0 && sum(r.stats.map((s) => s.rejected)) === 0 ? "ok" : "FAILED", `${r.stored.records} call records, max ${j.record_max_bytes} B, mean ${j.record_mean_bytes} B (target max <= 65536); ${r.malformed} malformed, ${sum(r.stats.map((s) => s.rejected))} rejected; tree ${j.tree_bytes_per_token} B/token`)
   const generated = sum(r.stats.map((s) => s.stats.generatedTokens))
   const trainedAll = m !== undefined && (f.mode === "exact" ? m.tokensTrained === generated : m.tokensTrained > 0)
@@ -512,7 +534,7 @@ const report = (r: Figures) => {
     for (const d of r.problems.dead) console.log(`  dead letter: ${d}`)
   }
   // What the devices logged as an error or warning (a stage that failed without stopping the run says why here).
-  for (const [i, d] of r.devices.entries()) for (const p of d.problems) console.log(`device ${i}: ${p}`)
+  for (const [i, d] of r.devices.entries()) for (const p of d.problems.values()) console.log(`device ${i}${p.count > 1 ? ` (${p.count} times)` : ""}: ${p.text}`)
   printResult(BENCH, j)
 }
 
