@@ -292,7 +292,10 @@ static void pad_chunk(float *pad, const key_run *run, int j0, int w, int hd) {
   }
 }
 
-#define KB 256 /* keys per block of the online softmax: QB queries' scores of a block stay in L1 */
+#define SC_FLOATS 16384 /* scores of one block for a group of queries (64 KiB): blocks of 2048 keys for 8
+                           queries, up to 8192 for one or two (decode: one pass over each K and V) */
+#define KB_MAX 8192
+#define KB_GRAD 256 /* keys per block of the backward's query pass: K, V columns and K rows in L2 */
 #define TASK_QUERIES_MAX 64 /* queries of one attention task at most (forest tiles on long contexts) */
 
 /* CHUNK keys of a run, from key j0 (w of them). */
@@ -301,11 +304,18 @@ typedef struct key_chunk {
   int j0, w;
 } key_chunk;
 
-/* The chunks of the next block of keys: up to KB / CHUNK chunks in run order from (*k, *j),
+/* Keys per block for a task of R queries: SC_FLOATS scores for its widest group, at most
+ * KB_MAX, a multiple of CHUNK. */
+static int block_keys(int R) {
+  int kb = SC_FLOATS / (R < QB ? R : QB) / CHUNK * CHUNK;
+  return kb < KB_MAX ? kb : KB_MAX;
+}
+
+/* The chunks of the next block of keys: up to kb / CHUNK chunks in run order from (*k, *j),
  * which it advances, none at a position past `top`. Returns their count. */
-static int next_block(key_chunk *blk, const key_run *runs, int n_runs, int *k, int *j, int top) {
+static int next_block(key_chunk *blk, int kb, const key_run *runs, int n_runs, int *k, int *j, int top) {
   int n = 0;
-  while (n < KB / CHUNK && *k < n_runs) {
+  while (n < kb / CHUNK && *k < n_runs) {
     const key_run *run = &runs[*k];
     if (run->pos0 + *j > top) { /* runs ascend: nothing further is seen */
       *k = n_runs;
@@ -318,23 +328,28 @@ static int next_block(key_chunk *blk, const key_run *runs, int n_runs, int *k, i
   return n;
 }
 
-/* Asks the memory for the K columns (kind 0) or V rows (kind 1) of a block's chunks. */
-static void prefetch_block(const key_chunk *blk, int nb, int hd, int kind) {
-  for (int c = 0; c < nb; c++) {
-    const key_run *run = blk[c].run;
-    size_t e = run_elem(run);
-    if (kind == 0) prefetch_rows(run_k(run, blk[c].j0), run->ldk * e, hd, CHUNK * (int)e);
-    else prefetch_rows(run_v(run, blk[c].j0), run->ldv * e, blk[c].w, hd * (int)e);
-  }
+#define PREFETCH_CHUNKS 2 /* chunks ahead whose K (scores) or V (P.V) a pass asks the memory for */
+
+/* Asks the memory for the K columns (kind 0) or V rows (kind 1) of the chunk PREFETCH_CHUNKS
+ * after chunk c of the block (continuing into the next block, `ahead`): a block table need
+ * not be consecutive, so the passes name the coming chunks themselves. */
+static void prefetch_chunk(const key_chunk *blk, int nb, const key_chunk *ahead, int na, int c, int hd, int kind) {
+  int at = c + PREFETCH_CHUNKS;
+  const key_chunk *x = at < nb ? &blk[at] : at - nb < na ? &ahead[at - nb] : NULL;
+  if (x == NULL) return;
+  size_t e = run_elem(x->run);
+  if (kind == 0) prefetch_rows(run_k(x->run, x->j0), x->run->ldk * e, hd, CHUNK * (int)e);
+  else prefetch_rows(run_v(x->run, x->j0), x->run->ldv * e, x->w, hd * (int)e);
 }
 
 /* Pass 1 of a block for nq <= QB queries: masked, scaled scores into sc[r][0..n) (row stride
- * KB) over the block's chunks up to `top`; returns n, the keys scored. */
-static int block_scores(float *sc, int nq, const float *const *q, const int *limit, int top, const key_chunk *blk, int nb,
-                        int hd, float scale, float *pad) {
+ * kb) over the block's chunks up to `top`; returns n, the keys scored. */
+static int block_scores(float *sc, int kb, int nq, const float *const *q, const int *limit, int top, const key_chunk *blk,
+                        int nb, const key_chunk *ahead, int na, int hd, float scale, float *pad) {
   int n = 0;
   for (int c = 0; c < nb && blk[c].run->pos0 + blk[c].j0 <= top; c++) {
     const key_run *run = blk[c].run;
+    prefetch_chunk(blk, nb, ahead, na, c, hd, 0);
     int j0 = blk[c].j0, w = blk[c].w;
     v16 sv[QB];
     if (w < CHUNK) { /* a partial chunk: zero-padded F32 copy */
@@ -348,7 +363,7 @@ static int block_scores(float *sc, int nq, const float *const *q, const int *lim
     for (int r = 0; r < nq; r++) { /* scaled, keys past the query's limit masked */
       int visible = limit[r] - (run->pos0 + j0) + 1;
       const float *sr = (const float *)&sv[r];
-      float *row = sc + (size_t)r * KB + n;
+      float *row = sc + (size_t)r * kb + n;
       for (int u = 0; u < w; u++) row[u] = u < visible ? sr[u] * scale : MASKED;
     }
     n += w;
@@ -358,16 +373,18 @@ static int block_scores(float *sc, int nq, const float *const *q, const int *lim
 
 /* Pass 2 of a block: o[r] += P.V over its chunks (the scores' n keys), two queries at once
  * where both see the same keys. */
-static void block_pv(float *o, int nq, const float *sc, const int *limit, const key_chunk *blk, int n, int hd) {
+static void block_pv(float *o, int kb, int nq, const float *sc, const int *limit, const key_chunk *blk, int nb,
+                     const key_chunk *ahead, int na, int n, int hd) {
   for (int c = 0, at = 0; at < n; at += blk[c].w, c++) {
     const key_run *run = blk[c].run;
+    prefetch_chunk(blk, nb, ahead, na, c, hd, 1);
     int j0 = blk[c].j0, w = blk[c].w;
     for (int r = 0, nr; r < nq; r += nr) {
       int visible = limit[r] - (run->pos0 + j0) + 1;
       if (visible > w) visible = w;
       nr = r + 1 < nq && limit[r + 1] == limit[r] ? 2 : 1;
       if (visible <= 0) continue;
-      const float *pr[2] = {sc + (size_t)r * KB + at, sc + (size_t)(r + nr - 1) * KB + at};
+      const float *pr[2] = {sc + (size_t)r * kb + at, sc + (size_t)(r + nr - 1) * kb + at};
       float *orow[2] = {o + (size_t)r * hd, o + (size_t)(r + nr - 1) * hd};
       if (run->vh != NULL) pv_rowsh(nr, orow, pr, run->vh + (size_t)j0 * run->ldv, run->ldv, visible, hd);
       else pv_rows(nr, orow, pr, run->v + (size_t)j0 * run->ldv, run->ldv, visible, hd);
@@ -376,37 +393,36 @@ static void block_pv(float *o, int nq, const float *sc, const int *limit, const 
 }
 
 /* Attention of R <= TASK_QUERIES_MAX queries over runs of keys, flash-attention style: the
- * keys go by blocks of KB (consecutive 16-key chunks in run order), each block once through
- * every group of QB queries while its K and V stay in cache: scores of a chunk for the QB
- * queries at once (the chunk's K columns in L1), the block's softmax folded into each
+ * keys go by blocks (block_keys: consecutive 16-key chunks in run order), each block once
+ * through every group of QB queries while its K and V stay in cache: scores of a chunk for
+ * the QB queries at once (the chunk's K columns in L1), the block's softmax folded into each
  * query's running max m, sum l and output o (rescaled when m grows), then P.V chunk by
  * chunk. No buffer grows with the keys. out[r] = softmax(scale q_r . K, keys with position
  * <= limit[r]) V and lse[r] = m + log l (lse may be NULL). A query's keys are a prefix of
- * the runs (every query sees the first key), and its arithmetic depends only on them: blocks
- * it does not see change nothing. work: attend_work(hd, R) floats. */
+ * the runs (every query sees the first key), and its arithmetic depends only on them and the
+ * block length (R's): blocks it does not see change nothing. work: attend_work(hd, R) floats. */
 static void attend(int R, const float *const *q, const int *limit, const key_run *runs, int n_runs, int hd,
                    float scale, float *const *out, float *lse, float *work) {
   float *o = work, *m = o + (size_t)R * hd, *l = m + R, *pad = l + R, *sc = pad + (size_t)CHUNK * hd;
-  int top = limit[0], nb;
+  int top = limit[0], kb = block_keys(R), nb;
   for (int r = 0; r < R; r++) {
     top = limit[r] > top ? limit[r] : top;
     m[r] = MASKED;
     l[r] = 0.0f;
   }
   memset(o, 0, sizeof(float) * (size_t)R * hd);
-  key_chunk blk[KB / CHUNK], ahead[KB / CHUNK];
-  int ka = 0, ja = 0, na = next_block(ahead, runs, n_runs, &ka, &ja, top);
+  key_chunk blk[KB_MAX / CHUNK], ahead[KB_MAX / CHUNK];
+  int ka = 0, ja = 0, na = next_block(ahead, kb, runs, n_runs, &ka, &ja, top);
   while ((nb = na) > 0) {
     memcpy(blk, ahead, sizeof(key_chunk) * (size_t)nb);
-    na = next_block(ahead, runs, n_runs, &ka, &ja, top);
+    na = next_block(ahead, kb, runs, n_runs, &ka, &ja, top);
     for (int r0 = 0; r0 < R; r0 += QB) {
       int nq = R - r0 < QB ? R - r0 : QB, gtop = limit[r0];
       for (int r = 1; r < nq; r++) gtop = limit[r0 + r] > gtop ? limit[r0 + r] : gtop;
-      if (r0 == 0 && na > 0) prefetch_block(ahead, na, hd, 0);
-      int n = block_scores(sc, nq, q + r0, limit + r0, gtop, blk, nb, hd, scale, pad);
+      int n = block_scores(sc, kb, nq, q + r0, limit + r0, gtop, blk, nb, ahead, na, hd, scale, pad);
       if (n == 0) continue; /* the group sees none of the block */
       for (int r = 0; r < nq; r++) {
-        float *row = sc + (size_t)r * KB, mb = row_max(row, n), mnew = mb > m[r0 + r] ? mb : m[r0 + r];
+        float *row = sc + (size_t)r * kb, mb = row_max(row, n), mnew = mb > m[r0 + r] ? mb : m[r0 + r];
         if (mb == MASKED) { /* the query sees none of these keys */
           memset(row, 0, sizeof(float) * (size_t)n);
           continue;
@@ -417,8 +433,7 @@ static void attend(int R, const float *const *q, const int *limit, const key_run
           for (int c = 0; c < hd; c++) o[(size_t)(r0 + r) * hd + c] *= corr;
         m[r0 + r] = mnew;
       }
-      if (r0 == 0 && na > 0) prefetch_block(ahead, na, hd, 1);
-      block_pv(o + (size_t)r0 * hd, nq, sc, limit + r0, blk, n, hd);
+      block_pv(o + (size_t)r0 * hd, kb, nq, sc, limit + r0, blk, nb, ahead, na, n, hd);
     }
   }
   for (int r = 0; r < R; r++) {
@@ -429,7 +444,7 @@ static void attend(int R, const float *const *q, const int *limit, const key_run
 }
 
 /* Floats of attend's work buffer for R queries. */
-static size_t attend_work(int hd, int R) { return (size_t)R * hd + 2 * (size_t)R + (size_t)CHUNK * hd + (size_t)QB * KB; }
+static size_t attend_work(int hd, int R) { return (size_t)R * hd + 2 * (size_t)R + (size_t)CHUNK * hd + SC_FLOATS; }
 
 /* ---- paged (inference) ---- */
 
@@ -691,8 +706,9 @@ static void grad_scores(float *ds, const float *s, const float *dp, int visible,
 }
 
 /* Pass A of the backward, per query (flash-attention style): with P recomputed from the
- * saved lse and dP = dout . V, dS = P (dP - dsum) and dq = scale dS . K, over the forward's
- * blocks, each block once through every group of QB queries; each dq sums its keys in order.
+ * saved lse and dP = dout . V, dS = P (dP - dsum) and dq = scale dS . K, over blocks of
+ * KB_GRAD keys, each block once through every group of QB queries; each dq sums its keys in
+ * order.
  * work: attend_work(hd, R) floats. */
 static void attend_grad_queries(int R, const float *const *q, const float *const *dout, const float *lse, const float *dsum,
                                 const int *limit, const key_run *runs, int n_runs, int hd, float scale, float *const *dq,
@@ -701,8 +717,8 @@ static void attend_grad_queries(int R, const float *const *q, const float *const
   int top = limit[0], k = 0, j = 0, nb;
   for (int r = 1; r < R; r++) top = limit[r] > top ? limit[r] : top;
   memset(acc, 0, sizeof(float) * (size_t)R * hd);
-  key_chunk blk[KB / CHUNK];
-  while ((nb = next_block(blk, runs, n_runs, &k, &j, top)) > 0)
+  key_chunk blk[KB_GRAD / CHUNK];
+  while ((nb = next_block(blk, KB_GRAD, runs, n_runs, &k, &j, top)) > 0)
     for (int r0 = 0; r0 < R; r0 += QB) {
       int nq = R - r0 < QB ? R - r0 : QB, gtop = limit[r0];
       for (int r = 1; r < nq; r++) gtop = limit[r0 + r] > gtop ? limit[r0 + r] : gtop;
