@@ -141,6 +141,20 @@ DEFINE_SCORES_ALL(, float, , load8)
 DEFINE_SCORES_ALL(h, uint16_t, , load8h)
 #endif
 
+/* The vector of the column loops (P.V, dq, the key pass's accumulators): 16 lanes with
+ * AVX-512, else 8 (one AVX2 register). Each lane sums in the same order either way. */
+#if defined(__AVX512F__)
+#define VW 16
+typedef v16 vw;
+#define loadw load16
+#define loadwh load16h
+#else
+#define VW 8
+typedef v8 vw;
+#define loadw load8
+#define loadwh load8h
+#endif
+
 /* A run of keys: key j < n has K column kt[c * ldk + j], V row v[j * ldv + c], and position
  * pos0 + j, compared with each query's limit (keys past it are masked). A run of an F16 pool
  * has kth and vh (the same layout, F16) instead of kt and v. */
@@ -192,7 +206,6 @@ static float exp_sum(float *row, int n, float m) {
   return sum;
 }
 
-#define PREFETCH_RUNS 1 /* runs ahead whose chunk each pass asks the memory for */
 
 /* Asks for the cache lines of rows [0, n) x bytes [0, width) of p (row stride ld bytes): a
  * block table need not be consecutive, so the passes name the next runs' chunks themselves. */
@@ -202,22 +215,22 @@ static inline void prefetch_rows(const void *p, size_t ld, int n, int width) {
 }
 
 /* orow[r][c..c+W) += sum over u < n of p[r][u] v[u][c..] for r < NR (1 or 2 queries sharing
- * V's loads), NR x W / 8 accumulators in registers, each summing over u in ascending order:
+ * V's loads), NR x W / VW accumulators in registers, each summing over u in ascending order:
  * independent chains, so the FMAs' latency overlaps (with two, a 16-key chunk's P.V waited on
  * it). W: 64, 32 or 16. */
-#define DEFINE_PV_COLUMNS(W, NR, S, T, LOAD8)                                                    \
+#define DEFINE_PV_COLUMNS(W, NR, S, T, LOADW)                                                    \
   static inline void pv_columns##S##_##W##x##NR(float *const *orow, const float *const *p, const T *v, size_t ldv, int n, \
                                                 int c) {                                         \
-    v8 acc[NR][W / 8];                                                                           \
+    vw acc[NR][W / VW];                                                                          \
     for (int r = 0; r < NR; r++)                                                                 \
-      for (int i = 0; i < W / 8; i++) acc[r][i] = load8(orow[r] + c + 8 * i);                    \
+      for (int i = 0; i < W / VW; i++) acc[r][i] = loadw(orow[r] + c + VW * i);                  \
     for (int u = 0; u < n; u++)                                                                  \
-      for (int i = 0; i < W / 8; i++) {                                                          \
-        v8 x = LOAD8(v + (size_t)u * ldv + c + 8 * i);                                           \
+      for (int i = 0; i < W / VW; i++) {                                                         \
+        vw x = LOADW(v + (size_t)u * ldv + c + VW * i);                                          \
         for (int r = 0; r < NR; r++) acc[r][i] += p[r][u] * x;                                   \
       }                                                                                          \
     for (int r = 0; r < NR; r++)                                                                 \
-      for (int i = 0; i < W / 8; i++) memcpy(orow[r] + c + 8 * i, &acc[r][i], sizeof acc[r][i]); \
+      for (int i = 0; i < W / VW; i++) memcpy(orow[r] + c + VW * i, &acc[r][i], sizeof acc[r][i]); \
   }
 
 /* Widest block two queries take together: their 2 W / 8 accumulators must fit the registers
@@ -236,13 +249,13 @@ static inline void prefetch_rows(const void *p, size_t ld, int n, int width) {
   if (nr == 2 && W <= PV_PAIR_W) pv_columns##S##_##W##x2(orow, p, v, ldv, n, c);                \
   else                                                                                           \
     for (int r = 0; r < nr; r++) pv_columns##S##_##W##x1(orow + r, p + r, v, ldv, n, c);
-#define DEFINE_PV_ROW(S, T, LOAD8, ELEM)                                                         \
-  DEFINE_PV_COLUMNS(64, 1, S, T, LOAD8)                                                          \
-  DEFINE_PV_COLUMNS(32, 1, S, T, LOAD8)                                                          \
-  DEFINE_PV_COLUMNS(16, 1, S, T, LOAD8)                                                          \
-  DEFINE_PV_COLUMNS(64, 2, S, T, LOAD8)                                                          \
-  DEFINE_PV_COLUMNS(32, 2, S, T, LOAD8)                                                          \
-  DEFINE_PV_COLUMNS(16, 2, S, T, LOAD8)                                                          \
+#define DEFINE_PV_ROW(S, T, LOADW, ELEM)                                                         \
+  DEFINE_PV_COLUMNS(64, 1, S, T, LOADW)                                                          \
+  DEFINE_PV_COLUMNS(32, 1, S, T, LOADW)                                                          \
+  DEFINE_PV_COLUMNS(16, 1, S, T, LOADW)                                                          \
+  DEFINE_PV_COLUMNS(64, 2, S, T, LOADW)                                                          \
+  DEFINE_PV_COLUMNS(32, 2, S, T, LOADW)                                                          \
+  DEFINE_PV_COLUMNS(16, 2, S, T, LOADW)                                                          \
   static void pv_rows##S(int nr, float *const *orow, const float *const *p, const T *v, size_t ldv, int n, int hd) { \
     int c = 0;                                                                                   \
     for (; hd - c >= 64; c += 64) { PV_BLOCK(64, S) }                                            \
@@ -258,8 +271,8 @@ static inline void prefetch_rows(const void *p, size_t ld, int n, int width) {
       for (int u = 0; u < n; u++)                                                                \
         for (int cc = c; cc < hd; cc++) orow[r][cc] += p[r][u] * ELEM(v + (size_t)u * ldv + cc); \
   }
-DEFINE_PV_ROW(, float, load8, elem_f32)
-DEFINE_PV_ROW(h, uint16_t, load8h, elem_f16)
+DEFINE_PV_ROW(, float, loadw, elem_f32)
+DEFINE_PV_ROW(h, uint16_t, loadwh, elem_f16)
 
 /* Bytes per element of a run's K and V, and the addresses of its key j's K column 0 and V row. */
 static inline size_t run_elem(const key_run *r) { return r->kth != NULL ? sizeof(uint16_t) : sizeof(float); }
@@ -279,86 +292,159 @@ static void pad_chunk(float *pad, const key_run *run, int j0, int w, int hd) {
   }
 }
 
-/* The run PREFETCH_RUNS after run k, if it has a chunk at j0 (else NULL). */
-static inline const key_run *run_ahead(const key_run *runs, int n_runs, int k, int j0) {
-  return k + PREFETCH_RUNS < n_runs && j0 < runs[k + PREFETCH_RUNS].n ? &runs[k + PREFETCH_RUNS] : NULL;
+#define SC_FLOATS 16384 /* scores of one block for a group of queries (64 KiB): blocks of 2048 keys for 8
+                           queries, up to 8192 for one or two (decode: one pass over each K and V) */
+#define KB_MAX 8192
+#define KB_GRAD 256 /* keys per block of the backward's query pass: K, V columns and K rows in L2 */
+#define TASK_QUERIES_MAX 64 /* queries of one attention task at most (forest tiles on long contexts) */
+
+/* CHUNK keys of a run, from key j0 (w of them). */
+typedef struct key_chunk {
+  const key_run *run;
+  int j0, w;
+} key_chunk;
+
+/* Keys per block for a task of R queries: SC_FLOATS scores for its widest group, at most
+ * KB_MAX, a multiple of CHUNK. */
+static int block_keys(int R) {
+  int kb = SC_FLOATS / (R < QB ? R : QB) / CHUNK * CHUNK;
+  return kb < KB_MAX ? kb : KB_MAX;
 }
 
-/* Attention of R queries over runs of keys, flash-attention style in two passes per group
- * of QB queries (no score matrix beyond the group's rows): scores of every 16-key chunk
- * for the QB queries at once (the chunk's K columns stay in L1), then per query the
- * softmax over its row, then P.V chunk by chunk. out[r] = softmax(scale q_r . K, keys with
- * position <= limit[r]) V and lse[r] its log-sum-exp (lse may be NULL). work:
- * attend_work(hd, max_keys) floats, max_keys >= the keys of any query. */
-static void attend(int R, const float *const *q, const int *limit, const key_run *runs, int n_runs, int hd,
-                   float scale, float *const *out, float *lse, float *work, size_t max_keys) {
-  float *o = work, *pad = o + QB * hd, *sc = pad + (size_t)CHUNK * hd;
-  for (int r0 = 0; r0 < R; r0 += QB) {
-    int nq = R - r0 < QB ? R - r0 : QB, top = limit[r0];
-    for (int r = 1; r < nq; r++) top = limit[r0 + r] > top ? limit[r0 + r] : top;
-    /* pass 1: masked, scaled scores into sc[r][0..n_keys) */
-    int n_keys = 0;
-    for (int k = 0; k < n_runs; k++) {
-      const key_run *run = &runs[k];
-      for (int j0 = 0; j0 < run->n && run->pos0 + j0 <= top; j0 += CHUNK) {
-        int w = run->n - j0 < CHUNK ? run->n - j0 : CHUNK;
-        const key_run *ahead = run_ahead(runs, n_runs, k, j0);
-        if (ahead != NULL) prefetch_rows(run_k(ahead, j0), ahead->ldk * run_elem(ahead), hd, CHUNK * (int)run_elem(ahead));
-        v16 s[QB];
-        if (w < CHUNK) { /* a partial chunk: zero-padded F32 copy */
-          pad_chunk(pad, run, j0, w, hd);
-          scores(nq, s, q + r0, pad, CHUNK, hd);
-        } else if (run->kth != NULL) {
-          scoresh(nq, s, q + r0, run->kth + j0, run->ldk, hd);
-        } else {
-          scores(nq, s, q + r0, run->kt + j0, run->ldk, hd);
-        }
-        for (int r = 0; r < nq; r++) { /* scaled, keys past the query's limit masked */
-          int visible = limit[r0 + r] - (run->pos0 + j0) + 1;
-          const float *sr = (const float *)&s[r];
-          float *row = sc + r * max_keys + n_keys;
-          for (int u = 0; u < w; u++) row[u] = u < visible ? sr[u] * scale : MASKED;
-        }
-        n_keys += w;
-      }
+/* The chunks of the next block of keys: up to kb / CHUNK chunks in run order from (*k, *j),
+ * which it advances, none at a position past `top`. Returns their count. */
+static int next_block(key_chunk *blk, int kb, const key_run *runs, int n_runs, int *k, int *j, int top) {
+  int n = 0;
+  while (n < kb / CHUNK && *k < n_runs) {
+    const key_run *run = &runs[*k];
+    if (run->pos0 + *j > top) { /* runs ascend: nothing further is seen */
+      *k = n_runs;
+      break;
     }
-    /* softmax of each query's row */
-    float m[QB], l[QB];
-    for (int r = 0; r < nq; r++) {
-      m[r] = row_max(sc + r * max_keys, n_keys);
-      l[r] = exp_sum(sc + r * max_keys, n_keys, m[r]);
+    blk[n++] = (key_chunk){run, *j, run->n - *j < CHUNK ? run->n - *j : CHUNK};
+    *j += CHUNK;
+    if (*j >= run->n) (*k)++, *j = 0;
+  }
+  return n;
+}
+
+#define PREFETCH_CHUNKS 2 /* chunks ahead whose K (scores) or V (P.V) a pass asks the memory for */
+
+/* Asks the memory for the K columns (kind 0) or V rows (kind 1) of the chunk PREFETCH_CHUNKS
+ * after chunk c of the block (continuing into the next block, `ahead`): a block table need
+ * not be consecutive, so the passes name the coming chunks themselves. */
+static void prefetch_chunk(const key_chunk *blk, int nb, const key_chunk *ahead, int na, int c, int hd, int kind) {
+  int at = c + PREFETCH_CHUNKS;
+  const key_chunk *x = at < nb ? &blk[at] : at - nb < na ? &ahead[at - nb] : NULL;
+  if (x == NULL) return;
+  size_t e = run_elem(x->run);
+  if (kind == 0) prefetch_rows(run_k(x->run, x->j0), x->run->ldk * e, hd, CHUNK * (int)e);
+  else prefetch_rows(run_v(x->run, x->j0), x->run->ldv * e, x->w, hd * (int)e);
+}
+
+/* Pass 1 of a block for nq <= QB queries: masked, scaled scores into sc[r][0..n) (row stride
+ * kb) over the block's chunks up to `top`; returns n, the keys scored. */
+static int block_scores(float *sc, int kb, int nq, const float *const *q, const int *limit, int top, const key_chunk *blk,
+                        int nb, const key_chunk *ahead, int na, int hd, float scale, float *pad) {
+  int n = 0;
+  for (int c = 0; c < nb && blk[c].run->pos0 + blk[c].j0 <= top; c++) {
+    const key_run *run = blk[c].run;
+    prefetch_chunk(blk, nb, ahead, na, c, hd, 0);
+    int j0 = blk[c].j0, w = blk[c].w;
+    v16 sv[QB];
+    if (w < CHUNK) { /* a partial chunk: zero-padded F32 copy */
+      pad_chunk(pad, run, j0, w, hd);
+      scores(nq, sv, q, pad, CHUNK, hd);
+    } else if (run->kth != NULL) {
+      scoresh(nq, sv, q, run->kth + j0, run->ldk, hd);
+    } else {
+      scores(nq, sv, q, run->kt + j0, run->ldk, hd);
     }
-    /* pass 2: o[r] = P.V over the same chunks */
-    memset(o, 0, sizeof(float) * QB * hd);
-    int at = 0;
-    for (int k = 0; k < n_runs; k++) {
-      const key_run *run = &runs[k];
-      for (int j0 = 0; j0 < run->n && run->pos0 + j0 <= top; j0 += CHUNK) {
-        int w = run->n - j0 < CHUNK ? run->n - j0 : CHUNK;
-        const key_run *ahead = run_ahead(runs, n_runs, k, j0);
-        if (ahead != NULL) prefetch_rows(run_v(ahead, j0), ahead->ldv * run_elem(ahead), CHUNK, hd * (int)run_elem(ahead));
-        for (int r = 0, nr; r < nq; r += nr) { /* two queries at once where both see the same keys */
-          int visible = limit[r0 + r] - (run->pos0 + j0) + 1;
-          if (visible > w) visible = w;
-          nr = r + 1 < nq && limit[r0 + r + 1] == limit[r0 + r] ? 2 : 1;
-          const float *pr[2] = {sc + r * max_keys + at, sc + (r + nr - 1) * max_keys + at};
-          float *orow[2] = {o + r * hd, o + (r + nr - 1) * hd};
-          if (run->vh != NULL) pv_rowsh(nr, orow, pr, run->vh + (size_t)j0 * run->ldv, run->ldv, visible, hd);
-          else pv_rows(nr, orow, pr, run->v + (size_t)j0 * run->ldv, run->ldv, visible, hd);
-        }
-        at += w;
-      }
+    for (int r = 0; r < nq; r++) { /* scaled, keys past the query's limit masked */
+      int visible = limit[r] - (run->pos0 + j0) + 1;
+      const float *sr = (const float *)&sv[r];
+      float *row = sc + (size_t)r * kb + n;
+      for (int u = 0; u < w; u++) row[u] = u < visible ? sr[u] * scale : MASKED;
     }
-    for (int r = 0; r < nq; r++) {
-      float inv = 1.0f / l[r];
-      for (int c = 0; c < hd; c++) out[r0 + r][c] = o[r * hd + c] * inv;
-      if (lse != NULL) lse[r0 + r] = m[r] + logf(l[r]);
+    n += w;
+  }
+  return n;
+}
+
+/* Pass 2 of a block: o[r] += P.V over its chunks (the scores' n keys), two queries at once
+ * where both see the same keys. */
+static void block_pv(float *o, int kb, int nq, const float *sc, const int *limit, const key_chunk *blk, int nb,
+                     const key_chunk *ahead, int na, int n, int hd) {
+  for (int c = 0, at = 0; at < n; at += blk[c].w, c++) {
+    const key_run *run = blk[c].run;
+    prefetch_chunk(blk, nb, ahead, na, c, hd, 1);
+    int j0 = blk[c].j0, w = blk[c].w;
+    for (int r = 0, nr; r < nq; r += nr) {
+      int visible = limit[r] - (run->pos0 + j0) + 1;
+      if (visible > w) visible = w;
+      nr = r + 1 < nq && limit[r + 1] == limit[r] ? 2 : 1;
+      if (visible <= 0) continue;
+      const float *pr[2] = {sc + (size_t)r * kb + at, sc + (size_t)(r + nr - 1) * kb + at};
+      float *orow[2] = {o + (size_t)r * hd, o + (size_t)(r + nr - 1) * hd};
+      if (run->vh != NULL) pv_rowsh(nr, orow, pr, run->vh + (size_t)j0 * run->ldv, run->ldv, visible, hd);
+      else pv_rows(nr, orow, pr, run->v + (size_t)j0 * run->ldv, run->ldv, visible, hd);
     }
   }
 }
 
-/* Floats of attend's work buffer. */
-static size_t attend_work(int hd, size_t max_keys) { return (size_t)QB * hd + (size_t)CHUNK * hd + QB * max_keys; }
+/* Attention of R <= TASK_QUERIES_MAX queries over runs of keys, flash-attention style: the
+ * keys go by blocks (block_keys: consecutive 16-key chunks in run order), each block once
+ * through every group of QB queries while its K and V stay in cache: scores of a chunk for
+ * the QB queries at once (the chunk's K columns in L1), the block's softmax folded into each
+ * query's running max m, sum l and output o (rescaled when m grows), then P.V chunk by
+ * chunk. No buffer grows with the keys. out[r] = softmax(scale q_r . K, keys with position
+ * <= limit[r]) V and lse[r] = m + log l (lse may be NULL). A query's keys are a prefix of
+ * the runs (every query sees the first key), and its arithmetic depends only on them and the
+ * block length (R's): blocks it does not see change nothing. work: attend_work(hd, R) floats. */
+static void attend(int R, const float *const *q, const int *limit, const key_run *runs, int n_runs, int hd,
+                   float scale, float *const *out, float *lse, float *work) {
+  float *o = work, *m = o + (size_t)R * hd, *l = m + R, *pad = l + R, *sc = pad + (size_t)CHUNK * hd;
+  int top = limit[0], kb = block_keys(R), nb;
+  for (int r = 0; r < R; r++) {
+    top = limit[r] > top ? limit[r] : top;
+    m[r] = MASKED;
+    l[r] = 0.0f;
+  }
+  memset(o, 0, sizeof(float) * (size_t)R * hd);
+  key_chunk blk[KB_MAX / CHUNK], ahead[KB_MAX / CHUNK];
+  int ka = 0, ja = 0, na = next_block(ahead, kb, runs, n_runs, &ka, &ja, top);
+  while ((nb = na) > 0) {
+    memcpy(blk, ahead, sizeof(key_chunk) * (size_t)nb);
+    na = next_block(ahead, kb, runs, n_runs, &ka, &ja, top);
+    for (int r0 = 0; r0 < R; r0 += QB) {
+      int nq = R - r0 < QB ? R - r0 : QB, gtop = limit[r0];
+      for (int r = 1; r < nq; r++) gtop = limit[r0 + r] > gtop ? limit[r0 + r] : gtop;
+      int n = block_scores(sc, kb, nq, q + r0, limit + r0, gtop, blk, nb, ahead, na, hd, scale, pad);
+      if (n == 0) continue; /* the group sees none of the block */
+      for (int r = 0; r < nq; r++) {
+        float *row = sc + (size_t)r * kb, mb = row_max(row, n), mnew = mb > m[r0 + r] ? mb : m[r0 + r];
+        if (mb == MASKED) { /* the query sees none of these keys */
+          memset(row, 0, sizeof(float) * (size_t)n);
+          continue;
+        }
+        float corr = fast_exp(m[r0 + r] - mnew); /* 1 when m stays; 0 from MASKED */
+        l[r0 + r] = l[r0 + r] * corr + exp_sum(row, n, mnew);
+        if (corr != 1.0f)
+          for (int c = 0; c < hd; c++) o[(size_t)(r0 + r) * hd + c] *= corr;
+        m[r0 + r] = mnew;
+      }
+      block_pv(o + (size_t)r0 * hd, kb, nq, sc, limit + r0, blk, nb, ahead, na, n, hd);
+    }
+  }
+  for (int r = 0; r < R; r++) {
+    float inv = 1.0f / l[r];
+    for (int c = 0; c < hd; c++) out[r][c] = o[(size_t)r * hd + c] * inv;
+    if (lse != NULL) lse[r] = m[r] + logf(l[r]);
+  }
+}
+
+/* Floats of attend's work buffer for R queries. */
+static size_t attend_work(int hd, int R) { return (size_t)R * hd + 2 * (size_t)R + (size_t)CHUNK * hd + SC_FLOATS; }
 
 /* ---- paged (inference) ---- */
 
@@ -415,10 +501,11 @@ void kv_transfer(const kv_pool *pool, const dims *d, const int32_t *blocks, int3
  * kv head g. A kv head's group of G query heads splits into tiles of `rows` consecutive rows
  * x slices of `heads` heads, rows * heads <= TASK_QUERIES: G <= TASK_QUERIES takes whole
  * groups of several rows; a larger group takes one row and G / TASK_QUERIES (rounded up)
- * slices of heads. Tasks are ordered kv head, tile, slice, so one head's keys stay hot while
- * consecutive tasks use them. */
+ * slices of heads. A forest tile whose rows have many ancestors takes up to max_rows rows
+ * (rows * heads <= TASK_QUERIES_MAX), so its keys stream once for more queries. Tasks are
+ * ordered kv head, tile, slice, so one head's keys stay hot while consecutive tasks use them. */
 typedef struct task_split {
-  int rows, heads, slices;
+  int rows, heads, slices, max_rows;
 } task_split;
 
 typedef struct attn_task {
@@ -427,8 +514,8 @@ typedef struct attn_task {
 
 static task_split task_split_of(const dims *d) {
   int G = d->H / d->KV;
-  if (G > TASK_QUERIES) return (task_split){1, TASK_QUERIES, (G + TASK_QUERIES - 1) / TASK_QUERIES};
-  return (task_split){TASK_QUERIES / G, G, 1};
+  if (G > TASK_QUERIES) return (task_split){1, TASK_QUERIES, (G + TASK_QUERIES - 1) / TASK_QUERIES, 1};
+  return (task_split){TASK_QUERIES / G, G, 1, TASK_QUERIES_MAX / G};
 }
 
 static int task_count(task_split sp, int n_tiles, const dims *d) { return d->KV * n_tiles * sp.slices; }
@@ -439,7 +526,7 @@ static attn_task task_at(int task, task_split sp, int n_tiles, const dims *d) {
   return (attn_task){g, task / sp.slices % n_tiles, h0, h1};
 }
 
-/* Queries of rows [r0, r1) and heads [h0, h1), row-major, for attend: at most TASK_QUERIES. */
+/* Queries of rows [r0, r1) and heads [h0, h1), row-major, for attend: at most TASK_QUERIES_MAX. */
 static int gather_queries(const float **q, float **out, int *limit, const float *qkv, float *att, const int32_t *row_limit,
                           int r0, int r1, int h0, int h1, const dims *d) {
   int n = 0;
@@ -452,9 +539,9 @@ static int gather_queries(const float **q, float **out, int *limit, const float 
   return n;
 }
 
-size_t attention_scratch_floats(const dims *d, int max_runs, int max_keys) {
+size_t attention_scratch_floats(const dims *d, int max_runs) {
   size_t runs = ((size_t)max_runs * sizeof(key_run) + sizeof(float) - 1) / sizeof(float);
-  return (attend_work(d->hd, (size_t)max_keys) + runs + 15) / 16 * 16;
+  return (attend_work(d->hd, TASK_QUERIES_MAX) + runs + 15) / 16 * 16;
 }
 
 size_t paged_staging_floats(const dims *d, int B) {
@@ -512,7 +599,7 @@ void paged_attention(float *att, const float *qkv, const kv_pool *pool, const di
 #pragma omp parallel num_threads(threads < tasks ? threads : tasks)
   {
     float *work = scratch + (size_t)omp_get_thread_num() * scratch_floats;
-    key_run *runs = (key_run *)(work + attend_work(d->hd, (size_t)d->max_pos));
+    key_run *runs = (key_run *)(work + attend_work(d->hd, TASK_QUERIES_MAX));
     float *stage = work + scratch_floats - staging;
     const float *q[TASK_QUERIES];
     float *out[TASK_QUERIES];
@@ -524,7 +611,7 @@ void paged_attention(float *att, const float *qkv, const kv_pool *pool, const di
       const int32_t *table = b->blocks + b->block_off[b->row_seq[r0]];
       int n_runs = paged_runs(runs, pool, table, b->positions[r1 - 1] + 1, d, layer, t.g, stage);
       int n = gather_queries(q, out, limit, qkv, att, b->positions, r0, r1, t.h0, t.h1, d);
-      attend(n, q, limit, runs, n_runs, d->hd, scale, out, NULL, work, (size_t)d->max_pos);
+      attend(n, q, limit, runs, n_runs, d->hd, scale, out, NULL, work);
     }
   }
 }
@@ -551,12 +638,15 @@ void forest_kv_put(const forest_kv *kv, const float *qkv, int s, int e, const di
   transpose_heads(kv->vt + s, kv->ld, qkv, d->qkv_dim, d->q_dim + d->kv_dim, T, d);
 }
 
-/* Tiles of the chunk [s, e): runs of at most `rows` rows, each the child of the previous one
- * (they share their first row's ancestors, the rest of the tile being the causal part);
- * tiles[0..n] are the boundaries (token indices), then row_limit[i - s] = i. Returns n. */
-static int forest_tiles(const forest *f, int s, int e, int rows, int32_t *tiles) {
+/* Tiles of the chunk [s, e): runs of consecutive rows, each the child of the previous one
+ * (they share their first row's ancestors, the rest of the tile being the causal part), of
+ * depth / 64 rows clamped to [min_rows, max_rows] for the depth of the tile's first row: the
+ * masked corner of a tile costs rows^2 / 2 pairs, its keys stream once. tiles[0..n] are the
+ * boundaries (token indices), then row_limit[i - s] = i. Returns n. */
+static int forest_tiles(const forest *f, int s, int e, int min_rows, int max_rows, int32_t *tiles) {
   int n = 0;
   for (int i = s; i < e; n++) {
+    int rows = f->depth[i] / 64 < min_rows ? min_rows : f->depth[i] / 64 > max_rows ? max_rows : f->depth[i] / 64;
     tiles[n] = i++;
     while (i < e && i - tiles[n] < rows && f->ranges[2 * f->range_off[i + 1] - 2] < i) i++; /* parent is i - 1 */
   }
@@ -584,24 +674,23 @@ void forest_attention_forward(float *att, float *lse, const float *qkv, const fo
                               int e, const dims *d, float *scratch, size_t scratch_floats, int32_t *tiles) {
   task_split sp = task_split_of(d);
   float scale = 1.0f / sqrtf((float)d->hd);
-  size_t max_keys = (size_t)f->max_depth;
-  int n_tiles = forest_tiles(f, s, e, sp.rows, tiles);
+  int n_tiles = forest_tiles(f, s, e, sp.rows, sp.max_rows, tiles);
   const int32_t *row_limit = tiles + n_tiles + 1;
 #pragma omp parallel num_threads(cpu_threads())
   {
     float *work = scratch + (size_t)omp_get_thread_num() * scratch_floats;
-    key_run *runs = (key_run *)(work + attend_work(d->hd, max_keys));
-    const float *q[TASK_QUERIES];
-    float *out[TASK_QUERIES];
-    float tile_lse[TASK_QUERIES];
-    int limit[TASK_QUERIES];
+    key_run *runs = (key_run *)(work + attend_work(d->hd, TASK_QUERIES_MAX));
+    const float *q[TASK_QUERIES_MAX];
+    float *out[TASK_QUERIES_MAX];
+    float tile_lse[TASK_QUERIES_MAX];
+    int limit[TASK_QUERIES_MAX];
 #pragma omp for schedule(dynamic, 1)
     for (int task = 0; task < task_count(sp, n_tiles, d); task++) {
       attn_task t = task_at(task, sp, n_tiles, d);
       int i0 = tiles[t.tile], i1 = tiles[t.tile + 1], nh = t.h1 - t.h0;
       int n_runs = forest_runs(runs, f, i0, i1, t.g, kv, 0, d);
       int n = gather_queries(q, out, limit, qkv, att, row_limit, i0 - s, i1 - s, t.h0, t.h1, d);
-      attend(n, q, limit, runs, n_runs, d->hd, scale, out, tile_lse, work, max_keys);
+      attend(n, q, limit, runs, n_runs, d->hd, scale, out, tile_lse, work);
       for (int k = 0; k < n; k++) lse[(size_t)(i0 - s + k / nh) * d->H + t.h0 + k % nh] = tile_lse[k];
     }
   }
@@ -617,35 +706,40 @@ static void grad_scores(float *ds, const float *s, const float *dp, int visible,
 }
 
 /* Pass A of the backward, per query (flash-attention style): with P recomputed from the
- * saved lse and dP = dout . V, dS = P (dP - dsum) and dq = scale dS . K, over the same
- * runs and chunks as the forward. work: 2 CHUNK hd + QB hd floats. */
+ * saved lse and dP = dout . V, dS = P (dP - dsum) and dq = scale dS . K, over blocks of
+ * KB_GRAD keys, each block once through every group of QB queries; each dq sums its keys in
+ * order.
+ * work: attend_work(hd, R) floats. */
 static void attend_grad_queries(int R, const float *const *q, const float *const *dout, const float *lse, const float *dsum,
                                 const int *limit, const key_run *runs, int n_runs, int hd, float scale, float *const *dq,
                                 float *work) {
-  float *acc = work, *pad_k = acc + QB * hd, *pad_v = pad_k + (size_t)CHUNK * hd;
-  for (int r0 = 0; r0 < R; r0 += QB) {
-    int nq = R - r0 < QB ? R - r0 : QB, top = limit[r0];
-    for (int r = 1; r < nq; r++) top = limit[r0 + r] > top ? limit[r0 + r] : top;
-    memset(acc, 0, sizeof(float) * QB * hd);
-    for (int k = 0; k < n_runs; k++) {
-      const key_run *run = &runs[k];
-      for (int j0 = 0; j0 < run->n && run->pos0 + j0 <= top; j0 += CHUNK) {
-        int w = run->n - j0 < CHUNK ? run->n - j0 : CHUNK;
+  float *acc = work, *pad_k = acc + (size_t)R * hd, *pad_v = pad_k + (size_t)CHUNK * hd;
+  int top = limit[0], k = 0, j = 0, nb;
+  for (int r = 1; r < R; r++) top = limit[r] > top ? limit[r] : top;
+  memset(acc, 0, sizeof(float) * (size_t)R * hd);
+  key_chunk blk[KB_GRAD / CHUNK];
+  while ((nb = next_block(blk, KB_GRAD, runs, n_runs, &k, &j, top)) > 0)
+    for (int r0 = 0; r0 < R; r0 += QB) {
+      int nq = R - r0 < QB ? R - r0 : QB, gtop = limit[r0];
+      for (int r = 1; r < nq; r++) gtop = limit[r0 + r] > gtop ? limit[r0 + r] : gtop;
+      for (int c = 0; c < nb && blk[c].run->pos0 + blk[c].j0 <= gtop; c++) {
+        const key_run *run = blk[c].run;
+        int j0 = blk[c].j0, w = blk[c].w;
         const float *kt = run->kt + j0, *vt = run->vt + j0;
         size_t ldk = run->ldk, ldvt = run->ldvt;
         if (w < CHUNK) {
-          for (int c = 0; c < hd; c++) {
-            memset(pad_k + c * CHUNK, 0, sizeof(float) * CHUNK);
-            memset(pad_v + c * CHUNK, 0, sizeof(float) * CHUNK);
-            memcpy(pad_k + c * CHUNK, kt + (size_t)c * ldk, sizeof(float) * w);
-            memcpy(pad_v + c * CHUNK, vt + (size_t)c * ldvt, sizeof(float) * w);
+          for (int col = 0; col < hd; col++) {
+            memset(pad_k + col * CHUNK, 0, sizeof(float) * CHUNK);
+            memset(pad_v + col * CHUNK, 0, sizeof(float) * CHUNK);
+            memcpy(pad_k + col * CHUNK, kt + (size_t)col * ldk, sizeof(float) * w);
+            memcpy(pad_v + col * CHUNK, vt + (size_t)col * ldvt, sizeof(float) * w);
           }
           kt = pad_k;
           vt = pad_v;
           ldk = ldvt = CHUNK;
         }
-        v16 s[QB], dp[QB];
-        scores(nq, s, q + r0, kt, ldk, hd);
+        v16 sv[QB], dp[QB];
+        scores(nq, sv, q + r0, kt, ldk, hd);
         scores(nq, dp, dout + r0, vt, ldvt, hd);
         const float *krows = run->k + (size_t)j0 * run->ldkr;
         for (int r = 0; r < nq; r++) {
@@ -653,22 +747,21 @@ static void attend_grad_queries(int R, const float *const *q, const float *const
           if (visible > w) visible = w;
           if (visible <= 0) continue;
           float ds[CHUNK];
-          grad_scores(ds, (const float *)&s[r], (const float *)&dp[r], visible, scale, lse[r0 + r], dsum[r0 + r]);
-          float *ar = acc + r * hd;
-          int c = 0;
-          for (; c + CHUNK / 2 <= hd; c += CHUNK / 2) { /* 8 columns of dq in a register over the keys */
-            v8 a = load8(ar + c);
-            for (int u = 0; u < visible; u++) a += ds[u] * load8(krows + (size_t)u * run->ldkr + c);
-            memcpy(ar + c, &a, sizeof a);
+          grad_scores(ds, (const float *)&sv[r], (const float *)&dp[r], visible, scale, lse[r0 + r], dsum[r0 + r]);
+          float *ar = acc + (size_t)(r0 + r) * hd;
+          int col = 0;
+          for (; col + VW <= hd; col += VW) { /* VW columns of dq in a register over the keys */
+            vw a = loadw(ar + col);
+            for (int u = 0; u < visible; u++) a += ds[u] * loadw(krows + (size_t)u * run->ldkr + col);
+            memcpy(ar + col, &a, sizeof a);
           }
-          for (; c < hd; c++)
-            for (int u = 0; u < visible; u++) ar[c] += ds[u] * krows[(size_t)u * run->ldkr + c];
+          for (; col < hd; col++)
+            for (int u = 0; u < visible; u++) ar[col] += ds[u] * krows[(size_t)u * run->ldkr + col];
         }
       }
     }
-    for (int r = 0; r < nq; r++)
-      for (int c = 0; c < hd; c++) dq[r0 + r][c] = acc[r * hd + c] * scale;
-  }
+  for (int r = 0; r < R; r++)
+    for (int c = 0; c < hd; c++) dq[r][c] = acc[(size_t)r * hd + c] * scale;
 }
 
 #define RB 4 /* (row, head) pairs of pass B sharing the loads of the chunk's K and V columns */
@@ -692,16 +785,13 @@ static void grad_probs(float *p, float *ds, const float *s, const float *dp, con
 /* acc[c] += a_r[c] w_r for r = 0..RB-1 in turn (the sums one pair at a time would make), one
  * load and store of each accumulator column serving all of them. */
 static inline void pair_update(float *acc, const float *const a[RB], const v16 w[RB], int hd) {
-  for (int c = 0; c < hd; c++) {
-    float *col = acc + c * CHUNK;
-    v8 x0 = load8(col), x1 = load8(col + CHUNK / 2);
-    for (int r = 0; r < RB; r++) {
-      x0 += a[r][c] * load8((const float *)&w[r]);
-      x1 += a[r][c] * load8((const float *)&w[r] + CHUNK / 2);
+  for (int c = 0; c < hd; c++)
+    for (int h = 0; h < CHUNK; h += VW) {
+      float *col = acc + c * CHUNK + h;
+      vw x = loadw(col);
+      for (int r = 0; r < RB; r++) x += a[r][c] * loadw((const float *)&w[r] + h);
+      memcpy(col, &x, sizeof x);
     }
-    memcpy(col, &x0, sizeof x0);
-    memcpy(col + CHUNK / 2, &x1, sizeof x1);
-  }
 }
 
 /* dkt += scale ds q and dvt += p dout for RB pairs, dkt and dvt [hd][CHUNK]. */
@@ -818,7 +908,7 @@ static int key_chunks(const forest *f, const int32_t *segs, int n_segs, int32_t 
 }
 
 size_t forest_scratch_floats(const dims *d, const forest *f) {
-  return attention_scratch_floats(d, f->max_ranges, f->max_depth) + 2 * (size_t)CHUNK * d->hd;
+  return attention_scratch_floats(d, f->max_ranges);
 }
 
 void forest_attention_backward(float *dqkv, const float *datt, const float *qkv, const float *att, const float *lse,
@@ -826,7 +916,6 @@ void forest_attention_backward(float *dqkv, const float *datt, const float *qkv,
                                float *scratch, size_t scratch_floats, int32_t *tiles, int32_t *kchunks) {
   int hd = d->hd, T = e - s, threads = cpu_threads();
   float scale = 1.0f / sqrtf((float)hd);
-  size_t max_keys = (size_t)f->max_depth;
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int i = 0; i < T; i++)
     for (int h = 0; h < d->H; h++) {
@@ -836,17 +925,17 @@ void forest_attention_backward(float *dqkv, const float *datt, const float *qkv,
       dsum[(size_t)i * d->H + h] = sum;
     }
   task_split sp = task_split_of(d);
-  int n_tiles = forest_tiles(f, s, e, sp.rows, tiles);
+  int n_tiles = forest_tiles(f, s, e, sp.rows, sp.max_rows, tiles);
   const int32_t *row_limit = tiles + n_tiles + 1;
   int32_t *segs = tiles + 2 * (size_t)T + 2;
-  int n_segs = forest_tiles(f, s, e, SEGMENT_ROWS, segs), n_kc = key_chunks(f, segs, n_segs, kchunks);
+  int n_segs = forest_tiles(f, s, e, SEGMENT_ROWS, SEGMENT_ROWS, segs), n_kc = key_chunks(f, segs, n_segs, kchunks);
 #pragma omp parallel num_threads(threads)
   {
     float *work = scratch + (size_t)omp_get_thread_num() * scratch_floats;
-    key_run *runs = (key_run *)(work + attend_work(hd, max_keys) + 2 * (size_t)CHUNK * hd);
-    const float *q[TASK_QUERIES], *dout[TASK_QUERIES];
-    float *dq[TASK_QUERIES], tile_lse[TASK_QUERIES], tile_dsum[TASK_QUERIES];
-    int limit[TASK_QUERIES];
+    key_run *runs = (key_run *)(work + attend_work(hd, TASK_QUERIES_MAX)); /* pass B: 2 CHUNK hd floats of work */
+    const float *q[TASK_QUERIES_MAX], *dout[TASK_QUERIES_MAX];
+    float *dq[TASK_QUERIES_MAX], tile_lse[TASK_QUERIES_MAX], tile_dsum[TASK_QUERIES_MAX];
+    int limit[TASK_QUERIES_MAX];
 #pragma omp for schedule(dynamic, 1) nowait
     for (int task = 0; task < task_count(sp, n_tiles, d); task++) {
       attn_task t = task_at(task, sp, n_tiles, d);

@@ -37,10 +37,9 @@ void kv_transfer(const kv_pool *pool, const dims *d, const int32_t *blocks, int3
 /* Copies every layer and head of block src into block dst. */
 void kv_copy_block(const kv_pool *pool, const dims *d, int32_t dst, int32_t src);
 
-/* Per-thread scratch (floats) of the attention forward over at most max_runs key runs
- * (paged: blocks of the longest context; forest: ranges of a row) and max_keys keys per
- * query (paged: max_position_embeddings; forest: the batch's tokens). */
-size_t attention_scratch_floats(const dims *d, int max_runs, int max_keys);
+/* Per-thread scratch (floats) of the attention over at most max_runs key runs (paged: blocks
+ * of the longest context; forest: ranges of a row); nothing else in it grows with the keys. */
+size_t attention_scratch_floats(const dims *d, int max_runs);
 /* Extra per-thread floats paged attention needs when B is not a multiple of 16. */
 size_t paged_staging_floats(const dims *d, int B);
 

@@ -78,7 +78,7 @@ static gyre_status ensure_work(be_cache *c, int rows, int threads) {
   if (threads > c->scratch_threads) {
     free(c->scratch);
     int max_runs = (d->max_pos + 15) / 16 + (d->max_pos + c->pool.B - 1) / c->pool.B;
-    c->scratch_floats = attention_scratch_floats(d, max_runs, d->max_pos) + paged_staging_floats(d, c->pool.B);
+    c->scratch_floats = attention_scratch_floats(d, max_runs) + paged_staging_floats(d, c->pool.B);
     c->scratch = aligned_calloc(sizeof(float) * (size_t)threads * c->scratch_floats);
     c->scratch_threads = c->scratch ? threads : 0;
     if (c->scratch == NULL) return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cpu: out of host memory for attention");
