@@ -24,6 +24,8 @@
  * - `attention_pairs_per_s_*`: one training step (forward and backward) of one path of 4,096
  *   tokens and of the longest path recorded (at most `--attention-max-tokens`), T(T+1)/2
  *   attention pairs over its seconds, through the engine's TS API.
+ * `wall_s` runs from the start to the end of the replay check (the attention measurement after
+ * it is not part of the run).
  *
  * A stage that fails is reported with the limit or message that stopped it; a run that does
  * not finish within `--timeout-min` is reported in the stage it was in, with the dead letters
@@ -48,6 +50,7 @@ import { rlLayout } from "../src/protocols/layout.ts"
 import type { StepMetrics } from "../src/protocols/scheduler.ts"
 import { readTrajectories } from "../src/protocols/trajectories.ts"
 import { checkTrees, type TreeCheck } from "../src/replay/trees.ts"
+import { DEFAULT_KV_BLOCKS, KV_BLOCK_TOKENS } from "../src/serving/rollout-role.ts"
 import { Nats, type NatsShape } from "../src/runtime/nats.ts"
 import { repoRoot } from "../src/runtime/nats-server.ts"
 import { readStored } from "../src/runtime/stream-reader.ts"
@@ -57,6 +60,7 @@ import type { ExecutionOutcome } from "../src/tree/outcome.ts"
 import { executionStats, type ExecutionStats } from "../src/tree/stats.ts"
 import { configFrom } from "../suites/long/world.mjs"
 import { atLeast, benchFlags, refuse } from "./flags.ts"
+import { printResult } from "./results.ts"
 
 const BENCH = "bench:xlong"
 const f = benchFlags(BENCH, "extremely long executions of the long suite through gateway, devices, JetStream, trainer and weights", {
@@ -65,6 +69,7 @@ const f = benchFlags(BENCH, "extremely long executions of the long suite through
   devices: { kind: "integer", doc: "device processes (each `gyre node --devices 1`)", default: 1 },
   env: { kind: "string", doc: "more suite knobs, KEY=VALUE,... (LONG_WINDOW, LONG_CALLS, LONG_TOOL_TOKENS, ...)", default: "" },
   "micro-batch-tokens": { kind: "integer", doc: "the trainer's micro-batch budget (gyre train --micro-batch-tokens)", default: 4096 },
+  "kv-blocks": { kind: "integer", doc: "KV-cache blocks of 16 tokens per device (default: 1.25 x the suite's window, at least gyre train's default)" },
   "kv-dtype": { kind: "string", doc: "how the devices' KV caches store K and V", default: "f32", choices: ["f32", "f16"] },
   mode: { kind: "string", doc: "exact tree training or bounded dedup sampling", default: "exact", choices: ["exact", "sampled"] },
   checkpoint: { kind: "string", doc: "initial weights (default: random tiny-long, or tiny with its positions raised to the window)" },
@@ -92,6 +97,8 @@ const LONG = (() => {
   }
 })()
 
+/** Room for the longest context the script keeps and its branches' cached contexts. */
+const KV_BLOCKS = atLeast(BENCH, "kv-blocks", f["kv-blocks"] ?? Math.max(DEFAULT_KV_BLOCKS, Math.ceil((1.25 * (LONG.window + LONG.outputTokens)) / KV_BLOCK_TOKENS)), 1)
 const MB = 1024 * 1024
 const RUN = `xlong-${Date.now().toString(36)}`
 const sum = (xs: ReadonlyArray<number>) => xs.reduce((a, b) => a + b, 0)
@@ -303,7 +310,7 @@ const runConfig = (run: string, checkpoint: string, checkpointDir: string): RunC
   const env = Object.entries(ENV).map(([k, v]) => `${k}=${v}`).join(",")
   const argv = ["--suite", "long", "--steps", "1", "--executions-per-step", String(EXECUTIONS), "--group-size", String(EXECUTIONS), "--slots", String(EXECUTIONS)]
   argv.push("--credit", "call", "--ppo-epochs", "1", "--lr-warmup", "0", "--checkpoint-every", "1", "--mode", f.mode, "--kv-dtype", f["kv-dtype"])
-  argv.push("--micro-batch-tokens", String(f["micro-batch-tokens"]), "--env", env)
+  argv.push("--micro-batch-tokens", String(f["micro-batch-tokens"]), "--kv-blocks", String(KV_BLOCKS), "--env", env)
   return runConfigOf(parseFlagsAs(BENCH, trainFlags, argv), run, checkpoint, checkpointDir)
 }
 
@@ -389,11 +396,12 @@ const main = Effect.gen(function* () {
   const stored = yield* storedSizes(nats, run)
   const audit = yield* auditRun(system, EXECUTIONS)
   const trees = hosted.done ? yield* checkTrees(system, config) : undefined
+  const wallS = elapsed()
   const stats = [...trajectories.executions.values()].map((t) => ({ stats: executionStats(t.decoder.tree), bytes: t.decoder.tree.byteSize, outcome: t.outcome, rejected: t.rejected.length }))
   const longest = Math.max(0, ...stats.map((s) => s.stats.depth))
   const attention4k = yield* attentionRate(model, 4096)
   const attentionLong = yield* attentionRate({ ...model, max_position_embeddings: Math.max(model.max_position_embeddings, longest) }, Math.max(4096, Math.min(longest, ATTENTION_MAX)))
-  report({ setupS, runS, observed, gatewayPeak, devices, wire: tap.wire, stored, stats, audit, trees, problems, attention4k, attentionLong, malformed: trajectories.malformed.length })
+  report({ setupS, runS, wallS, observed, gatewayPeak, devices, wire: tap.wire, stored, stats, audit, trees, problems, attention4k, attentionLong, malformed: trajectories.malformed.length })
 })
 
 // ---- the report ----------------------------------------------------------------------------
@@ -401,11 +409,8 @@ const main = Effect.gen(function* () {
 interface Details {
   readonly refused?: number
   readonly first_refusal?: string
-  readonly prompt_tokens?: number
   readonly continued_prompt_tokens?: number
   readonly continued_cached_tokens?: number
-  readonly made?: number
-  readonly decisions?: number
 }
 
 /** The scorer's details inside an outcome's `detail` (`score x: {...}`), when they are whole. */
@@ -428,6 +433,8 @@ interface Attention {
 interface Figures {
   readonly setupS: number
   readonly runS: number
+  /** To the end of the replay check (the attention measurement after it is not the run's). */
+  readonly wallS: number
   readonly observed: Observed
   readonly gatewayPeak: number
   readonly devices: ReadonlyArray<DeviceProcess>
@@ -476,7 +483,7 @@ const summaryOf = (r: Figures) => {
       trainer: Math.round(Math.max(0, ...r.devices.map((d) => d.peak.train)) / MB)
     },
     refusals: sum(details.map((d) => d.refused ?? 0)),
-    wall_s: round(elapsed(), 1)
+    wall_s: round(r.wallS, 1)
   }
 }
 
@@ -486,7 +493,7 @@ const report = (r: Figures) => {
   const m = o.metrics
   const first = r.stats.map((s) => detailsOf(s.outcome?.detail).first_refusal).find((x) => x !== undefined)
   const row = (stage: string, seconds: number | undefined, status: string, figures: string) => console.log(`${stage.padEnd(8)} ${(seconds === undefined ? "-" : seconds.toFixed(1)).padStart(8)} s  ${status.padEnd(6)} ${figures}`)
-  console.log(`bench:xlong: ${EXECUTIONS} execution(s) of long/train-0 at scale ${f.scale} (${LONG.calls} main calls, window ${LONG.window}, tool outputs ~${LONG.toolTokens} tokens), ${DEVICES} device process(es), micro-batches of ${f["micro-batch-tokens"]} tokens`)
+  console.log(`bench:xlong: ${EXECUTIONS} execution(s) of long/train-0 at scale ${f.scale} (${LONG.calls} main calls, window ${LONG.window}, tool outputs ~${LONG.toolTokens} tokens), ${DEVICES} device process(es), micro-batches of ${f["micro-batch-tokens"]} tokens, KV pools of ${KV_BLOCKS} blocks`)
   console.log(`${"stage".padEnd(8)} ${"at".padStart(8)}    status figures`)
   row("setup", r.setupS, "ok", `checkpoint, embedded nats-server, ${DEVICES} device process(es) started`)
   const rolled = o.rolloutS !== undefined
@@ -506,7 +513,7 @@ const report = (r: Figures) => {
   }
   // What the devices logged as an error or warning (a stage that failed without stopping the run says why here).
   for (const [i, d] of r.devices.entries()) for (const p of d.problems) console.log(`device ${i}: ${p}`)
-  console.log(JSON.stringify(j))
+  printResult(BENCH, j)
 }
 
 await Effect.runPromise(

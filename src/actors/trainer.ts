@@ -21,12 +21,15 @@
  *
  * Flow (ARCHITECTURE.md, "Training"): the core (`StartStep`) reads each told execution's call
  * records back (`readExecution`), plans micro-batches as groups complete (`StepPlanner`) and
- * publishes them to the step's work queue. Every training device claims them one at a time,
+ * publishes them to the step's work queue (each batch an object of the run's micro-batch store, the
+ * message its reference). Every training device claims them one at a time, reads the batch,
  * brings its model to the micro-batch's version, computes that micro-batch's gradient alone
  * (zeroGrads, train, getGrads) with the run's loss (decoupled PPO whose proximal policy is the
  * step's weights) and its tokens' log-probs, and either stores both (`s<k>.a<n>.m<i>`) and
  * tells the core `GradientReady` (satellite) or hands them over in memory (core), then
- * acknowledges. The core sums gradients in
+ * acknowledges. A micro-batch that cannot be trained (its object unreadable, or the engine refusing
+ * it: `cannotTrain`) is acknowledged with `failed` and its reason instead, which the core records
+ * in the step's errors; any other failure hands the claim back. The core sums gradients in
  * index order, and once every planned execution is told and every gradient is in: AdamW (and
  * with PPO epochs the later passes, `src/training/update.ts`),
  * `v<k+1>` published, a checkpoint when due, the metrics journaled and `StepDone` told to the
@@ -38,18 +41,20 @@
 import { Effect, Semaphore, type Scope } from "effect"
 import type { RpcGroup } from "effect/rpc"
 import type { EngineShape, Model } from "../engine/engine.ts"
+import type { PackedBatch } from "../common/packed-batch.ts"
 import type { Trainer } from "../engine/trainer.ts"
-import { DeviceRefused, TrainingProtocol, type MicroBatchJson } from "../protocols/device.ts"
+import { DeviceRefused, TrainingProtocol, type MicroBatchRef } from "../protocols/device.ts"
 import type { RunConfig } from "../protocols/run.ts"
 import type * as Actor from "../runtime/actor.ts"
 import { formatAddress, parseAddress } from "../runtime/names.ts"
 import { refOf } from "../runtime/system.ts"
 import { transient } from "../common/retry.ts"
 import { makeClaims } from "../training/claims.ts"
-import { makeCore, type ModelWeights } from "../training/core-step.ts"
+import { makeCore, type Delivered, type ModelWeights } from "../training/core-step.ts"
 import { openGradientStore, type MicroBatchGradient } from "../training/gradients.ts"
 import { ensureMicroBatchStream, type Claim } from "../training/microbatch-queue.ts"
-import { microBatchStats } from "../training/step-metrics.ts"
+import { openMicroBatchStore } from "../training/microbatch-store.ts"
+import { microBatchStats, noStats } from "../training/step-metrics.ts"
 import { stepLoss } from "../training/step-planner.ts"
 import { fetchFlatWeights } from "../serving/rollout-role.ts"
 import type { TrainingRoleFactory } from "../serving/training-role.ts"
@@ -86,6 +91,7 @@ export const makeTrainingRole = (
     const scope = yield* Effect.scope
     const trainerLock = yield* Semaphore.make(1)
     const gradients = yield* openGradientStore(system, model.paramCount).pipe(Effect.retry(transient), Effect.orDie)
+    const batches = yield* openMicroBatchStore(system).pipe(Effect.retry(transient), Effect.orDie)
     yield* ensureMicroBatchStream(system).pipe(Effect.retry(transient), Effect.orDie)
 
     /** Brings the model to `version` (from the object store) unless it is there. */
@@ -95,32 +101,48 @@ export const makeTrainingRole = (
         : fetchFlatWeights(system, engine, model, version).pipe(Effect.flatMap((flat) => weights.swap(model.setWeights(flat), version)))
 
     /** The gradient of one micro-batch alone, on the model as it is. */
-    const compute = (mb: MicroBatchJson) =>
+    const compute = (ref: MicroBatchRef, batch: PackedBatch) =>
       trainerLock.withPermit(
         Effect.gen(function* () {
           yield* trainer.zeroGrads()
-          const result = yield* trainer.train(mb.batch, stepLoss(config, mb.step))
+          const result = yield* trainer.train(batch, stepLoss(config, ref.step))
           const gradient: MicroBatchGradient = { grads: yield* trainer.getGrads(), logprobs: result.tokenLogprobs }
-          return { gradient, stats: microBatchStats(result, mb.batch, mb.step, config.policyConfig.max_staleness, config.training.isCap) }
+          return { gradient, stats: microBatchStats(result, batch, ref.step, config.policyConfig.max_staleness, config.training.isCap) }
         })
       )
 
-    const core = yield* makeCore({ system, me, config, model, trainer, trainerLock, gradients, weights, ensureVersion, compute, ackWaitMs, scope })
+    const core = yield* makeCore({ system, me, config, model, trainer, trainerLock, gradients, batches, weights, ensureVersion, compute, ackWaitMs, scope })
 
-    /** Computes a claimed micro-batch and hands its gradient to the core of its attempt: in memory when that is this device, else stored and told. */
+    /** The claimed micro-batch's gradient, or why it cannot be trained (a failure of another kind hands the claim back). */
+    const train = (claim: Claim) =>
+      Effect.gen(function* () {
+        const ref = claim.microBatch
+        yield* options.onClaim?.({ step: ref.step, index: ref.index, deliveryCount: claim.deliveryCount }) ?? Effect.void
+        yield* ensureVersion(ref.version)
+        const { gradient, stats } = yield* compute(ref, yield* batches.get(ref))
+        return { delivered: gradient as Delivered, stats }
+      }).pipe(
+        Effect.catch((e) => {
+          const reason = cannotTrain(e, claim.deliveryCount)
+          if (reason === undefined) return Effect.fail(e)
+          const failed = { delivered: { failed: reason } as Delivered, stats: noStats }
+          return Effect.as(Effect.logError(`${me}: micro-batch ${claim.microBatch.step}.${claim.microBatch.index} cannot be trained: ${reason}`), failed)
+        })
+      )
+
+    /** Computes a claimed micro-batch and hands its gradient (or its failure) to the core of its attempt: in memory when that is this device, else stored and told. */
     const deliver = (claim: Claim) =>
       Effect.gen(function* () {
-        const mb = claim.microBatch
+        const ref = claim.microBatch
         yield* claim.hold(
           Effect.gen(function* () {
-            yield* options.onClaim?.({ step: mb.step, index: mb.index, deliveryCount: claim.deliveryCount }) ?? Effect.void
-            yield* ensureVersion(mb.version)
-            const { gradient, stats } = yield* compute(mb)
-            if (mb.core === me) return yield* core.gradientIn(mb, mb.index, me, stats, gradient)
-            yield* gradients.put(mb, mb.index, gradient)
-            const coreRef = refOf(TrainingProtocol, parseAddress(mb.core))
-            const ready = { step: mb.step, attempt: mb.attempt, index: mb.index, device: me, stats }
-            yield* system.tell(coreRef, "GradientReady", ready, { msgId: `grad-${mb.step}-${mb.attempt}-${mb.index}`, sender: me })
+            const { delivered, stats } = yield* train(claim)
+            if (ref.core === me) return yield* core.gradientIn(ref, ref.index, me, stats, delivered)
+            const failed = typeof delivered === "object" && "failed" in delivered ? delivered.failed : undefined
+            if (failed === undefined) yield* gradients.put(ref, ref.index, delivered as MicroBatchGradient)
+            const coreRef = refOf(TrainingProtocol, parseAddress(ref.core))
+            const ready = { step: ref.step, attempt: ref.attempt, index: ref.index, device: me, stats, ...(failed === undefined ? {} : { failed }) }
+            yield* system.tell(coreRef, "GradientReady", ready, { msgId: `grad-${ref.step}-${ref.attempt}-${ref.index}`, sender: me })
             return true
           })
         )
@@ -142,12 +164,29 @@ export const makeTrainingRole = (
           yield* claims.start({ step, attempt })
           return { joined: true }
         }),
-      GradientReady: ({ step, attempt, index, device, stats }) =>
-        core.gradientIn({ step, attempt }, index, device, stats, "stored").pipe(Effect.map((accepted) => ({ accepted })))
+      GradientReady: ({ step, attempt, index, device, stats, failed }) =>
+        core.gradientIn({ step, attempt }, index, device, stats, failed === undefined ? "stored" : { failed }).pipe(Effect.map((accepted) => ({ accepted })))
     }
 
     return { handlers, leave: claims.leave, step: claims.step }
   })
+
+/** Deliveries of a micro-batch that failed in the engine before it counts as one that cannot be trained. */
+export const ENGINE_FAILED_DELIVERIES = 3
+
+/**
+ * Why a claimed micro-batch cannot be trained, or undefined when the failure may pass (it is
+ * handed back): its object unreadable, the engine refusing its input (`GYRE_ERR_INVALID_ARGUMENT`,
+ * `GYRE_ERR_UNSUPPORTED`: the same batch fails on every device of the build), or another engine
+ * failure on its `ENGINE_FAILED_DELIVERIES`th delivery.
+ */
+export const cannotTrain = (e: unknown, deliveryCount: number): string | undefined => {
+  const tagged = e as { readonly _tag?: string; readonly code?: string; readonly message?: string; readonly reason?: string; readonly object?: string }
+  if (tagged._tag === "MicroBatchUnreadable") return `${tagged.object}: ${tagged.reason}`
+  if (tagged._tag !== "EngineError") return undefined
+  const refused = tagged.code === "GYRE_ERR_INVALID_ARGUMENT" || tagged.code === "GYRE_ERR_UNSUPPORTED"
+  return refused || deliveryCount >= ENGINE_FAILED_DELIVERIES ? `the engine failed (${tagged.code}): ${tagged.message}` : undefined
+}
 
 /**
  * The training role a device actor builds over its own model for the run `config`: a trainer for

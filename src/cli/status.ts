@@ -2,7 +2,8 @@
  * `gyre status RUN`: one run now, from its log and the server (`--store DIR`, NATS_URL, or the
  * run's own embedded store): devices with their activity and weights version, executions
  * dispatched / running / finished, steps done and the running step's micro-batches pending /
- * claimed / done, the actors' tell queues, the last train and held-out scores. `--json`: one
+ * claimed / done, the actors' tell queues, the last train and held-out scores, the training
+ * errors (executions a step could not train in full: the count and the last few). `--json`: one
  * JSON object (`RunStatus`, src/replay/status.ts). `--watch`: refreshes every `--interval`
  * seconds (in place on a terminal) until the run ends or Ctrl-C.
  */
@@ -30,6 +31,8 @@ export const statusLines = (s: RunStatus): Array<string> => {
     `steps       done ${s.steps.done}/${s.steps.planned}  ${s.steps.running === undefined ? "none running" : `step ${s.steps.running} training`}${mb === undefined ? "" : `  micro-batches pending ${mb.pending} claimed ${mb.claimed} done ${mb.done}`}`,
     `weights     version ${s.weightsPublished} published`,
     `scores      train ${score(s.lastTrainScore)}  held-out ${s.heldOut === undefined ? "-" : `${score(s.heldOut.meanScore)} (${s.heldOut.run}, ${s.heldOut.tasks} tasks)`}`,
+    `errors      ${s.trainingErrors.count} execution(s) not trained in full`,
+    ...s.trainingErrors.last.map((e) => `  step ${e.step} ${e.execution}: ${e.reason}`),
     "devices",
     ...s.devices.map((d) => `  cell ${String(d.cell).padEnd(3)} ${d.device.padEnd(26)} ${d.activity.padEnd(10)} v${d.version}  since ${d.sinceS.toFixed(1)} s`),
     "queues (tells waiting / being handled)",

@@ -7,6 +7,11 @@
  * then ByteLevel's regex) and each pre-token's ids are looked up in a cache; a miss runs the
  * merge-rank BPE (`bpe.ts`) over its UTF-8 bytes (as GPT-2's byte characters).
  *
+ * Sections (the text between added tokens) of at least `SECTION_CACHE_MIN` characters are
+ * remembered with their ids (up to `SECTION_CACHE_CHARS` characters in all, least recently
+ * used out first): a chat history is encoded again at every call, and its earlier messages
+ * are the same sections each time.
+ *
  * `byteLevelEncoder` answers undefined for what it does not cover, and the caller uses the
  * library: other normalizers or pre-tokenizers, byte fallback, dropout, word suffixes, an
  * unknown token outside the vocabulary with fuse_unk, tokenizer_config's remove_space or
@@ -56,7 +61,40 @@ interface ByteLevel {
 }
 
 const CACHE_LIMIT = 1 << 20
+const SECTION_CACHE_MIN = 256
+const SECTION_CACHE_CHARS = 32 << 20
 const utf8 = new TextEncoder()
+
+/** Encodes `text` whole, and in its sections (text between added tokens, each added token). */
+export interface ByteLevelEncoder {
+  readonly encode: (text: string) => Array<number>
+  readonly encodeParts: (text: string) => Iterable<ArrayLike<number>>
+}
+
+/** A bounded LRU of long sections' ids (see the module comment). */
+const sectionCache = () => {
+  const map = new Map<string, Array<number>>()
+  let chars = 0
+  return (section: string, encode: (s: string) => Array<number>): Array<number> => {
+    if (section.length < SECTION_CACHE_MIN) return encode(section)
+    let ids = map.get(section)
+    if (ids !== undefined) {
+      map.delete(section)
+      map.set(section, ids)
+      return ids
+    }
+    ids = encode(section)
+    if (section.length > SECTION_CACHE_CHARS / 4) return ids
+    map.set(section, ids)
+    chars += section.length
+    for (const key of map.keys()) {
+      if (chars <= SECTION_CACHE_CHARS) break
+      map.delete(key)
+      chars -= key.length
+    }
+    return ids
+  }
+}
 
 /**
  * The pre-tokenizer as Split and Digits steps (the library's objects, which split as it does)
@@ -123,7 +161,7 @@ export const byteLevelEncoder = (
   json: Readonly<Record<string, unknown>>,
   config: Readonly<Record<string, unknown>>,
   built: LibraryPreTokenizer | null
-): ((text: string) => Array<number>) | undefined => {
+): ByteLevelEncoder | undefined => {
   const model = json.model as BpeModelJson | undefined
   const normalizer = json.normalizer as StepJson | null | undefined
   const nfc = normalizer?.type === "NFC"
@@ -146,25 +184,32 @@ export const byteLevelEncoder = (
     for (const step of steps) pieces = pieces.flatMap((p) => step.pre_tokenize_text(p))
     for (const p of pieces) byteLevelPieces(p, out)
   }
-  return (text) => {
+  /** The ids of one section that is not an added token. */
+  const sectionIds = (section: string): Array<number> => {
     const out: Array<number> = []
-    for (const section of stripAround(raw(text), added)) {
-      if (section.length === 0) continue
-      const token = added.get(section)
-      if (token !== undefined) {
-        out.push(token.id)
-        continue
-      }
-      const norm = nfc ? section.normalize("NFC") : section
-      for (const sub of normalized === undefined ? [norm] : stripAround(normalized(norm), added)) {
-        if (sub.length === 0) continue
-        const inner = added.get(sub)
-        if (inner !== undefined) out.push(inner.id)
-        else preTokenized(sub, out)
-      }
+    const norm = nfc ? section.normalize("NFC") : section
+    for (const sub of normalized === undefined ? [norm] : stripAround(normalized(norm), added)) {
+      if (sub.length === 0) continue
+      const inner = added.get(sub)
+      if (inner !== undefined) out.push(inner.id)
+      else preTokenized(sub, out)
     }
     return out
   }
+  const cached = sectionCache()
+  function* encodeParts(text: string): Iterable<ArrayLike<number>> {
+    for (const section of stripAround(raw(text), added)) {
+      if (section.length === 0) continue
+      const token = added.get(section)
+      yield token !== undefined ? [token.id] : cached(section, sectionIds)
+    }
+  }
+  const encode = (text: string): Array<number> => {
+    const out: Array<number> = []
+    for (const part of encodeParts(text)) for (let i = 0; i < part.length; i++) out.push(part[i]!)
+    return out
+  }
+  return { encode, encodeParts }
 }
 
 /** The added tokens (by content), their splitters, and the cached ids of one pre-token. */

@@ -5,7 +5,8 @@
  * and special tokens). Encoding adds no special tokens (the chat template writes them as
  * text, and their strings encode to their ids). Byte-level BPE encodes through the fast path
  * of `bpe-bytelevel.ts` (the library's ids, without its per-call pipeline); anything else
- * through the library, its BPE memoised per pre-token. Decoding is the library's (no ids: "").
+ * through the library, its BPE memoised per pre-token (in one part: `encodeParts`). Decoding is
+ * the library's (no ids: "").
  *
  * Also the model's generation settings that concern tokens: the special tokens of
  * `tokenizer_config.json` (`bos_token`, `eos_token`, as strings or AddedToken objects) and
@@ -61,6 +62,23 @@ const memoiseBpe = (model: { constructor?: { name?: string }; encode?: (tokens: 
     })
 }
 
+/**
+ * An upper bound of the bytes of any token's text: a byte-level vocabulary spells each byte
+ * with one character (its keys' lengths), other vocabularies' keys are at least as long in
+ * UTF-8 as what they stand for ("▁" for a space, "<0x41>" for a byte); added tokens are their
+ * content.
+ */
+const maxTokenBytes = (keys: Iterable<unknown>, added: ReadonlyArray<string>, byteLevel: boolean): number => {
+  const utf8 = new TextEncoder()
+  let max = 1
+  for (const key of keys) {
+    const text = String(key) // the library's vocabulary may key a number-like token by a number
+    max = Math.max(max, byteLevel ? [...text].length : utf8.encode(text).length)
+  }
+  for (const content of added) max = Math.max(max, utf8.encode(content).length)
+  return max
+}
+
 /** A `Tokenizer` over a parsed tokenizer.json and tokenizer_config.json. */
 export const hfTokenizer = (tokenizerJson: object, tokenizerConfig: object): Tokenizer => {
   const tok = new HfTokenizer(tokenizerJson, tokenizerConfig)
@@ -68,11 +86,15 @@ export const hfTokenizer = (tokenizerJson: object, tokenizerConfig: object): Tok
   if (fast === undefined) memoiseBpe(tok.model as Parameters<typeof memoiseBpe>[0])
   const added = tok.get_added_tokens_decoder()
   const special = new Set([...added].filter(([, t]) => t.special).map(([id]) => id))
-  const vocabSize = Math.max(...tok.get_vocab(true).values()) + 1
+  const vocab = tok.get_vocab(true)
+  const vocabSize = Math.max(...vocab.values()) + 1
   const utf8 = new TextEncoder()
+  const encode = fast?.encode ?? ((text: string) => tok.encode(text, { add_special_tokens: false }).ids)
   return {
     vocabSize,
-    encode: fast ?? ((text) => tok.encode(text, { add_special_tokens: false }).ids),
+    encode,
+    encodeParts: fast?.encodeParts ?? ((text) => [encode(text)]),
+    maxTokenBytes: maxTokenBytes(vocab.keys(), [...added.values()].map((t) => t.content), fast !== undefined),
     decode: (ids, options) => (ids.length === 0 ? "" : tok.decode(Array.from(ids), { skip_special_tokens: options?.skipSpecial === true, clean_up_tokenization_spaces: false })),
     isSpecial: (id) => special.has(id),
     tokenBytes: (id) => (special.has(id) ? [] : Array.from(utf8.encode(tok.decode([id], { clean_up_tokenization_spaces: false }))))

@@ -72,6 +72,30 @@ export interface Tokenizer {
   readonly isSpecial: (id: number) => boolean
   /** The UTF-8 bytes one token stands for, for log-prob listings (empty for special tokens). */
   readonly tokenBytes: (id: number) => Array<number>
+  /**
+   * At least as many UTF-8 bytes as any token's text has (special tokens' included), so a text
+   * of b bytes has at least b / maxTokenBytes tokens: a bound known before encoding.
+   */
+  readonly maxTokenBytes: number
+  /**
+   * `encode(text)` in consecutive parts, whose ids concatenate to it: a caller can stop early
+   * or let other work run between parts. Parts are as the tokenizer splits text anyway (at
+   * added tokens; the byte tokenizer every 64 Ki characters).
+   */
+  readonly encodeParts: (text: string) => Iterable<ArrayLike<number>>
+}
+
+/** Characters per part of the byte tokenizer's `encodeParts`. */
+const BYTE_PART_CHARS = 1 << 16
+
+/** The byte tokenizer's parts: slices of the text (never inside a surrogate pair), as bytes. */
+function* byteParts(text: string): Iterable<Array<number>> {
+  for (let at = 0; at < text.length; ) {
+    let end = Math.min(text.length, at + BYTE_PART_CHARS)
+    if (end < text.length && /[\uD800-\uDBFF]/.test(text[end - 1]!)) end--
+    yield encode(text.slice(at, end))
+    at = end
+  }
 }
 
 const specialIds: ReadonlySet<number> = new Set(Array.from({ length: VOCAB_SIZE - BYTE_TOKENS }, (_, i) => BYTE_TOKENS + i))
@@ -82,5 +106,7 @@ export const byteTokenizer: Tokenizer = {
   encode,
   decode: (ids, options) => decode(Array.from(ids), options),
   isSpecial: (id) => specialIds.has(id),
-  tokenBytes: (id) => (id >= 0 && id < BYTE_TOKENS ? [id] : [])
+  tokenBytes: (id) => (id >= 0 && id < BYTE_TOKENS ? [id] : []),
+  maxTokenBytes: 1,
+  encodeParts: byteParts
 }

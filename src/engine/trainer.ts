@@ -1,6 +1,10 @@
 /**
- * A trainer handle: loss and gradients of packed micro-batches (`PackedBatch`), the gradient
- * buffer (export/import for reducing across trainers), AdamW and the optimizer state.
+ * A trainer handle: loss and gradients of packed batches (`PackedBatch`) of any length, the
+ * gradient buffer (export/import for reducing across trainers), AdamW and the optimizer state.
+ *
+ * A batch longer than the trainer's `maxTokens` trains in chunks of `maxTokens` rows, exactly
+ * (gyre.h, gyre_train_batch): the activations stay those of one chunk, and the batch costs
+ * `memory().kvBytesPerToken` per token (its K/V and their gradients) while it trains.
  */
 import { Effect } from "effect"
 import type { PackedBatch } from "../common/packed-batch.ts"
@@ -14,11 +18,14 @@ import { type NativeCalls, type NativeError, readStruct, structBuffer } from "./
  * currentVersion are dropped. pi_prox is the batch's `proximalLogprobs` (NaN: mu), or with
  * `proximal: "current"` the weights being trained (r = 1: one update per batch, whose
  * gradient is then w A grad log pi with w = min(pi / mu, isCap), without a scoring pass).
+ * pi is softmax(logits / temperature) (default 1): the distribution the run samples from, so
+ * that mu and pi are log-probs of the same distribution.
  */
 export type LossConfig =
   | { readonly kind: "sft" }
   | {
       readonly kind: "ppo"
+      readonly temperature?: number
       readonly clipLow: number
       readonly clipHigh: number
       readonly isCap: number
@@ -39,6 +46,16 @@ export interface TrainStats {
   readonly truncatedFraction: number
   readonly trainedTokens: number
   readonly staleTokens: number
+}
+
+/** What the trainer allocates (gyre_trainer_memory_info), in bytes. */
+export interface TrainerMemory {
+  /** Allocated at creation: activations of `maxTokens` rows, gradients, AdamW moments, a `maxTokens` batch's K/V. */
+  readonly fixedBytes: number
+  /** Per token of a batch longer than `maxTokens`, while it trains: its K/V and their gradients, all layers. */
+  readonly kvBytesPerToken: number
+  /** The K/V store the last `train` allocated beyond `fixedBytes` (0 when it fit `maxTokens`). */
+  readonly lastBatchBytes: number
 }
 
 export interface TrainResult {
@@ -63,7 +80,7 @@ export const adamwDefaults: Omit<AdamW, "lr"> = { beta1: 0.9, beta2: 0.999, eps:
 
 const cLoss = (loss: LossConfig) =>
   loss.kind === "sft"
-    ? { kind: 0, clip_eps_low: 0, clip_eps_high: 0, is_cap: 0, current_version: 0, max_staleness: -1, proximal_current: 0 }
+    ? { kind: 0, clip_eps_low: 0, clip_eps_high: 0, is_cap: 0, current_version: 0, max_staleness: -1, proximal_current: 0, temperature: 1 }
     : {
         kind: 1,
         clip_eps_low: loss.clipLow,
@@ -71,7 +88,8 @@ const cLoss = (loss: LossConfig) =>
         is_cap: loss.isCap,
         current_version: loss.currentVersion ?? 0,
         max_staleness: loss.maxStaleness ?? -1,
-        proximal_current: loss.proximal === "current" ? 1 : 0
+        proximal_current: loss.proximal === "current" ? 1 : 0,
+        temperature: loss.temperature ?? 1
       }
 
 export class Trainer {
@@ -85,8 +103,9 @@ export class Trainer {
   ) {}
 
   /**
-   * Loss over the batch; with backward (default) its gradient is ADDED to the gradient
-   * buffer (accumulation across micro-batches).
+   * Loss over the batch (any length: longer than `maxTokens`, it trains in chunks with the
+   * same result); with backward (default) its gradient is ADDED to the gradient buffer
+   * (accumulation across batches).
    */
   train(batch: PackedBatch, loss: LossConfig, options: { readonly backward?: boolean } = {}): Effect.Effect<TrainResult, NativeError> {
     const tokenLogprobs = new Float32Array(batch.length)
@@ -126,6 +145,14 @@ export class Trainer {
           }
         }))
       )
+  }
+
+  memory(): Effect.Effect<TrainerMemory, NativeError> {
+    const out = structBuffer("gyre_trainer_memory_info")
+    return this.lib.runSync("trainer_memory", [this.ptr, out]).pipe(
+      Effect.map(() => readStruct(out, "gyre_trainer_memory_info")),
+      Effect.map((m) => ({ fixedBytes: Number(m.fixed_bytes), kvBytesPerToken: Number(m.kv_bytes_per_token), lastBatchBytes: Number(m.last_batch_bytes) }))
+    )
   }
 
   zeroGrads(): Effect.Effect<void, NativeError> {

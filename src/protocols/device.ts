@@ -15,7 +15,6 @@
  */
 import { Schema } from "effect"
 import { Rpc, RpcGroup } from "effect/rpc"
-import { Float32ArrayFromBase64, Int32ArrayFromBase64 } from "../tree/wire.ts"
 import { ExecutionOutcome } from "../tree/outcome.ts"
 import { ExecutionId } from "./layout.ts"
 import { RolloutWorkerProtocol, WorkerLoad } from "./rollout.ts"
@@ -36,14 +35,17 @@ export const DeviceLoad = Schema.Struct({
 })
 export type DeviceLoad = typeof DeviceLoad.Type
 
-/** One context handed from a device leaving rollout to a destination. */
+/** One context handed from a device leaving rollout to a destination (no field grows with the context). */
 export const ContextHandoff = Schema.Struct({
   execution: ExecutionId,
   /** The request id the context is known by (the gateway's `base.request`). */
   request: ExecutionId,
-  /** Object `GYRE_<run>_kv/<object>`: the engine's GYKV buffer of `tokens[0, kvLength)`. */
+  /**
+   * Object `GYRE_<run>_kv/<object>`: the context's `length` tokens (int32, little-endian), then the
+   * engine's GYKV buffer of its first `kvLength`.
+   */
   object: Schema.String,
-  tokens: Int32ArrayFromBase64,
+  length: Count,
   kvLength: Count,
   /** A paused generation (true) or a context cached between calls (false). */
   inFlight: Schema.Boolean
@@ -124,9 +126,12 @@ export const TrainingProtocol = RpcGroup.make(
   Rpc.make("TrainExecution", { payload: StepExecutionRef, success: Schema.Struct({ queued: Schema.Boolean }) }),
   /** Any training device: claim micro-batches of `step` computed on `version` (idempotent). */
   Rpc.make("JoinStep", { payload: { step: Count, attempt: Count, version: Count, core: Schema.String }, success: Schema.Struct({ joined: Schema.Boolean }), error: DeviceRefused }),
-  /** Core only: a satellite stored the gradient of micro-batch `index`. */
+  /**
+   * Core only: a satellite stored the gradient of micro-batch `index`; or, with `failed`, the
+   * micro-batch cannot be trained (the reason; nothing stored, `stats` all 0).
+   */
   Rpc.make("GradientReady", {
-    payload: { step: Count, attempt: Count, index: Count, device: Schema.String, stats: TrainStatsJson },
+    payload: { step: Count, attempt: Count, index: Count, device: Schema.String, stats: TrainStatsJson, failed: Schema.optional(Schema.String) },
     success: Schema.Struct({ accepted: Schema.Boolean })
   })
 )
@@ -150,8 +155,13 @@ export const DeviceProtocol = RolloutWorkerProtocol.add(
   })
 ).merge(TrainingProtocol)
 
-/** One micro-batch on the step's work queue (`gyre.<run>.mb.<step>`, message id `mb-<step>-<attempt>-<index>`). */
-export const MicroBatchJson = Schema.Struct({
+/**
+ * One micro-batch on the step's work queue (`gyre.<run>.mb.<step>`, message id
+ * `mb-<step>-<attempt>-<index>`): its reference. The batch itself is object
+ * `microBatchObject(step, attempt, index)` of `GYRE_<run>_batches` (`src/training/microbatch-store.ts`),
+ * so the message stays small whatever the micro-batch's length.
+ */
+export const MicroBatchRef = Schema.Struct({
   step: Count,
   /** The step's attempt (`StepPlan.attempt`) and its core (`device/<id>`), which gets the gradient. */
   attempt: Count,
@@ -162,19 +172,15 @@ export const MicroBatchJson = Schema.Struct({
   executions: Schema.Array(ExecutionId),
   /** Sum of the scheduler's `tokens` of executions whose last micro-batch this is. */
   completesTokens: Count,
-  batch: Schema.Struct({
-    length: Count,
-    tokens: Int32ArrayFromBase64,
-    parents: Int32ArrayFromBase64,
-    positions: Int32ArrayFromBase64,
-    weights: Float32ArrayFromBase64,
-    advantages: Float32ArrayFromBase64,
-    behaviourLogprobs: Float32ArrayFromBase64,
-    proximalLogprobs: Float32ArrayFromBase64,
-    versions: Int32ArrayFromBase64
-  })
+  /** The batch's length in tokens. */
+  tokens: Count,
+  /** `packedBatchDigest` of the batch (sha256, hex): also the digest of its object's bytes. */
+  digest: Schema.String
 })
-export type MicroBatchJson = typeof MicroBatchJson.Type
+export type MicroBatchRef = typeof MicroBatchRef.Type
+
+/** Object name of micro-batch `index` of attempt `attempt` at step `step` in `GYRE_<run>_batches`. */
+export const microBatchObject = (step: number, attempt: number, index: number) => `s${step}.a${attempt}.m${index}`
 
 /** Object name of micro-batch `index`'s gradient of attempt `attempt` at step `step` in `GYRE_<run>_grads`. */
 export const gradientObject = (step: number, attempt: number, index: number) => `s${step}.a${attempt}.m${index}`

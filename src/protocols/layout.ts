@@ -6,8 +6,9 @@
  * | `GYRE_R_TRAJECTORIES` | stream, limits retention | `gyre.R.calls.<execution>`: one delta-encoded `CallRecord` per model call (JSON, `src/tree/record.ts`); `gyre.R.outcomes.<execution>`: the `ExecutionOutcome` (JSON, `src/tree/outcome.ts`) |
  * | `GYRE_R_weights` | object store | one object per policy version, `v<version>`: a `model.safetensors` (F32, Hugging Face names) |
  * | `gyre.R.tokens.<request>` | core NATS subject | streamed chunks of one generation (`TokenChunk`), for `stream: true` |
- * | `GYRE_R_MICROBATCHES` | stream, work-queue retention | `gyre.R.mb.<step>`: the step's micro-batches (`MicroBatchJson`, src/protocols/device.ts), one shared durable consumer `mb-<step>` per step |
- * | `GYRE_R_grads` | object store | `s<step>.m<index>`: one micro-batch's gradient (flat F32, little-endian) |
+ * | `GYRE_R_MICROBATCHES` | stream, work-queue retention | `gyre.R.mb.<step>`: the step's micro-batches by reference (`MicroBatchRef`, src/protocols/device.ts), one shared durable consumer `mb-<step>` per step |
+ * | `GYRE_R_batches` | object store | `s<step>.a<attempt>.m<index>`: one micro-batch's packed arrays (src/training/microbatch-store.ts) |
+ * | `GYRE_R_grads` | object store | `s<step>.a<attempt>.m<index>`: one micro-batch's gradient and token log-probs (flat F32, little-endian) |
  * | `GYRE_R_kv` | object store | `h.<id>`: a KV hand-off buffer (GYKV) of a context moving between devices |
  * | checkpoints | directory, not NATS | `<checkpointDir>/step-<k>`: HF checkpoint + optimizer.safetensors + run-state.json |
  *
@@ -46,6 +47,7 @@ export const rlLayout = (run: string) => {
     microBatches: (step: number) => `${base}.mb.${step}`,
     microBatchConsumer: (step: number) => `mb-${step}`,
     allMicroBatches: `${base}.mb.>`,
+    batchesBucket: `GYRE_${run}_batches`,
     gradsBucket: `GYRE_${run}_grads`,
     kvBucket: `GYRE_${run}_kv`
   }

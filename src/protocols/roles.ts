@@ -50,7 +50,7 @@ const objStream = (run: string, name: string) => (run === "*" ? "*" : `OBJ_GYRE_
 const STREAMS = ["JOURNAL", "DEAD", "TRAJECTORIES", "MICROBATCHES"]
 const streamsOf = (run: string) => (run === "*" ? ["*"] : STREAMS.map((n) => `GYRE_${run}_${n}`))
 const storedOf = (run: string) =>
-  run === "*" ? ["*"] : [...streamsOf(run), ...["registry", "state"].map((n) => kvStream(run, n)), ...["weights", "grads", "kv"].map((n) => objStream(run, n))]
+  run === "*" ? ["*"] : [...streamsOf(run), ...["registry", "state"].map((n) => kvStream(run, n)), ...["weights", "batches", "grads", "kv"].map((n) => objStream(run, n))]
 
 /** Reading what is stored: every role, the observer included. */
 const reader = (run: string): Grant => ({
@@ -101,13 +101,14 @@ const extra = (run: string, role: Role): Grant => {
   const objects = (names: ReadonlyArray<string>) => names.flatMap((n) => [`$JS.API.STREAM.CREATE.${objStream(run, n)}`, `$JS.API.STREAM.PURGE.${objStream(run, n)}`, `$O.${bucket(run, n)}.>`])
   switch (role) {
     case "gateway":
-      return { pub: [`${base}.calls.>`], sub: [`${base}.tokens.>`] }
+      // The transfer store: prompts too long for one message go to the workers as objects.
+      return { pub: [`${base}.calls.>`, ...objects(["kv"])], sub: [`${base}.tokens.>`] }
     case "harness-runner":
       return { pub: [`${base}.outcomes.>`], sub: [] }
     case "rollout-worker":
       return { pub: [`${base}.tokens.>`, ...objects(["kv"])], sub: [] }
     case "trainer":
-      return { pub: [`${base}.mb.>`, ...objects(["weights", "grads", "kv"])], sub: [] }
+      return { pub: [`${base}.mb.>`, ...objects(["weights", "batches", "grads", "kv"])], sub: [] }
     case "scheduler":
     case "observer":
     case "actor-host":

@@ -13,6 +13,7 @@ import { Schema } from "effect"
 import { mulberry32 } from "../tree/sample.ts"
 import { AdvantageEstimator, Credit } from "../tree/advantage.ts"
 import { PolicyConfig } from "../policy/vocabulary.ts"
+import type { Sampling } from "../tree/record.ts"
 
 const Positive = Schema.Int.check(Schema.isGreaterThanOrEqualTo(1))
 const NonNegative = Schema.Number.check(Schema.isGreaterThanOrEqualTo(0))
@@ -60,6 +61,20 @@ export const stepLearningRate = (t: TrainingSettings, step: number): number => {
   return warmup <= 0 ? t.lr : t.lr * Math.min(1, (step + 1) / warmup)
 }
 
+/**
+ * How a training run's rollouts sample, whatever the harness asks for: softmax(logits /
+ * temperature) over the whole vocabulary (top-p 1). The trainer's loss takes the policy's
+ * log-probs at the same temperature, so behaviour and policy are one distribution. Greedy
+ * (0) and top-p truncation are not offered: the loss has no log-probs of either.
+ */
+export const RunSampling = Schema.Struct({
+  temperature: Schema.Finite.check(Schema.isGreaterThan(0))
+})
+export type RunSampling = typeof RunSampling.Type
+
+/** The sampling every rollout of the run uses (absent in the configuration: temperature 1). */
+export const runSampling = (config: { readonly sampling?: RunSampling | undefined }): Sampling => ({ temperature: config.sampling?.temperature ?? 1, topP: 1 })
+
 export const RunConfig = Schema.Struct({
   run: Schema.String,
   /** `src/policy` name: elastic, elastic-published, async, colocate. */
@@ -74,6 +89,8 @@ export const RunConfig = Schema.Struct({
   env: Schema.Record(Schema.String, Schema.String),
   seed: Schema.Int,
   training: TrainingSettings,
+  /** The rollouts' sampling (absent: runs journaled before it, temperature 1). */
+  sampling: Schema.optional(RunSampling),
   /** Directory of the initial weights (config.json + model.safetensors), policy version 0. */
   checkpoint: Schema.String,
   /** How the devices' KV caches store K and V (absent: f32; f16 halves the memory and the hand-off bytes). */

@@ -36,6 +36,10 @@ export const TreeFigures = Schema.Struct({
 })
 export type TreeFigures = typeof TreeFigures.Type
 
+/** An execution of a step that could not be trained in full, with the first reason (src/training/step-metrics.ts). */
+export const StepError = Schema.Struct({ execution: ExecutionId, reason: Schema.String })
+export type StepError = typeof StepError.Type
+
 /** What a step journals for the people watching the run (`gyre.<run>.sys.step`). */
 export const StepMetrics = Schema.Struct({
   step: Count,
@@ -68,8 +72,12 @@ export const StepMetrics = Schema.Struct({
   publishMs: Schema.Number,
   /** Each told execution's tree as the core rebuilt it (`gyre replay --trees` checks them). */
   trees: Schema.optional(Schema.Array(TreeFigures)),
-  /** `packedBatchDigest` of each planned micro-batch, by index. */
+  /** `packedBatchDigest` of each planned micro-batch, by index (the first `BATCH_DIGEST_LIMIT`, src/training/step-metrics.ts). */
   batchDigests: Schema.optional(Schema.Array(Schema.String)),
+  /** sha256 (hex) of every planned micro-batch's digest, in index order (`allBatchesDigest`). */
+  allBatchesDigest: Schema.optional(Schema.String),
+  /** Executions the step could not train in full (a record rejected, a micro-batch that failed), each once. */
+  errors: Schema.optional(Schema.Array(StepError)),
   /**
    * The plan the core trained the step on (its last attempt's): what `gyre replay --trees`
    * re-plans with. Journaled here, durably, because the `StartStep` ask's journal copy is at

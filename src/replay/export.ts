@@ -14,16 +14,22 @@
  * | `manifest.json` | `format`, `run`, the counts of each file |
  *
  * Calls are read back from the trajectory stream through the trainer's own `DeltaDecoder`
- * (`readTrajectories`), so the tokens are exactly the ones the trainer rebuilt.
+ * (`readExecution`, one execution at a time), so the tokens are exactly the ones the trainer
+ * rebuilt. The export writes as it reads: memory holds one execution's tree and one call's
+ * line in slices, never a file or the run.
  */
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { Effect, Schema, Stream } from "effect"
-import { readTrajectories, type ExecutionTrajectory } from "../protocols/trajectories.ts"
-import { messageOf, type TransportError } from "../runtime/errors.ts"
+import { rlLayout } from "../protocols/layout.ts"
+import { readExecution, type ExecutionTrajectory } from "../protocols/trajectories.ts"
+import { TransportError, messageOf } from "../runtime/errors.ts"
 import type { JournalSource } from "../runtime/journal.ts"
+import { readLast } from "../runtime/stream-reader.ts"
+import { ExecutionOutcome } from "../tree/outcome.ts"
+import { LineWriter } from "./lines.ts"
 import { readEntries } from "./read.ts"
-import { stepLogs } from "./trees.ts"
+import { StepCollector, type StepLog } from "./trees.ts"
 
 export const EXPORT_FORMAT = 1
 
@@ -45,28 +51,31 @@ export interface ExportedCall {
   readonly finishedAt: number
 }
 
-/** The calls of one rebuilt execution, in the order the tree holds them. */
-export const exportedCalls = (t: ExecutionTrajectory): Array<ExportedCall> => {
+/** Writes call `i` of a rebuilt execution as one line of `calls.jsonl`, its arrays in slices. */
+const writeCall = (out: LineWriter, t: ExecutionTrajectory, i: number): void => {
   const tree = t.decoder.tree
-  return Array.from({ length: tree.callCount }, (_, i) => {
-    const call = tree.call(i)
-    const end = tree.locate(i, call.length - 1)
-    const sequence = tree.callSequence(i)
-    const info = t.decoder.callInfo(call.id)
-    return {
-      execution: t.execution,
-      task: t.task,
-      callId: call.id,
-      role: call.role,
-      prompt: Array.from(sequence.subarray(0, call.promptLength)),
-      output: Array.from(sequence.subarray(call.promptLength)),
-      logprobs: Array.from(tree.pathLogprobs(end).subarray(call.promptLength)),
-      versions: Array.from(tree.pathVersions(end).subarray(call.promptLength)),
-      finishReason: info?.finishReason ?? "",
-      startedAt: info?.startedAt ?? 0,
-      finishedAt: info?.finishedAt ?? 0
-    }
-  })
+  const call = tree.call(i)
+  const end = tree.locate(i, call.length - 1)
+  const sequence = tree.callSequence(i)
+  const info = t.decoder.callInfo(call.id)
+  const text = (key: string, value: unknown, first = false) => out.write(`${first ? "{" : ","}${JSON.stringify(key)}:${JSON.stringify(value)}`)
+  const array = (key: string, values: ArrayLike<number>) => {
+    out.write(`,${JSON.stringify(key)}:`)
+    out.numbers(values)
+  }
+  text("execution", t.execution, true)
+  text("task", t.task)
+  text("callId", call.id)
+  text("role", call.role)
+  array("prompt", sequence.subarray(0, call.promptLength))
+  array("output", sequence.subarray(call.promptLength))
+  array("logprobs", tree.pathLogprobs(end).subarray(call.promptLength))
+  array("versions", tree.pathVersions(end).subarray(call.promptLength))
+  text("finishReason", info?.finishReason ?? "")
+  text("startedAt", info?.startedAt ?? 0)
+  text("finishedAt", info?.finishedAt ?? 0)
+  out.write("}")
+  out.end()
 }
 
 export interface ExportCounts {
@@ -80,53 +89,82 @@ export interface ExportCounts {
   readonly malformed: number
 }
 
-const lines = (values: Iterable<unknown>) => {
-  let text = ""
-  for (const v of values) text += `${JSON.stringify(v)}\n`
-  return text
-}
+const decodeOutcome = Schema.decodeUnknownExit(Schema.fromJsonString(ExecutionOutcome))
 
-/** Writes the run to `dir` (created; files there are replaced). */
+/** The executions with call records or an outcome on the trajectory stream, in execution order. */
+const executionsOf = (log: JournalSource) =>
+  Effect.tryPromise({
+    try: async () => {
+      const names = rlLayout(log.run)
+      const found = new Set<string>()
+      for (const prefix of [names.calls(""), names.outcomes("")]) {
+        const info = await log.nats.jsm.streams.info(names.trajectoryStream, { subjects_filter: `${prefix}>` }).catch((e) => {
+          if (/not found/i.test(messageOf(e))) return undefined
+          throw e
+        })
+        for (const subject of Object.keys(info?.state.subjects ?? {})) found.add(subject.slice(prefix.length))
+      }
+      return [...found].sort((a, b) => a.localeCompare(b, "en", { numeric: true }))
+    },
+    catch: (e) => new TransportError({ operation: `list the executions of ${log.run}`, message: messageOf(e) })
+  })
+
+/** Exports one execution: its calls (rebuilt from its records) and its last outcome; returns the messages that did not decode. */
+const exportExecution = (log: JournalSource, execution: string, calls: LineWriter, outcomes: LineWriter) =>
+  Effect.gen(function* () {
+    const { trajectory, malformed } = yield* readExecution(log, execution)
+    const last = yield* readLast(log.nats, rlLayout(log.run).trajectoryStream, rlLayout(log.run).outcomes(execution))
+    const outcome = last === undefined ? undefined : decodeOutcome(last.string())
+    if (outcome?._tag === "Success" && trajectory.task === "") trajectory.task = outcome.value.task
+    for (let i = 0; i < trajectory.decoder.tree.callCount; i++) writeCall(calls, trajectory, i)
+    if (outcome?._tag === "Success") outcomes.json(outcome.value)
+    return malformed.length + (outcome?._tag === "Failure" ? 1 : 0)
+  })
+
+const FILES = ["events", "actions", "calls", "outcomes", "steps", "plans"] as const
+
+/**
+ * Writes the run to `dir` (created; files there are replaced) as it reads it: the journal once
+ * (events, actions, steps; each step's plan line when its metrics come, `StepCollector`), then
+ * each execution's records and outcome, one execution at a time.
+ */
 export const exportRun = (log: JournalSource, dir: string): Effect.Effect<ExportCounts, TransportError | ExportFailed> =>
   Effect.gen(function* () {
-    const events: Array<unknown> = []
-    const actions: Array<unknown> = []
-    const steps: Array<unknown> = []
-    let config: unknown
-    yield* readEntries(log).pipe(
-      Stream.runForEach((e) =>
-        Effect.sync(() => {
-          if (e.via === "event" && e.name === "run-config" && config === undefined) config = e.payload
-          if (e.metrics !== undefined) steps.push(e.payload)
-          if (e.record === undefined) return
-          const { actions: acts, ...record } = e.payload as { actions: ReadonlyArray<unknown> }
-          events.push({ seq: e.seq, time: e.time.toISOString(), ...record })
-          for (const action of acts) actions.push({ seq: e.seq, index: e.record.index, action })
-        })
-      )
-    )
-    const plans = [...(yield* stepLogs(log)).entries()]
-      .sort((a, b) => a[0] - b[0])
-      .flatMap(([step, s]) => (s.plan === undefined ? [] : [{ step, plan: s.plan, told: s.told }]))
-    const trajectories = yield* readTrajectories(log)
-    const executions = [...trajectories.executions.values()].sort((a, b) => a.execution.localeCompare(b.execution, "en", { numeric: true }))
-    const calls = executions.flatMap(exportedCalls)
-    const outcomes = executions.flatMap((t) => (t.outcome === undefined ? [] : [t.outcome]))
-    const counts = { events: events.length, actions: actions.length, calls: calls.length, outcomes: outcomes.length, steps: steps.length, plans: plans.length, malformed: trajectories.malformed.length }
-    yield* Effect.try({
+    const files = yield* Effect.try({
       try: () => {
         fs.mkdirSync(dir, { recursive: true })
-        const write = (name: string, text: string) => fs.writeFileSync(path.join(dir, name), text)
-        write("config.json", `${JSON.stringify(config ?? null, null, 2)}\n`)
-        write("events.jsonl", lines(events))
-        write("actions.jsonl", lines(actions))
-        write("calls.jsonl", lines(calls))
-        write("outcomes.jsonl", lines(outcomes))
-        write("steps.jsonl", lines(steps))
-        write("plans.jsonl", lines(plans))
-        write("manifest.json", `${JSON.stringify({ format: EXPORT_FORMAT, run: log.run, ...counts }, null, 2)}\n`)
+        return Object.fromEntries(FILES.map((f) => [f, new LineWriter(path.join(dir, `${f}.jsonl`))])) as Record<(typeof FILES)[number], LineWriter>
       },
       catch: (e) => new ExportFailed({ dir, message: messageOf(e) })
+    })
+    const write = (f: () => void) => Effect.try({ try: f, catch: (e) => new ExportFailed({ dir, message: messageOf(e) }) })
+    const planLine = (s: StepLog) => (s.plan === undefined ? undefined : files.plans.json({ step: s.step, plan: s.plan, told: s.told }))
+    let config: unknown
+    let malformed = 0
+    const steps = new StepCollector()
+    const body = Effect.gen(function* () {
+      yield* readEntries(log).pipe(
+        Stream.runForEach((e) =>
+          write(() => {
+            if (e.via === "event" && e.name === "run-config" && config === undefined) config = e.payload
+            if (e.metrics !== undefined) files.steps.json(e.payload)
+            const done = steps.add(e)
+            if (done !== undefined) planLine(done)
+            if (e.record === undefined) return
+            const { actions: acts, ...record } = e.payload as { actions: ReadonlyArray<unknown> }
+            files.events.json({ seq: e.seq, time: e.time.toISOString(), ...record })
+            for (const action of acts) files.actions.json({ seq: e.seq, index: e.record.index, action })
+          })
+        )
+      )
+      yield* write(() => steps.rest().forEach(planLine))
+      for (const execution of yield* executionsOf(log)) malformed += yield* exportExecution(log, execution, files.calls, files.outcomes)
+    })
+    yield* body.pipe(Effect.ensuring(Effect.sync(() => FILES.forEach((f) => files[f].close()))))
+    const counts = { ...Object.fromEntries(FILES.map((f) => [f, files[f].lines])), malformed } as unknown as ExportCounts
+    yield* write(() => {
+      fs.writeFileSync(path.join(dir, "config.json"), `${JSON.stringify(config ?? null, null, 2)}\n`)
+      fs.writeFileSync(path.join(dir, "manifest.json"), `${JSON.stringify({ format: EXPORT_FORMAT, run: log.run, ...counts }, null, 2)}\n`)
     })
     return counts
   })

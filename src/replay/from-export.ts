@@ -8,6 +8,9 @@
  * index order (`InOrderSum`), and the update applied (`stepUpdate`), exactly as the core does.
  * The result is saved as a checkpoint and compared, byte for byte, with the live run's
  * checkpoint of that version when one exists.
+ *
+ * The export is read streaming (`forEachLine`): only the step's plan line and the calls of the
+ * executions it told are kept, as their trees; micro-batches are built one at a time.
  */
 import * as fs from "node:fs"
 import * as path from "node:path"
@@ -19,30 +22,38 @@ import { RunConfig } from "../protocols/run.ts"
 import { checkpointPath, restoreTrainingCheckpoint } from "../training/checkpoints.ts"
 import { InOrderSum } from "../training/gradients.ts"
 import { StepPlanner, stepLoss, type PlannedMicroBatch } from "../training/step-planner.ts"
-import { stepUpdate } from "../training/update.ts"
+import { ppoEpochs, stepUpdate } from "../training/update.ts"
 import { DeltaDecoder } from "../tree/decoder.ts"
 import { DeltaEncoder } from "../tree/encoder.ts"
 import { plainCall } from "../tree/record.ts"
 import type { Role } from "../tree/role.ts"
 import type { TrajectoryTree } from "../tree/tree.ts"
 import type { ExportedCall } from "./export.ts"
+import { forEachLine } from "./lines.ts"
 
 /** The export cannot be trained from: a missing file, a bad line, a step it does not hold. */
 export class BadExport extends Schema.TaggedError<BadExport>()("BadExport", { dir: Schema.String, message: Schema.String }) {}
 
 const StepLine = Schema.Struct({ step: Schema.Number, plan: StepPlan, told: Schema.Array(StepExecutionRef) })
+const decodeStepLine = Schema.decodeUnknownSync(StepLine)
 
-const readLines = (dir: string, name: string): Array<unknown> => {
+const fileOf = (dir: string, name: string): string => {
   const file = path.join(dir, name)
   if (!fs.existsSync(file)) throw new Error(`no ${name} in ${dir} (export it with gyre replay RUN --export DIR)`)
-  return fs.readFileSync(file, "utf8").split("\n").filter((l) => l.trim() !== "").map((l, i) => {
-    try {
-      return JSON.parse(l) as unknown
-    } catch {
-      throw new Error(`${name} line ${i + 1} is not JSON`)
-    }
-  })
+  return file
 }
+
+/** Each line of `name` parsed as JSON, streamed (`forEachLine`). */
+const forEachJson = (dir: string, name: string, f: (value: unknown) => void): void =>
+  forEachLine(fileOf(dir, name), (line, n) => {
+    let value: unknown
+    try {
+      value = JSON.parse(line)
+    } catch {
+      throw new Error(`${name} line ${n} is not JSON`)
+    }
+    f(value)
+  })
 
 export interface ExportedStep {
   readonly config: RunConfig
@@ -51,10 +62,15 @@ export interface ExportedStep {
   readonly trees: ReadonlyMap<string, TrajectoryTree>
 }
 
-/** The trees of the exported calls, one per execution (calls in export order). */
-export const exportedTrees = (calls: ReadonlyArray<ExportedCall>): Map<string, TrajectoryTree> => {
+/**
+ * The trees of the exported calls of `executions` (calls in export order), read from
+ * `calls.jsonl` one line at a time: the calls of other executions are skipped as they are read.
+ */
+export const exportedTrees = (dir: string, executions: ReadonlySet<string>): Map<string, TrajectoryTree> => {
   const coders = new Map<string, { readonly encoder: DeltaEncoder; readonly decoder: DeltaDecoder }>()
-  for (const c of calls) {
+  forEachJson(dir, "calls.jsonl", (value) => {
+    const c = value as ExportedCall
+    if (!executions.has(c.execution)) return
     let coder = coders.get(c.execution)
     if (coder === undefined) coders.set(c.execution, (coder = { encoder: new DeltaEncoder({ run: "export", task: c.task, execution: c.execution }), decoder: new DeltaDecoder(c.execution) }))
     const call = plainCall(c.callId, c.role as Role, c.prompt, c.output, {
@@ -66,23 +82,27 @@ export const exportedTrees = (calls: ReadonlyArray<ExportedCall>): Map<string, T
     })
     const report = coder.decoder.add(coder.encoder.encode(call))
     if (report.rejected.length > 0) throw new Error(`call ${c.callId} of ${c.execution}: ${report.rejected[0]!.detail}`)
-  }
+  })
   return new Map([...coders].map(([e, c]) => [e, c.decoder.tree]))
 }
 
-/** Reads step `step` of the export in `dir`. */
+/** Reads step `step` of the export in `dir`: its plan line, and the trees of the executions it told only. */
 export const readExportedStep = (dir: string, step: number): Effect.Effect<ExportedStep, BadExport> =>
   Effect.try({
     try: () => {
-      const config = Schema.decodeUnknownSync(Schema.toCodecJson(RunConfig))(JSON.parse(fs.readFileSync(path.join(dir, "config.json"), "utf8")))
-      const line = readLines(dir, "plans.jsonl").map((l) => Schema.decodeUnknownSync(StepLine)(l)).find((l) => l.step === step)
+      const config = Schema.decodeUnknownSync(Schema.toCodecJson(RunConfig))(JSON.parse(fs.readFileSync(fileOf(dir, "config.json"), "utf8")))
+      let line: typeof StepLine.Type | undefined
+      forEachJson(dir, "plans.jsonl", (value) => {
+        const l = decodeStepLine(value)
+        if (l.step === step) line ??= l
+      })
       if (line === undefined) throw new Error(`the export holds no plan of step ${step}`)
-      return { config, plan: line.plan, told: line.told, trees: exportedTrees(readLines(dir, "calls.jsonl") as Array<ExportedCall>) }
+      return { config, plan: line.plan, told: line.told, trees: exportedTrees(dir, new Set(line.told.map((r) => r.execution))) }
     },
     catch: (e) => new BadExport({ dir, message: e instanceof Error ? e.message : String(e) })
   })
 
-/** The step's micro-batches, as the core planned them. */
+/** The step's micro-batches, as the core planned them (each built when asked). */
 export const plannedMicroBatches = (s: ExportedStep): Array<PlannedMicroBatch> => {
   const planner = new StepPlanner(s.plan, s.config.training, s.config.seed)
   const out: Array<PlannedMicroBatch> = []
@@ -114,20 +134,24 @@ export const trainFromExport = (dir: string, step: number, out: string) =>
     const { model } = yield* loadCheckpoint(from)
     const trainer = yield* model.trainer({ maxTokens: s.config.training.microBatchTokens })
     if (step > 0) yield* restoreTrainingCheckpoint(from, model, trainer)
-    const sum = new InOrderSum(model.paramCount)
+    const sum = new InOrderSum(model.paramCount, ppoEpochs(s.config) > 1)
+    const batchDigests: Array<string> = []
     for (const mb of batches) {
+      const batch = mb.build()
+      batchDigests.push(packedBatchDigest(batch))
       yield* trainer.zeroGrads()
-      const { tokenLogprobs } = yield* trainer.train(mb.batch, stepLoss(s.config, step))
+      const { tokenLogprobs } = yield* trainer.train(batch, stepLoss(s.config, step))
       const grads = yield* trainer.getGrads()
       sum.offer(mb.index, { grads, logprobs: tokenLogprobs })
       yield* sum.drain(() => Effect.die(new Error("no stored gradients offline")))
     }
-    const gradNorm = batches.length > 0 ? (yield* stepUpdate(trainer, s.config, step, batches.map((b) => b.batch), sum)).gradNorm : 0
+    const load = (i: number) => Effect.sync(() => batches[i]!.build())
+    const gradNorm = batches.length > 0 ? (yield* stepUpdate(trainer, s.config, step, { count: batches.length, load }, sum)).gradNorm : 0
     yield* saveCheckpoint(out, model, trainer)
     const liveDir = checkpointPath(s.config.checkpointDir, step + 1)
     const liveModel = path.join(liveDir, MODEL_FILE)
     const live = fs.existsSync(liveModel)
       ? { dir: liveDir, identical: Buffer.compare(fs.readFileSync(liveModel), fs.readFileSync(path.join(out, MODEL_FILE))) === 0 }
       : undefined
-    return { step, microBatches: batches.length, batchDigests: batches.map((b) => packedBatchDigest(b.batch)), gradNorm, out, live } satisfies ExportTraining
+    return { step, microBatches: batches.length, batchDigests, gradNorm, out, live } satisfies ExportTraining
   })

@@ -15,7 +15,7 @@ import { readConfig } from "../engine/checkpoint.ts"
 import { kvBytesPerToken } from "../engine/config.ts"
 import type { TransportError } from "../runtime/errors.ts"
 import type { JournalSource } from "../runtime/journal.ts"
-import { evaluationScore, readRunLog, viewOf, type Activity, type HeldOutScore, type Segment } from "./status.ts"
+import { evaluationScore, readRunLog, trainingErrors, viewOf, type Activity, type HeldOutScore, type Segment, type TrainingError } from "./status.ts"
 
 export interface ReportStep {
   readonly step: number
@@ -41,6 +41,8 @@ export interface RunReport {
   readonly makespanS: number
   readonly timeline: ReadonlyArray<{ readonly cell: number; readonly device: string; readonly segments: ReadonlyArray<Segment> }>
   readonly steps: ReadonlyArray<ReportStep>
+  /** Executions the steps could not train in full, with the reason. */
+  readonly trainingErrors: ReadonlyArray<TrainingError>
   readonly heldOut: { readonly before: HeldOutScore | undefined; readonly after: HeldOutScore | undefined }
   /** Trained tokens by staleness (index = versions behind), summed over steps. */
   readonly staleness: ReadonlyArray<number>
@@ -89,6 +91,7 @@ export const buildReport = (system: JournalSource): Effect.Effect<RunReport, Tra
         reduceMs: m.reduceMs,
         publishMs: m.publishMs
       })),
+      trainingErrors: trainingErrors(log.steps),
       heldOut: {
         before: yield* evaluationScore(system.nats, `${system.run}-heldout-before`),
         after: yield* evaluationScore(system.nats, `${system.run}-heldout-after`)
@@ -229,7 +232,9 @@ ${barChart("chart-staleness", r.staleness.map((n, i) => ({ key: `${i} behind`, p
 <h2>Dedup ratio per step</h2>
 ${barChart("chart-dedup", r.steps.map((s) => ({ key: String(s.step), parts: [{ name: "dedup ratio", value: s.dedupRatio }] })), "")}
 <h2>KV hand-offs and prefill saved</h2>
-${handoffTable(r)}`
+${handoffTable(r)}
+<h2>Training errors</h2>
+${r.trainingErrors.length === 0 ? "<p>None: every told execution was trained in full.</p>" : table(["step", "execution", "reason"], r.trainingErrors.map((e) => [e.step, e.execution, e.reason]), "training-errors")}`
 
 const comparison = (runs: ReadonlyArray<RunReport>) => {
   const span = Math.max(...runs.map((r) => r.makespanS))

@@ -49,12 +49,26 @@ export interface SwitchDoneEntry {
   readonly result: SwitchResult
 }
 
+/** A step's metrics without what only `--trees` reads (its trees and micro-batch digests), so a run's log stays small. */
+export type StepFigures = Omit<StepMetrics, "trees" | "batchDigests">
+
+/** A step's error: an execution it could not train in full, and why. */
+export interface TrainingError {
+  readonly step: number
+  readonly execution: string
+  readonly reason: string
+}
+
+/** Every training error of the steps, in step order. */
+export const trainingErrors = (steps: ReadonlyArray<Pick<StepMetrics, "step" | "errors">>): Array<TrainingError> =>
+  steps.flatMap((m) => (m.errors ?? []).map((e) => ({ step: m.step, ...e })))
+
 /** What the journal holds about the run, decoded. */
 export interface RunLog {
   readonly run: string
   readonly config: RunConfig | undefined
   readonly records: ReadonlyArray<PolicyRecord>
-  readonly steps: ReadonlyArray<StepMetrics>
+  readonly steps: ReadonlyArray<StepFigures>
   readonly switches: ReadonlyArray<SwitchDoneEntry>
   readonly ended: boolean
 }
@@ -67,7 +81,7 @@ const decodeOutcome = Schema.decodeUnknownExit(Schema.fromJsonString(ExecutionOu
 export const readRunLog = (system: JournalSource): Effect.Effect<RunLog, TransportError> =>
   Effect.gen(function* () {
     const records = new Map<number, PolicyRecord>()
-    const steps: Array<StepMetrics> = []
+    const steps: Array<StepFigures> = []
     const switches: Array<SwitchDoneEntry> = []
     let config: RunConfig | undefined
     let ended = false
@@ -76,7 +90,10 @@ export const readRunLog = (system: JournalSource): Effect.Effect<RunLog, Transpo
         Effect.sync(() => {
           if (entry.record !== undefined) {
             if (!records.has(entry.record.index)) records.set(entry.record.index, entry.record)
-          } else if (entry.metrics !== undefined) steps.push(entry.metrics)
+          } else if (entry.metrics !== undefined) {
+            const { trees: _trees, batchDigests: _digests, ...figures } = entry.metrics
+            steps.push(figures)
+          }
           else if (entry.via === "event") {
             if (entry.name === "run-config") {
               const c = decodeConfig(entry.payload)
@@ -310,7 +327,12 @@ export interface RunStatus {
   readonly lastTrainScore: number | undefined
   readonly heldOut: HeldOutScore | undefined
   readonly queues: ReadonlyArray<QueueDepth>
+  /** Executions the steps could not train in full: how many, and the last `STATUS_ERRORS` of them. */
+  readonly trainingErrors: { readonly count: number; readonly last: ReadonlyArray<TrainingError> }
 }
+
+/** Training errors `gyre status` lists (the count covers all). */
+export const STATUS_ERRORS = 10
 
 /** The run's status now. */
 export const runStatus = (system: JournalSource): Effect.Effect<RunStatus, TransportError> =>
@@ -320,6 +342,7 @@ export const runStatus = (system: JournalSource): Effect.Effect<RunStatus, Trans
     const nats = system.nats
     const running = view.running?.step
     const pc = log.config?.policyConfig
+    const errors = trainingErrors(log.steps)
     return {
       run: system.run,
       policy: log.config?.policy,
@@ -341,7 +364,8 @@ export const runStatus = (system: JournalSource): Effect.Effect<RunStatus, Trans
       weightsPublished: view.published,
       lastTrainScore: log.steps.at(-1)?.meanScore,
       heldOut: yield* lastHeldOut(nats, system.run),
-      queues: yield* queueDepths(nats, system.run)
+      queues: yield* queueDepths(nats, system.run),
+      trainingErrors: { count: errors.length, last: errors.slice(-STATUS_ERRORS) }
     }
   })
 

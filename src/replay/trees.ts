@@ -1,26 +1,31 @@
 /**
  * `gyre replay --trees`: every execution's trajectory tree rebuilt from the recorded call records
- * (the trajectory stream, through the trainer's `DeltaDecoder`) and checked against what the core
- * trainer journaled for its step (`StepMetrics.trees`: calls, unique tokens, paths, `treeDigest`);
+ * (its calls subject of the trajectory stream, `readExecution`, through the trainer's
+ * `DeltaDecoder`) and checked against what the core trainer journaled for its step (`StepMetrics.trees`: calls, unique tokens, paths, `treeDigest`);
  * then the step's planning replayed (`StepPlanner` on the plan the step's metrics carry, else on
  * its first `StartStep`'s journal copy, told the
  * step's `TrainExecution`s in journal order with the rebuilt trees) and each micro-batch's
- * `packedBatchDigest` compared with the journaled `batchDigests`. A mismatch names the step,
+ * `packedBatchDigest` compared with the journaled `batchDigests` (and all of them with
+ * `allBatchesDigest`, which covers micro-batches past the listed ones). Steps are checked as the
+ * journal completes them and executions rebuilt as they are told, one micro-batch built at a
+ * time, so memory holds the steps in progress and one group, whatever the run's length. A mismatch names the step,
  * the execution (the first figure that differs, and, where the trainer recorded its node digests,
  * the first node that differs: its place in canonical preorder, where its tokens sit and the call
  * that made it) or the micro-batch and its executions.
  */
 import { Effect, Stream } from "effect"
+import { packedBatchDigest } from "../common/packed-batch.ts"
 import type { StepExecutionRef, StepPlan } from "../protocols/device.ts"
 import type { RunConfig } from "../protocols/run.ts"
 import type { StepMetrics } from "../protocols/scheduler.ts"
-import { readTrajectories } from "../protocols/trajectories.ts"
+import { readExecution } from "../protocols/trajectories.ts"
 import type { TransportError } from "../runtime/errors.ts"
 import type { JournalSource } from "../runtime/journal.ts"
+import { allBatchesDigest } from "../training/step-metrics.ts"
 import { StepPlanner } from "../training/step-planner.ts"
 import { firstDifferingNode, NODE_DIGEST_CHARS, nodeDigests, treeDigest } from "../tree/stats.ts"
-import { TrajectoryTree } from "../tree/tree.ts"
-import { readEntries } from "./read.ts"
+import type { TrajectoryTree } from "../tree/tree.ts"
+import { readEntries, type Entry } from "./read.ts"
 
 /** The first node where a rebuilt tree and the trainer's differ. */
 export interface NodeDifference {
@@ -52,37 +57,61 @@ export interface TreeCheck {
 }
 
 /** What the journal says of one step's training: its plan, the executions told in order, its metrics. */
-interface StepLog {
+export interface StepLog {
+  readonly step: number
   plan?: StepPlan
   readonly told: Array<StepExecutionRef>
   metrics?: StepMetrics
 }
 
-/** The journal's record of each step, from the core's `StartStep`, `TrainExecution` and `sys.step` entries. */
-export const stepLogs = (log: JournalSource): Effect.Effect<Map<number, StepLog>, TransportError> =>
-  Effect.gen(function* () {
-    const steps = new Map<number, StepLog>()
-    const of = (step: number) => {
-      let s = steps.get(step)
-      if (s === undefined) steps.set(step, (s = { told: [] }))
+/**
+ * Folds the core's `StartStep`, `TrainExecution` and `sys.step` entries into each step's log,
+ * handing a step over when its metrics arrive (every execution of a step is told before it is
+ * done), so a reader holds only the steps in progress: `add` returns the step an entry
+ * completes, `rest` the steps that never completed. A step's later metrics or tells (a repeat)
+ * are ignored.
+ */
+export class StepCollector {
+  private readonly open = new Map<number, StepLog>()
+  private readonly done = new Set<number>()
+
+  private of(step: number): StepLog | undefined {
+    if (this.done.has(step)) return undefined
+    let s = this.open.get(step)
+    if (s === undefined) this.open.set(step, (s = { step, told: [] }))
+    return s
+  }
+
+  add(e: Entry): StepLog | undefined {
+    if (e.error !== undefined) return undefined
+    if (e.metrics !== undefined) {
+      const s = this.of(e.metrics.step)
+      if (s === undefined) return undefined
+      s.metrics = e.metrics
+      this.open.delete(s.step)
+      this.done.add(s.step)
       return s
     }
-    yield* readEntries(log, { filter: { types: ["StartStep", "TrainExecution", "step"] } }).pipe(
-      Stream.runForEach((e) =>
-        Effect.sync(() => {
-          if (e.error !== undefined) return
-          if (e.metrics !== undefined) of(e.metrics.step).metrics = e.metrics
-          else if (e.name === "StartStep") of((e.payload as StepPlan).step).plan ??= e.payload as StepPlan
-          else if (e.name === "TrainExecution") {
-            const ref = e.payload as StepExecutionRef
-            const s = of(ref.step)
-            if (!s.told.some((r) => r.execution === ref.execution)) s.told.push(ref)
-          }
-        })
-      )
-    )
-    return steps
-  })
+    if (e.via === "event") return undefined
+    if (e.name === "StartStep") {
+      const s = this.of((e.payload as StepPlan).step)
+      if (s !== undefined) s.plan ??= e.payload as StepPlan
+    } else if (e.name === "TrainExecution") {
+      const ref = e.payload as StepExecutionRef
+      const s = this.of(ref.step)
+      if (s !== undefined && !s.told.some((r) => r.execution === ref.execution)) s.told.push(ref)
+    }
+    return undefined
+  }
+
+  /** The steps with no metrics, by step. */
+  rest(): Array<StepLog> {
+    return [...this.open.values()].sort((a, b) => a.step - b.step)
+  }
+}
+
+/** The journal entries `StepCollector` folds. */
+export const STEP_ENTRY_TYPES = ["StartStep", "TrainExecution", "step"]
 
 const figuresOf = (tree: TrajectoryTree) => ({ calls: tree.callCount, uniqueTokens: tree.uniqueTokens, paths: tree.leaves().length, digest: treeDigest(tree) })
 
@@ -100,46 +129,83 @@ export const nodeDifference = (tree: TrajectoryTree, recorded: string): NodeDiff
   }
 }
 
-/** Checks the trees and micro-batches of every step (see the module comment). */
-export const checkTrees = (log: JournalSource, config: RunConfig): Effect.Effect<TreeCheck, TransportError> =>
+/** The tree of `execution` rebuilt from its call records now (an empty tree when it has none). */
+const rebuild = (log: JournalSource, execution: string) => Effect.map(readExecution(log, execution), (r) => r.trajectory.decoder.tree)
+
+/** Checks one completed step against its metrics; adds what it checked to `check`. */
+const checkStep = (log: JournalSource, config: RunConfig, s: StepLog, check: MutableCheck) =>
   Effect.gen(function* () {
-    const steps = yield* stepLogs(log)
-    const { executions } = yield* readTrajectories(log)
-    const treeOf = (execution: string) => executions.get(execution)?.decoder.tree
-    const mismatches: Array<TreeMismatch> = []
-    const unrecorded: Array<number> = []
-    let checkedExecutions = 0
-    let checkedBatches = 0
-    for (const [step, s] of [...steps.entries()].sort((a, b) => a[0] - b[0])) {
-      const m = s.metrics
-      // The plan the step's metrics carry (durable), else the first StartStep's journal copy (older trainers).
-      const plan = m?.plan ?? s.plan
-      if (m?.trees === undefined || m.batchDigests === undefined || plan === undefined) {
-        if (m !== undefined) unrecorded.push(step)
-        continue
-      }
-      for (const recorded of m.trees) {
-        checkedExecutions++
-        const tree = treeOf(recorded.execution)
-        const rebuilt = tree === undefined ? undefined : figuresOf(tree)
-        const field = (["calls", "uniqueTokens", "paths", "digest"] as const).find((k) => rebuilt?.[k] !== recorded[k])
-        if (field === undefined) continue
-        const node = tree !== undefined && recorded.nodes !== undefined ? nodeDifference(tree, recorded.nodes) : undefined
-        mismatches.push({ step, execution: recorded.execution, ...(node === undefined ? {} : { node }), what: field, expected: rebuilt?.[field] ?? "no call records", recorded: recorded[field] })
-      }
-      const planner = new StepPlanner(plan, config.training, config.seed)
-      const digests: Array<{ readonly digest: string; readonly executions: ReadonlyArray<string> }> = []
-      for (const ref of s.told) {
-        const told = planner.tell(ref, treeOf(ref.execution) ?? new TrajectoryTree())
-        if (told._tag === "Queued") for (const mb of told.microBatches) digests.push({ digest: planner.figures.batchDigests[mb.index]!, executions: mb.executions })
-      }
-      const n = Math.max(digests.length, m.batchDigests.length)
-      for (let i = 0; i < n; i++) {
-        checkedBatches++
-        if (digests[i]?.digest === m.batchDigests[i]) continue
-        mismatches.push({ step, microBatch: i, what: `micro-batch ${i} (executions ${digests[i]?.executions.join(", ") ?? "none"})`, expected: digests[i]?.digest ?? "none", recorded: m.batchDigests[i] ?? "none" })
-        break
+    const m = s.metrics!
+    // The plan the step's metrics carry (durable), else the first StartStep's journal copy (older trainers).
+    const plan = m.plan ?? s.plan
+    if (m.trees === undefined || m.batchDigests === undefined || plan === undefined) return void check.unrecorded.push(s.step)
+    const recorded = new Map(m.trees.map((t) => [t.execution, t]))
+    const checkTree = (execution: string, tree: TrajectoryTree) => {
+      const r = recorded.get(execution)
+      if (r === undefined) return
+      recorded.delete(execution)
+      check.executions++
+      const rebuilt = figuresOf(tree)
+      const field = (["calls", "uniqueTokens", "paths", "digest"] as const).find((k) => rebuilt[k] !== r[k])
+      if (field === undefined) return
+      const node = r.nodes !== undefined ? nodeDifference(tree, r.nodes) : undefined
+      check.mismatches.push({ step: s.step, execution, ...(node === undefined ? {} : { node }), what: field, expected: rebuilt[field], recorded: r[field] })
+    }
+    const planner = new StepPlanner(plan, config.training, config.seed)
+    const digests: Array<string> = []
+    let firstDifference: TreeMismatch | undefined
+    for (const ref of s.told) {
+      const tree = yield* rebuild(log, ref.execution)
+      checkTree(ref.execution, tree)
+      const told = planner.tell(ref, tree)
+      if (told._tag !== "Queued") continue
+      for (const mb of told.microBatches) {
+        const digest = packedBatchDigest(mb.build())
+        digests.push(digest)
+        if (firstDifference === undefined && mb.index < m.batchDigests.length && digest !== m.batchDigests[mb.index]) {
+          firstDifference = { step: s.step, microBatch: mb.index, what: `micro-batch ${mb.index} (executions ${mb.executions.join(", ")})`, expected: digest, recorded: m.batchDigests[mb.index]! }
+        }
       }
     }
-    return { steps: steps.size, executions: checkedExecutions, microBatches: checkedBatches, mismatches, unrecorded }
+    // Executions the metrics name but the journal told no TrainExecution of.
+    for (const execution of [...recorded.keys()]) checkTree(execution, yield* rebuild(log, execution))
+    check.microBatches += Math.max(digests.length, m.microBatches)
+    if (firstDifference === undefined && digests.length !== m.microBatches) {
+      firstDifference = { step: s.step, microBatch: Math.min(digests.length, m.microBatches), what: `micro-batch count`, expected: digests.length, recorded: m.microBatches }
+    }
+    if (firstDifference === undefined && m.allBatchesDigest !== undefined && allBatchesDigest(digests) !== m.allBatchesDigest) {
+      firstDifference = { step: s.step, what: `micro-batches past the first ${m.batchDigests.length} (allBatchesDigest)`, expected: allBatchesDigest(digests), recorded: m.allBatchesDigest }
+    }
+    if (firstDifference !== undefined) check.mismatches.push(firstDifference)
+  })
+
+interface MutableCheck {
+  steps: number
+  executions: number
+  microBatches: number
+  readonly mismatches: Array<TreeMismatch>
+  readonly unrecorded: Array<number>
+}
+
+/**
+ * Checks the trees and micro-batches of every step (see the module comment), one step at a
+ * time as the journal completes it: the reader holds the steps in progress and one group's
+ * trees, not the run's.
+ */
+export const checkTrees = (log: JournalSource, config: RunConfig): Effect.Effect<TreeCheck, TransportError> =>
+  Effect.gen(function* () {
+    const check: MutableCheck = { steps: 0, executions: 0, microBatches: 0, mismatches: [], unrecorded: [] }
+    const steps = new StepCollector()
+    yield* readEntries(log, { filter: { types: STEP_ENTRY_TYPES } }).pipe(
+      Stream.runForEach((e) => {
+        const done = steps.add(e)
+        if (done === undefined) return Effect.void
+        check.steps++
+        return checkStep(log, config, done, check)
+      })
+    )
+    check.steps += steps.rest().length
+    check.unrecorded.sort((a, b) => a - b)
+    check.mismatches.sort((a, b) => a.step - b.step)
+    return check
   })

@@ -8,19 +8,28 @@
  *   optimizer brought to the step's version, the step's work queue opened empty, executions
  *   told before the step planned.
  * - `trainExecution(ref)` reads a finished execution's call records back, plans it
- *   (`StepPlanner`) and publishes the micro-batches its group completes, in index order.
+ *   (`StepPlanner`) and publishes the micro-batches its group completes, in index order: each
+ *   built, stored as an object (`microbatch-store.ts`) and its reference put on the work queue,
+ *   one at a time, so the core holds one built micro-batch, not the step's.
  * - `gradientIn(...)` takes micro-batch `index`'s gradient once (in memory from this device, or
- *   `"stored"` by a satellite), adds what is in order and tells the scheduler `StepProgress`.
+ *   `"stored"` by a satellite, or `{failed}`: it cannot be trained), adds what is in order and
+ *   tells the scheduler `StepProgress`. The core's own gradient that is not next in order is
+ *   stored like a satellite's, so no more than one gradient waits in memory.
  * - Once every planned execution is told and every gradient is in, `finish` (forked in the
  *   incarnation's scope): the update (`stepUpdate`), `v<k+1>` and the optimizer state published,
- *   a checkpoint when due, the metrics journaled, `StepDone` told, the step's queue and
- *   gradients removed.
+ *   a checkpoint when due, the metrics journaled, `StepDone` told, the step's queue, batches
+ *   and gradients removed.
+ *
+ * Nothing is dropped with only a log line: an execution whose call records were rejected or did
+ * not decode, or one with tokens in a micro-batch that failed, is an error of the step
+ * (`StepMetrics.errors`, with the reason).
  */
 import { Effect, Semaphore, type Scope } from "effect"
+import type { PackedBatch } from "../common/packed-batch.ts"
 import type { Model } from "../engine/engine.ts"
 import type { NativeError } from "../engine/native.ts"
 import type { Trainer } from "../engine/trainer.ts"
-import { DeviceRefused, type MicroBatchJson, type StepExecutionRef, type StepPlan } from "../protocols/device.ts"
+import { DeviceRefused, type MicroBatchRef, type StepExecutionRef, type StepPlan } from "../protocols/device.ts"
 import type { RunConfig } from "../protocols/run.ts"
 import { SCHEDULER_KIND, SchedulerProtocol } from "../protocols/scheduler.ts"
 import { readExecution } from "../protocols/trajectories.ts"
@@ -29,11 +38,12 @@ import { address } from "../runtime/names.ts"
 import { refOf, type ActorSystemShape } from "../runtime/system.ts"
 import { persistently, transient } from "../common/retry.ts"
 import { checkpointDue, saveTrainingCheckpoint } from "./checkpoints.ts"
-import { InOrderSum, type GradientSource, type GradientStore, type MicroBatchGradient, type StepAttempt } from "./gradients.ts"
+import { InOrderSum, type GradientStore, type MicroBatchGradient, type StepAttempt } from "./gradients.ts"
 import { closeStepQueue, openStepQueue, publishMicroBatch } from "./microbatch-queue.ts"
+import type { MicroBatchStore } from "./microbatch-store.ts"
 import { MetricsSum, PhaseClock, summarize, type BatchSummary, type MicroBatchStats } from "./step-metrics.ts"
 import { StepPlanner, type PlannedMicroBatch } from "./step-planner.ts"
-import { stepUpdate, type StepUpdate } from "./update.ts"
+import { ppoEpochs, stepUpdate, type StepUpdate } from "./update.ts"
 
 /** The model's policy version and the one way the role changes its weights. */
 export interface ModelWeights {
@@ -69,11 +79,12 @@ export interface CoreDeps {
   /** Held around every use of `trainer`. */
   readonly trainerLock: Semaphore.Semaphore
   readonly gradients: GradientStore
+  readonly batches: MicroBatchStore
   readonly weights: ModelWeights
   /** Brings the model to `version` (from the object store) unless it is there. */
   readonly ensureVersion: (version: number) => Effect.Effect<void, { readonly message: string }>
   /** One micro-batch's gradient alone, on the model as it is. */
-  readonly compute: (mb: MicroBatchJson) => Effect.Effect<{ readonly gradient: MicroBatchGradient }, unknown>
+  readonly compute: (ref: MicroBatchRef, batch: PackedBatch) => Effect.Effect<{ readonly gradient: MicroBatchGradient }, unknown>
   readonly ackWaitMs: number
   /** The incarnation's scope: the step's finishing fiber lives there. */
   readonly scope: Scope.Scope
@@ -86,8 +97,8 @@ interface CoreStep {
   readonly sum: InOrderSum
   readonly metrics: MetricsSum
   readonly clock: PhaseClock
-  /** Every micro-batch planned so far, and what the metrics need of it. */
-  readonly planned: Map<number, { readonly microBatch: MicroBatchJson; readonly summary: BatchSummary }>
+  /** Every micro-batch planned so far (its reference: the batch is in the store), and what the metrics need of it. */
+  readonly planned: Map<number, { readonly ref: MicroBatchRef; readonly summary: BatchSummary }>
   readonly received: Set<number>
   readonly devices: Array<string>
   trainedTokens: number
@@ -95,21 +106,13 @@ interface CoreStep {
   finishing: boolean
 }
 
-const toJson = (plan: StepPlan, core: string, mb: PlannedMicroBatch): MicroBatchJson => ({
-  step: plan.step,
-  attempt: plan.attempt,
-  core,
-  index: mb.index,
-  version: plan.step,
-  executions: mb.executions,
-  completesTokens: mb.completesTokens,
-  batch: mb.batch
-})
+/** What `gradientIn` is handed: a gradient in memory, one in the store, or why the micro-batch cannot be trained. */
+export type Delivered = MicroBatchGradient | "stored" | { readonly failed: string }
 
 const outstanding = (s: CoreStep) => s.planner.microBatches - s.received.size
 
 export const makeCore = Effect.fn("makeCore")(function* (deps: CoreDeps) {
-  const { system, me, config, model, trainer, trainerLock, gradients } = deps
+  const { system, me, config, model, trainer, trainerLock, gradients, batches } = deps
   const maxStaleness = config.policyConfig.max_staleness
   const scheduler = refOf(SchedulerProtocol, address(SCHEDULER_KIND, "main"))
   const stepLock = yield* Semaphore.make(1)
@@ -148,16 +151,21 @@ export const makeCore = Effect.fn("makeCore")(function* (deps: CoreDeps) {
       )
 
   /** Records micro-batch `index`'s gradient (once), adds what is in order, tells progress. */
-  const gradientIn = (at: StepAttempt, index: number, device: string, stats: MicroBatchStats, source: GradientSource) =>
+  const gradientIn = (at: StepAttempt, index: number, device: string, stats: MicroBatchStats, delivered: Delivered) =>
     stepLock.withPermit(
       Effect.gen(function* () {
         const s = core
         const planned = s?.planned.get(index)
         if (s === undefined || s.plan.step !== at.step || s.plan.attempt !== at.attempt || s.finishing || planned === undefined) return false
-        if (!s.sum.offer(index, source)) return false
+        if (s.received.has(index)) return false
+        const failed = typeof delivered === "object" && "failed" in delivered
+        if (failed) for (const e of planned.ref.executions) s.metrics.addError(e, `micro-batch ${index}: ${delivered.failed}`)
+        else s.metrics.add(stats, planned.summary, planned.ref.executions)
+        // The core's own gradient waits in the store, not in memory, until its turn.
+        if (!failed && delivered !== "stored" && !s.sum.inTurn(index)) yield* gradients.put(s.plan, index, delivered).pipe(persistently(`storing the gradient of ${s.plan.step}.${index}`))
+        s.sum.offer(index, failed ? "failed" : delivered === "stored" || !s.sum.inTurn(index) ? "stored" : delivered)
         s.received.add(index)
         if (!s.devices.includes(device)) s.devices.push(device)
-        s.metrics.add(stats, planned.summary, planned.microBatch.executions)
         s.trainedTokens += s.planner.gradientIn(index)
         s.clock.set(outstanding(s) > 0, Date.now())
         yield* s.sum.drain((i) => storedGradient(s, i))
@@ -167,24 +175,49 @@ export const makeCore = Effect.fn("makeCore")(function* (deps: CoreDeps) {
       })
     )
 
+  /** A planned micro-batch's batch, read back from the store. */
+  const batchOf = (s: CoreStep, index: number) =>
+    batches.get(s.planned.get(index)!.ref).pipe(persistently(`reading micro-batch ${s.plan.step}.${index}`, (e) => e._tag === "MicroBatchUnreadable"))
+
   /**
-   * A satellite's gradient from the store; one that cannot be read (its micro-batch already
-   * acknowledged) is recomputed here, from the batch the core planned, on the same weights.
+   * A stored gradient; one that cannot be read (its micro-batch already acknowledged) is
+   * recomputed here, from the batch the core planned, on the same weights.
    */
   const storedGradient = (s: CoreStep, index: number) =>
-    gradients.get(s.plan, index, s.planned.get(index)!.microBatch.batch.length).pipe(
+    gradients.get(s.plan, index, s.planned.get(index)!.ref.tokens).pipe(
       Effect.catchTag("GradientUnreadable", (e) => Effect.as(Effect.logWarning(`${me}: ${e.object} unreadable (${e.reason}); recomputing it`), undefined)),
       persistently(`reading the gradient of micro-batch ${s.plan.step}.${index}`),
-      Effect.flatMap((stored) => (stored !== undefined ? Effect.succeed(stored) : deps.compute(s.planned.get(index)!.microBatch).pipe(Effect.map((r) => r.gradient), Effect.orDie)))
+      Effect.flatMap((stored) =>
+        stored !== undefined
+          ? Effect.succeed(stored)
+          : batchOf(s, index).pipe(
+              Effect.flatMap((batch) => deps.compute(s.planned.get(index)!.ref, batch)),
+              Effect.map((r) => r.gradient),
+              Effect.orDie
+            )
+      )
     )
 
-  /** Micro-batches of a completed group: kept, then published in index order. */
+  /** Micro-batches of a completed group: each built, stored, kept by reference and published, in index order. */
   const enqueue = (s: CoreStep, microBatches: ReadonlyArray<PlannedMicroBatch>) =>
     Effect.gen(function* () {
       for (const mb of microBatches) {
-        const microBatch = toJson(s.plan, me, mb)
-        s.planned.set(mb.index, { microBatch, summary: summarize(mb.batch, s.plan.step, maxStaleness) })
-        yield* publishMicroBatch(system, microBatch).pipe(Effect.retry(transient), Effect.orDie)
+        const batch = mb.build()
+        const summary = summarize(batch, s.plan.step, maxStaleness)
+        const digest = yield* batches.put(s.plan, mb.index, batch).pipe(persistently(`storing micro-batch ${s.plan.step}.${mb.index}`))
+        const ref: MicroBatchRef = {
+          step: s.plan.step,
+          attempt: s.plan.attempt,
+          core: me,
+          index: mb.index,
+          version: s.plan.step,
+          executions: mb.executions,
+          completesTokens: mb.completesTokens,
+          tokens: batch.length,
+          digest
+        }
+        s.planned.set(mb.index, { ref, summary })
+        yield* publishMicroBatch(system, ref).pipe(Effect.retry(transient), Effect.orDie)
       }
       s.clock.set(outstanding(s) > 0, Date.now())
     })
@@ -193,15 +226,21 @@ export const makeCore = Effect.fn("makeCore")(function* (deps: CoreDeps) {
   const planExecution = (s: CoreStep, ref: StepExecutionRef) =>
     Effect.gen(function* () {
       const { trajectory, malformed } = yield* readExecution(system, ref.execution).pipe(Effect.retry(transient), Effect.orDie)
-      for (const r of trajectory.rejected) yield* Effect.logWarning(`${me}: ${ref.execution}: record ${r.callId} rejected (${r.reason}): ${r.detail}`)
-      for (const m of malformed) yield* Effect.logWarning(`${me}: ${ref.execution}: malformed record ${m.seq}: ${m.reason}`)
       const told = s.planner.tell(ref, trajectory.decoder.tree)
       if (told._tag === "Refused") {
         yield* Effect.logWarning(`${me}: TrainExecution ${ref.execution} refused: ${told.reason}`)
         return false
       }
       if (told._tag === "Duplicate") return true
-      for (const e of told.tooLong) yield* Effect.logWarning(`${me}: ${e} dropped: a path is longer than ${config.training.microBatchTokens} tokens`)
+      const lost = [
+        ...trajectory.rejected.map((r) => `record ${r.callId} rejected (${r.reason}): ${r.detail}`),
+        ...malformed.map((m) => `record at sequence ${m.seq} malformed: ${m.reason}`),
+        ...[...trajectory.decoder.pending()].map((p) => `record ${p.callId} waits for ${p.waitsFor}, which never came`)
+      ]
+      if (lost.length > 0) {
+        s.metrics.addError(ref.execution, `${lost.length} call record(s) not trained; the first: ${lost[0]}`)
+        yield* Effect.logError(`${me}: ${ref.execution}: ${lost.length} call record(s) not trained (in the step's errors); the first: ${lost[0]}`)
+      }
       yield* enqueue(s, told.microBatches)
       if (told.consumedTokens > 0) {
         s.trainedTokens += told.consumedTokens
@@ -232,11 +271,10 @@ export const makeCore = Effect.fn("makeCore")(function* (deps: CoreDeps) {
     Effect.gen(function* () {
       let result: StepUpdate = { gradNorm: 0, clipFraction: undefined }
       const next = s.plan.step + 1
-      const batches = [...s.planned.keys()].sort((a, b) => a - b).map((i) => s.planned.get(i)!.microBatch.batch)
       const apply =
-        s.planner.microBatches === 0
+        s.planner.microBatches === s.sum.failed.size
           ? Effect.void
-          : stepUpdate(trainer, config, s.plan.step, batches, s.sum).pipe(
+          : stepUpdate(trainer, config, s.plan.step, { count: s.planner.microBatches, load: (i) => batchOf(s, i) }, s.sum).pipe(
               Effect.map((r) => {
                 result = r
               })
@@ -266,6 +304,7 @@ export const makeCore = Effect.fn("makeCore")(function* (deps: CoreDeps) {
             step,
             figures: s.planner.figures,
             microBatches: s.planner.microBatches,
+            batchDigests: Array.from({ length: s.planner.microBatches }, (_, i) => s.planned.get(i)!.ref.digest),
             devices: s.devices,
             gradNorm,
             clipFraction,
@@ -279,7 +318,7 @@ export const makeCore = Effect.fn("makeCore")(function* (deps: CoreDeps) {
         yield* system.tell(scheduler, "StepDone", { step, version, metrics }, { msgId: `step-${step}-done`, sender: me }).pipe(persistently(`telling StepDone ${step}`))
         stepsDone = version
         core = undefined
-        yield* Effect.all([closeStepQueue(system, step), gradients.removeStep(s.plan, s.planner.microBatches)]).pipe(
+        yield* Effect.all([closeStepQueue(system, step), batches.removeStep(step), gradients.removeStep(step)]).pipe(
           Effect.catch((e) => Effect.logWarning(`${me}: cleaning up step ${step}: ${e.message}`))
         )
       })
@@ -292,13 +331,17 @@ export const makeCore = Effect.fn("makeCore")(function* (deps: CoreDeps) {
       if (planned !== plan.executions) return yield* refuse(`groups of ${planned} executions in a plan of ${plan.executions}`)
       yield* deps.ensureVersion(plan.version).pipe(Effect.mapError((e) => refuse(`weights v${plan.version}: ${e.message}`)))
       yield* ensureOptimizer(plan.version)
-      // Nothing of an earlier attempt at the step (a lost core's micro-batches) is claimed.
-      yield* closeStepQueue(system, plan.step).pipe(Effect.andThen(openStepQueue(system, plan.step, deps.ackWaitMs)), Effect.retry(transient), Effect.orDie)
+      // Nothing of an earlier attempt at the step (a lost core's micro-batches) is claimed; its objects go.
+      yield* Effect.all([closeStepQueue(system, plan.step), batches.removeStep(plan.step), gradients.removeStep(plan.step)]).pipe(
+        Effect.andThen(openStepQueue(system, plan.step, deps.ackWaitMs)),
+        Effect.retry(transient),
+        Effect.orDie
+      )
       stepsDone = plan.step
       const s: CoreStep = {
         plan,
         planner: new StepPlanner(plan, config.training, config.seed),
-        sum: new InOrderSum(model.paramCount),
+        sum: new InOrderSum(model.paramCount, ppoEpochs(config) > 1),
         metrics: new MetricsSum(),
         clock: new PhaseClock(Date.now()),
         planned: new Map(),

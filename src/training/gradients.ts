@@ -8,8 +8,10 @@
  * log-probs, little-endian. The core sums the gradients in micro-batch index order (`InOrderSum`):
  * float addition is not associative, so a fixed order is what makes the update bit-identical
  * whoever computed which micro-batch and whenever a satellite joined. The sum streams: each
- * gradient is added as soon as every lower index has been, so only out-of-order arrivals wait
- * (the core's own in memory, a satellite's in the store until its turn).
+ * gradient is added as soon as every lower index has been, so only out-of-order arrivals wait,
+ * in the store until their turn (the core stores its own too when one arrives out of order, so it
+ * holds one gradient at a time). A micro-batch that cannot be trained (`"failed"`) adds nothing.
+ * The token log-probs are kept (4 bytes per token of the step) only for the later PPO epochs.
  */
 import { Objm, type ObjectStore } from "@nats-io/obj"
 import { Effect, Schema } from "effect"
@@ -18,6 +20,7 @@ import { rlLayout } from "../protocols/layout.ts"
 import { TransportError, messageOf } from "../runtime/errors.ts"
 import { getObject, putObject } from "../runtime/nats.ts"
 import type { ActorSystemShape } from "../runtime/system.ts"
+import { removeStepObjects } from "./microbatch-store.ts"
 
 /** A gradient object is missing or does not hold `paramCount` + the micro-batch's tokens floats. */
 export class GradientUnreadable extends Schema.TaggedError<GradientUnreadable>()("GradientUnreadable", {
@@ -35,8 +38,8 @@ export interface GradientStore {
   readonly put: (at: StepAttempt, index: number, gradient: MicroBatchGradient) => Effect.Effect<void, TransportError>
   /** Reads micro-batch `index`'s result; `tokens` is the micro-batch's length. */
   readonly get: (at: StepAttempt, index: number, tokens: number) => Effect.Effect<MicroBatchGradient, TransportError | GradientUnreadable>
-  /** Deletes the attempt's objects of micro-batches 0 .. count - 1 (missing ones are fine). */
-  readonly removeStep: (at: StepAttempt, count: number) => Effect.Effect<void, TransportError>
+  /** Deletes every gradient object of step `step` (of any attempt). */
+  readonly removeStep: (step: number) => Effect.Effect<void, TransportError>
 }
 
 /** A step and the attempt at it (`StepPlan.attempt`). */
@@ -76,31 +79,38 @@ export const openGradientStore = (system: ActorSystemShape, paramCount: number):
           new Uint8Array(floats.buffer).set(bytes)
           return { grads: floats.subarray(0, paramCount), logprobs: floats.subarray(paramCount) }
         }),
-      removeStep: (at, count) =>
-        attempt(`delete gradients of step ${at.step} attempt ${at.attempt}`, async (s) => {
-          for (let index = 0; index < count; index++) await s.delete(objectOf(at, index)).catch(() => undefined)
-        })
+      removeStep: (step) => attempt(`delete gradients of step ${step}`, (s) => removeStepObjects(s, step))
     }
   })
 
-/** Where a gradient waiting for its turn is: in memory (the core's own) or in the store. */
-export type GradientSource = MicroBatchGradient | "stored"
+/** Where a gradient waiting for its turn is: in memory, in the store, or none (the micro-batch failed). */
+export type GradientSource = MicroBatchGradient | "stored" | "failed"
 
 /** The running sum of a step's gradients in index order (see the module comment). */
 export class InOrderSum {
   readonly sum: Float32Array
-  /** The summed micro-batches' token log-probs, in index order. */
-  readonly logprobs: Array<Float32Array> = []
+  /** The summed micro-batches' token log-probs, in index order (kept only when asked; undefined for a failed one). */
+  readonly logprobs: Array<Float32Array | undefined> = []
+  /** Indices of the micro-batches that failed. */
+  readonly failed = new Set<number>()
   private next = 0
   private readonly waiting = new Map<number, GradientSource>()
 
-  constructor(paramCount: number) {
+  constructor(
+    paramCount: number,
+    private readonly keepLogprobs = true
+  ) {
     this.sum = new Float32Array(paramCount)
   }
 
   /** Gradients added so far (indices 0 .. summed - 1). */
   get summed(): number {
     return this.next
+  }
+
+  /** Whether `index`'s gradient would be added at once (every lower index is in). */
+  inTurn(index: number): boolean {
+    return index === this.next
   }
 
   /** Offers micro-batch `index`'s gradient; false when it was offered before. */
@@ -118,10 +128,14 @@ export class InOrderSum {
         const source = this.waiting.get(this.next)!
         return source === "stored" ? load(this.next) : Effect.succeed(source)
       },
-      step: ({ grads, logprobs }) => {
-        const sum = this.sum
-        for (let i = 0; i < sum.length; i++) sum[i] = sum[i]! + grads[i]!
-        this.logprobs.push(logprobs)
+      step: (source) => {
+        if (source === "failed") this.failed.add(this.next)
+        else {
+          const sum = this.sum
+          const grads = source.grads
+          for (let i = 0; i < sum.length; i++) sum[i] = sum[i]! + grads[i]!
+        }
+        if (this.keepLogprobs) this.logprobs.push(source === "failed" ? undefined : source.logprobs)
         this.waiting.delete(this.next)
         this.next++
       }

@@ -1,8 +1,9 @@
 /**
  * The micro-batch work queue of a run: stream `GYRE_<run>_MICROBATCHES` (work-queue
  * retention: a message is gone once acknowledged), subject `gyre.<run>.mb.<step>`, one
- * `MicroBatchJson` per message with `Nats-Msg-Id: mb-<step>-<attempt>-<index>` (a re-publish of a
- * micro-batch within the duplicate window is stored once).
+ * `MicroBatchRef` per message (JSON, a few hundred bytes: the batch itself is an object of
+ * `GYRE_<run>_batches`, `microbatch-store.ts`) with `Nats-Msg-Id: mb-<step>-<attempt>-<index>`
+ * (a re-publish of a micro-batch within the duplicate window is stored once).
  *
  * Every training device of step k pulls from the one shared durable consumer `mb-<k>`
  * (explicit ack), one message at a time. A claim is held while it is computed: `working()`
@@ -15,14 +16,14 @@
  */
 import { AckPolicy, DeliverPolicy, RetentionPolicy, StorageType, type Consumer, type JsMsg } from "@nats-io/jetstream"
 import { Effect, Exit, Schema } from "effect"
-import { MicroBatchJson } from "../protocols/device.ts"
+import { MicroBatchRef } from "../protocols/device.ts"
 import { rlLayout } from "../protocols/layout.ts"
 import { TransportError, messageOf } from "../runtime/errors.ts"
 import type { ActorSystemShape } from "../runtime/system.ts"
 
-const MicroBatchText = Schema.fromJsonString(MicroBatchJson)
-const encodeMicroBatch = Schema.encodeSync(MicroBatchText)
-const decodeMicroBatch = Schema.decodeUnknownExit(MicroBatchText)
+const MicroBatchText = Schema.fromJsonString(MicroBatchRef)
+const encodeRef = Schema.encodeSync(MicroBatchText)
+const decodeRef = Schema.decodeUnknownExit(MicroBatchText)
 
 const attempt = <A>(operation: string, f: () => Promise<A>) =>
   Effect.tryPromise({ try: f, catch: (e) => new TransportError({ operation, message: messageOf(e) }) })
@@ -81,16 +82,17 @@ export const closeStepQueue = (system: ActorSystemShape, step: number) => {
   })
 }
 
-export const publishMicroBatch = (system: ActorSystemShape, mb: MicroBatchJson) => {
+/** Publishes a micro-batch's reference (its object stored first, `MicroBatchStore.put`). */
+export const publishMicroBatch = (system: ActorSystemShape, mb: MicroBatchRef) => {
   const names = rlLayout(system.run)
   return attempt(`publish micro-batch ${mb.step}.${mb.index}`, () =>
-    system.nats.js.publish(names.microBatches(mb.step), encodeMicroBatch(mb), { msgID: `mb-${mb.step}-${mb.attempt}-${mb.index}` })
+    system.nats.js.publish(names.microBatches(mb.step), encodeRef(mb), { msgID: `mb-${mb.step}-${mb.attempt}-${mb.index}` })
   ).pipe(Effect.asVoid)
 }
 
-/** A claimed micro-batch. */
+/** A claimed micro-batch (its reference: the holder reads the batch). */
 export interface Claim {
-  readonly microBatch: MicroBatchJson
+  readonly microBatch: MicroBatchRef
   readonly deliveryCount: number
   /** Runs `work` keeping the claim alive; a failure or interruption hands the micro-batch back. */
   readonly hold: <A, E>(work: Effect.Effect<A, E>) => Effect.Effect<A, E>
@@ -100,7 +102,7 @@ export interface Claim {
   readonly handBack: Effect.Effect<void>
 }
 
-const claimOf = (msg: JsMsg, microBatch: MicroBatchJson, ackWaitMs: number): Claim => ({
+const claimOf = (msg: JsMsg, microBatch: MicroBatchRef, ackWaitMs: number): Claim => ({
   microBatch,
   deliveryCount: msg.info.deliveryCount,
   hold: (work) =>
@@ -157,7 +159,7 @@ export const claimLoop = <E>(system: ActorSystemShape, options: ClaimLoopOptions
         continue
       }
       const msg = next.msg
-      const decoded = decodeMicroBatch(msg.string())
+      const decoded = decodeRef(msg.string())
       if (decoded._tag === "Failure" || decoded.value.step !== options.step) {
         msg.term()
         yield* Effect.logWarning(`${durable}: dropped message ${msg.seq}, not a micro-batch of step ${options.step}`)

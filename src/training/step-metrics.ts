@@ -12,14 +12,47 @@
  * micro-batch was outstanding (waiting for executions to finish), `computeMs` while some were,
  * `reduceMs` from the last gradient to the optimizer step done, `publishMs` saving and
  * publishing the new weights (and writing the checkpoint when one is due).
+ *
+ * Bounded whatever the trees' size: `batchDigests` holds the first `BATCH_DIGEST_LIMIT`
+ * micro-batches' digests and `allBatchesDigest` covers every one; `errors` holds one entry per
+ * execution that could not be trained in full, its first reason cut to `ERROR_REASON_CHARS`.
  */
+import { createHash } from "node:crypto"
 import type { PackedBatch } from "../common/packed-batch.ts"
 import type { TrainResult } from "../engine/trainer.ts"
 import type { TrainStatsJson } from "../protocols/device.ts"
-import type { StepMetrics } from "../protocols/scheduler.ts"
+import type { StepError, StepMetrics } from "../protocols/scheduler.ts"
 import type { PlanFigures } from "./step-planner.ts"
 
 export type MicroBatchStats = typeof TrainStatsJson.Type
+
+/** The statistics a micro-batch that could not be trained reports: nothing trained. */
+export const noStats: MicroBatchStats = {
+  loss: 0,
+  weightSum: 0,
+  entropy: 0,
+  meanLogprob: 0,
+  meanRatio: 1,
+  clipFraction: 0,
+  meanIsWeight: 1,
+  maxIsWeight: 1,
+  truncatedFraction: 0,
+  trainedTokens: 0,
+  staleTokens: 0
+}
+
+/** Micro-batch digests a step's metrics list one by one (64 hex digits each: ~140 KB of JSON). */
+export const BATCH_DIGEST_LIMIT = 2048
+
+/** Characters of an error's reason kept in the metrics. */
+export const ERROR_REASON_CHARS = 300
+
+/** sha256 (hex) of the micro-batch digests in index order, the hex strings concatenated. */
+export const allBatchesDigest = (digests: ReadonlyArray<string>): string => {
+  const hash = createHash("sha256")
+  for (const d of digests) hash.update(d)
+  return hash.digest("hex")
+}
 
 /** Whether the engine trains term `i` of `batch` at `step` (see the module comment). */
 const trained = (batch: PackedBatch, i: number, step: number, maxStaleness: number): boolean =>
@@ -89,6 +122,17 @@ export class MetricsSum {
   private behaviourSum = 0
   private readonly staleness: Array<number> = []
   private readonly trained = new Set<string>()
+  private readonly errors = new Map<string, string>()
+
+  /** Records that `execution` could not be trained in full (its first reason is kept). */
+  addError(execution: string, reason: string): void {
+    if (!this.errors.has(execution)) this.errors.set(execution, reason.length > ERROR_REASON_CHARS ? `${reason.slice(0, ERROR_REASON_CHARS - 3)}...` : reason)
+  }
+
+  /** Executions with an error so far. */
+  get errorCount(): number {
+    return this.errors.size
+  }
 
   /** One micro-batch's figures; `executions` are those with tokens in it. */
   add(stats: MicroBatchStats, summary: BatchSummary, executions: ReadonlyArray<string>): void {
@@ -113,6 +157,8 @@ export class MetricsSum {
     readonly step: number
     readonly figures: PlanFigures
     readonly microBatches: number
+    /** `packedBatchDigest` of every planned micro-batch, by index. */
+    readonly batchDigests: ReadonlyArray<string>
     readonly devices: ReadonlyArray<string>
     readonly gradNorm: number
     /** The later PPO epochs' clip fraction, which replaces the first pass's (always 0: r = 1). */
@@ -148,7 +194,9 @@ export class MetricsSum {
       reduceMs: fields.reduceMs,
       publishMs: fields.publishMs,
       trees: [...f.trees],
-      batchDigests: [...f.batchDigests]
+      batchDigests: fields.batchDigests.slice(0, BATCH_DIGEST_LIMIT),
+      allBatchesDigest: allBatchesDigest(fields.batchDigests),
+      errors: [...this.errors].map(([execution, reason]): StepError => ({ execution, reason }))
     }
   }
 }

@@ -11,23 +11,26 @@
  * become units (exact tree or sampled paths), scaled by E = the step's planned executions so
  * that no group needs renormalising when a later one arrives, and are packed into micro-batches
  * with consecutive indices. An execution with advantage 0 (e.g. a GRPO group of equal
- * rewards) is not packed: every one of its loss terms is exactly 0. An execution whose
- * deepest token does not fit the budget is dropped (`BudgetTooSmall`) rather than blocking
- * the step.
+ * rewards) is not packed: every one of its loss terms is exactly 0. An execution with a path
+ * longer than the budget is packed too (`packMicroBatches`: its long parts are micro-batches
+ * of their own, trained in chunks by the engine); nothing told is left out for its size.
+ *
+ * Memory: a group's trees are kept until the group is planned, then let go (the step keeps
+ * each execution's figures only); its micro-batches are built one at a time by the caller
+ * (`PlannedMicroBatch.build`), which holds the group's units until it has built them all.
  *
  * Progress: an execution is trained when the gradients of all its micro-batches are in (or
  * at once, when it has none); `gradientIn` returns the scheduler's tokens of the executions
  * it completes.
  */
-import { Result } from "effect"
-import { packedBatchDigest, type PackedBatch } from "../common/packed-batch.ts"
+import type { PackedBatch } from "../common/packed-batch.ts"
 import type { StepExecutionRef, StepPlan } from "../protocols/device.ts"
-import { parseExecutionName, type RunConfig, type TrainingSettings } from "../protocols/run.ts"
+import { parseExecutionName, runSampling, type RunConfig, type TrainingSettings } from "../protocols/run.ts"
 import type { LossConfig } from "../engine/trainer.ts"
 import { callAdvantages, groupAdvantages, stateAdvantages, type AdvantageConfig } from "../tree/advantage.ts"
 import { digestOf } from "../tree/hash.ts"
 import { callRewardOf, rewardOf } from "../tree/outcome.ts"
-import { packMicroBatches } from "../tree/pack.ts"
+import { packMicroBatches, type PackedMicroBatch } from "../tree/pack.ts"
 import { NODE_DIGEST_CHARS, nodeDigests, treeDigest } from "../tree/stats.ts"
 import type { TreeFigures } from "../protocols/scheduler.ts"
 import type { TrajectoryTree } from "../tree/tree.ts"
@@ -36,6 +39,7 @@ import { stepUnits, type StepExecution, type TrainingMode } from "../tree/units.
 /**
  * The run's loss for micro-batches of step `step` (see ARCHITECTURE.md, "Training": ppo and is
  * coincide while r = 1); `proximal` "given": the later PPO epochs (`src/training/update.ts`).
+ * The policy's log-probs are taken at the run's sampling temperature, the behaviour's.
  */
 export const stepLoss = (config: RunConfig, step: number, proximal: "current" | "given" = "current"): LossConfig => {
   const t = config.training
@@ -47,7 +51,8 @@ export const stepLoss = (config: RunConfig, step: number, proximal: "current" | 
     isCap: t.isCap,
     currentVersion: step,
     maxStaleness: config.policyConfig.max_staleness,
-    proximal
+    proximal,
+    temperature: runSampling(config).temperature
   }
 }
 
@@ -62,10 +67,13 @@ const ADVANTAGE_EPSILON = 1e-6
 
 export interface PlannedMicroBatch {
   readonly index: number
-  readonly batch: PackedBatch
+  /** Its length in tokens. */
+  readonly tokens: number
   readonly executions: ReadonlyArray<string>
   /** Scheduler tokens of the executions whose last micro-batch (by index) this is. */
   readonly completesTokens: number
+  /** Builds its arrays (the same content on every call). */
+  readonly build: () => PackedBatch
 }
 
 /** What telling one execution did. */
@@ -78,8 +86,6 @@ export type Told =
       readonly microBatches: ReadonlyArray<PlannedMicroBatch>
       /** Scheduler tokens of the executions that completed without a micro-batch. */
       readonly consumedTokens: number
-      /** Executions dropped because a path is longer than the micro-batch budget. */
-      readonly tooLong: ReadonlyArray<string>
     }
 
 interface Member {
@@ -90,7 +96,7 @@ interface Member {
 /** Figures of the told executions, for the step's metrics. */
 export interface PlanFigures {
   told: number
-  /** Evaluation failed, or a path too long for the budget. */
+  /** Evaluation failed (no reward to train with). */
   dropped: number
   scored: number
   scoreSum: number
@@ -99,8 +105,6 @@ export interface PlanFigures {
   uniqueTokens: number
   /** Each told execution's tree, in the order told. */
   readonly trees: Array<TreeFigures>
-  /** `packedBatchDigest` of each planned micro-batch, by index. */
-  readonly batchDigests: Array<string>
 }
 
 /**
@@ -111,20 +115,23 @@ export interface PlanFigures {
 export const NODE_DIGEST_BUDGET = 256 * 1024
 
 export class StepPlanner {
-  private readonly groups: Array<Array<Member>>
+  /** Per group: its executions told so far, and the members waiting for the rest of it. */
+  private readonly groupTold: Array<number>
+  private readonly waiting: Array<Array<Member>>
   private readonly told = new Set<string>()
   private readonly remaining = new Map<string, { count: number; readonly tokens: number }>()
   private readonly byIndex: Array<ReadonlyArray<string>> = []
   private readonly mode: TrainingMode
   private nodeDigestChars = 0
-  readonly figures: PlanFigures = { told: 0, dropped: 0, scored: 0, scoreSum: 0, callTokens: 0, uniqueTokens: 0, trees: [], batchDigests: [] }
+  readonly figures: PlanFigures = { told: 0, dropped: 0, scored: 0, scoreSum: 0, callTokens: 0, uniqueTokens: 0, trees: [] }
 
   constructor(
     readonly plan: StepPlan,
     readonly settings: TrainingSettings,
     seed: number
   ) {
-    this.groups = plan.groupSizes.map(() => [])
+    this.groupTold = plan.groupSizes.map(() => 0)
+    this.waiting = plan.groupSizes.map(() => [])
     this.mode = settings.mode === "exact" ? { _tag: "exact" } : { _tag: "sampled", maxPaths: settings.maxPaths, seed: seed + plan.step }
   }
 
@@ -154,9 +161,10 @@ export class StepPlanner {
       f.scored++
       f.scoreSum += reward
     }
-    const group = this.groups[ref.group]!
+    const group = this.waiting[ref.group]!
     group.push({ ref, tree })
-    if (group.length < this.plan.groupSizes[ref.group]!) return { _tag: "Queued", microBatches: [], consumedTokens: 0, tooLong: [] }
+    if (++this.groupTold[ref.group]! < this.plan.groupSizes[ref.group]!) return { _tag: "Queued", microBatches: [], consumedTokens: 0 }
+    this.waiting[ref.group] = []
     return this.planGroup(group)
   }
 
@@ -183,23 +191,16 @@ export class StepPlanner {
     if (parseExecutionName(ref.execution)?.batch !== this.plan.step) return `${ref.execution} is not an execution of batch ${this.plan.step}`
     const size = this.plan.groupSizes[ref.group]
     if (size === undefined) return `group ${ref.group} is not in the plan (${this.plan.groupSizes.length} groups)`
-    if (this.groups[ref.group]!.length >= size) return `group ${ref.group} already has its ${size} executions`
+    if (this.groupTold[ref.group]! >= size) return `group ${ref.group} already has its ${size} executions`
     if (this.figures.told >= this.plan.executions) return `the step already has its ${this.plan.executions} executions`
     return undefined
   }
 
   private planGroup(group: ReadonlyArray<Member>): Told {
-    let training = this.advantaged(group.filter((m) => rewardOf(m.ref.outcome) !== undefined))
-    const tooLong: Array<string> = []
+    const training = this.advantaged(group.filter((m) => rewardOf(m.ref.outcome) !== undefined))
     const constant = this.settings.advantage === "dr-grpo" ? DR_GRPO_TOKENS : undefined
-    for (;;) {
-      const units = stepUnits(training, this.mode, this.plan.executions, constant).units
-      const packed = packMicroBatches(units, this.settings.microBatchTokens)
-      if (Result.isSuccess(packed)) return this.number(group, packed.success.batches, packed.success.executions, tooLong)
-      tooLong.push(packed.failure.execution)
-      this.figures.dropped++
-      training = training.filter((s) => s.execution !== packed.failure.execution)
-    }
+    const units = stepUnits(training, this.mode, this.plan.executions, constant).units
+    return this.number(group, packMicroBatches(units, this.settings.microBatchTokens).microBatches)
   }
 
   /** The scored executions of a group with their advantages; those whose every advantage is 0 train nothing and are left out. */
@@ -216,20 +217,14 @@ export class StepPlanner {
     return scored.flatMap((m, i) => (advantages[i] !== 0 ? [{ execution: m.ref.execution, tree: m.tree, advantage: advantages[i]! }] : []))
   }
 
-  private number(
-    group: ReadonlyArray<Member>,
-    batches: ReadonlyArray<PackedBatch>,
-    executions: ReadonlyArray<ReadonlyArray<string>>,
-    tooLong: ReadonlyArray<string>
-  ): Told {
+  private number(group: ReadonlyArray<Member>, packed: ReadonlyArray<PackedMicroBatch>): Told {
     const first = this.byIndex.length
     const tokensOf = new Map(group.map((m) => [m.ref.execution, m.ref.tokens]))
     const last = new Map<string, number>()
     const counts = new Map<string, number>()
-    executions.forEach((list, k) => {
-      this.byIndex.push(list)
-      this.figures.batchDigests.push(packedBatchDigest(batches[k]!))
-      for (const e of list) {
+    packed.forEach(({ executions }, k) => {
+      this.byIndex.push(executions)
+      for (const e of executions) {
         last.set(e, first + k)
         counts.set(e, (counts.get(e) ?? 0) + 1)
       }
@@ -240,11 +235,11 @@ export class StepPlanner {
       this.remaining.set(m.ref.execution, { count, tokens: m.ref.tokens })
       if (count === 0) consumedTokens += m.ref.tokens
     }
-    const microBatches = batches.map((batch, k) => {
+    const microBatches = packed.map(({ tokens, executions, build }, k) => {
       let completesTokens = 0
-      for (const e of executions[k]!) if (last.get(e) === first + k) completesTokens += tokensOf.get(e)!
-      return { index: first + k, batch, executions: executions[k]!, completesTokens }
+      for (const e of executions) if (last.get(e) === first + k) completesTokens += tokensOf.get(e)!
+      return { index: first + k, tokens, executions, completesTokens, build }
     })
-    return { _tag: "Queued", microBatches, consumedTokens, tooLong }
+    return { _tag: "Queued", microBatches, consumedTokens }
   }
 }

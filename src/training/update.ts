@@ -10,7 +10,9 @@
  * then AdamW:
  * PPO's epochs, where the clip range bounds how far the later passes move each token's
  * probability. The later passes depend only on the first pass's sum and the batches, so the
- * update stays the same whoever computed the first pass.
+ * update stays the same whoever computed the first pass. The batches are loaded one at a time
+ * (the core reads them back from the run's micro-batch store), and a micro-batch that failed in
+ * the first pass is left out of the later ones.
  */
 import { Effect } from "effect"
 import type { PackedBatch } from "../common/packed-batch.ts"
@@ -29,16 +31,22 @@ export interface StepUpdate {
 /** PPO epochs of the run (absent in runs journaled before the setting: 1). */
 export const ppoEpochs = (config: RunConfig): number => config.training.ppoEpochs ?? 1
 
+/** The step's micro-batches by index, loaded on demand. */
+export interface StepBatches<E> {
+  readonly count: number
+  readonly load: (index: number) => Effect.Effect<PackedBatch, E>
+}
+
 /**
  * AdamW on the step's summed first-pass gradients `sum`, then the later passes (see the module
  * comment) with each batch's token log-probs from pass 1, in index order (`InOrderSum`).
  */
-export const stepUpdate = Effect.fn("stepUpdate")(function* (
+export const stepUpdate = Effect.fn("stepUpdate")(function* <E>(
   trainer: Trainer,
   config: RunConfig,
   step: number,
-  batches: ReadonlyArray<PackedBatch>,
-  first: Pick<InOrderSum, "sum" | "logprobs">
+  batches: StepBatches<E>,
+  first: Pick<InOrderSum, "sum" | "logprobs" | "failed">
 ) {
   const epochs = ppoEpochs(config)
   const adamw = { ...adamwDefaults, lr: stepLearningRate(config.training, step) }
@@ -50,7 +58,9 @@ export const stepUpdate = Effect.fn("stepUpdate")(function* (
   let tokens = 0
   for (let pass = 1; pass < epochs; pass++) {
     yield* trainer.zeroGrads()
-    for (const [i, batch] of batches.entries()) {
+    for (let i = 0; i < batches.count; i++) {
+      if (first.failed.has(i)) continue
+      const batch = yield* batches.load(i)
       const { stats } = yield* trainer.train({ ...batch, proximalLogprobs: proximal[i]! }, given)
       clipped += stats.clipFraction * stats.trainedTokens
       tokens += stats.trainedTokens

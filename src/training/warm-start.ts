@@ -13,7 +13,7 @@
  * `tasksPerStep` tasks, packs them into micro-batches and takes one AdamW step.
  */
 import * as fs from "node:fs"
-import { Effect, Result, Schema } from "effect"
+import { Effect, Schema } from "effect"
 import type { Model } from "../engine/engine.ts"
 import { encode, special } from "../engine/tokenizer.ts"
 import { adamwDefaults, type Trainer } from "../engine/trainer.ts"
@@ -114,10 +114,9 @@ export const warmStart = (trainer: Trainer, trees: ReadonlyArray<StepExecution>,
     for (let step = 0; step < options.steps; step++) {
       const chosen = Array.from({ length: Math.min(options.tasksPerStep, trees.length) }, () => trees[Math.floor(random() * trees.length)]!)
       const packed = packMicroBatches(stepUnits(chosen, { _tag: "exact" }).units, options.microBatchTokens)
-      if (Result.isFailure(packed)) return yield* Effect.die(packed.failure)
       yield* trainer.zeroGrads()
       let loss = 0
-      for (const batch of packed.success.batches) loss += (yield* trainer.train(batch, { kind: "sft" })).stats.loss
+      for (const mb of packed.microBatches) loss += (yield* trainer.train(mb.build(), { kind: "sft" })).stats.loss
       yield* trainer.step({ ...adamwDefaults, lr: learningRate(options.lr, step, options.steps) })
       options.onStep?.(step + 1, loss)
       if (step >= options.steps - Math.max(1, Math.floor(options.steps / 10))) tail.push(loss)

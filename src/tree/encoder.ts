@@ -64,6 +64,7 @@ export class DeltaEncoder {
       promptHash,
       logprobs: call.logprobs,
       versions: call.versions,
+      sampling: call.sampling,
       finishReason: call.finishReason,
       startedAt: call.startedAt,
       finishedAt: call.finishedAt,

@@ -7,7 +7,8 @@
  * where `ref` names an earlier call of the same execution (null: no shared prefix), and
  * `promptHash` is the digest (`hash.ts`) of the full prompt, so the decoder verifies the
  * reconstruction. Token arrays travel as base64 little-endian int32/float32 (`wire.ts`).
- * `logprobs` and `versions` hold one value per output token.
+ * `logprobs` and `versions` hold one value per output token, and `sampling` says which
+ * distribution the log-probs are of (the temperature and top-p the tokens were drawn with).
  */
 import { Schema } from "effect"
 import { Role } from "./role.ts"
@@ -21,6 +22,20 @@ export const CallReference = Schema.Struct({
   shared: Schema.Int.check(Schema.isGreaterThanOrEqualTo(1))
 })
 export type CallReference = typeof CallReference.Type
+
+/**
+ * The sampling a call's tokens were drawn with, so its log-probs' distribution:
+ * softmax(logits / temperature) cut to the top-p set and renormalised; temperature 0 is
+ * greedy (argmax), whose log-probs are log-softmax(logits).
+ */
+export const Sampling = Schema.Struct({
+  temperature: Schema.Number.check(Schema.isGreaterThanOrEqualTo(0)),
+  topP: Schema.Number.check(Schema.isBetween({ minimum: 0, maximum: 1, exclusiveMinimum: true }))
+})
+export type Sampling = typeof Sampling.Type
+
+/** A run's default sampling, and what a record without `sampling` was drawn with. */
+export const untempered: Sampling = { temperature: 1, topP: 1 }
 
 /** The delta-encoded record of one model call (see the module comment). */
 export const CallRecord = Schema.Struct({
@@ -41,6 +56,8 @@ export const CallRecord = Schema.Struct({
   logprobs: Float32ArrayFromBase64,
   /** Policy version that sampled each output token. */
   versions: Int32ArrayFromBase64,
+  /** What the output tokens were drawn with (absent: records written before it, `untempered`). */
+  sampling: Schema.optional(Sampling),
   /** As the serving engine reported it: "stop", "length", "tool_calls", "cancelled", ... */
   finishReason: Schema.String,
   /** Milliseconds since the epoch, as the gateway saw the request start and end. */
@@ -62,6 +79,7 @@ export interface ModelCall {
   readonly output: Int32Array
   readonly logprobs: Float32Array
   readonly versions: Int32Array
+  readonly sampling: Sampling
   readonly finishReason: string
   readonly startedAt: number
   readonly finishedAt: number
@@ -69,7 +87,7 @@ export interface ModelCall {
 }
 
 /**
- * A call with nothing but its tokens (behaviour log-probs 0, version 0, finished "stop"), as
+ * A call with nothing but its tokens (behaviour log-probs 0, version 0, untempered, finished "stop"), as
  * demonstrations and tests make them; `extra` overrides any field.
  */
 export const plainCall = (
@@ -85,6 +103,7 @@ export const plainCall = (
   output: Int32Array.from(output),
   logprobs: new Float32Array(output.length),
   versions: new Int32Array(output.length),
+  sampling: untempered,
   finishReason: "stop",
   startedAt: 0,
   finishedAt: 0,

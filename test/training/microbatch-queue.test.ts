@@ -2,16 +2,36 @@
  * The step's micro-batch work queue on a real nats-server: a claim loop takes each micro-batch
  * once, and ends quietly (no failure) when the step's consumer is deleted while it waits for the
  * next one (the step ended; a pull from a deleted consumer is answered "no responders"), or when
- * the step has no consumer at all.
+ * the step has no consumer at all. A micro-batch of several MiB goes through as an object of the
+ * run's micro-batch store with a message of a few hundred bytes: claimed and read back intact,
+ * handed back (nak) and redelivered, redelivered after its ack wait lapses, gone once acknowledged,
+ * and its object gone with the step; no message of the queue or the store exceeds `max_payload`.
  */
-import { Duration, Effect, Exit, Fiber } from "effect"
+import { Duration, Effect, Exit, Fiber, Stream } from "effect"
 import { describe, expect, it } from "vitest"
-import type { MicroBatchJson } from "../../src/protocols/device.ts"
+import { packedBatchDigest, type PackedBatch } from "../../src/common/packed-batch.ts"
+import type { MicroBatchRef } from "../../src/protocols/device.ts"
+import { rlLayout } from "../../src/protocols/layout.ts"
+import { readStored } from "../../src/runtime/stream-reader.ts"
 import { ActorSystem } from "../../src/runtime/system.ts"
-import { claimLoop, closeStepQueue, ensureMicroBatchStream, openStepQueue, publishMicroBatch } from "../../src/training/microbatch-queue.ts"
+import { claimLoop, closeStepQueue, ensureMicroBatchStream, openStepQueue, publishMicroBatch, type Claim } from "../../src/training/microbatch-queue.ts"
+import { openMicroBatchStore } from "../../src/training/microbatch-store.ts"
 import { eventually, withSystem } from "../runtime/harness.ts"
 
-const microBatch = (step: number, index: number): MicroBatchJson => ({
+/** A chain of `n` tokens whose arrays all differ (so a swapped or shifted array shows). */
+const chain = (n: number, step: number): PackedBatch => ({
+  length: n,
+  tokens: Int32Array.from({ length: n }, (_, i) => (i * 7919) % 50_000),
+  parents: Int32Array.from({ length: n }, (_, i) => i - 1),
+  positions: Int32Array.from({ length: n }, (_, i) => i),
+  weights: Float32Array.from({ length: n }, (_, i) => (i === 0 ? 0 : 1 / n)),
+  advantages: Float32Array.from({ length: n }, (_, i) => Math.sin(i)),
+  behaviourLogprobs: Float32Array.from({ length: n }, (_, i) => -((i % 13) + 1) / 7),
+  proximalLogprobs: new Float32Array(n).fill(Number.NaN),
+  versions: Int32Array.from({ length: n }, (_, i) => (i % 3 === 0 ? -1 : step))
+})
+
+const refOf = (step: number, index: number, batch: PackedBatch, digest: string): MicroBatchRef => ({
   step,
   attempt: 0,
   core: "device/core",
@@ -19,18 +39,20 @@ const microBatch = (step: number, index: number): MicroBatchJson => ({
   version: step,
   executions: [`b${step}-x${index}`],
   completesTokens: 2,
-  batch: {
-    length: 2,
-    tokens: Int32Array.from([1, 2]),
-    parents: Int32Array.from([-1, 0]),
-    positions: Int32Array.from([0, 1]),
-    weights: Float32Array.from([0, 1]),
-    advantages: Float32Array.from([0, 1]),
-    behaviourLogprobs: Float32Array.from([0, -1]),
-    proximalLogprobs: Float32Array.from([0, -1]),
-    versions: Int32Array.from([step, step])
-  }
+  tokens: batch.length,
+  digest
 })
+
+/** Stores `batch` and publishes its reference. */
+const enqueue = (step: number, index: number, batch: PackedBatch) =>
+  Effect.gen(function* () {
+    const system = yield* ActorSystem
+    const store = yield* openMicroBatchStore(system)
+    const digest = yield* store.put({ step, attempt: 0 }, index, batch)
+    const ref = refOf(step, index, batch, digest)
+    yield* publishMicroBatch(system, ref)
+    return ref
+  })
 
 describe("micro-batch queue", () => {
   it("claims each micro-batch once and ends quietly when the step's consumer is deleted under a waiting pull or between two", async () => {
@@ -39,7 +61,7 @@ describe("micro-batch queue", () => {
       yield* ensureMicroBatchStream(system)
       const none = yield* Effect.exit(claimLoop(system, { step: 5, ackWaitMs: 5000, stop: () => false }, () => Effect.void))
       yield* openStepQueue(system, 0, 5000)
-      for (const i of [0, 1]) yield* publishMicroBatch(system, microBatch(0, i))
+      for (const i of [0, 1]) yield* enqueue(0, i, chain(2, 0))
       const claimed: Array<number> = []
       const loop = yield* Effect.forkChild(
         claimLoop(system, { step: 0, ackWaitMs: 5000, stop: () => false }, (c) =>
@@ -53,7 +75,7 @@ describe("micro-batch queue", () => {
 
       // Deleted between two pulls (the step ended while the last claim was handled).
       yield* openStepQueue(system, 1, 5000)
-      yield* publishMicroBatch(system, microBatch(1, 0))
+      yield* enqueue(1, 0, chain(2, 1))
       const between = yield* Effect.exit(
         claimLoop(system, { step: 1, ackWaitMs: 5000, stop: () => false }, (c) => c.ack.pipe(Effect.andThen(closeStepQueue(system, 1)), Effect.orDie)).pipe(
           Effect.timeout(Duration.seconds(5))
@@ -65,5 +87,51 @@ describe("micro-batch queue", () => {
     expect(result.claimed).toEqual([0, 1])
     expect(Exit.isSuccess(result.ended)).toBe(true)
     expect(result.between).toEqual(Exit.succeed(undefined))
+  })
+
+  it("moves a micro-batch of several MiB by reference: read back intact, handed back, redelivered after its ack wait, gone when acknowledged and with its step", async () => {
+    const tokens = 160_000 // 5 MiB of arrays
+    const ackWaitMs = 1500
+    const result = await withSystem("mbbig", Effect.gen(function* () {
+      const system = yield* ActorSystem
+      const names = rlLayout(system.run)
+      const store = yield* openMicroBatchStore(system)
+      yield* ensureMicroBatchStream(system)
+      yield* openStepQueue(system, 3, ackWaitMs)
+      const batch = chain(tokens, 3)
+      const ref = yield* enqueue(3, 0, batch)
+      const deliveries: Array<{ readonly count: number; readonly at: number; readonly intact: boolean }> = []
+      // 1st delivery: read and handed back (nak); 2nd: read and left to lapse; 3rd: read and acknowledged.
+      const handle = (c: Claim) =>
+        Effect.gen(function* () {
+          const at = Date.now()
+          const read = yield* store.get(c.microBatch)
+          deliveries.push({ count: c.deliveryCount, at, intact: packedBatchDigest(read) === packedBatchDigest(batch) && read.length === tokens })
+          if (c.deliveryCount === 1) yield* c.handBack
+          else if (c.deliveryCount >= 3) yield* c.ack
+        }).pipe(Effect.orDie)
+      const loop = yield* Effect.forkChild(claimLoop(system, { step: 3, ackWaitMs, stop: () => deliveries.length >= 3 }, handle))
+      yield* eventually(Effect.sync(() => (deliveries.length >= 3 ? true : undefined)), 20_000)
+      yield* Fiber.interrupt(loop)
+      const left = (yield* Effect.promise(() => system.nats.jsm.streams.info(names.microBatchStream))).state.messages
+      const maxPayload = system.nats.nc.info!.max_payload
+      const sizes = (stream: string) => Stream.runCollect(readStored(system.nats, stream)).pipe(Effect.map((ms) => [...ms].map((m) => m.data.length)))
+      const objectChunks = yield* sizes(`OBJ_${names.batchesBucket}`)
+      yield* closeStepQueue(system, 3)
+      yield* store.removeStep(3)
+      const afterStep = yield* Effect.flip(store.get(ref))
+      return { ref, deliveries, left, maxPayload, objectChunks, afterStep }
+    }))
+    const { ref, deliveries, left, maxPayload, objectChunks, afterStep } = result
+    expect(JSON.stringify(ref).length).toBeLessThan(512)
+    expect(ref.digest).toBe(packedBatchDigest(chain(tokens, 3)))
+    expect(deliveries.map((d) => [d.count, d.intact])).toEqual([[1, true], [2, true], [3, true]])
+    // The 3rd came only after the 2nd's ack wait lapsed; the 2nd at once after the nak.
+    expect(deliveries[2]!.at - deliveries[1]!.at).toBeGreaterThanOrEqual(ackWaitMs - 100)
+    expect(left).toBe(0)
+    expect(objectChunks.reduce((a, n) => a + n, 0)).toBeGreaterThanOrEqual(tokens * 32)
+    expect(Math.max(...objectChunks)).toBeLessThanOrEqual(maxPayload)
+    expect(objectChunks.length).toBeGreaterThan(1)
+    expect(afterStep).toMatchObject({ _tag: "MicroBatchUnreadable" })
   })
 })

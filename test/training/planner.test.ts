@@ -1,6 +1,7 @@
 /**
  * The step planner alone (pure): groups become micro-batches as they complete, scaled by the
- * step's planned executions; dropped, equal-reward and too-long executions; progress; refusals.
+ * step's planned executions; dropped and equal-reward executions; executions with paths longer
+ * than the budget trained whole (nothing dropped); progress; refusals.
  */
 import { describe, expect, it } from "vitest"
 import type { StepExecutionRef, StepPlan } from "../../src/protocols/device.ts"
@@ -40,7 +41,7 @@ const queued = (t: Told) => {
   return t
 }
 
-const weightSum = (mbs: ReadonlyArray<PlannedMicroBatch>) => mbs.reduce((a, mb) => a + mb.batch.weights.reduce((b, w) => b + w, 0), 0)
+const weightSum = (mbs: ReadonlyArray<PlannedMicroBatch>) => mbs.reduce((a, mb) => a + mb.build().weights.reduce((b, w) => b + w, 0), 0)
 
 describe("step planner", () => {
   it("plans each group when it completes, numbers micro-batches consecutively, and scales by the planned executions", () => {
@@ -56,7 +57,8 @@ describe("step planner", () => {
       const third = queued(planner.tell(xs[2]!.ref, xs[2]!.tree)).microBatches
       const all = [...first, ...third]
       expect(all.map((mb) => mb.index)).toEqual(all.map((_, i) => i))
-      for (const mb of all) expect(mb.batch.length).toBeLessThanOrEqual(64)
+      for (const mb of all) expect([mb.tokens, mb.build().length]).toEqual([mb.tokens, mb.tokens])
+      for (const mb of all) expect(mb.tokens).toBeLessThanOrEqual(64)
       // each execution's weights sum to 1 / E: 4 executions of E = 4
       expect(weightSum(first)).toBeCloseTo(0.5, 5)
       expect(weightSum(all)).toBeCloseTo(1, 5)
@@ -86,7 +88,7 @@ describe("step planner", () => {
     expect(weightSum(mbs)).toBeCloseTo(expected, 5)
   })
 
-  it("drops failed evaluations, skips zero advantages, drops paths longer than the budget", () => {
+  it("drops failed evaluations, skips zero advantages, trains paths longer than the budget", () => {
     const planner = new StepPlanner(plan, settings(), 5)
     const [a, b, c, d] = [execution(0, null), execution(1, 0.5), execution(2, 0.4), execution(3, 0.4)]
     queued(planner.tell(a!.ref, a!.tree))
@@ -101,13 +103,24 @@ describe("step planner", () => {
     expect(planner.microBatches).toBe(0)
     expect(planner.figures).toMatchObject({ told: 4, dropped: 1, scored: 3 })
 
-    const tight = new StepPlanner(plan, settings({ microBatchTokens: 16 }), 5)
+    // Budgets far below the deepest path: the same weights as a budget that holds everything, nothing dropped.
     const [e, f] = [execution(0, 0.1), execution(1, 0.9)]
-    queued(tight.tell(e!.ref, e!.tree))
-    const long = queued(tight.tell(f!.ref, f!.tree))
-    expect(long.tooLong).toEqual([e!.ref.execution, f!.ref.execution])
-    expect(long.consumedTokens).toBe(e!.ref.tokens + f!.ref.tokens)
-    expect(tight.figures.dropped).toBe(2)
+    const deepest = Math.max(...[e!, f!].map(({ tree }) => Math.max(...tree.leaves().map((l) => tree.lastDepthOf(l.node)))))
+    const planned = (budget: number) => {
+      const p = new StepPlanner(plan, settings({ microBatchTokens: budget }), 5)
+      queued(p.tell(e!.ref, e!.tree))
+      const long = queued(p.tell(f!.ref, f!.tree))
+      expect(long.consumedTokens).toBe(0)
+      expect(p.figures.dropped).toBe(0)
+      return long.microBatches
+    }
+    const whole = planned(1 << 16)
+    for (const budget of [4, 16, deepest]) {
+      const long = planned(budget)
+      expect(Math.max(...long.map((mb) => mb.tokens))).toBeGreaterThan(budget)
+      expect(weightSum(long)).toBeCloseTo(weightSum(whole), 5)
+      expect(new Set(long.flatMap((mb) => mb.executions))).toEqual(new Set([e!.ref.execution, f!.ref.execution]))
+    }
   })
 
   it("call credit: each call trains with its own reward pooled over the group; execution credit ignores per-call rewards", () => {
@@ -120,7 +133,10 @@ describe("step planner", () => {
       const planner = new StepPlanner(plan, settings({ microBatchTokens: 4096, ...over }), 5)
       const [a, b] = group()
       queued(planner.tell(a!.ref, a!.tree))
-      return queued(planner.tell(b!.ref, b!.tree)).microBatches.flatMap((mb) => Array.from(mb.batch.advantages).filter((_, i) => mb.batch.weights[i] !== 0))
+      return queued(planner.tell(b!.ref, b!.tree)).microBatches.flatMap((mb) => {
+        const batch = mb.build()
+        return Array.from(batch.advantages).filter((_, i) => batch.weights[i] !== 0)
+      })
     }
     // Equal scores: with execution credit nothing trains, whatever the calls' rewards.
     expect(advantagesOf({ credit: "execution" })).toEqual([])

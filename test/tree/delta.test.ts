@@ -14,6 +14,7 @@ const call = (callId: string, prompt: Array<number>, output: Array<number>): Mod
   output: Int32Array.from(output),
   logprobs: Float32Array.from(output, (_, i) => -0.25 * (i + 1)),
   versions: new Int32Array(output.length).fill(2),
+  sampling: { temperature: 0.7, topP: 0.9 },
   finishReason: "tool_calls",
   startedAt: 1000,
   finishedAt: 1500,

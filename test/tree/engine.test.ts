@@ -5,7 +5,7 @@
  * path) as its own sequence with the per-path weights the normalisation defines.
  */
 import fc from "fast-check"
-import { Effect, Result } from "effect"
+import { Effect } from "effect"
 import { describe, expect, it } from "vitest"
 import type { PackedBatch } from "../../src/common/packed-batch.ts"
 import { Engine } from "../../src/engine/engine.ts"
@@ -112,14 +112,16 @@ describe("packed trees on the engine", () => {
         const cases: Array<{ mode: TrainingMode; budget: number; flat: Array<PackedBatch> }> = [
           { mode: { _tag: "exact" }, budget: maxDepth + 1 + slack, flat: flatExact(steps) },
           { mode: { _tag: "exact" }, budget: 4096, flat: flatExact(steps) },
+          // Paths longer than the budget: long parts are micro-batches of their own.
+          { mode: { _tag: "exact" }, budget: Math.max(2, maxDepth >> 1), flat: flatExact(steps) },
+          { mode: sampledMode, budget: Math.max(2, maxDepth >> 1), flat: flatSampled(steps, sampledMode) },
           { mode: sampledMode, budget: maxDepth + 1 + slack, flat: flatSampled(steps, sampledMode) }
         ]
         for (const { mode, budget, flat } of cases) {
-          const packed = packMicroBatches(stepUnits(steps, mode).units, budget)
-          if (Result.isFailure(packed)) throw packed.failure
+          const batches = packMicroBatches(stepUnits(steps, mode).units, budget).microBatches.map((mb) => mb.build())
           for (const loss of [{ kind: "sft" } as const, ppo]) {
-            const maxTokens = Math.max(budget, maxDepth + 1)
-            const tree = await runEngine(lossAndGrads(packed.success.batches, loss, maxTokens))
+            const maxTokens = Math.max(budget, maxDepth + 1, ...batches.map((b) => b.length))
+            const tree = await runEngine(lossAndGrads(batches, loss, maxTokens))
             const paths = await runEngine(lossAndGrads(flat, loss, maxTokens))
             expect(tree.loss).toBeCloseTo(paths.loss, 5)
             if (flat.length > 0) expect(relativeError(tree.grads, paths.grads)).toBeLessThan(1e-4)

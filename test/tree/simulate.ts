@@ -10,7 +10,7 @@ import fc from "fast-check"
 import { expect } from "vitest"
 import { DeltaDecoder } from "../../src/tree/decoder.ts"
 import { DeltaEncoder } from "../../src/tree/encoder.ts"
-import { CallRecordJson, type CallRecord, type ModelCall } from "../../src/tree/record.ts"
+import { CallRecordJson, type CallRecord, type ModelCall, untempered } from "../../src/tree/record.ts"
 import { compareRoles } from "../../src/tree/role.ts"
 import type { TrajectoryTree } from "../../src/tree/tree.ts"
 
@@ -46,6 +46,7 @@ export const simulate = (steps: ReadonlyArray<StepValue>): Array<ModelCall> => {
       output: Int32Array.from(output),
       logprobs: Float32Array.from(output, (t, i) => s.logprob / 4 - t / 8 - i / 16),
       versions: Int32Array.from(output, () => s.version),
+      sampling: untempered,
       finishReason: "stop",
       startedAt: calls.length,
       finishedAt: calls.length + 0.5,

@@ -1,7 +1,5 @@
 import fc from "fast-check"
-import { Result } from "effect"
 import { describe, expect, it } from "vitest"
-import type { PackedBatch } from "../../src/common/packed-batch.ts"
 import { packMicroBatches } from "../../src/tree/pack.ts"
 import { plainCall, type ModelCall } from "../../src/tree/record.ts"
 import { roleRank } from "../../src/tree/role.ts"
@@ -137,30 +135,39 @@ describe("packing into micro-batches", () => {
     return keys
   }
 
-  it("splits trees larger than the budget into parts that train every token exactly once with its full context", () => {
+  const deepest = (u: TrainingUnit) => Math.max(...u.positions)
+
+  it("splits trees larger than the budget into parts that train every token exactly once with its full context, paths longer than the budget included", () => {
     fc.assert(
       fc.property(
         fc.array(executionArb(24), { minLength: 1, maxLength: 4 }),
         fc.boolean(),
-        fc.integer({ min: 1, max: 60 }),
-        (executions, sampled, slack) => {
+        fc.double({ min: 0, max: 1.3, noNaN: true }),
+        (executions, sampled, fraction) => {
+          const maxPaths = 3
           const steps = executions.map((calls, i) => ({ execution: `e${i}`, tree: treeOf(calls), advantage: i + 1 }))
-          const { units } = stepUnits(steps, sampled ? { _tag: "sampled", maxPaths: 3, seed: 7 } : { _tag: "exact" })
-          const maxDepth = Math.max(0, ...units.map((u) => Math.max(...u.positions)))
-          const budget = maxDepth + 1 + slack
-          const packed = packMicroBatches(units, budget)
-          if (Result.isFailure(packed)) throw packed.failure
-          const { batches, report } = packed.success
+          const { units } = stepUnits(steps, sampled ? { _tag: "sampled", maxPaths, seed: 7 } : { _tag: "exact" })
+          const maxDepth = Math.max(0, ...units.map(deepest))
+          // Budgets from 1 token to above the deepest path: below it, some paths are longer than a micro-batch.
+          const budget = Math.max(1, Math.round(fraction * (maxDepth + 1)))
+          const { microBatches, report } = packMicroBatches(units, budget)
+          const batches = microBatches.map((mb) => mb.build())
           const unitTokens = units.reduce((a, u) => a + u.length, 0)
-          for (const batch of batches as ReadonlyArray<PackedBatch>) {
-            expect(batch.length).toBeLessThanOrEqual(budget)
+          const long = units.filter((u) => deepest(u) >= budget)
+          batches.forEach((batch, k) => {
+            expect(batch.length).toBe(microBatches[k]!.tokens)
+            // Only a part of a long unit goes past the budget, and alone.
+            if (batch.length > budget) {
+              expect(microBatches[k]!.executions).toHaveLength(1)
+              expect(long.map((u) => u.execution)).toContain(microBatches[k]!.executions[0])
+            }
             batch.parents.forEach((p, i) => {
               expect(p).toBeLessThan(i)
               expect(batch.positions[i]).toBe(p < 0 ? 0 : batch.positions[p]! + 1)
               expect(batch.advantages[i]).toBe(p < 0 ? batch.advantages[i] : batch.advantages[p])
             })
             expect(batch.proximalLogprobs.every(Number.isNaN)).toBe(true)
-          }
+          })
           const fromUnits = trainedKeys(units.map((u) => ({ ...u, adv: (i: number) => u.advantages[i]! })))
           const fromBatches = trainedKeys(batches.map((b) => ({ ...b, adv: (i: number) => b.advantages[i]! })))
           expect(fromBatches).toEqual(fromUnits)
@@ -168,14 +175,59 @@ describe("packing into micro-batches", () => {
           expect(report.tokens).toBe(unitTokens + report.carriedTokens)
           expect(report.microBatches).toBe(batches.length)
           expect(report.fillRatio).toBeLessThanOrEqual(1)
-          expect(report.splitUnits).toBe(units.filter((u) => u.length > budget).length)
-          if (units.length > 0) {
-            const tooSmall = packMicroBatches(units, maxDepth)
-            expect(Result.isFailure(tooSmall) && tooSmall.failure._tag).toBe("BudgetTooSmall")
+          expect(report.longUnits).toBe(long.length)
+          expect(report.longMicroBatches).toBe(batches.filter((b) => b.length > budget).length)
+          expect(report.largest).toBe(Math.max(0, ...batches.map((b) => b.length)))
+          // No part recomputes a context as long as a micro-batch.
+          if (report.carriedTokens > 0) expect(report.maxCarried).toBeLessThan(budget)
+          const over = units.filter((u) => u.length > budget)
+          expect(report.splitUnits).toBeGreaterThanOrEqual(over.filter((u) => deepest(u) < budget).length)
+          expect(report.splitUnits).toBeLessThanOrEqual(over.length)
+          // Sampling keeps its bound: the trained tokens of an execution lie on at most J_max root-to-leaf paths.
+          if (sampled) {
+            for (const u of units) {
+              const paths = [...fromBatches.keys()].filter((k) => k.startsWith(`${u.advantages[0]}|`)).map((k) => k.split("|")[1]!)
+              const maximal = paths.filter((p) => !paths.some((q) => q !== p && q.startsWith(`${p},`)))
+              expect(maximal.length).toBeLessThanOrEqual(maxPaths)
+            }
           }
         }
       ),
-      { numRuns: 100 }
+      { numRuns: 150 }
+    )
+  })
+
+  /** Every choice of cuts of a unit at its subtree starts shallower than the budget: the least carried + excess. */
+  const bruteForceCost = (u: TrainingUnit, budget: number): number => {
+    const starts: Array<number> = []
+    for (let i = 1; i < u.length; i++) if (u.parents[i] !== i - 1 && u.positions[i]! < budget) starts.push(i)
+    let best = Infinity
+    for (let mask = 0; mask < 1 << starts.length; mask++) {
+      const cuts = [0, ...starts.filter((_, j) => (mask >> j) & 1), u.length]
+      let cost = 0
+      for (let k = 0; k + 1 < cuts.length; k++) {
+        const size = u.positions[cuts[k]!]! + cuts[k + 1]! - cuts[k]!
+        cost += u.positions[cuts[k]!]! + Math.max(0, size - budget)
+      }
+      best = Math.min(best, cost)
+    }
+    return best
+  }
+
+  it("cuts a long unit where the least tokens are carried or held past the budget (against every choice of cuts)", () => {
+    fc.assert(
+      fc.property(executionArb(16), fc.double({ min: 0.05, max: 1, noNaN: true }), (calls, fraction) => {
+        const [unit] = stepUnits([{ execution: "e", tree: treeOf(calls), advantage: 1 }], { _tag: "exact" }).units
+        if (unit === undefined) return
+        const budget = Math.max(1, Math.floor(fraction * deepest(unit)))
+        let candidates = 0
+        for (let i = 1; i < unit.length; i++) if (unit.parents[i] !== i - 1 && unit.positions[i]! < budget) candidates++
+        fc.pre(deepest(unit) >= budget && candidates <= 12)
+        const { microBatches, report } = packMicroBatches([unit], budget)
+        const excess = microBatches.reduce((a, mb) => a + Math.max(0, mb.tokens - budget), 0)
+        expect(report.carriedTokens + excess).toBe(bruteForceCost(unit, budget))
+      }),
+      { numRuns: 150 }
     )
   })
 })

@@ -454,7 +454,7 @@ static void training_checks(const api *cpu, const api *gpu, gyre_model *mc, gyre
   gyre_train_stats sc, sg;
 
   /* SFT */
-  gyre_loss_config sft = {GYRE_LOSS_SFT, 0.2f, 0.2f, 0.0f, 3, -1, 0};
+  gyre_loss_config sft = {GYRE_LOSS_SFT, 0.2f, 0.2f, 0.0f, 3, -1, 0, 1.0f};
   TRY(cpu, train_batch(tc, p.n, p.tokens, p.parents, p.positions, p.weights, NULL, NULL, NULL, NULL, &sft, 1, lpc, &sc));
   TRY(gpu, train_batch(tg, p.n, p.tokens, p.parents, p.positions, p.weights, NULL, NULL, NULL, NULL, &sft, 1, lpg, &sg));
   check(s->name, "sft token log-probs", rel_diff(lpg, lpc, p.n), 1e-4);
@@ -469,7 +469,7 @@ static void training_checks(const api *cpu, const api *gpu, gyre_model *mc, gyre
     p.behaviour[i] = isnan(lpc[i]) ? 0.0f : lpc[i] + 0.3f * (lcg_unit() - 0.5f);
     p.proximal[i] = i % 3 == 0 ? NAN : p.behaviour[i] + 0.1f * (lcg_unit() - 0.5f);
   }
-  gyre_loss_config ppo = {GYRE_LOSS_PPO, 0.2f, 0.28f, 1.5f, 3, 2, 0};
+  gyre_loss_config ppo = {GYRE_LOSS_PPO, 0.2f, 0.28f, 1.5f, 3, 2, 0, 1.0f};
   if (train(cpu, tc, &p, &ppo, lpc, &sc) != GYRE_OK || train(gpu, tg, &p, &ppo, lpg, &sg) != GYRE_OK)
     die("%s: PPO train_batch failed", s->name);
   check(s->name, "ppo token log-probs", rel_diff(lpg, lpc, p.n), 1e-4);
@@ -488,6 +488,14 @@ static void training_checks(const api *cpu, const api *gpu, gyre_model *mc, gyre
   check(s->name, "ppo current-proximal loss", fabs(sg.loss - sc.loss) / fmax(fabs(sc.loss), 1e-12), 1e-4);
   check(s->name, "ppo current-proximal ratio", fabs(sg.mean_ratio - 1.0) + fabs(sc.mean_ratio - 1.0), 0);
   check(s->name, "ppo current-proximal is weight", fabs(sg.mean_is_weight - sc.mean_is_weight), 1e-4);
+  /* ... and at a sampling temperature (logits / 0.7 in the log-probs, the entropy and the gradients) */
+  gyre_loss_config tempered = ppo;
+  tempered.temperature = 0.7f;
+  if (train(cpu, tc, &p, &tempered, lpc, &sc) != GYRE_OK || train(gpu, tg, &p, &tempered, lpg, &sg) != GYRE_OK)
+    die("%s: PPO (temperature 0.7) train_batch failed", s->name);
+  check(s->name, "ppo tempered token log-probs", rel_diff(lpg, lpc, p.n), 1e-4);
+  check(s->name, "ppo tempered loss", fabs(sg.loss - sc.loss) / fmax(fabs(sc.loss), 1e-12), 1e-4);
+  check(s->name, "ppo tempered entropy", fabs(sg.entropy - sc.entropy) / fabs(sc.entropy), 1e-4);
   TRY(cpu, trainer_get_grads(tc, gc, n_params));
   TRY(gpu, trainer_get_grads(tg, gg, n_params));
   check(s->name, "sft+ppo accumulated gradients", rel_diff(gg, gc, n_params), 1e-4);
@@ -766,7 +774,7 @@ static int run_bench(const char *cuda_path, const char *dir, const char *probe, 
   }
   gyre_trainer *t;
   TRY(&gpu, trainer_create(m, n, &t));
-  gyre_loss_config sft = {GYRE_LOSS_SFT, 0.2f, 0.2f, 0.0f, 0, -1, 0};
+  gyre_loss_config sft = {GYRE_LOSS_SFT, 0.2f, 0.2f, 0.0f, 0, -1, 0, 1.0f};
   gyre_adamw opt = {1e-4f, 0.9f, 0.999f, 1e-8f, 0.0f, 1.0f};
   float norm;
   const int steps = quick ? 1 : 5;

@@ -6,6 +6,9 @@
 gyre_status loss_config_check(const gyre_loss_config *cfg, const float *weights,
                               const float *advantages, const float *behaviour) {
   if (cfg == NULL) return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "gyre_train_batch: loss config is NULL");
+  if (!(cfg->temperature > 0.0f) || isinf(cfg->temperature))
+    return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "gyre_train_batch: the loss's temperature must be finite and > 0, got %g",
+                     cfg->temperature);
   if (cfg->kind == GYRE_LOSS_SFT) return GYRE_OK;
   if (cfg->kind != GYRE_LOSS_PPO)
     return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "gyre_train_batch: unknown loss kind %d", cfg->kind);

@@ -5,7 +5,7 @@
 #include "kernels.h"
 #include "transformer.h"
 
-void layer_forward(const be_model *m, int layer, int T, const int32_t *positions, const layer_io *io,
+void layer_forward(const be_model *m, int layer, int T, const float *rope_cs, const layer_io *io,
                    attend_fn attend, void *ctx) {
   const dims *d = &m->d;
   const layer_offsets *o = &m->lay->layers[layer];
@@ -15,7 +15,7 @@ void layer_forward(const be_model *m, int layer, int T, const int32_t *positions
   linear(m, T, o->wqkv, d->qkv_dim, d->D, io->h1, io->qkv, 0);
   if (o->bqkv >= 0) bias_forward(io->qkv, w + o->bqkv, T, d->qkv_dim);
   if (o->qnorm >= 0) head_rmsnorm_forward(io->qkv, io->qk_raw, io->qk_rstd, w + o->qnorm, w + o->knorm, T, d);
-  rope(io->qkv, positions, m->rope_cos, m->rope_sin, T, d, 0);
+  rope(io->qkv, rope_cs, T, d, 0);
   attend(ctx, layer, io);
   memcpy(io->x_mid, io->x_in, sizeof(float) * rows);
   linear(m, T, o->wo, d->D, d->q_dim, io->att, io->x_mid, 1);

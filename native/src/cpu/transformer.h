@@ -1,5 +1,5 @@
-/* transformer.h - the CPU model (weights + RoPE tables, weights.c) and the decoder layer's forward
- * pass shared by inference (paged attention) and training (forest attention). */
+/* transformer.h - the CPU model (weights, weights.c, and RoPE frequencies) and the decoder layer's
+ * forward pass shared by inference (paged attention) and training (forest attention). */
 #ifndef GYRE_CPU_TRANSFORMER_H
 #define GYRE_CPU_TRANSFORMER_H
 
@@ -24,7 +24,8 @@ struct be_model {
   size_t w16_bytes;
   const void **tensor;     /* [n_tensors] */
   file_map *maps;          /* [n_tensors] the file range mapped for a tensor, or {NULL, 0} */
-  float *rope_cos, *rope_sin; /* [max_pos, hd/2] */
+  float *inv_freq;         /* [hd/2] RoPE inverse frequencies (rope_inv_freq) */
+  float rope_scale;        /* the factor cos and sin carry (rope_attention_scaling) */
 };
 
 /* out[T, N] (+)= x[T, K] . W^T, W the N rows of the matrices of the layout from flat `offset` on
@@ -37,8 +38,8 @@ void embed_rows(const be_model *m, const int32_t *tokens, int T, float *x);
 /* Fills io->att (and io->lse) from io->qkv for layer `layer`. */
 typedef void (*attend_fn)(void *ctx, int layer, const layer_io *io);
 
-/* Runs decoder layer `layer` over T rows at `positions`. */
-void layer_forward(const be_model *m, int layer, int T, const int32_t *positions, const layer_io *io,
+/* Runs decoder layer `layer` over T rows whose RoPE cos | sin are rope_cs[T, hd] (rope_cs). */
+void layer_forward(const be_model *m, int layer, int T, const float *rope_cs, const layer_io *io,
                    attend_fn attend, void *ctx);
 
 #endif

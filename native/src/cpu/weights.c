@@ -67,7 +67,7 @@ gyre_status be_model_create(const param_layout *lay, int32_t wdtype, be_model **
   m->lay = lay;
   m->d = lay->d;
   m->wdtype = wdtype;
-  size_t table = (size_t)m->d.max_pos * (m->d.hd / 2), n = (size_t)(lay->n_params > 0 ? lay->n_params : 1);
+  size_t n = (size_t)(lay->n_params > 0 ? lay->n_params : 1);
   /* Mapped, not memset: pages are zero until first written. F32: populated at once, in parallel
    * (a loaded model writes each page once); 16-bit: w holds only the vectors and w16 only what is
    * not mapped from a file, so neither is populated. */
@@ -78,15 +78,14 @@ gyre_status be_model_create(const param_layout *lay, int32_t wdtype, be_model **
   m->w16 = wdtype == GYRE_F32 ? NULL : map_anonymous(m->w16_bytes);
   m->tensor = calloc((size_t)lay->n_tensors, sizeof *m->tensor);
   m->maps = calloc((size_t)lay->n_tensors, sizeof *m->maps);
-  m->rope_cos = aligned_calloc(sizeof(float) * table);
-  m->rope_sin = aligned_calloc(sizeof(float) * table);
-  if (m->w == NULL || (wdtype != GYRE_F32 && m->w16 == NULL) || m->tensor == NULL || m->maps == NULL || m->rope_cos == NULL ||
-      m->rope_sin == NULL) {
+  m->inv_freq = aligned_calloc(sizeof(float) * (size_t)(m->d.hd / 2 > 0 ? m->d.hd / 2 : 1));
+  if (m->w == NULL || (wdtype != GYRE_F32 && m->w16 == NULL) || m->tensor == NULL || m->maps == NULL || m->inv_freq == NULL) {
     be_model_free(m);
     return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cpu: out of host memory for %lld parameters", (long long)lay->n_params);
   }
   point_tensors(m);
-  rope_tables(m->rope_cos, m->rope_sin, &m->d);
+  rope_inv_freq(m->inv_freq, &m->d);
+  m->rope_scale = rope_attention_scaling(&m->d);
   *out = m;
   return GYRE_OK;
 }
@@ -98,8 +97,7 @@ void be_model_free(be_model *m) {
   if (m->w16 != NULL) munmap(m->w16, m->w16_bytes);
   free(m->tensor);
   free(m->maps);
-  free(m->rope_cos);
-  free(m->rope_sin);
+  free(m->inv_freq);
   free(m);
 }
 
