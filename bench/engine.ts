@@ -24,6 +24,16 @@
  * on a host with a 300 MiB L3) reads part of them from it, faster than memory: its line says
  * so, since its ratio is then no memory figure.
  *
+ * 16-bit weights (CPU backend; `--bf16-gb`, 0 skips): a Llama-shaped model (hidden 2048, 16
+ * heads of 128, 2 kv heads, intermediate 5504, tied) with as many layers as make its BF16
+ * weights `--bf16-gb` GB (default: twice the last-level cache, at least 0.5 GB, so they are
+ * read from memory), saved as a BF16 checkpoint and loaded twice: kept BF16 (memory-mapped) and
+ * converted to F32. One sequence decodes at context 4096 (its K/V a synthetic hand-off): at 16
+ * rows a step is bound by the cores' FMA rate, not memory (16 FLOPs per BF16 weight byte), at
+ * one it is a memory figure. decode_4096_over_bw_bound_bf16: the BF16 step's time over its bytes
+ * (2 per matmul weight + the K/V read) at the measured bandwidth; bf16_decode_over_f32: the F32
+ * step's time over the BF16 step's; bf16_logits_equal_f32: one step's logits bit-identical.
+ *
  * On the CPU backend, decode at 4096 again with F16 KV storage (the same hand-off rounded into an
  * F16 cache): decode_4096_f16_tok_s, decode_4096_f16_over_f32 (its speed-up),
  * decode_4096_f16_over_bw_bound (against its own, halved KV bytes) and
@@ -31,9 +41,12 @@
  * largest F32 logit: the accuracy F16 storage costs).
  */
 import { execFileSync, spawnSync } from "node:child_process"
-import { availableParallelism } from "node:os"
+import { mkdtempSync, rmSync } from "node:fs"
+import { availableParallelism, tmpdir } from "node:os"
+import { join } from "node:path"
 import { Effect, Layer, Logger } from "effect"
 import type { PackedBatch } from "../src/common/packed-batch.ts"
+import { loadCheckpoint, saveCheckpoint } from "../src/engine/checkpoint.ts"
 import { headDim, type KvDtype, type LlamaConfig, kvBytesPerToken } from "../src/engine/config.ts"
 import { Engine, type Model } from "../src/engine/engine.ts"
 import type { KvCache } from "../src/engine/kvcache.ts"
@@ -46,7 +59,8 @@ const BENCH = "bench:engine"
 const f = benchFlags(BENCH, "the native engine against a plain-PyTorch Llama, the machine's SGEMM and its memory bandwidth", {
   presets: { kind: "string", doc: "the model presets, comma-separated", default: "tiny,small" },
   threads: { kind: "integer", doc: "compute threads, both sides", default: availableParallelism() },
-  quick: { kind: "boolean", doc: "fewer steps, one round, shorter timings", default: false }
+  quick: { kind: "boolean", doc: "fewer steps, one round, shorter timings", default: false },
+  "bf16-gb": { kind: "number", doc: "BF16 weight size of the 16-bit-weights model (default: twice the last-level cache, at least 0.5; 0 skips)" }
 })
 const quick = f.quick
 const threads = atLeast(BENCH, "threads", f.threads, 1)
@@ -224,6 +238,106 @@ const ours = (config: LlamaConfig) =>
     return out
   })
 
+/* ---- 16-bit weights ---- */
+
+const BF16_CONTEXT = CONTEXTS[1]
+
+/** Llama-shaped (hidden 2048, 16 heads of 128, 2 kv heads), layers for `gb` GB of BF16 weights. */
+const bf16Config = (gb: number): LlamaConfig => {
+  const [D, F, V, H, KV] = [2048, 5504, 32000, 16, 2]
+  const perLayer = 2 * D * D + 2 * D * (D / H) * KV + 3 * D * F
+  return {
+    vocab_size: V,
+    hidden_size: D,
+    intermediate_size: F,
+    num_hidden_layers: Math.max(1, Math.round((gb * 1e9) / 2 / perLayer - (V * D) / perLayer)),
+    num_attention_heads: H,
+    num_key_value_heads: KV,
+    max_position_embeddings: BF16_CONTEXT + 64,
+    rms_norm_eps: 1e-6,
+    rope_theta: 1000000,
+    tie_word_embeddings: true
+  }
+}
+
+/** A GYKV hand-off (gyre.h) of `length` tokens of small random F32 K/V for the config. */
+const syntheticHandoff = (c: LlamaConfig, length: number) =>
+  Effect.gen(function* () {
+    const engine = yield* Engine
+    const floats = 2 * c.num_hidden_layers * length * c.num_key_value_heads * headDim(c)
+    const payload = new Float32Array(floats)
+    let x = 7
+    for (let i = 0; i < floats; i++) payload[i] = ((x = (Math.imul(x, 1103515245) + 12345) >>> 0) / 2 ** 32 - 0.5) * 0.2
+    const bytes = new Uint8Array(payload.buffer)
+    const out = new Uint8Array(48 + bytes.length)
+    const view = new DataView(out.buffer)
+    out.set(new TextEncoder().encode("GYKV"), 0)
+    ;[1, c.num_hidden_layers, c.num_key_value_heads, headDim(c), 4, length, 0].forEach((v, i) => view.setUint32(4 + 4 * i, v, true))
+    view.setBigUint64(32, BigInt(bytes.length), true)
+    view.setBigUint64(40, yield* engine.checksum(bytes), true)
+    out.set(bytes, 48)
+    return out
+  })
+
+/** One sequence at BF16_CONTEXT on the model: the best step's seconds, and one step's logits. */
+const oneSequenceDecode = (model: Model, handoff: Uint8Array) =>
+  Effect.scoped(
+    Effect.gen(function* () {
+      const cache = yield* model.cache({ blockTokens: 16, numBlocks: Math.ceil((BF16_CONTEXT + 2 * DECODE_STEPS + 64) / 16) * 2 })
+      const probe = yield* cache.import(handoff)
+      const logits = (yield* cache.forward([{ seq: probe, tokens: [0] }], "last")).logits!
+      yield* cache.free(probe)
+      const seq = yield* cache.import(handoff)
+      const step_s = yield* best(
+        Effect.gen(function* () {
+          for (let s = 0; s < DECODE_STEPS; s++) yield* cache.forward([{ seq, tokens: [s + 1] }], "last")
+        })
+      )
+      return { step_s: step_s / DECODE_STEPS, logits }
+    })
+  )
+
+/** BF16 weights kept BF16 against the same checkpoint converted to F32, rounds alternated. */
+const bf16Decode = (gb: number, measureBandwidth: () => number) =>
+  Effect.gen(function* () {
+    const engine = yield* Engine
+    yield* engine.setThreads(threads)
+    const config = bf16Config(gb)
+    const dir = join(mkdtempSync(join(tmpdir(), "gyre-bench-bf16-")), "model")
+    yield* Effect.addFinalizer(() => Effect.sync(() => rmSync(join(dir, ".."), { recursive: true, force: true })))
+    console.error(`bench: 16-bit weights: ${config.num_hidden_layers} layers, ${(2 * matmulParams(config) / 1e9).toFixed(2)} GB of BF16 matmul weights, written to ${dir}`)
+    yield* Effect.scoped(Effect.gen(function* () { yield* saveCheckpoint(dir, yield* engine.createModel(config, { seed: 1 }), undefined, { dtype: "BF16" }) }))
+    const kept = (yield* loadCheckpoint(dir)).model
+    const wide = (yield* loadCheckpoint(dir, { weights: "f32" })).model
+    const handoff = yield* syntheticHandoff(config, BF16_CONTEXT)
+    let [bf16, f32] = [Number.POSITIVE_INFINITY, Number.POSITIVE_INFINITY]
+    let equal = true
+    let bandwidth = 0
+    for (let r = 1; r <= ROUNDS; r++) {
+      console.error(`bench: 16-bit weights, round ${r}/${ROUNDS}`)
+      bandwidth = Math.max(bandwidth, measureBandwidth())
+      const [a, b] = [yield* oneSequenceDecode(kept, handoff), yield* oneSequenceDecode(wide, handoff)]
+      bf16 = Math.min(bf16, a.step_s)
+      f32 = Math.min(f32, b.step_s)
+      equal &&= Buffer.from(a.logits.buffer).equals(Buffer.from(b.logits.buffer))
+    }
+    const kvBytes = (BF16_CONTEXT + (DECODE_STEPS + 1) / 2) * kvBytesPerToken(config)
+    const bytes = 2 * matmulParams(config) + kvBytes
+    return {
+      config,
+      weight_dtype: yield* kept.weightDtype(),
+      bf16_model_gb: round((2 * matmulParams(config)) / 1e9),
+      bf16_decode_4096_tok_s: round(1 / bf16),
+      f32_decode_4096_tok_s: round(1 / f32),
+      bf16_bytes_per_step: round(bytes, 4),
+      decode_4096_over_bw_bound_bf16: round(bf16 / (bytes / bandwidth)),
+      f32_decode_4096_over_bw_bound: round(f32 / ((bytes + 2 * matmulParams(config)) / bandwidth)),
+      bf16_decode_over_f32: round(f32 / bf16),
+      bf16_logits_equal_f32: equal,
+      bf16_bandwidth_gb_s: round(bandwidth / 1e9)
+    }
+  })
+
 /* ---- figures ---- */
 
 interface Figures {
@@ -353,6 +467,16 @@ const main = Effect.gen(function* () {
     // Bytes that fit the last-level cache may be read from it, faster than memory: the ratio is then no memory figure.
     const cached = llc !== undefined && d.bytes < llc ? ` (fits the ${(llc / 2 ** 20).toFixed(0)} MiB last-level cache: it may be read partly from there, so not a memory figure)` : ""
     console.log(`${d.name}: decode 16 @4096 (${d.dtype.toUpperCase()} KV) moves ${(d.bytes / 1e6).toFixed(1)} MB a step in ${(1e3 * d.step_s).toFixed(1)} ms: ${(d.step_s / (d.bytes / bandwidth)).toFixed(2)}x its time at ${(bandwidth / 1e9).toFixed(1)} GB/s${cached}`)
+  }
+  const bf16Gb = f["bf16-gb"] ?? Math.max(0.5, (2 * (llc ?? 0)) / 1e9)
+  if (engine.backend === "cpu" && bf16Gb > 0 && peerProblem === undefined) {
+    const r = yield* Effect.scoped(bf16Decode(bf16Gb, () => (measureBandwidth(), bandwidth)))
+    const { config, ...figures16 } = r
+    Object.assign(report, figures16)
+    console.log(
+      `16-bit weights (${config.num_hidden_layers} layers, ${r.bf16_model_gb} GB BF16 kept ${r.weight_dtype}): decode 1 @4096 ${r.bf16_decode_4096_tok_s} tok/s, F32 ${r.f32_decode_4096_tok_s}: ` +
+        `${r.bf16_decode_over_f32}x (target >= 1.6); ${r.decode_4096_over_bw_bound_bf16}x its bound at ${r.bf16_bandwidth_gb_s} GB/s (target <= 1.3); logits equal: ${r.bf16_logits_equal_f32}`
+    )
   }
   report.stream_gb_s = round(bandwidth / 1e9)
   report.last_level_cache_mib = llc === undefined ? null : round(llc / 2 ** 20)

@@ -7,7 +7,9 @@
 #include "kernels.cuh"
 #include "transformer.cuh"
 
-extern "C" gyre_status be_model_create(const param_layout *lay, be_model **out) {
+extern "C" gyre_status be_model_create(const param_layout *lay, int32_t wdtype, be_model **out) {
+  if (wdtype != GYRE_F32)
+    return gyre_fail(GYRE_ERR_UNSUPPORTED, "cuda: 16-bit weights are not built (the CUDA backend computes from F32 weights)");
   if (lay->d.hd > ATTENTION_MAX_HEAD_DIM)
     return gyre_fail(GYRE_ERR_UNSUPPORTED, "cuda: head_dim %d is above this build's limit of %d", lay->d.hd,
                      ATTENTION_MAX_HEAD_DIM);
@@ -49,6 +51,21 @@ extern "C" gyre_status be_model_get_weights(const be_model *m, float *host) {
   GYRE_CHECK(ctx_enter(&m->ctx));
   CU(cudaMemcpyAsync(host, m->w, sizeof(float) * (size_t)m->lay->n_params, cudaMemcpyDeviceToHost, m->ctx.stream));
   return ctx_sync(&m->ctx);
+}
+
+extern "C" int32_t be_model_weight_dtype(const be_model *m) {
+  (void)m;
+  return GYRE_F32;
+}
+
+extern "C" gyre_status be_model_map_tensor(be_model *m, int32_t index, int fd, int64_t offset, int64_t nbytes) {
+  (void)m, (void)fd, (void)offset, (void)nbytes;
+  return gyre_fail(GYRE_ERR_UNSUPPORTED, "cuda: tensor %d: 16-bit weights are not built", (int)index);
+}
+
+extern "C" gyre_status be_model_widen(be_model *m) {
+  (void)m;
+  return GYRE_OK; /* always F32 */
 }
 
 extern "C" float *be_model_host_weights(be_model *m) {

@@ -65,12 +65,13 @@ extern "C" {
 #endif
 
 /* Bumped on any incompatible change of a signature, struct or buffer format below. */
-#define GYRE_ABI_VERSION 8 /* 2: gyre_loss_config.proximal_current; 3: RoPE scaling, tensor load/store;
+#define GYRE_ABI_VERSION 9 /* 2: gyre_loss_config.proximal_current; 3: RoPE scaling, tensor load/store;
                               4: gyre_config.head_dim, per-thread error messages, per-model thread counts;
                               5: gyre_cache_create's kv_dtype, gyre_cache_stats.kv_dtype (F16 KV);
                               6: gyre_config.qkv_bias, qk_norm and YaRN fields, gyre_rope_attention_scaling;
                               7: gyre_loss_config.temperature;
-                              8: gyre_train_batch takes n > max_tokens (chunked), gyre_trainer_memory */
+                              8: gyre_train_batch takes n > max_tokens (chunked), gyre_trainer_memory;
+                              9: gyre_model_create_zero's weight_dtype, gyre_model_weight_dtype (16-bit weights) */
 
 /* ------------------------------------------------------------------------------------ */
 /* Status codes and errors                                                               */
@@ -217,17 +218,32 @@ GYRE_API gyre_status gyre_model_create(const gyre_config *cfg, uint64_t seed, fl
  * with GYRE_ERR_BAD_CHECKPOINT and a message naming the problem. */
 GYRE_API gyre_status gyre_model_load(const gyre_config *cfg, const uint8_t *safetensors,
                                      size_t len, gyre_model **out);
-/* A model whose weights are all zero, to be filled tensor by tensor (gyre_model_read_tensor). */
-GYRE_API gyre_status gyre_model_create_zero(const gyre_config *cfg, gyre_model **out);
-
-/* Element types of stored tensors (safetensors' F32, F16, BF16); the model computes in F32. */
+/* Element types of stored tensors (safetensors' F32, F16, BF16). */
 typedef enum gyre_dtype { GYRE_F32 = 0, GYRE_F16 = 1, GYRE_BF16 = 2 } gyre_dtype;
 
+/* A model whose weights are all zero, to be filled tensor by tensor (gyre_model_read_tensor).
+ * weight_dtype (gyre_dtype) is how it keeps its matrices (projections, embedding, lm_head):
+ *   GYRE_F32            F32, as every other model
+ *   GYRE_F16, GYRE_BF16 16-bit, as a checkpoint stores them (CPU backend; the CUDA backend
+ *                       fails with GYRE_ERR_UNSUPPORTED): products widen each element exactly
+ *                       to F32 as it is read and sum in F32, so logits are the bits an F32 model
+ *                       holding the same (16-bit) values gives, from half the weight bytes.
+ *                       Vectors (norms, biases) stay F32; values written in (set_weights,
+ *                       read_tensor from another dtype) are rounded to nearest even; a trainer
+ *                       needs F32 master weights, so gyre_trainer_create widens the model's
+ *                       weights to F32 (exactly) for good. */
+GYRE_API gyre_status gyre_model_create_zero(const gyre_config *cfg, int32_t weight_dtype, gyre_model **out);
+/* The model's weight dtype now (GYRE_F32 after a trainer widened it). */
+GYRE_API gyre_status gyre_model_weight_dtype(const gyre_model *model, int32_t *dtype);
+
 /* Sets tensor `index` of the layout (gyre_param_tensor) from `nbytes` bytes of the file at
- * `path` starting at byte `offset`, elements of `dtype` converted to F32 (exactly: every F16
- * and BF16 value is an F32 value). The range is memory-mapped, read once in order and
- * unmapped as it is consumed, so the host never holds more than a bounded window of the
- * file. nbytes must be the tensor's element count times the dtype's size. */
+ * `path` starting at byte `offset`, elements of `dtype`. A matrix stored in the model's 16-bit
+ * weight dtype is memory-mapped read-only (its pages read in at once, in parallel) and used
+ * where it is: not copied, not converted (the file may be renamed or unlinked meanwhile, not
+ * changed in place). Otherwise the values are converted (to F32 exactly: every F16 and BF16
+ * value is an F32 value; into a 16-bit matrix rounded): the range is memory-mapped, read once
+ * in order and unmapped as it is consumed, so the host never holds more than a bounded window
+ * of the file. nbytes must be the tensor's element count times the dtype's size. */
 GYRE_API gyre_status gyre_model_read_tensor(gyre_model *model, int32_t index, int32_t dtype,
                                             const char *path, int64_t offset, int64_t nbytes);
 /* Copies tensor `index` out as `dtype` (F16 and BF16 rounded to nearest even; NaN stays
@@ -384,6 +400,8 @@ GYRE_API uint64_t gyre_checksum(const uint8_t *data, size_t len);
  * beyond the fixed part is a few KB per token of the batch (gyre_trainer_memory). */
 typedef struct gyre_trainer gyre_trainer;
 
+/* A model with 16-bit weights gets F32 ones (widened exactly) for good: the master weights the
+ * trainer updates (gyre_model_create_zero). */
 GYRE_API gyre_status gyre_trainer_create(gyre_model *model, int32_t max_tokens,
                                          gyre_trainer **out);
 GYRE_API void gyre_trainer_free(gyre_trainer *trainer);

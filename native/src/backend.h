@@ -35,8 +35,17 @@ void be_use_threads(int32_t n);
 int32_t be_threads_for(int32_t n);
 
 /* ---- model weights (flat layout of internal.h) ---- */
-/* Weights start zeroed. */
-gyre_status be_model_create(const param_layout *layout, be_model **out);
+/* Weights start zeroed. wdtype (gyre_dtype) is the element type the model keeps and computes
+ * its matrices from: GYRE_F32, or GYRE_F16 / GYRE_BF16 where the backend has 16-bit weights
+ * (else GYRE_ERR_UNSUPPORTED); vectors (norms, biases) are F32 either way. Ranges and whole
+ * vectors go in and out as F32 (rounded to nearest even into 16-bit matrices). */
+gyre_status be_model_create(const param_layout *layout, int32_t wdtype, be_model **out);
+int32_t be_model_weight_dtype(const be_model *m);
+/* Uses nbytes of the open file fd from `offset` on as tensor `index`, a matrix stored in the
+ * model's 16-bit weight dtype: mapped read-only and read in now, not copied or converted. */
+gyre_status be_model_map_tensor(be_model *m, int32_t index, int fd, int64_t offset, int64_t nbytes);
+/* Makes the model's weights F32 (exactly widened) for good: what a trainer needs. */
+gyre_status be_model_widen(be_model *m);
 gyre_status be_model_set_weights(be_model *m, const float *host);
 gyre_status be_model_get_weights(const be_model *m, float *host);
 /* The weights' host memory when the backend keeps them there (CPU), else NULL (CUDA). */

@@ -95,6 +95,13 @@ gyre_status st_decode(const param_layout *layout, int32_t n_groups, const char *
                       float *const *flats, const uint8_t *buf, size_t len, const char *meta_key,
                       char *meta_value, size_t meta_cap);
 
+/* ---- stored element types (common/tensors.c) ---- */
+
+/* n elements of gyre_dtype dtype to F32 (exact) / F32 to dtype (16-bit: round to nearest even,
+ * F16 overflowing to infinity, NaN kept), threads sharing the range. */
+void values_to_f32(int32_t dtype, const void *src, int64_t n, float *dst);
+void values_from_f32(int32_t dtype, const float *src, int64_t n, void *dst);
+
 /* ---- random numbers (common/random.c) ---- */
 
 uint64_t splitmix64(uint64_t *state);

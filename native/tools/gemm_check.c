@@ -6,8 +6,13 @@
  * double-precision reference, with the columns between N and ldc checked untouched.
  * Seeded; prints the failing cases and a last line "N cases, M off"; exit status 1 when a
  * case is off by more than 1e-5 relative to its largest value.
+ *
+ * With --w16, the cases are gemm_wt's (C = A . W^T, W of BF16 or F16 elements, each case both):
+ * its result must have the bits of gemm over the F32 widening of the same W (widened here by
+ * this file's own bit arithmetic), and be within 1e-5 of the double-precision reference.
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,8 +75,76 @@ static int run_case(int M, int N, int K, int ta, int tb, int accumulate, int thr
   return off;
 }
 
+/* The F32 value of a 16-bit element (this file's own arithmetic, not the library's). */
+static float widened(uint16_t h, int dt) {
+  if (dt == GYRE_BF16) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+  }
+  int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+  float v = e == 0 ? ldexpf((float)m, -24) : ldexpf((float)(m | 0x400), e - 25);
+  return h & 0x8000 ? -v : v; /* no infinities or NaNs are drawn */
+}
+
+/* one random gemm_wt case of dtype dt: 1 when it is off */
+static int run_w16_case(int M, int N, int K, int accumulate, int threads, int dt) {
+  int lda = K + (int)(next_u() % 3), ldw = K + (int)(next_u() % 3), ldc = N + (int)(next_u() % 3);
+  float *a = filled((size_t)M * lda), *wide = malloc((size_t)N * ldw * sizeof(float));
+  uint16_t *w = malloc((size_t)N * ldw * sizeof(uint16_t));
+  float *c = filled((size_t)M * ldc), *c2 = malloc((size_t)M * ldc * sizeof(float));
+  if (!wide || !w || !c2) exit(2);
+  for (size_t i = 0; i < (size_t)N * ldw; i++) {
+    uint16_t sign = next_u() & 1 ? 0x8000 : 0;
+    /* BF16: exponents 2^-8..2^0; F16: 2^-14..2^0 and subnormals */
+    w[i] = dt == GYRE_BF16 ? (uint16_t)(sign | (uint16_t)((119 + next_u() % 8) << 7) | (next_u() & 0x7f))
+                           : (uint16_t)(sign | (uint16_t)((next_u() % 16) << 10) | (next_u() & 0x3ff));
+    wide[i] = widened(w[i], dt);
+  }
+  memcpy(c2, c, (size_t)M * ldc * sizeof(float));
+  double top = 1e-30, worst = 0.0;
+  float *want = malloc((size_t)M * ldc * sizeof(float));
+  if (!want) exit(2);
+  memcpy(want, c, (size_t)M * ldc * sizeof(float));
+  for (int i = 0; i < M; i++)
+    for (int j = 0; j < N; j++) {
+      double s = accumulate ? want[(size_t)i * ldc + j] : 0.0;
+      for (int k = 0; k < K; k++) s += (double)a[(size_t)i * lda + k] * wide[(size_t)j * ldw + k];
+      want[(size_t)i * ldc + j] = (float)s;
+      top = fabs(s) > top ? fabs(s) : top;
+    }
+  cpu_use_threads(threads);
+  gemm_wt(M, N, K, a, lda, w, dt, ldw, c, ldc, accumulate);
+  gemm(M, N, K, a, lda, 0, wide, ldw, 1, c2, ldc, accumulate);
+  for (size_t i = 0; i < (size_t)M * ldc; i++) {
+    double d = fabs((double)c[i] - want[i]) / top;
+    worst = d > worst ? d : worst;
+  }
+  int differ = memcmp(c, c2, (size_t)M * ldc * sizeof(float)) != 0, off = worst > 1e-5 || differ;
+  if (off)
+    printf("off: %s M %d N %d K %d accumulate %d threads %d: %.3g%s\n", dt == GYRE_BF16 ? "BF16" : "F16", M, N, K, accumulate,
+           threads, worst, differ ? ", bits differ from the F32 widening" : "");
+  free(a), free(wide), free(w), free(c), free(c2), free(want);
+  return off;
+}
+
 int main(int argc, char **argv) {
-  int cases = argc > 1 ? atoi(argv[1]) : 400, off = 0;
+  int w16 = argc > 1 && strcmp(argv[argc - 1], "--w16") == 0;
+  int cases = argc > 1 + w16 ? atoi(argv[1]) : 400, off = 0;
+  if (w16) {
+    for (int n = 0; n < cases; n++) {
+      int M = pick(), N = pick(), K = pick();
+      if ((double)M * N * K > 1e8) {
+        n--;
+        continue;
+      }
+      int accumulate = (int)(next_u() % 2), threads = 1 + (int)(next_u() % 3);
+      off += run_w16_case(M, N, K, accumulate, threads, GYRE_BF16) | run_w16_case(M, N, K, accumulate, threads, GYRE_F16);
+    }
+    printf("%d cases, %d off\n", cases, off);
+    return off != 0;
+  }
   for (int n = 0; n < cases; n++) {
     int M = pick(), N = pick(), K = pick();
     if ((double)M * N * K > 2e8) { /* keep the reference quick: shrink the largest */

@@ -10,8 +10,10 @@
  *
  * Loading reads every shard's header, checks every tensor of the engine's layout against it
  * (a missing, misshapen, unexpected or wrongly typed tensor is an error naming it), then has
- * the engine memory-map each tensor's byte range and convert it to F32: each byte is read
- * once and the host never holds a second copy of the weights.
+ * the engine memory-map each tensor's byte range. On the CPU backend a checkpoint whose
+ * matrices are all BF16 (or all F16) is kept so: its matrices stay mapped and the model
+ * computes from them (`weights: "f32"` converts instead); otherwise every range is converted
+ * to F32. Each byte is read once and the host never holds a second copy of the weights.
  *
  * Saving keeps the dtype of the checkpoint the model was loaded from (or `dtype`), cuts
  * shards at `maxShardBytes` (HF's default 5 GB) with an index when there is more than one,
@@ -163,10 +165,22 @@ const mainDtype = (sources: ReadonlyArray<{ readonly dtypeName: Dtype; readonly 
 const asCheckpointError = (path: string, code = "GYRE_ERR_BAD_CHECKPOINT") => (e: NativeError) =>
   e instanceof EngineError && e.code === code ? new CheckpointError({ path, message: e.message }) : e
 
+/** The 16-bit dtype every matrix of a checkpoint is stored in, else undefined (F32 or mixed). */
+const matrixDtype = (layout: ReadonlyArray<ParamTensor>, sources: ReadonlyArray<TensorSource & { readonly dtypeName: Dtype }>): Dtype | undefined => {
+  const names = new Set(sources.filter((s) => layout[s.index]!.shape.length === 2).map((s) => s.dtypeName))
+  const [only] = names
+  return names.size === 1 && only !== "F32" ? only : undefined
+}
+
+export interface LoadOptions extends ModelOptions {
+  /** "stored" (default): on the CPU backend a checkpoint whose matrices are all BF16 (or all F16) keeps them so, memory-mapped; "f32": converted. */
+  readonly weights?: "stored" | "f32"
+}
+
 /** Loads a checkpoint's model (into the caller's scope, on `options.device`) and its optimizer state bytes, if any. */
 export const loadCheckpoint = (
   dir: string,
-  options: ModelOptions = {}
+  options: LoadOptions = {}
 ): Effect.Effect<{ readonly model: Model; readonly optimizer: Uint8Array | undefined }, CheckpointError | NativeError, Engine | Scope.Scope> =>
   Effect.gen(function* () {
     const engine = yield* Engine
@@ -174,7 +188,11 @@ export const loadCheckpoint = (
     const layout = yield* engine.layout(config).pipe(Effect.mapError(asCheckpointError(join(dir, CONFIG_FILE), "GYRE_ERR_INVALID_ARGUMENT")))
     const sources = yield* sourcesOf(dir, config, layout)
     const origin = { dir, dtype: mainDtype(sources), configJson: json }
-    const model = yield* engine.readModel(config, sources, { ...options, origin }).pipe(Effect.mapError(asCheckpointError(dir)))
+    const kept = engine.backend === "cpu" && options.weights !== "f32" ? matrixDtype(layout, sources) : undefined
+    const { weights: _, ...modelOptions } = options
+    const model = yield* engine
+      .readModel(config, sources, { ...modelOptions, origin, ...(kept === undefined ? {} : { weightDtype: kept }) })
+      .pipe(Effect.mapError(asCheckpointError(dir)))
     const optimizer = yield* io(join(dir, OPTIMIZER_FILE), () => readFile(join(dir, OPTIMIZER_FILE))).pipe(
       Effect.map((b): Uint8Array | undefined => b),
       Effect.catchIf(isMissing, () => Effect.succeed(undefined))

@@ -15,7 +15,10 @@ import { Context, Effect, Layer, type Scope } from "effect"
 import { headDim, type KvDtype, kvDtypes, type LlamaConfig } from "./config.ts"
 import { KvCache } from "./kvcache.ts"
 import { type Backend, EngineError, type NativeCalls, type NativeError, loadNative } from "./native.ts"
+import { type Dtype, dtypes } from "./safetensors.ts"
 import { Trainer } from "./trainer.ts"
+
+const dtypeNames = Object.fromEntries(Object.entries(dtypes).map(([name, d]) => [d.code, name as Dtype]))
 
 /** A tensor of the flat parameter layout (gyre.h): its HF name, offset and shape. */
 export interface ParamTensor {
@@ -90,6 +93,12 @@ export class Model {
   writeTensor(index: number, dtype: number, bytes: number): Effect.Effect<Uint8Array, NativeError> {
     const out = new Uint8Array(bytes)
     return this.lib.run("model_write_tensor", [this.ptr, index, dtype, out, bytes]).pipe(Effect.as(out))
+  }
+
+  /** How the model keeps its matrices now: "F32", or "F16" / "BF16" as a checkpoint stored them (CPU; F32 once a trainer widened them). */
+  weightDtype(): Effect.Effect<Dtype, NativeError> {
+    const out = [0]
+    return this.lib.runSync("model_weight_dtype", [this.ptr, out]).pipe(Effect.map(() => dtypeNames[out[0]!]!))
   }
 
   /** The weights as a safetensors file (HF names, F32). */
@@ -184,13 +193,15 @@ export interface EngineShape {
   /** A model from a safetensors file in memory (a checkpoint's model.safetensors) on `device`. */
   readonly loadModel: (config: LlamaConfig, safetensors: Uint8Array, options?: ModelOptions) => Effect.Effect<Model, NativeError, Scope.Scope>
   /**
-   * A model read tensor by tensor from stored files (each range memory-mapped, converted to
-   * F32, read once); every tensor of the layout must have one source.
+   * A model read tensor by tensor from stored files; every tensor of the layout must have one
+   * source. With `weightDtype` F16 or BF16 (CPU backend), matrices stored in it are memory-mapped
+   * and kept as stored (gyre.h gyre_model_create_zero); otherwise each range is memory-mapped,
+   * converted to F32 and read once.
    */
   readonly readModel: (
     config: LlamaConfig,
     sources: ReadonlyArray<TensorSource>,
-    options?: ModelOptions & { readonly origin?: ModelOrigin }
+    options?: ModelOptions & { readonly origin?: ModelOrigin; readonly weightDtype?: Dtype }
   ) => Effect.Effect<Model, NativeError, Scope.Scope>
   /** The RoPE inverse frequencies the config rotates by (head_dim / 2 values, after scaling). */
   readonly ropeInvFreq: (config: LlamaConfig) => Effect.Effect<Float32Array, NativeError>
@@ -258,7 +269,7 @@ const make = Effect.gen(function* () {
     loadModel: (config, safetensors, options = {}) => model(config, "model_load", [safetensors, safetensors.length], options),
     readModel: (config, sources, options = {}) =>
       Effect.gen(function* () {
-        const m = yield* model(config, "model_create_zero", [], options)
+        const m = yield* model(config, "model_create_zero", [dtypes[options.weightDtype ?? "F32"].code], options)
         for (const s of sources) yield* m.lib.run("model_read_tensor", [m.ptr, s.index, s.dtype, s.path, s.offset, s.bytes])
         return m
       }),

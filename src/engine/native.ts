@@ -124,7 +124,7 @@ koffi.struct("gyre_trainer_memory_info", { fixed_bytes: "int64_t", kv_bytes_per_
 koffi.struct("gyre_adamw", { lr: "float", beta1: "float", beta2: "float", eps: "float", weight_decay: "float", max_grad_norm: "float" })
 
 /** GYRE_ABI_VERSION of native/include/gyre.h that these prototypes and structs match. */
-const ABI_VERSION = 8
+const ABI_VERSION = 9
 
 const prototypes = {
   last_error: "size_t gyre_last_error(_Out_ uint8_t *buf, size_t cap)",
@@ -144,7 +144,8 @@ const prototypes = {
     "int32_t gyre_param_tensor(const gyre_config *cfg, int32_t index, _Out_ uint8_t *name, size_t cap, _Out_ int64_t *offset, _Out_ int32_t *rank, int64_t *shape)",
   model_create: "int32_t gyre_model_create(const gyre_config *cfg, uint64_t seed, float std, _Out_ gyre_model **out)",
   model_load: "int32_t gyre_model_load(const gyre_config *cfg, const uint8_t *buf, size_t len, _Out_ gyre_model **out)",
-  model_create_zero: "int32_t gyre_model_create_zero(const gyre_config *cfg, _Out_ gyre_model **out)",
+  model_create_zero: "int32_t gyre_model_create_zero(const gyre_config *cfg, int32_t weight_dtype, _Out_ gyre_model **out)",
+  model_weight_dtype: "int32_t gyre_model_weight_dtype(const gyre_model *m, _Out_ int32_t *dtype)",
   model_read_tensor:
     "int32_t gyre_model_read_tensor(gyre_model *m, int32_t index, int32_t dtype, const char *path, int64_t offset, int64_t nbytes)",
   model_write_tensor: "int32_t gyre_model_write_tensor(const gyre_model *m, int32_t index, int32_t dtype, uint8_t *out, size_t cap)",

@@ -9,7 +9,7 @@
 import { writeFileSync } from "node:fs"
 import { join } from "node:path"
 import { Effect } from "effect"
-import type { LlamaConfig } from "../../src/engine/config.ts"
+import { type LlamaConfig, architectures } from "../../src/engine/config.ts"
 import { Engine } from "../../src/engine/engine.ts"
 import { rng, runEngine } from "../engine/helpers.ts"
 import { type Tensor, trainedByteLevelTokenizer, writeSafetensors } from "./fixtures.ts"
@@ -213,15 +213,14 @@ export const qwenConfig = (type: "qwen2" | "qwen3", vocab: number, extra: Partia
 /** config.json as the hub writes it for the architecture (HF field set, Qwen's window fields). */
 export const qwenConfigJson = (c: LlamaConfig, extra: Record<string, unknown> = {}) => {
   const { model_type, rope_scaling, ...fields } = c
+  const type = model_type ?? "llama"
   return {
-    architectures: [model_type === "qwen3" ? "Qwen3ForCausalLM" : "Qwen2ForCausalLM"],
-    model_type,
+    architectures: [architectures[type]],
+    model_type: type,
     hidden_act: "silu",
     torch_dtype: "bfloat16",
-    use_sliding_window: false,
-    sliding_window: 131072,
-    max_window_layers: c.num_hidden_layers,
-    ...(model_type === "qwen3" ? { attention_bias: false } : {}),
+    ...(type === "llama" ? {} : { use_sliding_window: false, sliding_window: 131072, max_window_layers: c.num_hidden_layers }),
+    ...(type !== "qwen2" ? { attention_bias: false } : {}),
     ...fields,
     head_dim: fields.head_dim ?? fields.hidden_size / fields.num_attention_heads,
     rope_scaling: rope_scaling ?? null,
@@ -241,7 +240,7 @@ export const randomTensors = async (c: LlamaConfig, seed: number): Promise<Array
 }
 
 /**
- * A Qwen model directory: config.json, the weights in `dtype` (in two shards with an index when
+ * A Qwen (or, without model_type, Llama) model directory: config.json, the weights in `dtype` (in two shards with an index when
  * `sharded`), tokenizer.json, tokenizer_config.json with the architecture's chat template, and
  * generation_config.json. Returns the tensors written.
  */

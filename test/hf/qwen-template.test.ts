@@ -5,7 +5,9 @@
  * results in one user turn, Qwen3's `<think>` blocks (dropped before the last user query, kept
  * in the tool loop after it). Each render is the text written out here, the same text
  * @huggingface/jinja renders from the template directly, and its ids are the model tokenizer's
- * encoding of that text, with each ChatML and tool-call marker one added token.
+ * encoding of that text, with each ChatML and tool-call marker one added token. The tool-call
+ * format the gateway picks for them (src/openai/tool-formats.ts, probed from the template) is
+ * Hermes JSON, and its parser reads a call written as these models write one.
  */
 import { mkdtempSync } from "node:fs"
 import { tmpdir } from "node:os"
@@ -61,6 +63,16 @@ const expectRender = (type: "qwen2" | "qwen3", format: ChatFormat, messages: Arr
   return ids
 }
 
+/** The chosen tool format reads back a call as the model writes it; a call starts as the template writes one. */
+const expectHermes = (format: ChatFormat, callStart: string) => {
+  const modelText = '<tool_call>\n{"name": "read_file", "arguments": {"path": "a.txt"}}\n</tool_call>'
+  expect(format.toolFormat.name).toBe("hermes")
+  const read = format.toolFormat.scan(modelText, true, [tool])
+  expect(read.calls.map((c) => [c.name, JSON.parse(c.arguments)])).toEqual([["read_file", { path: "a.txt" }]])
+  expect(read.content.trim()).toBe("")
+  expect(format.callStart?.("read_file")).toBe(`${callStart}<tool_call>\n{"name": "read_file", "arguments": `)
+}
+
 describe("Qwen chat templates with the model's own tokenizer", () => {
   it("Qwen2.5: the default system turn; tools, calls and grouped tool results", async () => {
     const format = await formatOf("qwen2")
@@ -81,6 +93,7 @@ describe("Qwen chat templates with the model's own tokenizer", () => {
         "<|im_start|>user\n<tool_response>\nhello\n</tool_response>\n<tool_response>\nworld\n</tool_response><|im_end|>\n" +
         "<|im_start|>assistant\nhello world<|im_end|>\n<|im_start|>user\nthanks<|im_end|>\n<|im_start|>assistant\n")
     expect(ids[0]).toBe(qwenIds("qwen2").imStart)
+    expectHermes(format, "")
     // tools without a system message: Qwen's default one leads the tools block
     expectRender("qwen2", format, [{ role: "user", content: "hi" }], [tool],
       toolsBlock("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n\n") + "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
@@ -103,6 +116,7 @@ describe("Qwen chat templates with the model's own tokenizer", () => {
         "<|im_start|>user\nread a.txt<|im_end|>\n" +
         '<|im_start|>assistant\n<think>\nI need the file.\n</think>\n\n<tool_call>\n{"name": "read_file", "arguments": {"path": "a.txt"}}\n</tool_call><|im_end|>\n' +
         "<|im_start|>user\n<tool_response>\nhello\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    expectHermes(format, "<think>\n\n</think>\n\n") // the template writes an empty think block before a call after the query
     // no system message and no tools: no system turn at all
     expectRender("qwen3", format, [{ role: "user", content: "hi" }], [], "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
   })

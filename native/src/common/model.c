@@ -56,13 +56,13 @@ void model_release(gyre_model *m) {
   free(m);
 }
 
-/* A model with zeroed device weights. */
-static gyre_status model_new(const gyre_config *cfg, gyre_model **out) {
+/* A model with zeroed device weights whose matrices are kept as wdtype. */
+static gyre_status model_new(const gyre_config *cfg, int32_t wdtype, gyre_model **out) {
   if (out == NULL) return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "model: out is NULL");
   gyre_model *m = calloc(1, sizeof *m);
   if (m == NULL) return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "model: out of host memory");
   gyre_status st = layout_build(cfg, &m->layout);
-  if (st == GYRE_OK) st = be_model_create(&m->layout, &m->be);
+  if (st == GYRE_OK) st = be_model_create(&m->layout, wdtype, &m->be);
   if (st != GYRE_OK) {
     layout_free(&m->layout);
     free(m);
@@ -79,7 +79,7 @@ static gyre_status model_from_host(const gyre_config *cfg, gyre_model **out,
                                    gyre_status (*fill)(const param_layout *, float *, const void *),
                                    const void *arg) {
   gyre_model *m = NULL;
-  GYRE_CHECK(model_new(cfg, &m));
+  GYRE_CHECK(model_new(cfg, GYRE_F32, &m));
   float *flat = malloc(sizeof(float) * (size_t)m->layout.n_params);
   gyre_status st = flat == NULL ? gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "model: out of host memory") : GYRE_OK;
   if (st == GYRE_OK) st = fill(&m->layout, flat, arg);
@@ -128,8 +128,17 @@ gyre_status gyre_model_load(const gyre_config *cfg, const uint8_t *safetensors, 
   return model_from_host(cfg, out, fill_safetensors, &a);
 }
 
-gyre_status gyre_model_create_zero(const gyre_config *cfg, gyre_model **out) {
-  return model_new(cfg, out); /* backends create zeroed weights */
+gyre_status gyre_model_create_zero(const gyre_config *cfg, int32_t weight_dtype, gyre_model **out) {
+  if (weight_dtype != GYRE_F32 && weight_dtype != GYRE_F16 && weight_dtype != GYRE_BF16)
+    return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "gyre_model_create_zero: weight_dtype %d is not F32 (0), F16 (1) or BF16 (2)",
+                     (int)weight_dtype);
+  return model_new(cfg, weight_dtype, out); /* backends create zeroed weights */
+}
+
+gyre_status gyre_model_weight_dtype(const gyre_model *m, int32_t *dtype) {
+  if (m == NULL || dtype == NULL) return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "gyre_model_weight_dtype: NULL argument");
+  *dtype = be_model_weight_dtype(m->be);
+  return GYRE_OK;
 }
 
 gyre_status gyre_model_save(const gyre_model *m, uint8_t *out, size_t cap, size_t *len) {

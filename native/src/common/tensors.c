@@ -1,6 +1,7 @@
 /* tensors.c - one parameter tensor in or out in a stored dtype (F32, F16, BF16): reading a
- * memory-mapped file range into the model, and writing the model's values rounded to 16 bits.
- * Conversions are exact into F32 and round to nearest even out of it. */
+ * memory-mapped file range into the model (a matrix in the model's own 16-bit weight dtype is
+ * mapped and kept as it is), and writing the model's values rounded to 16 bits. Conversions
+ * are exact into F32 and round to nearest even out of it. */
 #define _DEFAULT_SOURCE /* mmap, sysconf */
 #include <errno.h>
 #include <fcntl.h>
@@ -68,13 +69,13 @@ static int64_t dtype_size(int32_t dtype) { return dtype == GYRE_F32 ? 4 : 2; }
 
 static const char *dtype_name(int32_t dtype) { return dtype == GYRE_F32 ? "F32" : dtype == GYRE_F16 ? "F16" : "BF16"; }
 
-/* Converts n elements (threads share the range; each element is independent). */
-static void to_f32(int32_t dtype, const uint8_t *src, int64_t n, float *dst) {
+void values_to_f32(int32_t dtype, const void *srcv, int64_t n, float *dst) {
+  const uint8_t *src = srcv;
   if (dtype == GYRE_F32) {
     memcpy(dst, src, (size_t)n * 4);
     return;
   }
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n > 65536)
   for (int64_t k = 0; k < n; k++) {
     uint16_t h;
     memcpy(&h, src + 2 * k, 2);
@@ -82,7 +83,9 @@ static void to_f32(int32_t dtype, const uint8_t *src, int64_t n, float *dst) {
   }
 }
 
-static void from_f32(int32_t dtype, const float *src, int64_t n, uint8_t *dst) {
+void values_from_f32(int32_t dtype, const float *src, int64_t n, void *dstv) {
+  uint8_t *dst = dstv;
+#pragma omp parallel for schedule(static) if (n > 65536)
   for (int64_t k = 0; k < n; k++) {
     if (dtype == GYRE_F32) {
       memcpy(dst + 4 * k, &src[k], 4);
@@ -109,8 +112,8 @@ static gyre_status tensor_of(const gyre_model *m, int32_t index, int32_t dtype, 
 
 gyre_status gyre_model_read_tensor(gyre_model *m, int32_t index, int32_t dtype, const char *path,
                                    int64_t offset, int64_t nbytes) {
-  const param_tensor *p;
-  int64_t numel;
+  const param_tensor *p = NULL;
+  int64_t numel = 0;
   GYRE_CHECK(tensor_of(m, index, dtype, "gyre_model_read_tensor", &p, &numel));
   const int64_t width = dtype_size(dtype);
   if (path == NULL || offset < 0 || nbytes != numel * width)
@@ -119,6 +122,11 @@ gyre_status gyre_model_read_tensor(gyre_model *m, int32_t index, int32_t dtype, 
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return gyre_fail(GYRE_ERR_BAD_CHECKPOINT, "gyre_model_read_tensor: %s: %s", path, strerror(errno));
   off_t size = lseek(fd, 0, SEEK_END);
+  if (size >= 0 && offset + nbytes <= (int64_t)size && p->rank == 2 && dtype != GYRE_F32 && dtype == be_model_weight_dtype(m->be)) {
+    gyre_status mapped = be_model_map_tensor(m->be, index, fd, offset, nbytes); /* kept as stored: mapped, not converted */
+    close(fd);
+    return mapped;
+  }
   float *host = be_model_host_weights(m->be);
   float *chunk = host != NULL ? NULL : malloc(sizeof(float) * CHUNK);
   gyre_status st = host == NULL && chunk == NULL ? gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "gyre_model_read_tensor: out of host memory") : GYRE_OK;
@@ -137,11 +145,11 @@ gyre_status gyre_model_read_tensor(gyre_model *m, int32_t index, int32_t dtype, 
     }
     const uint8_t *src = map + (start - base);
     if (host != NULL) { /* host weights: converted in place */
-      to_f32(dtype, src, count, host + p->offset + done);
+      values_to_f32(dtype, src, count, host + p->offset + done);
     } else {
       for (int64_t k = 0; st == GYRE_OK && k < count; k += CHUNK) {
         int64_t n = count - k < CHUNK ? count - k : CHUNK;
-        to_f32(dtype, src + k * width, n, chunk);
+        values_to_f32(dtype, src + k * width, n, chunk);
         st = be_model_set_range(m->be, p->offset + done + k, n, chunk);
       }
     }
@@ -153,8 +161,8 @@ gyre_status gyre_model_read_tensor(gyre_model *m, int32_t index, int32_t dtype, 
 }
 
 gyre_status gyre_model_write_tensor(const gyre_model *m, int32_t index, int32_t dtype, uint8_t *out, size_t cap) {
-  const param_tensor *p;
-  int64_t numel;
+  const param_tensor *p = NULL;
+  int64_t numel = 0;
   GYRE_CHECK(tensor_of(m, index, dtype, "gyre_model_write_tensor", &p, &numel));
   if (out == NULL || (int64_t)cap != numel * dtype_size(dtype))
     return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "gyre_model_write_tensor: tensor '%s' needs %lld bytes, got %zu", p->name,
@@ -165,7 +173,7 @@ gyre_status gyre_model_write_tensor(const gyre_model *m, int32_t index, int32_t 
   for (int64_t k = 0; st == GYRE_OK && k < numel; k += CHUNK) {
     int64_t n = numel - k < CHUNK ? numel - k : CHUNK;
     st = be_model_get_range(m->be, p->offset + k, n, chunk);
-    if (st == GYRE_OK) from_f32(dtype, chunk, n, out + k * dtype_size(dtype));
+    if (st == GYRE_OK) values_from_f32(dtype, chunk, n, out + k * dtype_size(dtype));
   }
   free(chunk);
   return st;

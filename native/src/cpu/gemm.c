@@ -8,12 +8,23 @@
  * serves X.W^T (forward), dY.W (input gradient) and dY^T.X (weight gradient). The micro-kernel is written with GCC vector extensions: AVX-512 gives
  * 16-float vectors (MR x NR = 8 x 32), AVX2 8-float vectors (6 x 16), anything else 4-float
  * vectors the compiler lowers as it can.
+ *
+ * B may also be a row-major weight W [N, K] of 16-bit elements (gemm_wt: BF16 or F16): each
+ * element is widened to F32 as it is read (BF16 by a shift, F16 by vcvtph2ps under AVX-512 or
+ * F16C, else half.h's bit arithmetic), exactly, so products and sums are the F32 kernel's on
+ * the widened values: a 16-bit W gives the bits an F32 W holding the same values gives.
  */
 #include <omp.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../half.h"
 #include "gemm.h"
+
+#if defined(__AVX512F__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 #if defined(__AVX512F__)
 #define VL 16
@@ -59,6 +70,50 @@ static inline vf load_v(const float *p) {
 }
 
 static inline void store_v(float *p, vf v) { memcpy(p, &v, sizeof v); }
+
+/* Bytes of a weight element of gyre_dtype dt (F32, F16, BF16). */
+static inline size_t w_size(int dt) { return dt == GYRE_F32 ? 4 : 2; }
+
+/* Element i of a weight row of dtype dt, widened to F32 (exact). */
+static inline __attribute__((always_inline)) float w_elem(const char *p, size_t i, int dt) {
+  if (dt == GYRE_F32) {
+    float f;
+    memcpy(&f, p + 4 * i, 4);
+    return f;
+  }
+  uint16_t h;
+  memcpy(&h, p + 2 * i, 2);
+  if (dt == GYRE_F16) return half_to_float(h);
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+typedef uint16_t vh __attribute__((vector_size(VL * sizeof(uint16_t))));
+typedef uint32_t vu __attribute__((vector_size(VL * sizeof(uint32_t))));
+
+/* VL weight elements of dtype dt from element i on, widened to F32 (exact). */
+static inline __attribute__((always_inline)) vf load_w(const char *p, size_t i, int dt) {
+  if (dt == GYRE_F32) return load_v((const float *)(p + 4 * i));
+  if (dt == GYRE_BF16) {
+    vh h;
+    memcpy(&h, p + 2 * i, sizeof h);
+    vu u = __builtin_convertvector(h, vu) << 16;
+    vf f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+  }
+#if VL == 16 && defined(__AVX512F__)
+  return (vf)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 2 * i)));
+#elif VL == 8 && defined(__F16C__)
+  return (vf)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 2 * i)));
+#else
+  float lanes[VL];
+  for (int l = 0; l < VL; l++) lanes[l] = w_elem(p, i + (size_t)l, GYRE_F16);
+  return load_v(lanes);
+#endif
+}
 
 /* c[MR x NR] (ldc) = (accumulate ? c : 0) + A . bp[kc x NR], A(i, k) = a[i * ars + k * acs] for
  * i < MR, k < kc: a packed sliver (ars 1, acs MR) or MR rows of a row-major A read in place
@@ -116,38 +171,50 @@ static void pack_a(int mc, int kc, const float *a, int lda, int trans_a, int m0,
   }
 }
 
-/* One NR-column sliver of B (columns n.., kc deep at k0), k-major, zero padded. */
-static void pack_b_sliver(int kc, const float *b, int ldb, int trans_b, int k0, int n, int N, float *bp) {
-  int cols = N - n < NR ? N - n : NR;
-  if (!trans_b) {
-    for (int k = 0; k < kc; k++) {
-      const float *src = b + (size_t)(k0 + k) * ldb + n;
-      float *dst = bp + (size_t)k * NR;
-      if (cols == NR) memcpy(dst, src, sizeof(float) * NR);
-      else {
-        int j = 0;
-        for (; j < cols; j++) dst[j] = src[j];
-        for (; j < NR; j++) dst[j] = 0.0f;
-      }
-    }
-    return;
-  }
-  /* transposed source: rows of b are columns of B; read 8 of them at a time */
+/* The transposed sliver of pack_b_sliver from B's rows (W's rows) of dtype dt, widened. */
+static inline __attribute__((always_inline)) void pack_bt_sliver(int kc, const char *b, size_t ldb, int k0, int n, int cols,
+                                                                 float *bp, int dt) {
+  /* rows of b are columns of B; read 8 of them at a time */
+  size_t es = w_size(dt);
   int j = 0;
   for (; j + 8 <= cols; j += 8) {
-    const float *r[8];
-    for (int t = 0; t < 8; t++) r[t] = b + (size_t)(n + j + t) * ldb + k0;
+    const char *r[8];
+    for (int t = 0; t < 8; t++) r[t] = b + ((size_t)(n + j + t) * ldb + k0) * es;
     for (int k = 0; k < kc; k++) {
       float *dst = bp + (size_t)k * NR + j;
-      for (int t = 0; t < 8; t++) dst[t] = r[t][k];
+      for (int t = 0; t < 8; t++) dst[t] = w_elem(r[t], k, dt);
     }
   }
   for (; j < cols; j++) {
-    const float *src = b + (size_t)(n + j) * ldb + k0;
-    for (int k = 0; k < kc; k++) bp[(size_t)k * NR + j] = src[k];
+    const char *src = b + ((size_t)(n + j) * ldb + k0) * es;
+    for (int k = 0; k < kc; k++) bp[(size_t)k * NR + j] = w_elem(src, k, dt);
   }
   for (; j < NR; j++)
     for (int k = 0; k < kc; k++) bp[(size_t)k * NR + j] = 0.0f;
+}
+
+/* One NR-column sliver of B (columns n.., kc deep at k0), k-major, zero padded; a transposed
+ * B (trans_b) may have 16-bit elements (bdt), widened as they are packed. */
+static void pack_b_sliver(int kc, const void *bv, int ldb, int trans_b, int bdt, int k0, int n, int N, float *bp) {
+  int cols = N - n < NR ? N - n : NR;
+  if (trans_b) {
+    switch (bdt) {
+      case GYRE_BF16: pack_bt_sliver(kc, bv, (size_t)ldb, k0, n, cols, bp, GYRE_BF16); return;
+      case GYRE_F16: pack_bt_sliver(kc, bv, (size_t)ldb, k0, n, cols, bp, GYRE_F16); return;
+      default: pack_bt_sliver(kc, bv, (size_t)ldb, k0, n, cols, bp, GYRE_F32); return;
+    }
+  }
+  const float *b = bv;
+  for (int k = 0; k < kc; k++) {
+    const float *src = b + (size_t)(k0 + k) * ldb + n;
+    float *dst = bp + (size_t)k * NR;
+    if (cols == NR) memcpy(dst, src, sizeof(float) * NR);
+    else {
+      int j = 0;
+      for (; j < cols; j++) dst[j] = src[j];
+      for (; j < NR; j++) dst[j] = 0.0f;
+    }
+  }
 }
 
 /* Packing buffers of the calling thread (its B panel and one A block per team thread),
@@ -297,22 +364,25 @@ static inline void block_sums(int MB, const vf acc[FEW_BLOCK][FEW_BLOCK], float 
 #define IN_REGISTER(v) ((void)0)
 #endif
 
-/* c[i][j] (+)= ar[i] . wr[j] over K for i < MB, j < nn: one block of gemm_few_rows. MB (1-4)
- * is a constant where inlined, so a block of fewer rows does only its rows' arithmetic. Where
- * `ahead` is set, the rows of the next block of W (row stride ldw) are asked for as this block's
- * are read: W streams from memory once a call, and its first touch had stalled on each row. */
+/* c[i][j] (+)= ar[i] . wr[j] over K for i < MB, j < nn: one block of gemm_few_rows, W's rows of
+ * dtype dt (widened as read). MB (1-4) and dt are constants where inlined, so a block of fewer
+ * rows does only its rows' arithmetic. Where `ahead` is set, the rows of the next block of W (row
+ * stride ldw elements) are asked for as this block's are read: W streams from memory once a
+ * call, and its first touch had stalled on each row. */
 static inline __attribute__((always_inline)) void few_block(int MB, int nn, int K, const float *const *ar,
-                                                            const float *const *wr, const float *ahead, size_t ldw, float *c, int ldc, int accumulate) {
+                                                            const char *const *wr, const char *ahead, size_t ldw, float *c,
+                                                            int ldc, int accumulate, int dt) {
   int kv = K / VL * VL;
+  size_t es = w_size(dt);
   vf acc[FEW_BLOCK][FEW_BLOCK];
   for (int i = 0; i < FEW_BLOCK; i++)
     for (int j = 0; j < FEW_BLOCK; j++) acc[i][j] = (vf){0};
   for (int k = 0; k < kv; k += VL) {
     vf wv[FEW_BLOCK];
     if (ahead != NULL)
-      for (int j = 0; j < FEW_BLOCK; j++) __builtin_prefetch(ahead + (size_t)j * ldw + k);
+      for (int j = 0; j < FEW_BLOCK; j++) __builtin_prefetch(ahead + ((size_t)j * ldw + k) * es);
     for (int j = 0; j < FEW_BLOCK; j++) {
-      wv[j] = load_v(wr[j] + k);
+      wv[j] = load_w(wr[j], k, dt);
       IN_REGISTER(wv[j]);
     }
     for (int i = 0; i < MB; i++) {
@@ -326,45 +396,60 @@ static inline __attribute__((always_inline)) void few_block(int MB, int nn, int 
   for (int i = 0; i < MB; i++) {
     for (int j = 0; j < nn; j++) {
       float sum = sums[FEW_BLOCK * i + j];
-      for (int k = kv; k < K; k++) sum += ar[i][k] * wr[j][k];
+      for (int k = kv; k < K; k++) sum = __builtin_fmaf(ar[i][k], w_elem(wr[j], k, dt), sum); /* fused for every dt alike */
       float *dst = c + (size_t)i * ldc + j;
       *dst = accumulate ? *dst + sum : sum;
     }
   }
 }
 
-/* Output columns [n0, n0 + FEW_BLOCK) of gemm_few_rows, every row. */
-static void few_columns(int nb, int M, int N, int K, const float *a, int lda, const float *w, int ldw, float *c, int ldc,
-                        int accumulate) {
+/* Output columns [n0, n0 + FEW_BLOCK) of gemm_few_rows, every row, W of dtype dt. */
+static inline __attribute__((always_inline)) void few_columns(int nb, int M, int N, int K, const float *a, int lda,
+                                                              const char *w, int ldw, float *c, int ldc, int accumulate,
+                                                              int dt) {
   int n0 = nb * FEW_BLOCK, nn = N - n0 < FEW_BLOCK ? N - n0 : FEW_BLOCK;
-  const float *wr[FEW_BLOCK];
-  for (int j = 0; j < FEW_BLOCK; j++) wr[j] = w + (size_t)(n0 + (j < nn ? j : 0)) * ldw;
+  size_t es = w_size(dt);
+  const char *wr[FEW_BLOCK];
+  for (int j = 0; j < FEW_BLOCK; j++) wr[j] = w + (size_t)(n0 + (j < nn ? j : 0)) * ldw * es;
   for (int m0 = 0; m0 < M; m0 += FEW_BLOCK) {
     int mm = M - m0 < FEW_BLOCK ? M - m0 : FEW_BLOCK;
     const float *ar[FEW_BLOCK];
     for (int i = 0; i < FEW_BLOCK; i++) ar[i] = a + (size_t)(m0 + (i < mm ? i : 0)) * lda;
     float *cb = c + (size_t)m0 * ldc + n0;
-    const float *ahead = m0 == 0 && n0 + 2 * FEW_BLOCK <= N ? w + (size_t)(n0 + FEW_BLOCK) * ldw : NULL;
+    const char *ahead = m0 == 0 && n0 + 2 * FEW_BLOCK <= N ? w + (size_t)(n0 + FEW_BLOCK) * ldw * es : NULL;
     switch (mm) {
-      case 1: few_block(1, nn, K, ar, wr, ahead, ldw, cb, ldc, accumulate); break;
-      case 2: few_block(2, nn, K, ar, wr, ahead, ldw, cb, ldc, accumulate); break;
-      case 3: few_block(3, nn, K, ar, wr, ahead, ldw, cb, ldc, accumulate); break;
-      default: few_block(FEW_BLOCK, nn, K, ar, wr, ahead, ldw, cb, ldc, accumulate); break;
+      case 1: few_block(1, nn, K, ar, wr, ahead, ldw, cb, ldc, accumulate, dt); break;
+      case 2: few_block(2, nn, K, ar, wr, ahead, ldw, cb, ldc, accumulate, dt); break;
+      case 3: few_block(3, nn, K, ar, wr, ahead, ldw, cb, ldc, accumulate, dt); break;
+      default: few_block(FEW_BLOCK, nn, K, ar, wr, ahead, ldw, cb, ldc, accumulate, dt); break;
     }
   }
 }
 
+/* few_columns for each weight dtype (the dtype a constant in each). */
+typedef void (*few_columns_fn)(int, int, int, int, const float *, int, const char *, int, float *, int, int);
+#define FEW_COLUMNS_OF(name, dt)                                                                                   \
+  static void name(int nb, int M, int N, int K, const float *a, int lda, const char *w, int ldw, float *c, int ldc, \
+                   int accumulate) {                                                                               \
+    few_columns(nb, M, N, K, a, lda, w, ldw, c, ldc, accumulate, dt);                                              \
+  }
+FEW_COLUMNS_OF(few_columns_f32, GYRE_F32)
+FEW_COLUMNS_OF(few_columns_bf16, GYRE_BF16)
+FEW_COLUMNS_OF(few_columns_f16, GYRE_F16)
+#undef FEW_COLUMNS_OF
+
 /* One thread runs the blocks in place: entering an OpenMP region costs more than a tiny
  * model's matmul of a few rows. */
-static void gemm_few_rows(int M, int N, int K, const float *a, int lda, const float *w, int ldw, float *c, int ldc,
+static void gemm_few_rows(int M, int N, int K, const float *a, int lda, const void *w, int wdt, int ldw, float *c, int ldc,
                           int accumulate, int threads) {
+  few_columns_fn run = wdt == GYRE_BF16 ? few_columns_bf16 : wdt == GYRE_F16 ? few_columns_f16 : few_columns_f32;
   int blocks = (N + FEW_BLOCK - 1) / FEW_BLOCK;
   if (threads == 1) {
-    for (int nb = 0; nb < blocks; nb++) few_columns(nb, M, N, K, a, lda, w, ldw, c, ldc, accumulate);
+    for (int nb = 0; nb < blocks; nb++) run(nb, M, N, K, a, lda, w, ldw, c, ldc, accumulate);
     return;
   }
 #pragma omp parallel for num_threads(threads) schedule(static)
-  for (int nb = 0; nb < blocks; nb++) few_columns(nb, M, N, K, a, lda, w, ldw, c, ldc, accumulate);
+  for (int nb = 0; nb < blocks; nb++) run(nb, M, N, K, a, lda, w, ldw, c, ldc, accumulate);
 }
 
 /* How many A blocks an M-row product is cut into: enough that each fits the packing buffer (MC
@@ -376,8 +461,9 @@ static int a_block_count(int M, int nt) {
   return blocks < slivers ? blocks : slivers;
 }
 
-void gemm(int M, int N, int K, const float *a, int lda, int trans_a, const float *b, int ldb, int trans_b,
-          float *c, int ldc, int accumulate) {
+/* gemm with B of element type bdt (16-bit only when transposed: a row-major weight). */
+static void gemm_typed(int M, int N, int K, const float *a, int lda, int trans_a, const void *b, int bdt, int ldb,
+                       int trans_b, float *c, int ldc, int accumulate) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {
     if (!accumulate)
@@ -386,7 +472,7 @@ void gemm(int M, int N, int K, const float *a, int lda, int trans_a, const float
   }
   int threads = cpu_threads_for((double)M * N * K / 64);
   if (M <= FEW_ROWS && trans_b && !trans_a) {
-    gemm_few_rows(M, N, K, a, lda, b, ldb, c, ldc, accumulate, threads);
+    gemm_few_rows(M, N, K, a, lda, b, bdt, ldb, c, ldc, accumulate, threads);
     return;
   }
   if (!ensure_buffers(threads)) abort(); /* a few MB; failing here means the host is out of memory */
@@ -404,7 +490,7 @@ void gemm(int M, int N, int K, const float *a, int lda, int trans_a, const float
         int acc = accumulate || k0 > 0;
 #pragma omp for schedule(static)
         for (int js = 0; js < n_slivers; js++)
-          pack_b_sliver(kc, b, ldb, trans_b, k0, n0 + js * NR, N, bpanel + (size_t)js * NR * kc);
+          pack_b_sliver(kc, b, ldb, trans_b, bdt, k0, n0 + js * NR, N, bpanel + (size_t)js * NR * kc);
         /* tasks: (A block, share of the slivers); enough shares to give every thread work */
         int shares = nt <= n_ic ? 1 : (nt + n_ic - 1) / n_ic;
         if (shares > n_slivers) shares = n_slivers;
@@ -424,4 +510,14 @@ void gemm(int M, int N, int K, const float *a, int lda, int trans_a, const float
       }
     }
   }
+}
+
+void gemm(int M, int N, int K, const float *a, int lda, int trans_a, const float *b, int ldb, int trans_b, float *c, int ldc,
+          int accumulate) {
+  gemm_typed(M, N, K, a, lda, trans_a, b, GYRE_F32, ldb, trans_b, c, ldc, accumulate);
+}
+
+void gemm_wt(int M, int N, int K, const float *a, int lda, const void *w, int wdtype, int ldw, float *c, int ldc,
+             int accumulate) {
+  gemm_typed(M, N, K, a, lda, 0, w, wdtype, ldw, 1, c, ldc, accumulate);
 }

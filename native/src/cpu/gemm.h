@@ -1,6 +1,8 @@
-/* gemm.h - single-precision matrix multiply for the CPU backend. */
+/* gemm.h - single-precision matrix multiply for the CPU backend (B in F32, or a 16-bit weight widened as read). */
 #ifndef GYRE_CPU_GEMM_H
 #define GYRE_CPU_GEMM_H
+
+#include "gyre.h"
 
 /* C[M,N] = (accumulate ? C : 0) + A[M,K] . B[K,N], row-major with leading dimensions:
  *   A(m,k) = trans_a ? a[k*lda + m] : a[m*lda + k]
@@ -8,6 +10,13 @@
  * Runs on gemm threads (see cpu_threads); call it outside any OpenMP parallel region. */
 void gemm(int M, int N, int K, const float *a, int lda, int trans_a, const float *b, int ldb,
           int trans_b, float *c, int ldc, int accumulate);
+
+/* C[M,N] = (accumulate ? C : 0) + A[M,K] . W^T for a row-major weight W [N,K] with leading
+ * dimension ldw and elements of gyre_dtype wdtype (GYRE_F32, GYRE_F16, GYRE_BF16): 16-bit
+ * elements are widened to F32 exactly as they are read, so the result has the bits of gemm
+ * over an F32 W of the same values. */
+void gemm_wt(int M, int N, int K, const float *a, int lda, const void *w, int wdtype, int ldw, float *c, int ldc,
+             int accumulate);
 
 /* The thread count every CPU kernel uses: the calling thread's (cpu_use_threads), else the
  * process default (cpu_set_threads; 0 means one per core). */

@@ -108,13 +108,13 @@ gyre_status be_forward(be_model *m, be_cache *c, const fwd_batch *b, float *logi
   float *rstd = act + cap * d->F, *cs = rstd + cap;
   layer_io io = {x, h, rstd, qkv, att, NULL, x_mid, h, rstd, gu, act, x, NULL, NULL};
   paged_ctx ctx = {c, b};
-  embed_forward(x, b->tokens, m->w + m->lay->embed, T, d->D);
+  embed_rows(m, b->tokens, T, x);
   rope_cs(cs, b->positions, T, m->inv_freq, d->hd, m->rope_scale);
   for (int l = 0; l < d->L; l++) layer_forward(m, l, T, cs, &io, attend_paged, &ctx);
   if (b->n_out == 0) return GYRE_OK;
   for (int k = 0; k < b->n_out; k++) /* the wanted rows, normed into h */
     memcpy(x_mid + (size_t)k * d->D, x + (size_t)b->out_rows[k] * d->D, sizeof(float) * d->D);
   rmsnorm_forward(h, NULL, x_mid, m->w + m->lay->norm_f, b->n_out, d->D, d->eps);
-  gemm(b->n_out, d->V, d->D, h, d->D, 0, m->w + m->lay->lm_head, d->D, 1, logits_host, d->V, 0);
+  linear(m, b->n_out, m->lay->lm_head, d->V, d->D, h, logits_host, 0);
   return GYRE_OK;
 }

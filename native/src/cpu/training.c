@@ -93,6 +93,7 @@ static size_t lay_out(be_trainer *t, float *base) {
 }
 
 gyre_status be_trainer_create(be_model *m, int32_t max_tokens, be_trainer **out) {
+  GYRE_CHECK(be_model_widen(m)); /* training needs F32 master weights */
   be_trainer *t = calloc(1, sizeof *t);
   if (t == NULL) return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cpu: out of host memory");
   t->m = m;
