@@ -57,7 +57,7 @@ describe("role switch with a long context", () => {
       const imported = yield* system.ask(source, "ImportContexts", {
         from: "test",
         contexts: ["x", "y"].map((execution) => ({ execution, request: `${execution}0`, object: object.name, length: LENGTH, kvLength: LENGTH, inFlight: false }))
-      })
+      }, { timeoutMs: 120_000 })
       const generate = (to: typeof source, execution: string, request: string, base: { tokens: Int32Array; request: string }, prompt: Int32Array, seed: number) =>
         system.ask(to, "Generate", {
           execution,
