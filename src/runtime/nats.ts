@@ -6,8 +6,9 @@
  * optional credential (`NATS_CREDS`, a JWT `.creds` file; or `NATS_NKEY`, an nkey seed file
  * that `gyre auth init` writes, its user named by the file) connect to an existing system;
  * `NATS_TLS_CA` trusts a TLS server's CA. With no URL the embedded default starts a private,
- * supervised nats-server (`nats-server.ts`) for the same scope; `auth` makes it require the
- * users of a credentials directory (`auth.ts`) and connects as one of them.
+ * supervised nats-server (`nats-server.ts`) for the same scope, on loopback or on `listen`;
+ * `auth` makes it require the users of a credentials directory (`auth.ts`) and connects as one
+ * of them.
  *
  * `replicas` (`GYRE_REPLICAS`, 1 to 5, default 1) is how many servers hold each stream, KV bucket
  * and object store this process creates: 1 on a single server, 3 on a cluster of three or more
@@ -63,6 +64,8 @@ export interface NatsOptions {
   readonly goneMs?: number | undefined
   /** Store directory of the embedded server (a temporary directory when absent). */
   readonly storeDir?: string | undefined
+  /** Where the embedded server listens (default loopback, a free port; port 0: a free one). */
+  readonly listen?: { readonly host: string; readonly port: number } | undefined
   /** Connection name shown by server monitoring. */
   readonly name?: string | undefined
   /** Replicas of every stream, KV bucket and object store created through this connection (1 to 5; absent = `GYRE_REPLICAS`, default 1). */
@@ -289,6 +292,7 @@ const make = (options: NatsOptions) =>
     const server = embedded
       ? yield* startEmbeddedServer({
           ...(options.storeDir !== undefined ? { storeDir: options.storeDir } : {}),
+          ...(options.listen !== undefined ? { host: options.listen.host, ...(options.listen.port > 0 ? { port: options.listen.port } : {}) } : {}),
           ...(options.auth !== undefined ? { extraConfig: serverConfigOf(options.auth.dir) } : {})
         })
       : undefined

@@ -32,6 +32,8 @@ export interface DeviceFixture {
   readonly onClaim?: TrainingRoleOptions["onClaim"]
   /** Receives the role (to call `leave` and `step` as a device's role switch would). */
   readonly onRole?: (role: TrainingRole) => void
+  /** The trainer's `maxTokens` (default: the run's micro-batch budget, as `trainingRoleFor` makes it). */
+  readonly trainerTokens?: number
 }
 
 /** A device (kind `device`) in the training role only, on `checkpoint`'s model. */
@@ -45,7 +47,7 @@ export const trainingDevice = (fixture: DeviceFixture) =>
       Effect.gen(function* () {
         const engine = yield* Engine
         const { model } = yield* loadCheckpoint(fixture.checkpoint)
-        const trainer = yield* model.trainer({ maxTokens: fixture.config.training.microBatchTokens })
+        const trainer = yield* model.trainer({ maxTokens: fixture.trainerTokens ?? fixture.config.training.microBatchTokens })
         const role = yield* makeTrainingRole(ctx, {
           model,
           trainer,

@@ -13,7 +13,7 @@
  * - `gyre serve`'s gateway (no run sampling) honours the request: temperature 0 is greedy and
  *   recorded as such.
  */
-import { Effect, Layer, Logger, Ref, Result } from "effect"
+import { Effect, Layer, Logger, Ref } from "effect"
 import OpenAI from "openai"
 import { describe, expect, it } from "vitest"
 import { Engine } from "../../src/engine/engine.ts"
@@ -131,16 +131,16 @@ const klOf = (records: ReadonlyArray<CallRecord>, config: RunConfig) =>
     }
     const units = stepUnits([...decoders.values()].map((d, i) => ({ execution: d.execution, tree: d.tree, advantage: i % 2 === 0 ? 1 : -1 })), { _tag: "exact" })
     const packedBatches = packMicroBatches(units.units, config.training.microBatchTokens)
-    if (Result.isFailure(packedBatches)) return yield* Effect.die(packedBatches.failure)
     const { model } = yield* loadCheckpoint(checkpoint)
     const trainer = yield* model.trainer({ maxTokens: config.training.microBatchTokens })
     const sum = new MetricsSum()
-    for (const batch of packedBatches.success.batches) {
+    for (const mb of packedBatches.microBatches) {
+      const batch = mb.build()
       const result = yield* trainer.train(batch, stepLoss(config, 0), { backward: false })
       sum.add(microBatchStats(result, batch, 0, 1, config.training.isCap), summarize(batch, 0, 1), [])
     }
-    const figures = { told: 0, dropped: 0, scored: 0, scoreSum: 0, callTokens: 0, uniqueTokens: 0, trees: [], batchDigests: [] }
-    return sum.metrics({ step: 0, figures, microBatches: 0, devices: [], gradNorm: 0, clock: new PhaseClock(0), reduceMs: 0, publishMs: 0 }).behaviourKl
+    const figures = { told: 0, dropped: 0, scored: 0, scoreSum: 0, callTokens: 0, uniqueTokens: 0, trees: [] }
+    return sum.metrics({ step: 0, figures, microBatches: 0, batchDigests: [], devices: [], gradNorm: 0, clock: new PhaseClock(0), reduceMs: 0, publishMs: 0 }).behaviourKl
   })
 
 describe("sampling in a training run", () => {
