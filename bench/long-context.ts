@@ -3,10 +3,10 @@
  * and a device, each in a `gyre node` child process of its own on an embedded nats-server (the
  * default 1 MiB `max_payload`), the harness being this process's `openai` client.
  *
- * The device first holds a context of `--context` tokens: a system message of that many
- * byte-level tokens, its K/V imported through a KV hand-off rather than prefilled (on a CPU that
- * prefill costs ~T^2: hours at 200k tokens on `tiny`; the K/V values do not matter to memory or
- * transfers). Then the execution makes `--calls` chat calls, each adding a user message of
+ * The device (`--preset`, default `tiny-long`) first holds a context of `--context` tokens: a
+ * system message of that many byte-level tokens, its K/V imported through a KV hand-off rather
+ * than prefilled (on a CPU that prefill costs ~T^2: hours at 200k tokens; the K/V values do not
+ * matter to memory or transfers). Then the execution makes `--calls` chat calls, each adding a user message of
  * `--suffix` tokens and generating `--output` tokens (the agent loop: the whole history every
  * call, the gateway rendering its earlier answers token-exact). The first call's prompt is the
  * whole context (it goes to the device through the run's transfer store); the others send a delta.
@@ -25,7 +25,8 @@ import { Effect, Layer, Logger, Schedule } from "effect"
 import OpenAI from "openai"
 import { saveCheckpoint } from "../src/engine/checkpoint.ts"
 import { Engine } from "../src/engine/engine.ts"
-import { presets } from "../src/engine/presets.ts"
+import type { LlamaConfig } from "../src/engine/config.ts"
+import { presets, type PresetName } from "../src/engine/presets.ts"
 import { gyreChat } from "../src/openai/chat.ts"
 import { DeviceProtocol } from "../src/protocols/device.ts"
 import { GatewayProtocol, apiKeyDigest, newApiKey } from "../src/protocols/gateway.ts"
@@ -44,15 +45,17 @@ const f = benchFlags(BENCH, "one execution at a long context through gateway and
   calls: { kind: "integer", doc: "chat calls of the execution", default: 6 },
   suffix: { kind: "integer", doc: "tokens each call adds (a user message)", default: 256 },
   output: { kind: "integer", doc: "tokens each call generates", default: 32 },
-  "kv-dtype": { kind: "string", doc: "the device's KV storage", default: "f16", choices: ["f32", "f16"] }
+  "kv-dtype": { kind: "string", doc: "the device's KV storage", default: "f32", choices: ["f32", "f16"] },
+  preset: { kind: "string", doc: "the model (its positions raised to fit when fewer)", default: "tiny-long", choices: Object.keys(presets) }
 })
 const CONTEXT = atLeast(BENCH, "context", f.context, 16)
 const CALLS = atLeast(BENCH, "calls", f.calls, 1)
 const TOTAL = CONTEXT + CALLS * (f.suffix + f.output + 8) + 64
 const POSITIONS = Math.ceil(TOTAL / 4096) * 4096
 const BLOCKS = Math.ceil(TOTAL / KV_BLOCK_TOKENS) + 64
-const config = { ...presets.tiny, max_position_embeddings: POSITIONS }
-const KV_BYTES_PER_TOKEN = config.num_hidden_layers * 2 * config.num_key_value_heads * (config.hidden_size / config.num_attention_heads) * (f["kv-dtype"] === "f16" ? 2 : 4)
+const preset: LlamaConfig = presets[f.preset as PresetName]
+const config: LlamaConfig = { ...preset, max_position_embeddings: Math.max(preset.max_position_embeddings, POSITIONS) }
+const KV_BYTES_PER_TOKEN = config.num_hidden_layers * 2 * config.num_key_value_heads * (config.head_dim ?? config.hidden_size / config.num_attention_heads) * (f["kv-dtype"] === "f16" ? 2 : 4)
 
 const quiet = Layer.merge(Engine.layer, Logger.layer([]))
 
@@ -65,7 +68,7 @@ const letters = (n: number, seed: number) => {
 /** The engine's GYKV buffer (gyre.h) of `length` tokens of `config`'s layout in F16, random K/V of moderate size. */
 const craftedKv = (length: number) =>
   Effect.gen(function* () {
-    const hd = config.hidden_size / config.num_attention_heads
+    const hd = config.head_dim ?? config.hidden_size / config.num_attention_heads
     const payload = config.num_hidden_layers * 2 * length * config.num_key_value_heads * hd * 2
     const buffer = new Uint8Array(48 + payload)
     const halves = new Uint16Array(buffer.buffer, 48, payload / 2)
@@ -170,7 +173,7 @@ const r = await Effect.runPromise(
 const kvPoolMb = Math.round((BLOCKS * KV_BLOCK_TOKENS * KV_BYTES_PER_TOKEN) / 2 ** 20)
 const contextKvMb = Math.round((CONTEXT * KV_BYTES_PER_TOKEN) / 2 ** 20)
 console.log("")
-console.log(`context ${CONTEXT} tokens (tiny, ${f["kv-dtype"]} KV: ${KV_BYTES_PER_TOKEN} bytes a token, ${contextKvMb} MB), pool ${BLOCKS} blocks (${kvPoolMb} MB), imported in ${r.imported.seconds.toFixed(1)} s`)
+console.log(`context ${CONTEXT} tokens (${f.preset}, ${f["kv-dtype"]} KV: ${KV_BYTES_PER_TOKEN} bytes a token, ${contextKvMb} MB), pool ${BLOCKS} blocks (${kvPoolMb} MB), imported in ${r.imported.seconds.toFixed(1)} s`)
 console.log("process   idle MB   holding the context MB   after the calls MB (peak)")
 for (const p of ["gateway", "device"] as const) console.log(`${p.padEnd(9)} ${String(r.idle[p].rss).padStart(7)}   ${String(r.held[p].rss).padStart(22)}   ${String(r.end[p].rss).padStart(9)} (${r.end[p].peak})`)
 const cachedFraction = r.totals.promptTokens === 0 ? 0 : r.totals.cachedTokens / r.totals.promptTokens
@@ -178,6 +181,7 @@ console.log(`gateway totals: ${r.totals.calls} calls, ${r.totals.promptTokens} p
 printResult(BENCH, {
   context_tokens: CONTEXT,
   calls: CALLS,
+  preset: f.preset,
   kv_dtype: f["kv-dtype"],
   kv_pool_mb: kvPoolMb,
   context_kv_mb: contextKvMb,
