@@ -24,10 +24,11 @@ import { makeScheduler, schedulerAddress } from "../actors/scheduler.ts"
 import { trainingRoleFor } from "../actors/trainer.ts"
 import { Engine } from "../engine/engine.ts"
 import { runSampling, type RunConfig } from "../protocols/run.ts"
+import { GatewayProtocol } from "../protocols/gateway.ts"
 import { StepMetrics } from "../protocols/scheduler.ts"
 import { address, formatAddress } from "../runtime/names.ts"
 import { startNode } from "../runtime/node.ts"
-import { ActorSystem, type ActorSystemShape } from "../runtime/system.ts"
+import { ActorSystem, refOf, type ActorSystemShape } from "../runtime/system.ts"
 import { journalRunConfig, runDoneJournaled } from "../scheduling/records.ts"
 import { finalCheckpoint } from "./shared-checkpoint.ts"
 import { chatFormatFor } from "./tool-format.ts"
@@ -119,10 +120,15 @@ export const hostRun = (o: HostRunOptions) =>
       )
       yield* Effect.raceFirst(Deferred.await(done), journaled)
       const runS = (Date.now() - started) / 1000
+      // The gateway's counts of the run's calls (tokens prefilled again after evictions are not in the journal).
+      const calls = yield* system.ask(refOf(GatewayProtocol, address("gateway", "main")), "Status", undefined, { timeoutMs: 5000 }).pipe(
+        Effect.map((status) => status.totals),
+        Effect.orElseSucceed(() => undefined)
+      )
       const checkpoint = yield* finalCheckpoint(system, o.config)
       // the candidate goes first: a scheduler stopped by the drain under it would read as one that gave up
       if (candidate !== undefined) yield* Fiber.interrupt(candidate)
       yield* node.drain
-      return { system, config: o.config, checkpoint, runS }
+      return { system, config: o.config, checkpoint, runS, calls }
     })
   )

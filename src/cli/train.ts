@@ -269,7 +269,8 @@ const trainRun = (f: TrainFlags, command: string, place: RunPlace) =>
       train_scores: audit.steps.map((s) => round(s.meanScore)),
       devices: audit.cells,
       switches: audit.switches,
-      reprefill_tokens: audit.reprefillTokens,
+      // at role switches (the journal) and after evictions from a full KV pool (this process's gateway)
+      reprefill_tokens: audit.reprefillTokens + (result.calls?.reprefillTokens ?? 0),
       kv_handoff_bytes: audit.kvHandoffBytes,
       stale_dropped: audit.staleDropped,
       executions_lost: audit.executionsLost,
@@ -313,7 +314,7 @@ export const summaryLines = (s: TrainSummary): Array<string> => [
   `held-out mean score: ${s.heldout_before.toFixed(3)} before, ${s.heldout_after.toFixed(3)} after ${s.steps} steps of ${s.policy} (${s.run_s} s of training, ${s.wall_s} s in all)`,
   `held-out gain: ${gainText(s.heldout_gain, s.heldout_gain_ci95)} points on ${s.heldout_tasks} tasks (95% interval, paired over the tasks)`,
   `train score by step: ${s.train_scores.map((x) => x.toFixed(2)).join(" ")}`,
-  `${s.switches} role switches: ${s.reprefill_tokens} tokens prefilled again, ${s.kv_handoff_bytes} KV bytes handed off`,
+  `${s.switches} role switches, ${s.kv_handoff_bytes} KV bytes handed off; ${s.reprefill_tokens} tokens prefilled again (switches and full KV pools)`,
   `executions lost ${s.executions_lost}, trained twice ${s.trained_twice}, stale tokens dropped ${s.stale_dropped}, not trained in full ${s.training_errors}`,
   `checkpoint ${s.checkpoint}; the run's store ${s.store}`,
   `report ${s.report}: one self-contained page, open file://${s.report} in a browser (on another machine: copy the file first)`

@@ -44,7 +44,7 @@ import type { WorkerDirectory } from "./worker-directory.ts"
 /** One of an execution's last calls: its request id, its sequence (prompt ++ output), the worker that holds it. */
 interface Remembered {
   readonly request: string
-  readonly tokens: Int32Array
+  tokens: Int32Array
   worker: string
 }
 
@@ -192,6 +192,19 @@ export const makeCallRouter = (system: ActorSystemShape, directory: WorkerDirect
     }
   }
 
+  /**
+   * Remembers a call's sequence. The earlier ones it extends (an agent loop's, each call's prompt
+   * starting with the last sequence) become views of its buffer: an execution's remembered
+   * sequences cost about one copy of its context, not `recentPerExecution`.
+   */
+  const remember = (route: Route, entry: Remembered) => {
+    for (const r of route.recent) {
+      if (r.tokens.buffer !== entry.tokens.buffer && commonPrefix(r.tokens, entry.tokens) === r.tokens.length) r.tokens = entry.tokens.subarray(0, r.tokens.length)
+    }
+    route.recent.push(entry)
+    if (route.recent.length > options.recentPerExecution) route.recent.shift()
+  }
+
   /** A whole prompt that an earlier sequence of the execution shares a prefix with: sent again. */
   const resends = (route: Route, full: Int32Array) => route.recent.some((r) => commonPrefix(r.tokens, full) > 0)
 
@@ -335,8 +348,7 @@ export const makeCallRouter = (system: ActorSystemShape, directory: WorkerDirect
         reprefillTokens += result.reprefillTokens
         cachedTokens ??= result.cachedTokens
         req.route.servedBy.add(worker)
-        req.route.recent.push({ request, tokens: concat(full, result.output), worker })
-        if (req.route.recent.length > options.recentPerExecution) req.route.recent.shift()
+        remember(req.route, { request, tokens: concat(full, result.output), worker })
         const clientGone = yield* Deferred.isDone(req.clientGone)
         if (result.finishReason !== "cancelled" || clientGone) return finished(result.finishReason)
         // Cancelled by the worker: continue where a role switch moved its context (its

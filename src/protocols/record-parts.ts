@@ -18,6 +18,9 @@ import type { MsgHdrs } from "@nats-io/transport-node"
 /** Bytes of record JSON per message at most: every record message stays under 64 KiB with its headers. */
 export const RECORD_PART_BYTES = 60 * 1024
 
+/** Parts of one record at most (3.75 GiB of JSON): a header claiming more is malformed, not an allocation. */
+const MAX_PARTS = 65_536
+
 export const PART_HEADER = "Gyre-Record-Part"
 export const CALL_HEADER = "Gyre-Call"
 
@@ -34,7 +37,7 @@ export const partOf = (headers: MsgHdrs | undefined): { readonly call: string; r
   if (m === null || call === "") return { malformed: `record part header '${part}' of call '${call}': expected <i>/<n> and a ${CALL_HEADER} header` }
   const index = Number(m[1])
   const count = Number(m[2])
-  if (count < 2 || index < 1 || index > count) return { malformed: `record part ${part} of call '${call}': out of range` }
+  if (count < 2 || count > MAX_PARTS || index < 1 || index > count) return { malformed: `record part ${part} of call '${call}': out of range` }
   return { call, index, count }
 }
 
@@ -46,7 +49,7 @@ export class RecordAssembler {
   add(call: string, index: number, count: number, data: Uint8Array, seq: number): Uint8Array | { readonly malformed: string } | undefined {
     let entry = this.pending.get(call)
     if (entry === undefined) {
-      entry = { count, parts: new Array<Uint8Array | undefined>(count), got: 0, firstSeq: seq }
+      entry = { count, parts: Array.from({ length: count }, (): Uint8Array | undefined => undefined), got: 0, firstSeq: seq }
       this.pending.set(call, entry)
     }
     if (entry.count !== count) return { malformed: `record part ${index}/${count} of call '${call}': its first part said ${entry.count} parts` }

@@ -5,7 +5,8 @@
  * Each hook acts on the execution's latest context, or on the one a given request left. `pin` holds the context (never evicted; released meanwhile, its blocks stay until the
  * unpin), `export` pins it and copies its K/V out as the engine's GYKV buffer, `unpin` lets
  * go once the destination acknowledged, `import` makes a received buffer the execution's
- * latest context. A cancelled generation leaves its context (prompt ++ partial output) like a
+ * latest context (the destination's least recently used contexts are evicted for it when its
+ * pool is short). A cancelled generation leaves its context (prompt ++ partial output) like a
  * finished one, so a request moved off a worker is exported after the cancel, imported at
  * the destination and continued there with `base` pointing at it: nothing is prefilled again.
  * Each operation runs between engine steps (under `stepLock`).
@@ -76,10 +77,16 @@ export const makeKvHandoff = (cache: KvCache, pool: KvPool, stepLock: Semaphore.
       })
     )
 
+  /** The imported sequence; a short pool drops its least recently used contexts for it, one at a time. */
+  const importRoomy = (buffer: Uint8Array): Effect.Effect<number, NativeError> =>
+    cache.import(buffer).pipe(
+      Effect.catchTag("OutOfKvBlocks", (e) => pool.evictOldest.pipe(Effect.flatMap((evicted) => (evicted ? importRoomy(buffer) : Effect.fail(e)))))
+    )
+
   const importContext: KvHandoff["importContext"] = (execution, request, context) =>
     stepLock.withPermit(
       Effect.gen(function* () {
-        const seq = yield* cache.import(context.buffer)
+        const seq = yield* importRoomy(context.buffer)
         yield* pool.addContext({ execution, request, seq, tokens: context.tokens, kvLength: context.kvLength })
       })
     )

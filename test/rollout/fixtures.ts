@@ -65,7 +65,7 @@ export const microLong = (positions: number): LlamaConfig => ({
  */
 export const craftedKv = (config: LlamaConfig, length: number, seed: number): Promise<Uint8Array> => {
   const { num_hidden_layers: L, num_key_value_heads: KV } = config
-  const hd = config.hidden_size / config.num_attention_heads
+  const hd = config.head_dim ?? config.hidden_size / config.num_attention_heads
   const payload = L * 2 * length * KV * hd * 2
   const buffer = new Uint8Array(48 + payload)
   const halves = new Uint16Array(buffer.buffer, 48, payload / 2)
