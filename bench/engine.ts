@@ -20,7 +20,7 @@
  * take at the measured bandwidth; bytes per step = every matmul weight once (4 bytes each) +
  * every sequence's K and V up to its position (2 x layers x kv heads x head_dim x the KV
  * element size per key). Bandwidth is measured in every round, best kept, like the rates. A
- * step whose bytes fit the last-level cache (`last_level_cache_mib`, from sysfs; tiny's 138 MB
+ * step whose bytes fit the last-level cache (`last_level_cache_mib`, from sysfs or getconf; tiny's 138 MB
  * on a host with a 300 MiB L3) reads part of them from it, faster than memory: its line says
  * so, since its ratio is then no memory figure.
  *

@@ -9,7 +9,8 @@ Qwen3's RMSNorm over each head's q and k before RoPE. Attention keeps the key/va
 unrepeated (queries of one KV group are folded into the row dimension), the cheapest exact form
 on a CPU. Checkpoints are read in F32, F16 or BF16, in one file or in shards with an index.
 
-  llama_torch.py logits --checkpoint DIR --tokens 1,2,3     -> {"logits": [[...], ...]}
+  llama_torch.py logits --checkpoint DIR --tokens 1,2,3 [--start P]
+                                                            -> {"logits": [[...], ...]} (positions P, P+1, ...)
   llama_torch.py sft --checkpoint DIR --tokens 1,2,3        -> {"logits", "logprobs": [log p(tokens[i] | tokens[:i]), i >= 1],
                                                                 "grads": {HF tensor name: flat gradient of -sum(logprobs)}}
   llama_torch.py train --checkpoint DIR --tokens 1,2,3 --steps N [--lr --weight-decay --max-grad-norm]
@@ -166,9 +167,10 @@ class Llama(torch.nn.Module):
         G = self.H // self.KV
         positions = torch.arange(start, start + T)
         ctx = start + T
+        keys, first = (ctx, start) if cache is not None else (T, 0)  # without a cache: these T tokens only
         mask = None
         if T > 1:
-            causal = torch.full((T, ctx), float("-inf")).triu(start + 1)
+            causal = torch.full((T, keys), float("-inf")).triu(first + 1)
             mask = causal.repeat(G, 1)  # rows: (group member, query)
         x = self.embed[ids]
         for i, layer in enumerate(self.layers):
@@ -208,7 +210,7 @@ def load_model(args):
 def cmd_logits(args):
     model, ids = load_model(args)
     with torch.no_grad():
-        logits = model(ids)[0]
+        logits = model(ids, start=args.start)[0]
     print(json.dumps({"logits": logits.tolist()}))
 
 
@@ -374,6 +376,7 @@ def main():
     lg = sub.add_parser("logits")
     lg.add_argument("--checkpoint", required=True)
     lg.add_argument("--tokens", required=True)
+    lg.add_argument("--start", type=int, default=0, help="position of the first token")
     sf = sub.add_parser("sft")
     sf.add_argument("--checkpoint", required=True)
     sf.add_argument("--tokens", required=True)

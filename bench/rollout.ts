@@ -26,6 +26,20 @@
  * phase's time per call). `gateway_floor_p50_ms`, the paced request's p50 plus the paced
  * publish's, is what a call's transport and record cost at that pace with no work of the
  * gateway's or the worker's host on top.
+ *
+ * The APIs phase compares the three chat-shaped APIs on the same work: for each of Chat
+ * Completions, the Responses API and the Anthropic Messages API, a gateway of its own (in this
+ * process, the worker in a child `gyre node`) serves `BENCH_API_CONVERSATIONS` sequential
+ * conversations of `BENCH_API_TURNS` tool-calling turns each (the APIs taking turns), every answer (its tool calls, or
+ * its text) sent back as that API's clients do, with the tool's result. The model is the
+ * scripted one of the gateway tests (`test/gateway/scripted-model.ts`: every turn is reasoning
+ * and a read_file call), so every turn has a tool call to send back. Per API:
+ * `api_<api>_overhead_p50_ms` / `_p99_ms` (round trip minus time in the worker, as above),
+ * `api_<api>_cpu_ms_per_call` (this process: the gateway and its client) and, for Responses
+ * and Messages, `api_<api>_overhead_over_chat` (p50 over Chat Completions'); and
+ * `branch_rate_<api>`: calls whose prompt does not begin with the previous call of their
+ * conversation (prompt and output tokens, read back from the call records) per call, i.e.
+ * spurious branches of the trajectory tree where nothing branched.
  * Prints a table and, last, one JSON line. Not a test: nothing here is asserted.
  */
 import { spawn } from "node:child_process"
@@ -51,6 +65,9 @@ import { address } from "../src/runtime/names.ts"
 import { repoRoot } from "../src/runtime/nats-server.ts"
 import { startNode } from "../src/runtime/node.ts"
 import { ActorSystem, refOf } from "../src/runtime/system.ts"
+import { anthropicBaseUrl } from "../src/harness/environment.ts"
+import { chatFormatOf } from "../src/openai/hf-chat.ts"
+import { writeScriptedModel } from "../test/gateway/scripted-model.ts"
 import { atLeast, benchFlags } from "./flags.ts"
 import { printResult } from "./results.ts"
 
@@ -60,7 +77,9 @@ const f = benchFlags(BENCH, "the rollout path: the toy suite's calls through gat
   executions: { kind: "integer", doc: "toy executions at once [BENCH_EXECUTIONS]", default: Number(process.env.BENCH_EXECUTIONS ?? 8) },
   horizon: { kind: "integer", doc: "turns of a toy task [BENCH_HORIZON]", default: Number(process.env.BENCH_HORIZON ?? 32) },
   "gateway-calls": { kind: "integer", doc: "sequential calls of the gateway phase [BENCH_GATEWAY_CALLS]", default: Number(process.env.BENCH_GATEWAY_CALLS ?? 400) },
-  "gateway-only": { kind: "boolean", doc: "the gateway phase alone, its figures as the JSON line [BENCH_GATEWAY_ONLY=1]", default: process.env.BENCH_GATEWAY_ONLY === "1" }
+  "gateway-only": { kind: "boolean", doc: "the gateway and APIs phases alone, their figures as the JSON line [BENCH_GATEWAY_ONLY=1]", default: process.env.BENCH_GATEWAY_ONLY === "1" },
+  "api-conversations": { kind: "integer", doc: "sequential conversations per API in the APIs phase [BENCH_API_CONVERSATIONS]", default: Number(process.env.BENCH_API_CONVERSATIONS ?? 4) },
+  "api-turns": { kind: "integer", doc: "tool-calling turns of each conversation of the APIs phase [BENCH_API_TURNS]", default: Number(process.env.BENCH_API_TURNS ?? 12) }
 })
 const EXECUTIONS = atLeast(BENCH, "executions", f.executions, 1)
 const HORIZON = atLeast(BENCH, "horizon", f.horizon, 1)
@@ -69,6 +88,8 @@ const toyEnv = { TOY_STEPS: String(HORIZON), TOY_TOOL_MS: "0", TOY_MAX_TOKENS: "
 
 const GATEWAY_CALLS = atLeast(BENCH, "gateway-calls", f["gateway-calls"], 1)
 const GATEWAY_ONLY = f["gateway-only"]
+const API_CONVERSATIONS = atLeast(BENCH, "api-conversations", f["api-conversations"], 1)
+const API_TURNS = atLeast(BENCH, "api-turns", f["api-turns"], 2)
 
 interface ReplayCall {
   readonly prompt: Int32Array
@@ -125,14 +146,14 @@ const cpuMs = (since: NodeJS.CpuUsage) => {
   return (d.user + d.system) / 1000
 }
 
-/** A worker in a child `gyre node` on this system's server; resolves once it serves. */
-const childWorker = (servers: string, run: string) =>
+/** A worker of `checkpoint` in a child `gyre node` on this system's server; resolves once it serves. */
+const childWorker = (servers: string, run: string, workerCheckpoint = checkpoint) =>
   Effect.acquireRelease(
     Effect.promise(
       () =>
         new Promise<ReturnType<typeof spawn>>((resolve, reject) => {
           const child = spawn(process.execPath, [path.join(repoRoot, "bin", "gyre.js"), "node", "--name", "w", "--run", run, "--load", path.join(repoRoot, "bench", "rollout-worker-node.ts"), "--spawn", "rollout-worker/w.0"], {
-            env: { ...process.env, NATS_URL: servers, BENCH_CHECKPOINT: checkpoint },
+            env: { ...process.env, NATS_URL: servers, BENCH_CHECKPOINT: workerCheckpoint },
             stdio: ["ignore", "pipe", "inherit"]
           })
           readline.createInterface({ input: child.stdout! }).on("line", (line) => line.includes('"ready"') && resolve(child))
@@ -142,10 +163,10 @@ const childWorker = (servers: string, run: string) =>
     (child) => Effect.sync(() => child.kill("SIGKILL"))
   )
 
-/** POSTs `body` over a keep-alive connection; the answer's body. */
-const post = (agent: http.Agent, port: number, key: string, body: string) =>
+/** POSTs `body` to `path` (default chat completions, the key as a bearer) over a keep-alive connection; the answer's body. */
+const post = (agent: http.Agent, port: number, key: string, body: string, path = "/v1/chat/completions", auth: Record<string, string> = { authorization: `Bearer ${key}` }) =>
   new Promise<string>((resolve, reject) => {
-    const req = http.request({ host: "127.0.0.1", port, path: "/v1/chat/completions", method: "POST", agent, headers: { authorization: `Bearer ${key}`, "content-type": "application/json", "content-length": Buffer.byteLength(body) } }, (res) => {
+    const req = http.request({ host: "127.0.0.1", port, path, method: "POST", agent, headers: { ...auth, "content-type": "application/json", "content-length": Buffer.byteLength(body) } }, (res) => {
       let text = ""
       res.setEncoding("utf8")
       res.on("data", (d: string) => (text += d))
@@ -248,6 +269,127 @@ const gatewayPhase = Effect.gen(function* () {
   }
 })
 
+
+type Api = "chat" | "responses" | "messages"
+const APIS: ReadonlyArray<Api> = ["chat", "responses", "messages"]
+
+/**
+ * One API's conversation as its clients hold it: the request body of the next turn, and how an
+ * answer (with its id) goes back into the history with the tool's result.
+ */
+const conversation = (api: Api) => {
+  const ask = "Read a.txt, then keep reading it."
+  const schema = { type: "object", properties: { path: { type: "string" } }, required: ["path"] }
+  const result = "the contents of a.txt: ".repeat(3)
+  const history: Array<Record<string, unknown>> = [{ role: "user", content: ask }]
+  const bodies: Record<Api, () => Record<string, unknown>> = {
+    chat: () => ({ model: "gyre", messages: history, max_tokens: 32, tools: [{ type: "function", function: { name: "read_file", parameters: schema } }] }),
+    responses: () => ({ model: "gyre", input: history, max_output_tokens: 32, store: false, tools: [{ type: "function", name: "read_file", parameters: schema, strict: false }] }),
+    messages: () => ({ model: "gyre", messages: history, max_tokens: 32, tools: [{ name: "read_file", input_schema: schema }] })
+  }
+  type Answer = { id: string; choices?: Array<{ message: { content: string | null; tool_calls?: Array<{ id: string }> } }>; output?: Array<{ type: string; call_id?: string }>; content?: Array<{ type: string; id?: string }> }
+  const answered: Record<Api, (a: Answer) => void> = {
+    chat: (a) => {
+      const message = a.choices![0]!.message
+      history.push({ role: "assistant", ...message })
+      const calls = message.tool_calls ?? []
+      if (calls.length === 0) history.push({ role: "user", content: "Go on." })
+      for (const c of calls) history.push({ role: "tool", tool_call_id: c.id, content: result })
+    },
+    responses: (a) => {
+      history.push(...(a.output as Array<Record<string, unknown>>))
+      const calls = a.output!.filter((o) => o.type === "function_call")
+      if (calls.length === 0) history.push({ role: "user", content: "Go on." })
+      for (const c of calls) history.push({ type: "function_call_output", call_id: c.call_id, output: result })
+    },
+    messages: (a) => {
+      history.push({ role: "assistant", content: a.content })
+      const calls = a.content!.filter((b) => b.type === "tool_use")
+      history.push({ role: "user", content: calls.length === 0 ? "Go on." : calls.map((c) => ({ type: "tool_result", tool_use_id: c.id, content: result })) })
+    }
+  }
+  return { body: () => JSON.stringify(bodies[api]()), answer: (text: string) => {
+    const a = JSON.parse(text) as Answer
+    answered[api](a)
+    return a.id
+  } }
+}
+
+/** Spurious branches: calls of a conversation whose prompt does not begin with the whole previous call. */
+const branchesOf = (tree: { callIndex: (id: string) => number | undefined; callSequence: (i: number) => Int32Array; call: (i: number) => { promptLength: number } }, ids: ReadonlyArray<string>) => {
+  let branches = 0
+  for (let i = 1; i < ids.length; i++) {
+    const before = tree.callSequence(tree.callIndex(ids[i - 1]!)!)
+    const now = tree.callIndex(ids[i]!)!
+    const prompt = tree.callSequence(now).subarray(0, tree.call(now).promptLength)
+    if (prompt.length < before.length || before.some((t, k) => prompt[k] !== t)) branches++
+  }
+  return branches
+}
+
+/**
+ * The same tool-calling conversations through each API, each API on a gateway of its own (one
+ * node), the conversations taken in turn (chat, responses, messages, chat, ...) so that warm-up
+ * and machine load fall on all three alike: overhead, CPU and spurious branches per call.
+ */
+const apisPhase = Effect.gen(function* () {
+  const system = yield* ActorSystem
+  const scripted = writeScriptedModel(path.join(work, "scripted"))
+  const chat = yield* Effect.promise(() => chatFormatOf(scripted))
+  yield* childWorker(system.nats.servers, system.run, scripted)
+  const node = yield* startNode({ name: "apis", types: [gateway({ port: 0, chat })] })
+  const agent = new http.Agent({ keepAlive: true, maxSockets: 1 })
+  const per = new Map<Api, { calls: number; cpu: number; conversations: Array<{ execution: string; ids: Array<string> }> }>(APIS.map((api) => [api, { calls: 0, cpu: 0, conversations: [] }]))
+  const gateways = new Map(APIS.map((api) => [api, refOf(GatewayProtocol, address("gateway", `api-${api}`))]))
+  for (const api of APIS) yield* node.spawn("gateway", `api-${api}`)
+  for (let c = 0; c < API_CONVERSATIONS; c++) {
+    for (const api of APIS) {
+      const key = newApiKey()
+      const execution = `bench-api-${api}-${c}`
+      const { baseUrl } = yield* system.ask(gateways.get(api)!, "OpenExecution", { keyDigest: apiKeyDigest(key), task: "bench", execution, defaultRole: "main" })
+      const port = Number(new URL(baseUrl).port)
+      const route = { chat: "/v1/chat/completions", responses: "/v1/responses", messages: `${new URL(anthropicBaseUrl(baseUrl)).pathname.replace(/\/$/, "")}/v1/messages` }[api]
+      const auth: Record<string, string> = api === "messages" ? { "x-api-key": key, "anthropic-version": "2023-06-01" } : { authorization: `Bearer ${key}` }
+      const talk = conversation(api)
+      const send = () => post(agent, port, key, talk.body(), route, auth)
+      const ids = [talk.answer(yield* Effect.retry(Effect.promise(send), { times: 50, schedule: Schedule.spaced("200 millis") }))] // also waits for the worker to be routable
+      const cpu0 = process.cpuUsage()
+      yield* Effect.promise(async () => {
+        for (let t = 1; t < API_TURNS; t++) ids.push(talk.answer(await send()))
+      })
+      const of = per.get(api)!
+      of.cpu += cpuMs(cpu0)
+      of.calls += API_TURNS - 1
+      of.conversations.push({ execution, ids })
+    }
+  }
+  agent.destroy()
+  const out: Record<string, number> = {}
+  for (const api of APIS) {
+    const { calls, cpu, conversations } = per.get(api)!
+    const { recent } = yield* system.ask(gateways.get(api)!, "Status", undefined)
+    const trajectories = yield* readTrajectories(system, new Set(conversations.map((c) => c.execution)))
+    const branches = conversations.reduce((n, c) => n + branchesOf(trajectories.executions.get(c.execution)!.decoder.tree, c.ids), 0)
+    out[`api_${api}_overhead_p50_ms`] = +recent.overheadP50Ms.toFixed(3)
+    out[`api_${api}_overhead_p99_ms`] = +recent.overheadP99Ms.toFixed(3)
+    out[`api_${api}_cpu_ms_per_call`] = +(cpu / calls).toFixed(3)
+    if (api !== "chat") out[`api_${api}_overhead_over_chat`] = +(recent.overheadP50Ms / out.api_chat_overhead_p50_ms!).toFixed(3)
+    out[`branch_rate_${api}`] = +(branches / (conversations.length * API_TURNS)).toFixed(4)
+  }
+  yield* node.drain
+  return out
+})
+
+/** Prints the APIs phase's table. */
+const apisTable = (r: Record<string, number>) => {
+  console.log(`APIs (${API_CONVERSATIONS} conversations x ${API_TURNS} tool-calling turns each, scripted model, worker in a child node)`)
+  console.log(["api".padEnd(10), "overhead p50 ms".padStart(16), "p99 ms".padStart(9), "CPU ms/call".padStart(12), "over chat".padStart(10), "branch rate".padStart(12)].join(" "))
+  for (const api of APIS) {
+    const cells = [r[`api_${api}_overhead_p50_ms`]!.toFixed(3), r[`api_${api}_overhead_p99_ms`]!.toFixed(3), r[`api_${api}_cpu_ms_per_call`]!.toFixed(3), api === "chat" ? "1" : r[`api_${api}_overhead_over_chat`]!.toFixed(3), r[`branch_rate_${api}`]!.toFixed(4)]
+    console.log([api.padEnd(10), cells[0]!.padStart(16), cells[1]!.padStart(9), cells[2]!.padStart(12), cells[3]!.padStart(10), cells[4]!.padStart(12)].join(" "))
+  }
+}
+
 /** The same calls through the engine's batcher in-process, one fiber per execution. */
 const directPath = (replay: ReadonlyArray<ReadonlyArray<ReplayCall>>) =>
   Effect.gen(function* () {
@@ -291,7 +433,9 @@ const program = Effect.gen(function* () {
   yield* saveCheckpoint(checkpoint, yield* engine.createModel(presets.tiny, { seed: 1 }))
   const systemOf = (run: string) => ActorSystem.layer({ run }).pipe(Layer.provideMerge(Nats.layer({})))
   const gw = yield* gatewayPhase.pipe(Effect.scoped, Effect.provide(systemOf("bench-gateway"))) // the worker child stops before its server
-  if (GATEWAY_ONLY) return printResult(BENCH, gw)
+  const apis = yield* apisPhase.pipe(Effect.scoped, Effect.provide(systemOf("bench-apis")))
+  apisTable(apis)
+  if (GATEWAY_ONLY) return printResult(BENCH, { ...gw, ...apis })
   const actor = yield* actorPath.pipe(Effect.scoped, Effect.provide(systemOf("bench-rollout")))
   const direct = yield* Effect.scoped(directPath(actor.replay))
   const r = actor.recent
@@ -302,6 +446,7 @@ const program = Effect.gen(function* () {
     calls_per_s: +(r.calls / actor.seconds).toFixed(2),
     gen_tokens_per_s: Math.round(r.generatedTokens / actor.seconds),
     ...gw,
+    ...apis,
     rollout_overhead_p50_ms: +r.overheadP50Ms.toFixed(2),
     round_trip_p50_ms: +r.roundTripP50Ms.toFixed(2),
     worker_p50_ms: +r.workerP50Ms.toFixed(2),

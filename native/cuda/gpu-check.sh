@@ -54,9 +54,11 @@ preset_config() { # preset_config NAME: config.json of a preset, from the TypeSc
   local vocab
   vocab=$(sed -n 's/^export const VOCAB_SIZE = \([0-9]*\).*/\1/p' src/engine/tokenizer.ts)
   awk -v name="$1" -v vocab="$vocab" '
-    $1 == name ":" && $2 == "{" { inside = 1; printf "{"; sep = ""; next }
+    { head = $1; gsub("\"", "", head) }
+    head == name ":" && $2 == "{" { inside = 1; printf "{"; sep = ""; next }
     inside && $1 ~ /^}/ { print "}"; exit }
-    inside { key = $1; sub(":", "", key); value = $2; sub(",", "", value)
+    inside { key = head; sub(":", "", key); value = $2; sub(",", "", value)
+             if (value ~ /^[0-9_]+$/) gsub("_", "", value)
              if (value == "VOCAB_SIZE") value = vocab
              printf "%s\"%s\": %s", sep, key, value; sep = ", " }' src/engine/presets.ts
 }

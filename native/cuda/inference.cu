@@ -113,9 +113,9 @@ extern "C" gyre_status be_cache_write(be_cache *c, const int32_t *blocks, int32_
 }
 
 /* Floats per row of the forward's activations: x, h, wanted rows, qkv, att, gu, act, rstd,
- * then logits (last). */
+ * RoPE cos | sin, then logits (last). */
 static size_t row_floats(const dims *d) {
-  return 3 * (size_t)d->D + d->qkv_dim + d->q_dim + 3 * (size_t)d->F + 1 + d->V;
+  return 3 * (size_t)d->D + d->qkv_dim + d->q_dim + 3 * (size_t)d->F + 1 + d->hd + d->V;
 }
 static float *logits_of(const be_cache *c) {
   return (float *)c->work.p + c->rows_cap * (row_floats(&c->m->d) - c->m->d.V);
@@ -177,12 +177,13 @@ static gyre_status run_model(be_model *m, be_cache *c, const fwd_batch *b, const
   const size_t cap = c->rows_cap;
   float *x = (float *)c->work.p, *h = x + cap * d->D, *wanted = h + cap * d->D, *qkv = wanted + cap * d->D;
   float *att = qkv + cap * d->qkv_dim, *gu = att + cap * d->q_dim, *act = gu + cap * 2 * d->F;
-  float *rstd = act + cap * d->F;
+  float *rstd = act + cap * d->F, *cs = rstd + cap;
   layer_io io = {x, h, rstd, qkv, att, NULL, x, h, rstd, gu, act, x, NULL, NULL}; /* one residual stream x, in place */
   const dev_rows rows = {T, dev->positions, dev->row_seq, dev->block_off, dev->blocks};
   paged_arg arg = {c, &rows, &dev->plan};
   GYRE_CHECK(embed_forward(ctx, x, dev->tokens, m->w + m->lay->embed, T, d->D));
-  for (int l = 0; l < d->L; l++) GYRE_CHECK(layer_forward(m, ctx, l, T, dev->positions, &io, attend_paged, &arg));
+  GYRE_CHECK(rope_cs(ctx, cs, dev->positions, T, m->inv_freq, d->hd, m->rope_scale));
+  for (int l = 0; l < d->L; l++) GYRE_CHECK(layer_forward(m, ctx, l, T, cs, &io, attend_paged, &arg));
   if (b->n_out == 0) return GYRE_OK;
   GYRE_CHECK(gather_rows(ctx, wanted, x, dev->out_rows, b->n_out, d->D));
   GYRE_CHECK(rmsnorm_forward(ctx, h, NULL, wanted, m->w + m->lay->norm_f, b->n_out, d->D, d->eps));

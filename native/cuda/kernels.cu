@@ -150,8 +150,20 @@ __global__ void head_rmsnorm_dw_k(float *__restrict__ partial, const float *__re
   partial[(size_t)chunk * hd + c] = s;
 }
 
-__global__ void rope_k(float *__restrict__ qkv, const int32_t *__restrict__ positions, const float *__restrict__ cos_t,
-                       const float *__restrict__ sin_t, int T, int heads, int half, int hd, int qkv_dim, float sign) {
+__global__ void rope_cs_k(float *__restrict__ cs, const int32_t *__restrict__ positions, const float *__restrict__ inv_freq,
+                          int T, int half, float scale) {
+  const int64_t total = (int64_t)T * half;
+  for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < total;
+       idx += (int64_t)gridDim.x * blockDim.x) {
+    const int j = (int)(idx % half), t = (int)(idx / half);
+    const float angle = (float)positions[t] * inv_freq[j];
+    cs[(size_t)t * 2 * half + j] = (float)cos((double)angle) * scale;
+    cs[(size_t)t * 2 * half + half + j] = (float)sin((double)angle) * scale;
+  }
+}
+
+__global__ void rope_k(float *__restrict__ qkv, const float *__restrict__ cs, int T, int heads, int half, int hd,
+                       int qkv_dim, float sign) {
   const int64_t total = (int64_t)T * heads * half;
   for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < total;
        idx += (int64_t)gridDim.x * blockDim.x) {
@@ -159,8 +171,7 @@ __global__ void rope_k(float *__restrict__ qkv, const int32_t *__restrict__ posi
     const int64_t th = idx / half;
     const int h = (int)(th % heads), t = (int)(th / heads);
     float *x = qkv + (size_t)t * qkv_dim + (size_t)h * hd;
-    const size_t at = (size_t)positions[t] * half + j;
-    const float c = cos_t[at], sn = sign * sin_t[at];
+    const float c = cs[(size_t)t * hd + j], sn = sign * cs[(size_t)t * hd + half + j];
     const float x1 = x[j], x2 = x[j + half];
     x[j] = x1 * c - x2 * sn;
     x[j + half] = x2 * c + x1 * sn;
@@ -378,12 +389,18 @@ gyre_status head_rmsnorm_backward(exec_ctx *ctx, float *dqkv, float *dwq, float 
   return GYRE_OK;
 }
 
-gyre_status rope(exec_ctx *ctx, float *qkv, const int32_t *positions, const float *cos_t, const float *sin_t, int T,
-                 const dims *d, int inverse) {
+gyre_status rope_cs(exec_ctx *ctx, float *cs, const int32_t *positions, int T, const float *inv_freq, int hd,
+                    float scale) {
+  if (T <= 0) return GYRE_OK;
+  LAUNCH(grid_for((int64_t)T * (hd / 2)), 256, 0, ctx->stream, rope_cs_k)(cs, positions, inv_freq, T, hd / 2, scale);
+  CU_LAUNCHED();
+  return GYRE_OK;
+}
+
+gyre_status rope(exec_ctx *ctx, float *qkv, const float *cs, int T, const dims *d, int inverse) {
   const int heads = d->H + d->KV, half = d->hd / 2; /* q heads then k heads, contiguous */
   if (T <= 0) return GYRE_OK;
-  LAUNCH(grid_for((int64_t)T * heads * half), 256, 0, ctx->stream, rope_k)(qkv, positions, cos_t, sin_t, T, heads,
-                                                                          half, d->hd, d->qkv_dim,
+  LAUNCH(grid_for((int64_t)T * heads * half), 256, 0, ctx->stream, rope_k)(qkv, cs, T, heads, half, d->hd, d->qkv_dim,
                                                                           inverse ? -1.0f : 1.0f);
   CU_LAUNCHED();
   return GYRE_OK;

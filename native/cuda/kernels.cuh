@@ -40,10 +40,13 @@ gyre_status head_rmsnorm_forward(exec_ctx *ctx, float *qkv, float *raw, float *r
 gyre_status head_rmsnorm_backward(exec_ctx *ctx, float *dqkv, float *dwq, float *dwk, const float *raw, const float *wq,
                                   const float *wk, const float *rstd, int T, const dims *d);
 
-/* Rotate-half RoPE in place on the q and k heads of qkv[T, qkv_dim] by positions[t]; cos/sin
- * tables [max_pos, hd/2]; inverse rotates back (the backward of the rotation). */
-gyre_status rope(exec_ctx *ctx, float *qkv, const int32_t *positions, const float *cos_t, const float *sin_t,
-                 int T, const dims *d, int inverse);
+/* cs[T, hd] = cos | sin of the angles positions[t] * inv_freq[j] (inv_freq [hd/2]) times scale:
+ * the product in F32, cos and sin in double rounded to F32, as rope_rows (internal.h) on the host. */
+gyre_status rope_cs(exec_ctx *ctx, float *cs, const int32_t *positions, int T, const float *inv_freq, int hd,
+                    float scale);
+/* Rotate-half RoPE in place on the q and k heads of qkv[T, qkv_dim] by the rows' cs[T, hd]
+ * (rope_cs); inverse rotates back (the backward of the rotation). */
+gyre_status rope(exec_ctx *ctx, float *qkv, const float *cs, int T, const dims *d, int inverse);
 
 /* act[T,F] = silu(gu[:, :F]) * gu[:, F:]   (gu = gate | up, [T, 2F]) */
 gyre_status swiglu_forward(exec_ctx *ctx, float *act, const float *gu, int T, int F);

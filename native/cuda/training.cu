@@ -23,6 +23,7 @@ struct be_trainer {
   int T;             /* rows of the last forward (0: none, or its logits already consumed) */
   float *grads, *adam_m, *adam_v;
   float *arena;      /* every activation below lives here */
+  size_t arena_floats;
   train_acts acts;   /* the shared layout (activations.h); io a host array of device pointers */
   float *token_out;
   uint32_t *mask;    /* [Tm][ceil(Tm / 32)] ancestor bits */
@@ -53,6 +54,7 @@ extern "C" gyre_status be_trainer_create(be_model *m, int32_t max_tokens, be_tra
   t->Tm = max_tokens;
   t->acts.io = (layer_io *)calloc((size_t)m->d.L, sizeof(layer_io));
   const size_t n = (size_t)m->lay->n_params, arena = t->acts.io ? lay_out(t, NULL) : 0;
+  t->arena_floats = arena;
   gyre_status st = t->acts.io == NULL ? gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cuda: out of host memory") : GYRE_OK;
   if (st == GYRE_OK) st = ctx_open(&t->ctx, m->ctx.device);
   if (st == GYRE_OK) st = dev_alloc((void **)&t->grads, sizeof(float) * 3 * n, "gradients and AdamW moments");
@@ -110,7 +112,26 @@ static gyre_status attend_forest(void *arg, exec_ctx *ctx, int layer, const laye
   return forest_attention_forward(ctx, io->att, io->lse, io->qkv, fa->t->mask, fa->t->tiles, fa->T, &fa->t->m->d);
 }
 
-extern "C" gyre_status be_train_forward(be_trainer *t, const train_batch *b, float *logp_host, float *entropy_host) {
+/* Batches of up to max_tokens tokens: one chunk (longer ones are refused for now). */
+extern "C" gyre_status be_train_begin(be_trainer *t, const train_batch *b) {
+  if (b->n > t->Tm)
+    return gyre_fail(GYRE_ERR_UNSUPPORTED, "cuda: a batch of %d tokens is longer than max_tokens %d (not chunked on this backend yet)",
+                     b->n, t->Tm);
+  return GYRE_OK;
+}
+
+extern "C" void be_train_end(be_trainer *t) { (void)t; }
+
+extern "C" void be_trainer_memory(const be_trainer *t, int64_t *fixed, int64_t *kv_per_token, int64_t *last_batch) {
+  const size_t n = (size_t)t->m->lay->n_params;
+  *fixed = (int64_t)(sizeof(float) * (3 * n + t->arena_floats));
+  *kv_per_token = 0;
+  *last_batch = 0;
+}
+
+extern "C" gyre_status be_train_forward(be_trainer *t, const train_batch *b, int32_t s, int32_t e, float *logp_host,
+                                        float *entropy_host) {
+  (void)s, (void)e; /* the whole batch (be_train_begin) */
   const train_acts *acts = &t->acts;
   const be_model *m = t->m;
   const dims *d = &m->d;
@@ -138,7 +159,8 @@ extern "C" gyre_status be_train_forward(be_trainer *t, const train_batch *b, flo
 
   forest_arg arg = {t, T};
   GYRE_CHECK(embed_forward(ctx, acts->io[0].x_in, t->dev_tokens, m->w + m->lay->embed, T, d->D));
-  for (int l = 0; l < d->L; l++) GYRE_CHECK(layer_forward(m, ctx, l, T, t->dev_positions, &acts->io[l], attend_forest, &arg));
+  GYRE_CHECK(rope_cs(ctx, acts->rope_cs, t->dev_positions, T, m->inv_freq, d->hd, m->rope_scale));
+  for (int l = 0; l < d->L; l++) GYRE_CHECK(layer_forward(m, ctx, l, T, acts->rope_cs, &acts->io[l], attend_forest, &arg));
   GYRE_CHECK(rmsnorm_forward(ctx, acts->hf, acts->rstdf, acts->x_final, m->w + m->lay->norm_f, T, d->D, d->eps));
   GYRE_CHECK(gemm(ctx, T, d->V, d->D, acts->hf, d->D, 0, m->w + m->lay->lm_head, d->D, 1, acts->logits, d->V, 0));
   GYRE_CHECK(logits_stats(ctx, acts->lse_rows, acts->entropy_rows, acts->logits, T, d->V, b->inv_temperature));
@@ -224,7 +246,8 @@ static gyre_status prepare_backward(be_trainer *t, const train_batch *b, const f
   return GYRE_OK;
 }
 
-extern "C" gyre_status be_train_backward(be_trainer *t, const train_batch *b, const float *dlogp_host) {
+extern "C" gyre_status be_train_backward(be_trainer *t, const train_batch *b, int32_t s, int32_t e, const float *dlogp_host) {
+  (void)s, (void)e; /* the whole batch (be_train_begin) */
   const train_acts *acts = &t->acts;
   const be_model *m = t->m;
   const dims *d = &m->d;
@@ -263,7 +286,7 @@ extern "C" gyre_status be_train_backward(be_trainer *t, const train_batch *b, co
     GYRE_CHECK(gemm(ctx, T, d->q_dim, D, acts->dres, D, 0, w + o->wo, d->q_dim, 0, acts->datt, d->q_dim, 0));
     GYRE_CHECK(forest_attention_backward(ctx, acts->dqkv, acts->datt, io->qkv, io->att, io->lse, acts->dsum, t->mask, t->tiles,
                                          T, d));
-    GYRE_CHECK(rope(ctx, acts->dqkv, t->dev_positions, m->rope_cos, m->rope_sin, T, d, 1));
+    GYRE_CHECK(rope(ctx, acts->dqkv, acts->rope_cs, T, d, 1));
     if (o->qnorm >= 0)
       GYRE_CHECK(head_rmsnorm_backward(ctx, acts->dqkv, g + o->qnorm, g + o->knorm, io->qk_raw, w + o->qnorm, w + o->knorm,
                                        io->qk_rstd, T, d));

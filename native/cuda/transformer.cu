@@ -15,24 +15,22 @@ extern "C" gyre_status be_model_create(const param_layout *lay, be_model **out) 
   if (m == NULL) return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
   m->lay = lay;
   m->d = lay->d;
-  const size_t table = (size_t)m->d.max_pos * (m->d.hd / 2);
-  float *host = (float *)malloc(sizeof(float) * 2 * (table > 0 ? table : 1));
-  gyre_status st = host == NULL ? gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cuda: out of host memory") : GYRE_OK;
-  if (st == GYRE_OK) st = ctx_open(&m->ctx, cuda_selected_device());
+  const int half = m->d.hd / 2;
+  float host[ATTENTION_MAX_HEAD_DIM / 2];
+  rope_inv_freq(host, &m->d);
+  m->rope_scale = rope_attention_scaling(&m->d);
+  gyre_status st = ctx_open(&m->ctx, cuda_selected_device());
   if (st == GYRE_OK) st = dev_alloc((void **)&m->w, sizeof(float) * (size_t)lay->n_params, "model weights");
   if (st == GYRE_OK) {
     cudaError_t err = cudaMemsetAsync(m->w, 0, sizeof(float) * (size_t)lay->n_params, m->ctx.stream);
     if (err != cudaSuccess) st = cuda_fail(err, "cudaMemsetAsync", "be_model_create");
   }
-  if (st == GYRE_OK) st = dev_alloc((void **)&m->rope_cos, sizeof(float) * 2 * table, "RoPE tables");
+  if (st == GYRE_OK) st = dev_alloc((void **)&m->inv_freq, sizeof(float) * (size_t)half, "RoPE frequencies");
   if (st == GYRE_OK) {
-    m->rope_sin = m->rope_cos + table;
-    rope_tables(host, host + table, &m->d); /* the shared tables, uploaded */
-    cudaError_t err = cudaMemcpyAsync(m->rope_cos, host, sizeof(float) * 2 * table, cudaMemcpyHostToDevice, m->ctx.stream);
+    cudaError_t err = cudaMemcpyAsync(m->inv_freq, host, sizeof(float) * half, cudaMemcpyHostToDevice, m->ctx.stream);
     if (err == cudaSuccess) err = cudaStreamSynchronize(m->ctx.stream);
     if (err != cudaSuccess) st = cuda_fail(err, "cudaMemcpyAsync", "be_model_create");
   }
-  free(host);
   if (st != GYRE_OK) {
     be_model_free(m);
     return st;
@@ -74,13 +72,13 @@ extern "C" void be_model_free(be_model *m) {
   if (m == NULL) return;
   if (ctx_enter(&m->ctx) == GYRE_OK) {
     cudaFree(m->w);
-    cudaFree(m->rope_cos);
+    cudaFree(m->inv_freq);
   }
   ctx_close(&m->ctx);
   free(m);
 }
 
-gyre_status layer_forward(const be_model *m, exec_ctx *ctx, int layer, int T, const int32_t *positions,
+gyre_status layer_forward(const be_model *m, exec_ctx *ctx, int layer, int T, const float *rope_cs,
                           const layer_io *io, attend_fn attend, void *arg) {
   const dims *d = &m->d;
   const layer_offsets *o = &m->lay->layers[layer];
@@ -91,7 +89,7 @@ gyre_status layer_forward(const be_model *m, exec_ctx *ctx, int layer, int T, co
   if (o->bqkv >= 0) GYRE_CHECK(bias_forward(ctx, io->qkv, w + o->bqkv, T, d->qkv_dim));
   if (o->qnorm >= 0)
     GYRE_CHECK(head_rmsnorm_forward(ctx, io->qkv, io->qk_raw, io->qk_rstd, w + o->qnorm, w + o->knorm, T, d));
-  GYRE_CHECK(rope(ctx, io->qkv, positions, m->rope_cos, m->rope_sin, T, d, 0));
+  GYRE_CHECK(rope(ctx, io->qkv, rope_cs, T, d, 0));
   GYRE_CHECK(attend(arg, ctx, layer, io));
   if (io->x_mid != io->x_in)
     CU(cudaMemcpyAsync(io->x_mid, io->x_in, sizeof(float) * rows, cudaMemcpyDeviceToDevice, ctx->stream));

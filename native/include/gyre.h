@@ -65,11 +65,12 @@ extern "C" {
 #endif
 
 /* Bumped on any incompatible change of a signature, struct or buffer format below. */
-#define GYRE_ABI_VERSION 7 /* 2: gyre_loss_config.proximal_current; 3: RoPE scaling, tensor load/store;
+#define GYRE_ABI_VERSION 8 /* 2: gyre_loss_config.proximal_current; 3: RoPE scaling, tensor load/store;
                               4: gyre_config.head_dim, per-thread error messages, per-model thread counts;
                               5: gyre_cache_create's kv_dtype, gyre_cache_stats.kv_dtype (F16 KV);
                               6: gyre_config.qkv_bias, qk_norm and YaRN fields, gyre_rope_attention_scaling;
-                              7: gyre_loss_config.temperature */
+                              7: gyre_loss_config.temperature;
+                              8: gyre_train_batch takes n > max_tokens (chunked), gyre_trainer_memory */
 
 /* ------------------------------------------------------------------------------------ */
 /* Status codes and errors                                                               */
@@ -377,9 +378,10 @@ GYRE_API uint64_t gyre_checksum(const uint8_t *data, size_t len);
 /* Training                                                                              */
 /* ------------------------------------------------------------------------------------ */
 
-/* A trainer owns the gradient buffer, the AdamW moments and the activations for up to
- * max_tokens tokens per micro-batch (allocated once, up front), and updates its model's
- * weights in place. */
+/* A trainer owns the gradient buffer, the AdamW moments and the activations for chunks of up
+ * to max_tokens tokens (allocated once, up front), and updates its model's weights in place.
+ * A batch of any length trains in chunks of max_tokens rows (gyre_train_batch); its memory
+ * beyond the fixed part is a few KB per token of the batch (gyre_trainer_memory). */
 typedef struct gyre_trainer gyre_trainer;
 
 GYRE_API gyre_status gyre_trainer_create(gyre_model *model, int32_t max_tokens,
@@ -426,15 +428,26 @@ typedef struct gyre_train_stats {
   int32_t stale_tokens;
 } gyre_train_stats;
 
-/* Forward (and, with backward != 0, backward) over a packed micro-batch of n tokens
- * forming a forest (the PackedBatch of src/common/packed-batch.ts): token i attends to its
- * ancestors (following parents[], each < i, -1 for a root) and itself; RoPE rotates it by
- * positions[i]; loss term i predicts tokens[i] from the output at parents[i].
- * weights, advantages, behaviour_logprobs, proximal_logprobs and versions may be NULL for
- * SFT (weights NULL: every non-root token has weight 1); PPO needs weights, advantages and
- * behaviour_logprobs. Gradients are ADDED to the trainer's gradient buffer (accumulation
- * across micro-batches). token_logprobs (may be NULL) receives logp_i for each i, NaN for
- * roots. stats may be NULL. */
+/* Forward (and, with backward != 0, backward) over a packed batch of n tokens forming a
+ * forest (the PackedBatch of src/common/packed-batch.ts): token i attends to its ancestors
+ * (following parents[], each < i, -1 for a root) and itself; RoPE rotates it by positions[i]
+ * (in [0, max_position_embeddings)); loss term i predicts tokens[i] from the output at
+ * parents[i]. Arrays are [n]. weights, advantages, behaviour_logprobs, proximal_logprobs and
+ * versions may be NULL for SFT (weights NULL: every non-root token has weight 1); PPO needs
+ * weights, advantages and behaviour_logprobs. Gradients are ADDED to the trainer's gradient
+ * buffer (accumulation across batches). token_logprobs (may be NULL) receives logp_i for
+ * each i, NaN for roots. stats may be NULL.
+ *
+ * Any n >= 1: the batch runs in chunks of max_tokens rows in index order. The forward runs
+ * every chunk in order, keeping each layer's K (after RoPE) and V of every token; a chunk's
+ * queries attend to their ancestors in earlier chunks through them. The backward runs the
+ * chunks in reverse order, each recomputing its forward from the kept K/V (all but the last
+ * chunk: checkpointing), and carries the gradients of earlier tokens' K and V back to them,
+ * so loss, stats, token_logprobs and gradients equal those of one unchunked pass up to the
+ * order of float sums. Memory beyond gyre_trainer_create's: the K/V (and, for n >
+ * max_tokens, their gradients) of every token, kv_bytes_per_token of gyre_trainer_memory
+ * (6 floats x num_hidden_layers x num_key_value_heads x head_dim per token), plus about 40
+ * bytes per token and 8 per ancestor range of the forest on the host; released on return. */
 GYRE_API gyre_status gyre_train_batch(gyre_trainer *trainer, int32_t n, const int32_t *tokens,
                                       const int32_t *parents, const int32_t *positions,
                                       const float *weights, const float *advantages,
@@ -442,6 +455,18 @@ GYRE_API gyre_status gyre_train_batch(gyre_trainer *trainer, int32_t n, const in
                                       const float *proximal_logprobs, const int32_t *versions,
                                       const gyre_loss_config *loss, int32_t backward,
                                       float *token_logprobs, gyre_train_stats *stats);
+
+/* What a trainer allocates, in bytes. */
+typedef struct gyre_trainer_memory_info {
+  int64_t fixed_bytes;        /* gyre_trainer_create's: activations of max_tokens rows, gradients,
+                                 AdamW moments, the K/V of a max_tokens batch */
+  int64_t kv_bytes_per_token; /* a batch longer than max_tokens: its K/V and their gradients,
+                                 per token, all layers */
+  int64_t last_batch_bytes;   /* the K/V store the last gyre_train_batch allocated beyond
+                                 fixed_bytes (0 when its n <= max_tokens) */
+} gyre_trainer_memory_info;
+
+GYRE_API gyre_status gyre_trainer_memory(const gyre_trainer *trainer, gyre_trainer_memory_info *out);
 
 /* Gradient buffer (flat layout): zero, copy out, overwrite, add scale * in. */
 GYRE_API gyre_status gyre_trainer_zero_grads(gyre_trainer *trainer);

@@ -37,6 +37,7 @@ typedef struct layer_io {
 typedef struct train_acts {
   layer_io *io;         /* [L], allocated by the caller */
   float *x_final;       /* [T, D] the last residual stream */
+  float *rope_cs;       /* [T, hd] each row's RoPE cos | sin (rope_rows of internal.h) */
   float *hf, *rstdf;    /* [T, D], [T] final norm */
   float *logits;        /* [T, V] */
   float *lse_rows, *entropy_rows; /* [T] each */

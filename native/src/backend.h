@@ -79,6 +79,12 @@ typedef struct fwd_batch {
 gyre_status be_forward(be_model *m, be_cache *c, const fwd_batch *b, float *logits_host);
 
 /* ---- training ---- */
+
+/* A packed batch of n tokens (global arrays) and its forest, trained in chunks: rows [s, e)
+ * in index order, e - s <= the trainer's max_tokens. A chunk's queries attend to ancestors
+ * in earlier chunks through the batch's K/V store (each layer's K after RoPE and V of every
+ * token, kept from the chunk's forward), so every chunk but the last is computed twice: in
+ * the forward of all chunks (log-probs) and again before its backward (checkpointing). */
 typedef struct train_batch {
   int32_t n;
   const int32_t *tokens;
@@ -90,16 +96,29 @@ typedef struct train_batch {
 
 gyre_status be_trainer_create(be_model *m, int32_t max_tokens, be_trainer **out);
 void be_trainer_free(be_trainer *t);
-/* Forward over the batch; for every token i with a parent: logp_host[i] = log p(tokens[i] |
- * output at parents[i]) and entropy_host[i] = entropy of that distribution (NaN for roots),
- * p = softmax(logits * inv_temperature). Keeps the activations for be_train_backward of the
- * same batch. */
-gyre_status be_train_forward(be_trainer *t, const train_batch *b, float *logp_host,
+/* Allocates the batch's K/V store (and, when n > max_tokens, room for the gradients later
+ * chunks send back to earlier tokens' K and V); be_train_end releases what exceeds a batch of
+ * max_tokens. */
+gyre_status be_train_begin(be_trainer *t, const train_batch *b);
+void be_train_end(be_trainer *t);
+/* Forward of the chunk [s, e), chunks in ascending order: stores its K/V, and for every child
+ * i of a row p in [s, e): logp_host[i] = log p(tokens[i] | output at p) and entropy_host[i]
+ * = entropy of that distribution, p = softmax(logits * inv_temperature). Keeps the chunk's
+ * activations. */
+gyre_status be_train_forward(be_trainer *t, const train_batch *b, int32_t s, int32_t e, float *logp_host,
                              float *entropy_host);
-/* Backward of sum_i L_i(logp_i) given dlogp_host[i] = dL_i/dlogp_i (0 for roots and terms
- * not trained); adds into the gradient buffer. The logits' gradient is taken with respect to
- * the scaled logits: the caller folds inv_temperature into dlogp_host. */
-gyre_status be_train_backward(be_trainer *t, const train_batch *b, const float *dlogp_host);
+/* Backward of the chunk [s, e), chunks in descending order after all forwards, of
+ * sum_i L_i(logp_i) given dlogp_host[i] = dL_i/dlogp_i (0 for roots and terms not trained;
+ * the logits' gradient is taken with respect to the scaled logits: the caller folds
+ * inv_temperature into dlogp_host):
+ * recomputes the chunk's forward unless it is the one whose activations are kept, adds into
+ * the gradient buffer, and adds the gradients of the K/V of tokens before s into the store
+ * (those of the chunk's own tokens take what later chunks added). */
+gyre_status be_train_backward(be_trainer *t, const train_batch *b, int32_t s, int32_t e, const float *dlogp_host);
+/* Bytes: allocated by be_trainer_create (activations of max_tokens rows, gradients, moments,
+ * a store of max_tokens tokens), the store per token of a chunked batch, and the store the
+ * last batch allocated beyond the fixed one (0 when it fit). */
+void be_trainer_memory(const be_trainer *t, int64_t *fixed, int64_t *kv_per_token, int64_t *last_batch);
 gyre_status be_grads_zero(be_trainer *t);
 gyre_status be_grads_get(const be_trainer *t, float *host);
 gyre_status be_grads_set(be_trainer *t, const float *host);

@@ -105,28 +105,32 @@ void init_weights(const param_layout *layout, uint64_t seed, float init_std, flo
 
 /* ---- RoPE (common/rope.c) ---- */
 
-/* cos/sin tables [max_pos, hd/2] as Hugging Face computes them (inv_freq in F32, angles
- * rounded to F32, cos and sin in double); every backend rotates by these. */
-void rope_tables(float *cos_t, float *sin_t, const dims *d);
+/* cs[T, hd]: row t holds cos then sin [hd/2 each] of the angles positions[t] * inv_freq[j],
+ * as Hugging Face computes them for any position (the product in F32, then cos and sin, here
+ * in double rounded to F32), times scale (rope_attention_scaling); every backend rotates by
+ * these values. */
+void rope_rows(float *cs, const int32_t *positions, int T, const float *inv_freq, int hd, float scale);
 /* inv_freq[hd/2] after the config's RoPE scaling (gyre.h), in F32 as transformers computes it. */
 void rope_inv_freq(float *inv_freq, const dims *d);
-/* The factor the tables' cos and sin carry (YaRN's attention factor; 1 otherwise). */
+/* The factor cos and sin carry (YaRN's attention factor; 1 otherwise). */
 float rope_attention_scaling(const dims *d);
 
 /* ---- forest of a packed batch (common/forest.c) ---- */
 
 /* The ancestors of token i (itself included) as ascending, disjoint index ranges
- * [ranges[2k], ranges[2k+1]] (inclusive) for k in [range_off[i], range_off[i+1]).
- * depth[i] = number of ancestors including itself; desc[j] = number of tokens having j as
- * an ancestor (itself included) - the work of the key-owner pass of attention backward. */
+ * [ranges[2k], ranges[2k+1]] (inclusive) for k in [range_off[i], range_off[i+1]), and the
+ * children of token p (the tokens whose parent it is) children[child_off[p] ..
+ * child_off[p+1]) in ascending order. depth[i] = number of ancestors including itself. */
 typedef struct forest {
   int32_t n;
   int32_t *range_off;
   int32_t *ranges;
   int32_t *depth;
-  int32_t *desc;
-  int64_t n_pairs;   /* sum of depth */
+  int32_t *child_off;  /* [n + 1] */
+  int32_t *children;   /* [child_off[n]] */
+  int64_t n_pairs;     /* sum of depth: the (query, key) pairs attention visits */
   int32_t max_depth;
+  int32_t max_ranges;  /* most ranges of one token */
 } forest;
 
 gyre_status forest_build(int32_t n, const int32_t *parents, forest *out);

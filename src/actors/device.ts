@@ -40,7 +40,6 @@ import { DEVICE_KIND, DeviceProtocol, DeviceRefused } from "../protocols/device.
 import { GatewayProtocol } from "../protocols/gateway.ts"
 import { SchedulerProtocol } from "../protocols/scheduler.ts"
 import { WeightsUnavailable, type WorkerLoad } from "../protocols/rollout.ts"
-import { openKvStore } from "../serving/handoff.ts"
 import { deviceLoad, makeRoleSwitch, type RoleState } from "../serving/role-switch.ts"
 import { KV_BLOCK_TOKENS, rolloutConfigFromEnv, startRollout, type RolloutConfig } from "../serving/rollout-role.ts"
 import type { TrainingRole, TrainingRoleFactory } from "../serving/training-role.ts"
@@ -96,7 +95,7 @@ export const device = (configured: DeviceConfig | (() => DeviceConfig)) =>
           training,
           state,
           blockTokens: config.blockTokens ?? KV_BLOCK_TOKENS,
-          store: yield* openKvStore(ctx.system),
+          store: rollout.store,
           report: () => report(rollout.batcher.load())
         })
         if (config.scheduler !== undefined) {

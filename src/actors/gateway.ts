@@ -29,7 +29,8 @@ import { recentCalls } from "../gateway/recent-calls.ts"
 import { makeSessions, roleOf } from "../gateway/sessions.ts"
 import { watchWorkers } from "../gateway/worker-directory.ts"
 import { gyreChat, type ChatFormat } from "../openai/chat.ts"
-import { GatewayProtocol, UnknownExecution } from "../protocols/gateway.ts"
+import { GatewayProtocol, UnknownExecution, type CallTotals } from "../protocols/gateway.ts"
+import { INLINE_TOKENS, openTransferStore } from "../protocols/transfer.ts"
 import { readiness } from "../gateway/probes.ts"
 import { ensureTrajectoryStream } from "../protocols/layout.ts"
 import type { Sampling } from "../tree/record.ts"
@@ -57,6 +58,8 @@ export interface GatewayConfig {
   readonly workerWaitMs?: number
   /** Limit of one Generate ask (default 600,000). */
   readonly generateTimeoutMs?: number
+  /** Prompt tokens sent inside a Generate at most; more go through the run's transfer store (default `INLINE_TOKENS`, 32,768). */
+  readonly inlineTokens?: number
   /** The served model's tokenizer and chat template (default Gyre's; `chatFormatOf(checkpoint)`). */
   readonly chat?: ChatFormat
   /** A training run's sampling, replacing each request's temperature and top_p (default: the request's). */
@@ -76,15 +79,17 @@ export const gateway = (config: GatewayConfig = {}) =>
         const model = config.model ?? "gyre"
         yield* ensureTrajectoryStream(system)
         const directory = yield* watchWorkers(system, { deadAfterMs: config.workerDeadAfterMs ?? 3000 })
-        const router = makeCallRouter(system, directory, {
+        const router = makeCallRouter(system, directory, yield* openTransferStore(system), {
           generateTimeoutMs: config.generateTimeoutMs ?? 600_000,
           maxAttempts: config.maxAttempts ?? 5,
           workerWaitMs: config.workerWaitMs ?? 5000,
-          recentPerExecution: 4
+          recentPerExecution: 4,
+          inlineTokens: config.inlineTokens ?? INLINE_TOKENS
         })
         const sessions = makeSessions(system.run)
         const recorder = makeCallRecorder(system)
         const recent = recentCalls()
+        const totals: { -readonly [K in keyof CallTotals]: number } = { calls: 0, promptTokens: 0, cachedTokens: 0, reprefillTokens: 0, fullResends: 0 }
 
         /** A model call: its role, a worker's answer through the router, its record, its figures. */
         const generate: Generate = (call, callId, prompt, sampling, onTokens, finish) =>
@@ -92,6 +97,11 @@ export const gateway = (config: GatewayConfig = {}) =>
             const prepared = performance.now()
             const role = yield* roleOf(call.session, call.req)
             const result = yield* router.call({ execution: call.session.execution, route: call.session.route, prompt, sampling, onTokens, clientGone: call.clientGone })
+            totals.calls++
+            totals.promptTokens += result.promptTokens
+            totals.cachedTokens += result.cachedTokens
+            totals.reprefillTokens += result.reprefillTokens
+            totals.fullResends += result.fullResends
             const { finishReason, toolCalls } = finish(result)
             const answered = performance.now()
             yield* recorder.record(call.session, {
@@ -158,7 +168,7 @@ export const gateway = (config: GatewayConfig = {}) =>
               return { routed }
             }),
           Status: () =>
-            Effect.sync(() => ({ baseUrl, openExecutions: sessions.size, calls: recorder.calls, errors: server.errors, internalErrors: server.defects, recent: recent.figures() }))
+            Effect.sync(() => ({ baseUrl, openExecutions: sessions.size, calls: recorder.calls, errors: server.errors, internalErrors: server.defects, recent: recent.figures(), totals: { ...totals } }))
         }
         return handlers
       })

@@ -8,7 +8,8 @@
  * supervised embedded server whose store is kept across restarts (`--store`, else
  * `.gyre/nats/<run>.<node>` under the working directory) and which admits only the users of
  * `GYRE_AUTH_DIR` (default `.gyre/auth`, written on first use), this process connecting as
- * the user with exactly the roles it hosts. `GYRE_NATS_AUTH=off` starts it without users.
+ * the user with exactly the roles it hosts. `GYRE_NATS_AUTH=off` starts it without users. It
+ * listens on loopback, or where `--listen` says (`join.ts` prints how another machine joins).
  */
 import * as fs from "node:fs"
 import * as path from "node:path"
@@ -17,6 +18,7 @@ import { defaultUsers, rolesOfKind, type Role } from "../protocols/roles.ts"
 import { readAuthDir, userWithRoles, writeAuthDir, type TlsFiles } from "../runtime/auth.ts"
 import { natsOptionsFromEnv, type NatsOptions } from "../runtime/nats.ts"
 import { UsageError, parseFlags, type Command } from "./args.ts"
+import type { ListenAddress } from "./checks.ts"
 
 const flags = {
   dir: { kind: "string", doc: "directory of the credentials", default: path.join(".gyre", "auth") },
@@ -55,12 +57,21 @@ export const rolesOfKinds = (kinds: ReadonlyArray<string>): ReadonlyArray<Role> 
 }
 
 /** Connection options of a command hosting `kinds` (see the module doc). */
-export const embeddedNats = (o: { readonly name: string; readonly run: string; readonly node: string; readonly kinds: ReadonlyArray<string>; readonly store?: string | undefined }) =>
+export const embeddedNats = (o: {
+  readonly name: string
+  readonly run: string
+  readonly node: string
+  readonly kinds: ReadonlyArray<string>
+  readonly store?: string | undefined
+  /** Where the embedded server listens (`--listen`, checked by `checkListen`); loopback when absent. */
+  readonly listen?: ListenAddress | undefined
+}) =>
   Effect.gen(function* () {
     const env = natsOptionsFromEnv(o.name)
     if (env.url !== undefined) return env
     const storeDir = o.store ?? env.storeDir ?? path.join(process.cwd(), ".gyre", "nats", `${o.run}.${o.node}`)
-    if (process.env.GYRE_NATS_AUTH === "off") return { ...env, storeDir } satisfies NatsOptions
+    const listen = o.listen === undefined ? {} : { listen: o.listen }
+    if (process.env.GYRE_NATS_AUTH === "off") return { ...env, storeDir, ...listen } satisfies NatsOptions
     const dir = path.resolve(process.env.GYRE_AUTH_DIR ?? path.join(".gyre", "auth"))
     const file = exists(dir) ? yield* readAuthDir(dir) : yield* initDir(dir, "*", false)
     const roles = rolesOfKinds(o.kinds)
@@ -68,7 +79,7 @@ export const embeddedNats = (o: { readonly name: string; readonly run: string; r
     if (user === undefined) {
       return yield* Effect.fail(new UsageError(`no user with roles ${roles.join("+")} in ${dir} (users: ${file.users.map((u) => u.name).join(", ")})`))
     }
-    return { ...env, storeDir, auth: { dir, user: user.name } } satisfies NatsOptions
+    return { ...env, storeDir, ...listen, auth: { dir, user: user.name } } satisfies NatsOptions
   })
 
 export const command: Command<typeof flags> = {

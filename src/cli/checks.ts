@@ -38,13 +38,13 @@ export const checkCheckpoint = (command: string, dir: string) => {
  * or not allowed to this user): checked before the server's actors start, whose supervisor would
  * otherwise retry the bind and give up with the gateway unavailable. Port 0 is any free port.
  */
-export const checkPort = async (command: string, host: string, port: number, flag = "--port"): Promise<void> => {
+export const checkPort = async (command: string, host: string, port: number, flag = "--port", hostFlag = "--host"): Promise<void> => {
   if (!Number.isInteger(port) || port < 0 || port > 65535) throw new UsageError(`gyre ${command}: ${flag} must be 0 to 65535, got ${port}`)
   const reasons: Record<string, string> = {
     EADDRINUSE: `${flag} ${port} on ${host} is in use`,
     EACCES: `${flag} ${port} is not allowed to this user`,
-    EADDRNOTAVAIL: `--host ${host} is not an address of this machine`,
-    ENOTFOUND: `--host ${host} does not resolve`
+    EADDRNOTAVAIL: `${hostFlag} ${host} is not an address of this machine`,
+    ENOTFOUND: `${hostFlag} ${host} does not resolve`
   }
   const refused = await new Promise<string | undefined>((resolve) => {
     const probe = net.createServer()
@@ -70,4 +70,35 @@ export const checkTasks = (command: string, flag: string, suitesDir: string, nam
   const held = [...splits].map(([split, n]) => `${n} ${split}`).join(", ")
   const named = `${missing.slice(0, 3).join(", ")}${missing.length > 3 ? ", ..." : ""}`
   throw new UsageError(`gyre ${command}: ${flag}: ${missing.length} of ${tasks.length} not in suite ${name} (${named}); it holds ${held}`)
+}
+
+/** NATS's own port, where `--listen HOST` without one listens. */
+export const NATS_PORT = 4222
+
+/** Where `--listen` puts the embedded nats-server. */
+export interface ListenAddress {
+  readonly host: string
+  /** 0: any free port. */
+  readonly port: number
+}
+
+/** Whether `host` is this machine's loopback only (127.0.0.0/8, ::1, localhost): no other machine reaches it. */
+export const isLoopback = (host: string) => /^127\./.test(host) || host === "::1" || host === "localhost"
+
+/**
+ * `--listen HOST[:PORT]` (`[IPv6]:PORT`, or a bare IPv6 address), checked before anything starts:
+ * malformed, a port out of range or in use, or an address that is not this machine's is one usage
+ * line. On an address other machines reach, the embedded server must admit only the users of the
+ * credentials directory: with `GYRE_NATS_AUTH=off` it would admit anyone, so that is refused too.
+ */
+export const checkListen = async (command: string, text: string, env: Readonly<Record<string, string | undefined>> = process.env): Promise<ListenAddress> => {
+  const m = /^\[([0-9A-Fa-f:.]+)\](?::(\d+))?$/.exec(text) ?? /^([^:[\]\s]+)(?::(\d+))?$/.exec(text) ?? /^([0-9A-Fa-f]*:[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*)()$/.exec(text)
+  if (m === null) throw new UsageError(`gyre ${command}: --listen must be HOST, HOST:PORT or [IPv6]:PORT, got '${text}'`)
+  const listen = { host: m[1]!, port: m[2] === undefined || m[2] === "" ? NATS_PORT : Number(m[2]) }
+  if (env.NATS_URL !== undefined && env.NATS_URL !== "") throw new UsageError(`gyre ${command}: --listen is where the embedded nats-server listens; NATS_URL names another server (unset one of them)`)
+  if (!isLoopback(listen.host) && env.GYRE_NATS_AUTH === "off") {
+    throw new UsageError(`gyre ${command}: --listen ${text} would open a server without users to other machines (GYRE_NATS_AUTH=off); leave auth on`)
+  }
+  await checkPort(command, listen.host, listen.port, "--listen", "--listen")
+  return listen
 }

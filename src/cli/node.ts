@@ -10,8 +10,11 @@
  * `--device-ids a,b` names the devices this node offers (for actors placed on a device).
  * `--devices K` joins a `gyre train` run as K more devices (`device/<name>.<backend><i>`, each with
  * the training role; K CPU devices split the cores): it waits for the run's configuration in the
- * journal, loads its checkpoint and announces the devices to the run's scheduler, which uses them
+ * journal, loads its checkpoint (the run's published copy when that path is not on this machine:
+ * `shared-checkpoint.ts`) and announces the devices to the run's scheduler, which uses them
  * from then on.
+ * `--listen HOST[:PORT]` puts the embedded server on that interface and logs how another machine
+ * joins (`join.ts`; also `join` in the ready line).
  * `--scheduler` stands by as a candidate for the scheduler of the training run `--run` (its
  * configuration read from the journal, its train tasks from the suite in `--suites`): it hosts
  * `scheduler/main` while it holds the run's lease, and takes over when the leader's node dies.
@@ -45,11 +48,13 @@ import { repoRoot } from "../runtime/nats-server.ts"
 import { startNode } from "../runtime/node.ts"
 import { ActorSystem } from "../runtime/system.ts"
 import { UsageError, parseConfigured, type Command } from "./args.ts"
-import { checkPort } from "./checks.ts"
+import { checkListen, checkPort } from "./checks.ts"
 import { checkKvFlags, nodeKvFlags } from "./kv.ts"
 import { embeddedNats } from "./auth.ts"
+import { joinLines, joinOf } from "./join.ts"
 import { serveUntilStopped } from "./lifetime.ts"
 import { RUN_RUNNERS } from "./run-host.ts"
+import { onThisMachine } from "./shared-checkpoint.ts"
 
 const flags = {
   name: { kind: "string", doc: "node name (unique in the run)", default: os.hostname().replace(/[^A-Za-z0-9_-]/g, "-") },
@@ -64,6 +69,7 @@ const flags = {
   scheduler: { kind: "boolean", doc: "stand by as a scheduler candidate of the training run --run (it leads while it holds the run's lease)", default: false },
   suites: { kind: "string", doc: "--scheduler: directory holding the run's suite", default: path.join(repoRoot, "suites") },
   store: { kind: "string", doc: "store directory of the embedded nats-server (default .gyre/nats/<run>.<name>, kept across restarts)" },
+  listen: { kind: "string", doc: "the embedded nats-server listens on HOST[:PORT] (default port 4222, 0: any free one; 0.0.0.0: every interface) instead of loopback; how another machine joins is logged and in the ready line (join)" },
   "metrics-port": { kind: "integer", doc: "serve Prometheus /metrics on 127.0.0.1 at this port, 0 = any free one (default GYRE_METRICS_PORT or off)" },
   ...nodeKvFlags
 } as const
@@ -106,7 +112,7 @@ const schedulerCandidate = (system: ActorSystemShape, suitesDir: string) =>
  */
 const trainingDevices = (system: ActorSystemShape, count: number, kv: ReturnType<typeof checkKvFlags>) =>
   Effect.gen(function* () {
-    const config = yield* journaledConfig(system)
+    const config = yield* onThisMachine(system, yield* journaledConfig(system))
     const engine = yield* Engine
     const threads = yield* cpuDeviceThreads(engine, count)
     const type = device({
@@ -148,8 +154,12 @@ export const command: Command<typeof flags> = {
     for (const a of spawns) {
       if (!kinds.includes(a.kind)) throw new UsageError(`gyre node: --spawn ${formatAddress(a)}: no actor type '${a.kind}' on this node (its types: ${kinds.join(", ") || "none"}; --load a module that exports it)`)
     }
+    const listen = f.listen === undefined ? undefined : await checkListen("node", f.listen)
+    const nats = await Effect.runPromise(embeddedNats({ name: `gyre-node-${f.name}`, run: f.run, node: f.name, kinds, store: f.store, listen }))
     const program = Effect.gen(function* () {
       const system = yield* ActorSystem
+      const join = listen === undefined || system.nats.server === undefined ? undefined : yield* joinOf({ urls: system.nats.server.urls, host: listen.host, run: f.run, auth: nats.auth })
+      if (join !== undefined) yield* Effect.logInfo(joinLines(join).join("\n"))
       const devices = f.devices > 0 ? yield* trainingDevices(system, f.devices, kv) : undefined
       const scheduler = f.scheduler ? yield* schedulerCandidate(system, f.suites) : undefined
       const hosted = [...types, ...(devices === undefined ? [] : [devices.type]), ...(scheduler === undefined ? [] : [scheduler.type])]
@@ -173,14 +183,14 @@ export const command: Command<typeof flags> = {
         embedded: system.nats.embedded,
         ...(system.nats.server !== undefined ? { natsPid: system.nats.server.pid, store: system.nats.server.storeDir } : {}),
         types: hosted.map((t) => t.kind),
-        ...(node.metricsUrl !== undefined ? { metrics: node.metricsUrl } : {})
+        ...(node.metricsUrl !== undefined ? { metrics: node.metricsUrl } : {}),
+        ...(join !== undefined ? { join } : {})
       })
       yield* Effect.logInfo(`node ${f.name} serving run ${f.run} on ${system.nats.servers}`)
       // the candidate goes first: a scheduler stopped by the drain under it would read as one that gave up
       yield* serveUntilStopped(system.nats, Effect.andThen(candidate === undefined ? Effect.void : Fiber.interrupt(candidate), node.drain))
       yield* status({ event: "drained", node: f.name })
     })
-    const nats = await Effect.runPromise(embeddedNats({ name: `gyre-node-${f.name}`, run: f.run, node: f.name, kinds, store: f.store }))
     const layer = Layer.merge(ActorSystem.layer({ run: f.run }), Engine.layer).pipe(
       Layer.provideMerge(Nats.layer(nats)),
       Layer.provideMerge(observabilityLayer(`gyre-node-${f.name}`))

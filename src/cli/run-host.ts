@@ -10,7 +10,8 @@
  * another node, `gyre node --scheduler`). The run's configuration is journaled first, so candidates
  * elsewhere can read it. Devices of other nodes (`gyre node --devices K` with the same
  * `NATS_URL` and `--run`) join the same scheduler. Reports each step's metrics as they are
- * journaled and returns when the scheduler journals `run-done`, with the final checkpoint.
+ * journaled and returns when the scheduler journals `run-done`, with the final checkpoint (the
+ * core's own here, else the last version's published weights: `shared-checkpoint.ts`).
  */
 import * as fs from "node:fs"
 import * as os from "node:os"
@@ -29,7 +30,7 @@ import { address, formatAddress } from "../runtime/names.ts"
 import { startNode } from "../runtime/node.ts"
 import { ActorSystem, type ActorSystemShape } from "../runtime/system.ts"
 import { journalRunConfig, runDoneJournaled } from "../scheduling/records.ts"
-import { latestCheckpoint } from "../training/checkpoints.ts"
+import { finalCheckpoint } from "./shared-checkpoint.ts"
 
 export interface RunProgress {
   readonly metrics: StepMetrics
@@ -118,10 +119,10 @@ export const hostRun = (o: HostRunOptions) =>
       )
       yield* Effect.raceFirst(Deferred.await(done), journaled)
       const runS = (Date.now() - started) / 1000
-      const checkpoint = yield* latestCheckpoint(o.config.checkpointDir)
+      const checkpoint = yield* finalCheckpoint(system, o.config)
       // the candidate goes first: a scheduler stopped by the drain under it would read as one that gave up
       if (candidate !== undefined) yield* Fiber.interrupt(candidate)
       yield* node.drain
-      return { system, config: o.config, checkpoint: checkpoint?.dir ?? o.config.checkpoint, runS }
+      return { system, config: o.config, checkpoint, runS }
     })
   )

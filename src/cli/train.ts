@@ -43,12 +43,14 @@ import { repoRoot } from "../runtime/nats-server.ts"
 import { ActorSystem } from "../runtime/system.ts"
 import { UsageError, parseConfigured, type Command, type Flags } from "./args.ts"
 import { embeddedNats } from "./auth.ts"
-import { checkCheckpoint, checkSuite, checkTasks } from "./checks.ts"
+import { checkCheckpoint, checkListen, checkSuite, checkTasks, type ListenAddress } from "./checks.ts"
 import { parseEnv } from "./eval.ts"
 import { evaluate, evaluationConcurrency, heldoutGain, parseTaskList } from "./evaluate.ts"
 import { followRun, RunProgress } from "./progress.ts"
+import { joinLines, joinOf } from "./join.ts"
 import { checkKvFlags, kvFlags } from "./kv.ts"
 import { hostRun } from "./run-host.ts"
+import { publishInitialCheckpoint } from "./shared-checkpoint.ts"
 import { warmStartedCheckpoint } from "./warm-start.ts"
 
 export const trainFlags = {
@@ -89,6 +91,7 @@ export const trainFlags = {
   "sft-lr": { kind: "number", doc: "warm start: peak learning rate", default: 4e-3 },
   quiet: { kind: "boolean", doc: "no progress lines", default: false },
   "no-scheduler": { kind: "boolean", doc: "host no scheduler candidate here: the run's scheduler lives on `gyre node --scheduler` nodes (the run waits for one)", default: false },
+  listen: { kind: "string", doc: "the embedded nats-server listens on HOST[:PORT] (default port 4222, 0: any free one; 0.0.0.0: every interface) instead of loopback, and the lines to join the run from another machine are printed" },
   "from-export": { kind: "string", doc: "train one step of an exported run (gyre replay RUN --export DIR) offline, with its recorded tokens" },
   "export-step": { kind: "integer", doc: "--from-export: the step to train (its weights: the run's checkpoint of that version)", default: 0 }
 } as const
@@ -176,24 +179,57 @@ export const runTraining = (f: TrainFlags, command = "train") => {
     throw new UsageError(`gyre ${command}: --resume ${run}: no store ${store} (give --store, or NATS_URL of the server that holds the run)`)
   }
   return Effect.gen(function* () {
-    const log = f.quiet || f.json ? () => undefined : (line: string) => console.log(line)
-    const progress = f.quiet || f.json ? undefined : new RunProgress({ tty: process.stdout.isTTY === true, write: log, ...(f.devices === 0 ? { noDevices: noDevicesHint(run) } : {}) }, f["executions-per-step"])
-    const started = Date.now()
-    const env = suiteEnv(f)
-    const warm = { suite: f.suite, env, tasks: f["demo-tasks"], steps: f["sft-steps"], lr: f["sft-lr"], seed: f.seed, fresh: false, log, ...(progress ? { onStep: progress.warmStart(f["sft-steps"]) } : {}) }
+    const listen = f.listen === undefined ? undefined : yield* Effect.tryPromise({ try: () => checkListen(command, f.listen!), catch: (e) => e as UsageError })
+    const options = yield* embeddedNats({ name: "gyre-train", run, node: "main", kinds: TRAIN_KINDS, store, listen })
+    const where = { run, store, external: nats.url, listen, auth: options.auth }
+    return yield* trainRun(f, command, where).pipe(Effect.provide(Layer.merge(Layer.fresh(Nats.layer(options)), Engine.layer)))
+  })
+}
+
+/** Where a run lives: its store (or the external server `external`), and where its embedded server listens for other machines. */
+interface RunPlace {
+  readonly run: string
+  readonly store: string
+  readonly external: string | undefined
+  readonly listen: ListenAddress | undefined
+  readonly auth: { readonly dir: string } | undefined
+}
+
+/** Says how another machine joins (`--listen`), and shares the initial checkpoint with machines that may join. */
+const openToOthers = (place: RunPlace, initial: string, log: (line: string) => void) =>
+  Effect.gen(function* () {
+    const connection = yield* Nats
+    if (place.listen !== undefined && connection.server !== undefined) {
+      const join = yield* joinOf({ urls: connection.server.urls, host: place.listen.host, run: place.run, auth: place.auth })
+      for (const line of joinLines(join)) log(line)
+    }
+    if (place.listen !== undefined || place.external !== undefined) yield* publishInitialCheckpoint(connection, place.run, initial)
+  })
+
+/** The run itself, on the connection and engine provided (the module doc's steps 1-5). */
+const trainRun = (f: TrainFlags, command: string, place: RunPlace) =>
+  Effect.gen(function* () {
+    const { run, store } = place
+    const quiet = f.quiet || f.json
+    const log = quiet ? () => undefined : (line: string) => console.log(line)
+    const progress = quiet ? undefined : new RunProgress({ tty: process.stdout.isTTY === true, write: log, ...(f.devices === 0 ? { noDevices: noDevicesHint(run) } : {}) }, f["executions-per-step"])
+    const clock = phaseClock()
+    const warm = { suite: f.suite, env: suiteEnv(f), tasks: f["demo-tasks"], steps: f["sft-steps"], lr: f["sft-lr"], seed: f.seed, fresh: false, log, ...(progress ? { onStep: progress.warmStart(f["sft-steps"]) } : {}) }
     const resumed = f.resume === undefined ? undefined : yield* resumedConfig(command, run, store)
     const initial = resumed?.checkpoint ?? f.checkpoint ?? (yield* warmStartedCheckpoint(warm))
+    clock.lap("warm_start")
     const config = resumed ?? runConfigOf(f, run, initial, path.join(store, "checkpoints"))
     if (resumed !== undefined) log(`resuming ${run}: ${resumed.policy}, ${resumed.policyConfig.steps} steps (the journal's configuration)`)
-    const suite = yield* loadSuite(f.suites, config.suite)
-    const trainTasks = trainTaskIds(suite)
+    // The join lines go to stderr when stdout is kept for the JSON line: another machine needs them either way.
+    yield* openToOthers(place, initial, quiet ? (line) => console.error(line) : log)
+    const trainTasks = trainTaskIds(yield* loadSuite(f.suites, config.suite))
     const heldout = parseTaskList(f.heldout)
     // A resumed run scores under names of its own (the stopped run's evaluations are in the store).
     const attempt = resumed === undefined ? "" : `-r${Date.now().toString(36)}`
     const score = (checkpoint: string, name: string) =>
       evaluate({ checkpoint, suitesDir: f.suites, suite: config.suite, tasks: heldout, env: config.env, run: `${run}-${name}${attempt}`, concurrency: Math.min(evaluationConcurrency, heldout.length) })
     const before = yield* score(initial, "heldout-before")
-    log(`held-out before: ${before.meanScore.toFixed(3)} on ${heldout.length} tasks (${before.seconds.toFixed(0)} s)`)
+    log(`held-out before: ${before.meanScore.toFixed(3)} on ${heldout.length} tasks (${clock.lap("heldout_before")} s)`)
     const connection = yield* Nats
     // The policy clock starts with the run, not with the held-out evaluation before it (a
     // resumed run continues the journal's clock).
@@ -204,19 +240,22 @@ export const runTraining = (f: TrainFlags, command = "train") => {
         return yield* hostRun({ config: hosted, trainTasks, devices: f.devices, suitesDir: f.suites, scheduler: !f["no-scheduler"], onProgress: () => undefined }).pipe(Effect.provide(ActorSystem.layer({ run })))
       })
     )
+    clock.lap("run")
     const after = yield* score(result.checkpoint, "heldout-after")
     const gain = heldoutGain(before.tasks, after.tasks)
-    log(`held-out after:  ${after.meanScore.toFixed(3)} (before ${before.meanScore.toFixed(3)}: ${gainText(gain.gain, gain.ci95)} points)`)
+    log(`held-out after:  ${after.meanScore.toFixed(3)} (before ${before.meanScore.toFixed(3)}: ${gainText(gain.gain, gain.ci95)} points, ${clock.lap("heldout_after")} s)`)
     const audit = yield* auditRun(result.system, config.policyConfig.executions_per_step)
-    const report = nats.url === undefined ? path.join(store, "report.html") : path.join(repoRoot, ".gyre", "reports", `${run}.html`)
+    const report = place.external === undefined ? path.join(store, "report.html") : path.join(repoRoot, ".gyre", "reports", `${run}.html`)
     fs.mkdirSync(path.dirname(report), { recursive: true })
     fs.writeFileSync(report, renderReport([yield* buildReport(result.system)]))
-    const summary = {
+    clock.lap("report")
+    return {
       run,
       policy: result.config.policy,
       steps: audit.stepsDone,
-      wall_s: round((Date.now() - started) / 1000, 1),
+      wall_s: clock.total(),
       run_s: round(result.runS, 1),
+      phases_s: clock.laps,
       heldout_before: round(before.meanScore),
       heldout_after: round(after.meanScore),
       heldout_tasks: heldout.length,
@@ -231,13 +270,29 @@ export const runTraining = (f: TrainFlags, command = "train") => {
       executions_lost: audit.executionsLost,
       trained_twice: audit.trainedTwice,
       training_errors: trainingErrors(audit.steps).length,
-      store: nats.url === undefined ? store : nats.url,
+      store: place.external ?? store,
       warm_start_checkpoint: initial,
       checkpoint: result.checkpoint,
       report
     }
-    return summary
-  }).pipe(Effect.provide(Layer.merge(Layer.fresh(Layer.unwrap(Effect.map(embeddedNats({ name: "gyre-train", run, node: "main", kinds: TRAIN_KINDS, store }), Nats.layer))), Engine.layer)))
+  })
+
+/** Seconds of each phase of a run, in order, and in all. */
+const phaseClock = () => {
+  const started = Date.now()
+  let last = started
+  const laps: Record<string, number> = {}
+  return {
+    laps,
+    /** Ends phase `name` now; its seconds. */
+    lap: (name: string) => {
+      const now = Date.now()
+      laps[name] = round((now - last) / 1000, 1)
+      last = now
+      return laps[name]!
+    },
+    total: () => round((Date.now() - started) / 1000, 1)
+  }
 }
 
 /** The actor kinds a `gyre train` process hosts (its NATS user has exactly their roles: `train`). */

@@ -132,7 +132,7 @@ export class Model {
     )
   }
 
-  /** A trainer for micro-batches of up to `maxTokens` tokens, updating this model's weights. */
+  /** A trainer whose activations hold chunks of `maxTokens` tokens (batches of any length train chunk by chunk), updating this model's weights. */
   trainer(options: { readonly maxTokens: number }): Effect.Effect<Trainer, NativeError, Scope.Scope> {
     return acquire(this.lib, "trainer_create", [this.ptr, options.maxTokens], "trainer_free").pipe(
       Effect.map((ptr) => new Trainer(this.lib, ptr, this.config, this.paramCount, options.maxTokens))

@@ -120,10 +120,11 @@ koffi.struct("gyre_train_stats", {
   trained_tokens: "int32_t",
   stale_tokens: "int32_t"
 })
+koffi.struct("gyre_trainer_memory_info", { fixed_bytes: "int64_t", kv_bytes_per_token: "int64_t", last_batch_bytes: "int64_t" })
 koffi.struct("gyre_adamw", { lr: "float", beta1: "float", beta2: "float", eps: "float", weight_decay: "float", max_grad_norm: "float" })
 
 /** GYRE_ABI_VERSION of native/include/gyre.h that these prototypes and structs match. */
-const ABI_VERSION = 7
+const ABI_VERSION = 8
 
 const prototypes = {
   last_error: "size_t gyre_last_error(_Out_ uint8_t *buf, size_t cap)",
@@ -176,6 +177,7 @@ const prototypes = {
   trainer_free: "void gyre_trainer_free(gyre_trainer *t)",
   train_batch:
     "int32_t gyre_train_batch(gyre_trainer *t, int32_t n, const int32_t *tokens, const int32_t *parents, const int32_t *positions, const float *weights, const float *advantages, const float *behaviour, const float *proximal, const int32_t *versions, const gyre_loss_config *loss, int32_t backward, float *token_logprobs, gyre_train_stats *stats)",
+  trainer_memory: "int32_t gyre_trainer_memory(const gyre_trainer *t, _Out_ gyre_trainer_memory_info *out)",
   zero_grads: "int32_t gyre_trainer_zero_grads(gyre_trainer *t)",
   get_grads: "int32_t gyre_trainer_get_grads(const gyre_trainer *t, float *out, int64_t n)",
   set_grads: "int32_t gyre_trainer_set_grads(gyre_trainer *t, const float *g, int64_t n)",

@@ -1,6 +1,10 @@
 /**
- * A trainer handle: loss and gradients of packed micro-batches (`PackedBatch`), the gradient
- * buffer (export/import for reducing across trainers), AdamW and the optimizer state.
+ * A trainer handle: loss and gradients of packed batches (`PackedBatch`) of any length, the
+ * gradient buffer (export/import for reducing across trainers), AdamW and the optimizer state.
+ *
+ * A batch longer than the trainer's `maxTokens` trains in chunks of `maxTokens` rows, exactly
+ * (gyre.h, gyre_train_batch): the activations stay those of one chunk, and the batch costs
+ * `memory().kvBytesPerToken` per token (its K/V and their gradients) while it trains.
  */
 import { Effect } from "effect"
 import type { PackedBatch } from "../common/packed-batch.ts"
@@ -42,6 +46,16 @@ export interface TrainStats {
   readonly truncatedFraction: number
   readonly trainedTokens: number
   readonly staleTokens: number
+}
+
+/** What the trainer allocates (gyre_trainer_memory_info), in bytes. */
+export interface TrainerMemory {
+  /** Allocated at creation: activations of `maxTokens` rows, gradients, AdamW moments, a `maxTokens` batch's K/V. */
+  readonly fixedBytes: number
+  /** Per token of a batch longer than `maxTokens`, while it trains: its K/V and their gradients, all layers. */
+  readonly kvBytesPerToken: number
+  /** The K/V store the last `train` allocated beyond `fixedBytes` (0 when it fit `maxTokens`). */
+  readonly lastBatchBytes: number
 }
 
 export interface TrainResult {
@@ -89,8 +103,9 @@ export class Trainer {
   ) {}
 
   /**
-   * Loss over the batch; with backward (default) its gradient is ADDED to the gradient
-   * buffer (accumulation across micro-batches).
+   * Loss over the batch (any length: longer than `maxTokens`, it trains in chunks with the
+   * same result); with backward (default) its gradient is ADDED to the gradient buffer
+   * (accumulation across batches).
    */
   train(batch: PackedBatch, loss: LossConfig, options: { readonly backward?: boolean } = {}): Effect.Effect<TrainResult, NativeError> {
     const tokenLogprobs = new Float32Array(batch.length)
@@ -130,6 +145,14 @@ export class Trainer {
           }
         }))
       )
+  }
+
+  memory(): Effect.Effect<TrainerMemory, NativeError> {
+    const out = structBuffer("gyre_trainer_memory_info")
+    return this.lib.runSync("trainer_memory", [this.ptr, out]).pipe(
+      Effect.map(() => readStruct(out, "gyre_trainer_memory_info")),
+      Effect.map((m) => ({ fixedBytes: Number(m.fixed_bytes), kvBytesPerToken: Number(m.kv_bytes_per_token), lastBatchBytes: Number(m.last_batch_bytes) }))
+    )
   }
 
   zeroGrads(): Effect.Effect<void, NativeError> {

@@ -20,22 +20,39 @@
  *   prefilled again and the tokens equal an unmoved run's. `ContextsMoved` (`contextsMoved`)
  *   moves the routes of executions between calls the same way. A device that is leaving
  *   rollout keeps its routes until then (`WorkerDirectory.keeps`).
+ * - Bounded messages: a prompt (after its base) of more than `inlineTokens` tokens goes to the
+ *   worker as an object of the run's transfer store (`../protocols/transfer.ts`), deleted once
+ *   the worker answered, and a long answer comes back the same way: a full resend or a
+ *   continuation of any length never meets NATS's `max_payload`.
+ * - Counts: a call's `fullResends` are its asks that carried the whole prompt although the
+ *   execution's earlier sequences share a prefix with it (a `CacheMiss`, a move to a worker
+ *   without its context); `reprefillTokens` are the tokens its workers had evicted and computed
+ *   again.
  */
+import type { ObjectStore } from "@nats-io/obj"
 import { nuid, type Msg } from "@nats-io/transport-node"
 import { Deferred, Effect, Fiber, Schema } from "effect"
 import { parseAddress } from "../runtime/names.ts"
 import { refOf, type ActorSystemShape } from "../runtime/system.ts"
 import { digestOf } from "../tree/hash.ts"
 import { rlLayout } from "../protocols/layout.ts"
-import { apiError, contextLengthExceeded, type ApiError } from "../openai/openai.ts"
+import { deleteObject, getArrays, putArrays, type TokensRef } from "../protocols/transfer.ts"
+import { apiError, type ApiError } from "../openai/openai.ts"
 import { RolloutWorkerProtocol, TokenChunk, type FinishReason, type GenerateResult, type SamplingParams, type StepTokens } from "../protocols/rollout.ts"
 import type { WorkerDirectory } from "./worker-directory.ts"
+
+/** One of an execution's last calls: its request id, its sequence (prompt ++ output), the worker that holds it. */
+interface Remembered {
+  readonly request: string
+  readonly tokens: Int32Array
+  worker: string
+}
 
 /** Where an execution's calls go. */
 export interface Route {
   worker: string | undefined
-  /** request id and sequence of the execution's last calls on `worker`. */
-  recent: Array<{ readonly request: string; readonly tokens: Int32Array }>
+  /** The execution's last calls; those on `worker` are the bases of deltas. */
+  recent: Array<Remembered>
   readonly servedBy: Set<string>
 }
 
@@ -65,6 +82,10 @@ export interface CallResult {
   readonly workerMs: number
   /** Workers that took part, in order (more than one after a retry). */
   readonly workers: ReadonlyArray<string>
+  /** Asks that carried the whole prompt again (see the module comment). */
+  readonly fullResends: number
+  /** Tokens the workers had evicted and prefilled again. */
+  readonly reprefillTokens: number
 }
 
 export interface RouterOptions {
@@ -74,6 +95,8 @@ export interface RouterOptions {
   readonly workerWaitMs: number
   /** Sequences remembered per execution for deltas. */
   readonly recentPerExecution: number
+  /** Prompt tokens sent inside a Generate at most; more go as an object (default `INLINE_TOKENS`). */
+  readonly inlineTokens: number
 }
 
 class WorkerGone extends Schema.TaggedError<WorkerGone>()("WorkerGone", { worker: Schema.String }) {}
@@ -81,17 +104,32 @@ class WorkerGone extends Schema.TaggedError<WorkerGone>()("WorkerGone", { worker
 type Attempt =
   | { readonly _tag: "done"; readonly result: GenerateResult }
   | { readonly _tag: "failed"; readonly reason: string; readonly partial: StepTokens }
-  | { readonly _tag: "tooLong"; readonly tokens: number; readonly limit: number }
-  | { readonly _tag: "tooBig"; readonly tokens: number }
+  | { readonly _tag: "tooLong"; readonly tokens: number; readonly limit: number; readonly bound: "model" | "kv-pool" | undefined }
 
 const decodeChunk = Schema.decodeUnknownOption(TokenChunk)
 
 const concat = (a: Int32Array, b: ArrayLike<number>): Int32Array => {
   const out = new Int32Array(a.length + b.length)
   out.set(a)
-  out.set(Array.from(b), a.length)
+  out.set(b, a.length)
   return out
 }
+
+/** Appends `from` to `to` (no spread: an array of 100k+ values would overflow the stack). */
+const pushAll = (to: Array<number>, from: ArrayLike<number>) => {
+  for (let i = 0; i < from.length; i++) to.push(from[i]!)
+}
+
+/** The 400 of a prompt over the workers' context limit, naming what bounds it and the flag that moves it. */
+const contextTooLong = (tokens: number, limit: number, bound: "model" | "kv-pool" | undefined) =>
+  apiError(
+    400,
+    `This model's maximum context length is ${limit} tokens. However, your request has ${tokens} prompt tokens. ` +
+      (bound === "kv-pool"
+        ? `The limit is the rollout devices' KV pool (${limit / 16} blocks of 16 tokens); --kv-blocks raises it (gyre train, demo, node, serve).`
+        : "The limit is the model's (max_position_embeddings)."),
+    { param: "messages", code: "context_length_exceeded" }
+  )
 
 const commonPrefix = (a: Int32Array, b: Int32Array): number => {
   const n = Math.min(a.length, b.length)
@@ -103,7 +141,7 @@ const commonPrefix = (a: Int32Array, b: Int32Array): number => {
 /** A worker by registry key: `rollout-worker/<id>`, or `device/<id>` (a device serves the same requests). */
 const workerRef = (key: string) => refOf(RolloutWorkerProtocol, parseAddress(key))
 
-export const makeCallRouter = (system: ActorSystemShape, directory: WorkerDirectory, options: RouterOptions) => {
+export const makeCallRouter = (system: ActorSystemShape, directory: WorkerDirectory, store: ObjectStore, options: RouterOptions) => {
   const layout = rlLayout(system.run)
   const inFlight = new Map<string, number>()
   const routed = new Map<string, number>()
@@ -117,7 +155,6 @@ export const makeCallRouter = (system: ActorSystemShape, directory: WorkerDirect
     bump(routed, route.worker, -1)
     bump(routed, worker, 1)
     route.worker = worker
-    route.recent = []
   }
 
   /** The route's worker if usable, else the least loaded usable one (preferring those not tried). */
@@ -143,6 +180,7 @@ export const makeCallRouter = (system: ActorSystemShape, directory: WorkerDirect
     let best: { request: string; length: number } | undefined
     if (route.worker === worker) {
       for (const r of route.recent) {
+        if (r.worker !== worker) continue
         const n = commonPrefix(r.tokens, full)
         if (n > 0 && (best === undefined || n > best.length)) best = { request: r.request, length: n }
       }
@@ -152,6 +190,29 @@ export const makeCallRouter = (system: ActorSystemShape, directory: WorkerDirect
       base: { length: best.length, digest: digestOf(full.subarray(0, best.length)), request: best.request },
       prompt: full.subarray(best.length)
     }
+  }
+
+  /** A whole prompt that an earlier sequence of the execution shares a prefix with: sent again. */
+  const resends = (route: Route, full: Int32Array) => route.recent.some((r) => commonPrefix(r.tokens, full) > 0)
+
+  /** Runs `use` with the Generate's prompt fields: inline, or an object of the transfer store deleted afterwards. */
+  const withPrompt = <A, E>(tokens: Int32Array, use: (fields: { prompt: Int32Array; promptObject?: TokensRef }) => Effect.Effect<A, E>) =>
+    tokens.length <= options.inlineTokens
+      ? use({ prompt: tokens })
+      : Effect.acquireUseRelease(
+          putArrays(store, "p", [tokens]),
+          (ref) => use({ prompt: new Int32Array(0), promptObject: ref }),
+          (ref) => deleteObject(store, ref.object)
+        )
+
+  /** An answer with its output in place (read from the transfer store, then deleted, when it came as an object). */
+  const withOutput = (result: GenerateResult) => {
+    const ref = result.outputObject
+    if (ref === undefined) return Effect.succeed(result)
+    return getArrays(system, store, ref, ["int32", "float32", "int32"] as const).pipe(
+      Effect.map(([output, logprobs, versions]): GenerateResult => ({ ...result, output, logprobs, versions, outputObject: undefined })),
+      Effect.ensuring(deleteObject(store, ref.object))
+    )
   }
 
   const attempt = (worker: string, req: CallRequest, full: Int32Array, sampling: SamplingParams) =>
@@ -184,21 +245,25 @@ export const makeCallRouter = (system: ActorSystemShape, directory: WorkerDirect
           Effect.ignore
         )
       )
-      const ask = (d: ReturnType<typeof delta>) =>
-        system.ask(
-          ref,
-          "Generate",
-          { execution: req.execution, request, base: d.base, prompt: d.prompt, sampling, stream: req.onTokens !== undefined },
-          { timeoutMs: options.generateTimeoutMs }
+      let fullResends = 0
+      const ask = (d: ReturnType<typeof delta>) => {
+        if (d.base === null && resends(req.route, full)) fullResends++
+        return withPrompt(d.prompt, (fields) =>
+          system.ask(
+            ref,
+            "Generate",
+            { execution: req.execution, request, base: d.base, ...fields, sampling, stream: req.onTokens !== undefined },
+            { timeoutMs: options.generateTimeoutMs }
+          )
         )
+      }
       const outcome: Attempt = yield* ask(delta(req.route, worker, full)).pipe(
         Effect.catchTag("CacheMiss", () => ask({ base: null, prompt: full })),
+        Effect.flatMap(withOutput),
         Effect.raceFirst(directory.awaitDeath(worker).pipe(Effect.andThen(Effect.fail(new WorkerGone({ worker }))))),
         Effect.map((result): Attempt => ({ _tag: "done", result })),
         Effect.catch((e): Effect.Effect<Attempt> => {
-          if (e._tag === "ContextTooLong") return Effect.succeed({ _tag: "tooLong", tokens: e.tokens, limit: e.limit })
-          // Too big for one NATS message: the same on every worker, so not retried.
-          if (e._tag === "TransportError" && /max_payload/.test(e.message)) return Effect.succeed<Attempt>({ _tag: "tooBig", tokens: full.length })
+          if (e._tag === "ContextTooLong") return Effect.succeed({ _tag: "tooLong", tokens: e.tokens, limit: e.limit, bound: e.bound })
           const partial = { tokens: Int32Array.from(streamed.tokens), logprobs: Float32Array.from(streamed.logprobs), versions: Int32Array.from(streamed.versions) }
           const failed = Effect.succeed<Attempt>({ _tag: "failed", reason: e._tag, partial })
           // A worker that is still there may still be generating: stop it (best effort).
@@ -214,22 +279,24 @@ export const makeCallRouter = (system: ActorSystemShape, directory: WorkerDirect
         )
       )
       yield* Fiber.interrupt(canceller)
-      return { outcome, request }
+      return { outcome, request, fullResends }
     })
 
   const call = (req: CallRequest): Effect.Effect<CallResult, ApiError> =>
     Effect.gen(function* () {
       const out = { tokens: [] as Array<number>, logprobs: [] as Array<number>, versions: [] as Array<number> }
       const append = (s: { readonly tokens: ArrayLike<number>; readonly logprobs: ArrayLike<number>; readonly versions: ArrayLike<number> }) => {
-        out.tokens.push(...Array.from(s.tokens))
-        out.logprobs.push(...Array.from(s.logprobs))
-        out.versions.push(...Array.from(s.versions))
+        pushAll(out.tokens, s.tokens)
+        pushAll(out.logprobs, s.logprobs)
+        pushAll(out.versions, s.versions)
       }
       const tried = new Set<string>()
       const workers: Array<string> = []
       let cachedTokens: number | undefined
       let computeMs = 0
       let workerMs = 0
+      let fullResends = 0
+      let reprefillTokens = 0
       const finished = (finishReason: FinishReason): CallResult => ({
         output: Int32Array.from(out.tokens),
         logprobs: Float32Array.from(out.logprobs),
@@ -239,7 +306,9 @@ export const makeCallRouter = (system: ActorSystemShape, directory: WorkerDirect
         cachedTokens: Math.min(cachedTokens ?? 0, req.prompt.length),
         computeMs,
         workerMs,
-        workers
+        workers,
+        fullResends,
+        reprefillTokens
       })
       for (let n = 1; n <= options.maxAttempts; n++) {
         const worker = yield* chooseWorker(req.route, tried)
@@ -247,18 +316,12 @@ export const makeCallRouter = (system: ActorSystemShape, directory: WorkerDirect
         workers.push(worker)
         const full = concat(req.prompt, out.tokens)
         const sampling = { ...req.sampling, maxTokens: req.sampling.maxTokens - out.tokens.length }
-        const { outcome, request } = yield* attempt(worker, req, full, sampling)
+        const attempted = yield* attempt(worker, req, full, sampling)
+        const { outcome, request } = attempted
+        fullResends += attempted.fullResends
         if (outcome._tag === "tooLong") {
           if (out.tokens.length > 0) return finished("length")
-          return yield* Effect.fail(contextLengthExceeded(outcome.limit, outcome.tokens, "messages"))
-        }
-        if (outcome._tag === "tooBig") {
-          return yield* Effect.fail(
-            apiError(413, `The prompt (${outcome.tokens} tokens) does not fit in one NATS message (the server's max_payload); shorten it or raise max_payload.`, {
-              param: "messages",
-              code: "request_too_large"
-            })
-          )
+          return yield* Effect.fail(contextTooLong(outcome.tokens, outcome.limit, outcome.bound))
         }
         if (outcome._tag === "failed") {
           append(outcome.partial)
@@ -269,9 +332,10 @@ export const makeCallRouter = (system: ActorSystemShape, directory: WorkerDirect
         append({ tokens: result.output, logprobs: result.logprobs, versions: result.versions })
         computeMs += result.computeMs
         workerMs += result.workerMs
+        reprefillTokens += result.reprefillTokens
         cachedTokens ??= result.cachedTokens
         req.route.servedBy.add(worker)
-        req.route.recent.push({ request, tokens: concat(full, result.output) })
+        req.route.recent.push({ request, tokens: concat(full, result.output), worker })
         if (req.route.recent.length > options.recentPerExecution) req.route.recent.shift()
         const clientGone = yield* Deferred.isDone(req.clientGone)
         if (result.finishReason !== "cancelled" || clientGone) return finished(result.finishReason)
@@ -293,9 +357,8 @@ export const makeCallRouter = (system: ActorSystemShape, directory: WorkerDirect
    */
   const contextsMoved = (route: Route, from: string, to: string, requests: ReadonlySet<string>): boolean => {
     if (route.worker !== from) return false
-    const kept = route.recent.filter((r) => requests.has(r.request))
+    for (const r of route.recent) if (r.worker === from && requests.has(r.request)) r.worker = to
     moveRoute(route, to)
-    route.recent = kept
     route.servedBy.add(to)
     return true
   }

@@ -16,11 +16,12 @@
  * and name, the rest only arguments). Text that may still become a stop string or a tool call
  * is held back until decided (`visibleText`).
  */
-import { nuid } from "@nats-io/transport-node"
 import { Effect } from "effect"
-import { type ChatFormat, gyreChat, parseToolCalls, visibleText } from "../openai/chat.ts"
+import { type ChatFormat, gyreChat } from "../openai/chat.ts"
+import { endsInReasoning } from "../openai/reasoning.ts"
+import { TurnDeltas, readTurn, type ReadingDelta } from "../openai/turn-reader.ts"
 import type { ChatMessage, ToolDefinition } from "../openai/messages.ts"
-import { contextLengthExceeded, type ApiError, type FinishReason } from "../openai/openai.ts"
+import { apiError, contextLengthExceeded, type ApiError, type FinishReason } from "../openai/openai.ts"
 import type { SamplingParams, StepTokens } from "../protocols/rollout.ts"
 import type { Sampling } from "../tree/record.ts"
 import type { CallResult } from "./call-router.ts"
@@ -138,53 +139,92 @@ export const chatTurns = (options: ChatTurnsOptions) => {
     seed: req.seed ?? null,
     stop: stop.map((s) => Int32Array.from(s))
   })
-  const samplingOf = (req: TurnRequest) => sampling(req, [...(req.ignoreEos === true ? [] : endOfTurn), ...req.stops.map((s) => tokenizer.encode(s))])
+  const samplingOf = (req: TurnRequest, more: ReadonlyArray<ArrayLike<number>> = []) =>
+    sampling(req, [...(req.ignoreEos === true ? [] : endOfTurn), ...req.stops.map((s) => tokenizer.encode(s)), ...more])
 
-  /** Generates, records and remembers one turn; `toolCallId` names each tool call it makes. */
+  /** The text the turn must start with for its tool choice (a call's start; with a name, up to its arguments). */
+  const forcedStart = (req: TurnRequest, withTools: boolean): string => {
+    if (!withTools || chatFormat.callStart === undefined) return ""
+    if (req.toolChoice === "required") return chatFormat.callStart()
+    return typeof req.toolChoice === "object" ? chatFormat.callStart(req.toolChoice.name) : ""
+  }
+
+  /** The calls a turn answers with: only the named function's (a named tool choice), only the first without parallel calls. */
+  const admitted = <C extends { readonly name: string }>(req: TurnRequest, calls: ReadonlyArray<C>): ReadonlyArray<C> => {
+    const choice = req.toolChoice
+    const named = typeof choice === "object" ? calls.filter((c) => c.name === choice.name) : calls
+    return req.parallelToolCalls ? named : named.slice(0, 1)
+  }
+
+  /**
+   * Generates, records and remembers one turn; `toolCallId` names each tool call it makes
+   * (default: ids of the kind the model's chat template accepts).
+   */
   const run = (
     call: GatewayCall,
     callId: string,
     req: TurnRequest,
     onDelta: ((delta: TurnDelta) => void) | undefined,
-    toolCallId: () => string = () => `call_${nuid.next()}`
+    toolCallId: () => string = chatFormat.toolFormat.newCallId
   ): Effect.Effect<TurnAnswer, ApiError> =>
     Effect.gen(function* () {
-      const prompt = yield* render(call, req)
-      const withTools = req.tools.length > 0 && req.toolChoice !== "none"
+      const choice = req.toolChoice
+      if (typeof choice === "object" && !req.tools.some((t) => t.function.name === choice.name)) {
+        return yield* Effect.fail(apiError(400, `The tool choice names function '${choice.name}', which is not among the request's tools.`, { param: "tool_choice" }))
+      }
+      const withTools = req.tools.length > 0 && choice !== "none"
+      const forced = forcedStart(req, withTools)
+      const forcedIds = Int32Array.from(tokenizer.encode(forced))
+      const rendered = yield* render(call, req)
+      const prompt = new Int32Array(rendered.length + forcedIds.length)
+      prompt.set(rendered)
+      prompt.set(forcedIds, rendered.length)
+      const format = withTools ? chatFormat.toolFormat : undefined
+      const reader = {
+        tokenizer,
+        stops: req.stops,
+        markers: chatFormat.markers,
+        format,
+        tools: req.tools,
+        prefix: forced,
+        inReasoning: endsInReasoning(tokenizer.decode(prompt.subarray(Math.max(0, prompt.length - 16))))
+      }
+      const read = (output: ArrayLike<number>, final: boolean) => {
+        const r = readTurn(output, final, reader)
+        return { ...r, calls: admitted(req, r.calls) }
+      }
+      const deltas = new TurnDeltas(toolCallId)
       const seen: Array<number> = []
-      let emitted = ""
       const onTokens =
         onDelta === undefined
           ? undefined
           : (step: StepTokens) => {
               seen.push(...step.tokens)
-              const text = visibleText(seen, req.stops, { final: false, holdToolCalls: withTools }, tokenizer)
-              onDelta({ content: text.slice(emitted.length), reasoning: "", toolCalls: [], step, promptTokens: prompt.length })
-              emitted = text
+              const d = deltas.next(read(seen, false))
+              onDelta({ content: d.content, reasoning: d.reasoning, toolCalls: d.calls, step, promptTokens: prompt.length })
             }
+      // Without parallel calls, generation ends with the first call's closing text, where the format has one.
+      const closer = withTools && !req.parallelToolCalls && format?.closer !== undefined ? [tokenizer.encode(format.closer)] : []
       let answer: Omit<TurnAnswer, "result"> | undefined
-      const result = yield* options.generate(call, callId, prompt, samplingOf(req), onTokens, (r) => {
-        const text = visibleText(r.output, req.stops, { final: true, holdToolCalls: false }, tokenizer)
-        const parsed = withTools ? parseToolCalls(text) : { content: text, toolCalls: [] }
-        const toolCalls = parsed.toolCalls.map((c) => ({ id: toolCallId(), name: c.name, arguments: c.arguments }))
+      let last: ReadingDelta | undefined
+      const result = yield* options.generate(call, callId, prompt, samplingOf(req, closer), onTokens, (r) => {
+        const reading = read(r.output, true)
+        last = deltas.next(reading)
+        const ids = deltas.ids
+        const toolCalls = reading.calls.map((c, i) => ({ id: ids[i]!, name: c.name, arguments: c.arguments }))
         const finishReason: FinishReason = toolCalls.length > 0 ? "tool_calls" : r.finishReason === "length" ? "length" : "stop"
         const stopSequence = req.stops.length === 0 ? null : firstStop(tokenizer.decode(r.output, { skipSpecial: true }), req.stops)
-        answer = { content: toolCalls.length > 0 && parsed.content.trim() === "" ? null : parsed.content, reasoning: null, toolCalls, finishReason, stopSequence }
-        call.session.turns.remember(r.output, toolCalls.map((c) => c.id), answer.content ?? "")
-        return { finishReason, toolCalls: Object.fromEntries(toolCalls.map((c, i) => [c.id, parsed.toolCalls[i]!.raw])) }
+        const content = toolCalls.length > 0 && reading.content.trim() === "" ? null : reading.content
+        answer = { content, reasoning: reading.reasoning === "" ? null : reading.reasoning, toolCalls, finishReason, stopSequence }
+        const turn = new Int32Array(forcedIds.length + r.output.length)
+        turn.set(forcedIds)
+        turn.set(r.output, forcedIds.length)
+        call.session.turns.remember(turn, toolCalls.map((c) => c.id), content ?? "")
+        return { finishReason, toolCalls: Object.fromEntries(toolCalls.map((c, i) => [c.id, reading.calls[i]!.raw])) }
       })
-      const done = answer!
-      if (onDelta !== undefined) {
-        const content = done.content ?? ""
-        onDelta({
-          content: content.length > emitted.length && content.startsWith(emitted) ? content.slice(emitted.length) : "",
-          reasoning: done.reasoning ?? "",
-          toolCalls: done.toolCalls.map((c, index) => ({ index, id: c.id, name: c.name, arguments: c.arguments })),
-          step: undefined,
-          promptTokens: prompt.length
-        })
-      }
-      return { ...done, result }
+      // the last delta goes out once the call is recorded
+      onDelta?.({ content: last!.content, reasoning: last!.reasoning, toolCalls: last!.calls, step: undefined, promptTokens: prompt.length })
+      return { ...answer!, result }
     })
 
   return { render, run, sampling, tokenizer }

@@ -27,13 +27,15 @@ import {
   modelList,
   usageChunk,
   usageOf,
+  type ApiError,
   type FinishReason,
+  type ToolCallDelta,
   type TokenLogprob,
   type Usage
 } from "../openai/openai.ts"
 import { promptWithin, type PromptPiece } from "../openai/prompt.ts"
 import type { StepTokens } from "../protocols/rollout.ts"
-import type { ChatTurns, GatewayCall, Generate } from "./chat-turn.ts"
+import type { ChatTurns, GatewayCall, Generate, TurnDelta } from "./chat-turn.ts"
 import { eventStream, sendJson, withBody, type Methods } from "./http.ts"
 import type { Session } from "./sessions.ts"
 
@@ -57,6 +59,25 @@ export const stopsOf = (stop: string | ReadonlyArray<string> | null | undefined)
 export const unknownModel = (name: string, model: string) =>
   apiError(404, `The model '${name}' does not exist. This gateway serves '${model}'.`, { param: "model", code: "model_not_found" })
 
+/** A streamed tool call in chat's form: id, type and name in its first delta, arguments in each. */
+const toolCallDelta = (c: TurnDelta["toolCalls"][number]): ToolCallDelta => ({
+  index: c.index,
+  ...(c.id === undefined ? {} : { id: c.id, type: "function" as const }),
+  function: { ...(c.name === undefined ? {} : { name: c.name }), arguments: c.arguments }
+})
+
+/** What a chat request may ask that the gateway does not do: a 400 naming it, never ignored. */
+const unsupported = (req: ChatCompletionRequest): Effect.Effect<void, ApiError> => {
+  const refuse = (param: string, message: string) => Effect.fail(apiError(400, message, { param, code: "unsupported_parameter" }))
+  if ((req.n ?? 1) > 1) return refuse("n", "Only n = 1 is supported: one choice per request (send the request n times for n samples).")
+  if ((req.top_logprobs ?? 0) > 0) return refuse("top_logprobs", "top_logprobs is not supported: the gateway returns the log-prob of each sampled token only (top_logprobs 0).")
+  const format = req.response_format?.type ?? "text"
+  if (format !== "text") {
+    return refuse("response_format", `response_format '${format}' is not supported: generation is not constrained to JSON, so only 'text' is accepted.`)
+  }
+  return Effect.void
+}
+
 /** The routes of the OpenAI API, by path. */
 export const openAiRoutes = (options: EndpointsOptions) => {
   const { model, servingSince, generate, turns } = options
@@ -70,13 +91,14 @@ export const openAiRoutes = (options: EndpointsOptions) => {
     Effect.gen(function* () {
       const req = yield* decodeBody(ChatCompletionRequest, body)
       if (req.model !== model) return yield* Effect.fail(unknownModel(req.model, model))
+      yield* unsupported(req)
       const messages = yield* decodeMessages(body)
       const toolChoice = req.tool_choice ?? "auto"
       const turn = {
         messages,
         tools: req.tools ?? [],
-        toolChoice: typeof toolChoice === "string" ? toolChoice : "auto",
-        parallelToolCalls: true,
+        toolChoice: typeof toolChoice === "string" ? toolChoice : { name: toolChoice.function.name },
+        parallelToolCalls: req.parallel_tool_calls ?? true,
         stops: stopsOf(req.stop),
         maxTokens: req.max_completion_tokens ?? req.max_tokens,
         temperature: req.temperature,
@@ -101,18 +123,21 @@ export const openAiRoutes = (options: EndpointsOptions) => {
           : (delta) => {
               first()
               const lp = wantLogprobs && delta.step !== undefined ? logprobsOf(delta.step.tokens, delta.step.logprobs) : null
+              if (delta.reasoning !== "") stream.send(chatChunk(id, created, model, { reasoning_content: delta.reasoning }, null, null))
               if (delta.content !== "" || lp !== null) stream.send(chatChunk(id, created, model, { content: delta.content }, null, lp))
-              if (delta.toolCalls.length > 0) {
-                const calls = delta.toolCalls.map((c) => ({ index: c.index, id: c.id!, type: "function" as const, function: { name: c.name!, arguments: c.arguments } }))
-                stream.send(chatChunk(id, created, model, { tool_calls: calls }, null, null))
-              }
+              if (delta.toolCalls.length > 0) stream.send(chatChunk(id, created, model, { tool_calls: delta.toolCalls.map(toolCallDelta) }, null, null))
             }
       )
       const { result, finishReason } = answer
       const toolCalls = answer.toolCalls.map((c) => ({ id: c.id, type: "function" as const, function: { name: c.name, arguments: c.arguments } }))
       const usage = usageOf(result.promptTokens, result.output.length, result.cachedTokens)
       if (stream === undefined) {
-        const choice = { role: "assistant" as const, content: answer.content, ...(toolCalls.length > 0 ? { tool_calls: toolCalls } : {}) }
+        const choice = {
+          role: "assistant" as const,
+          content: answer.content,
+          ...(answer.reasoning === null ? {} : { reasoning_content: answer.reasoning }),
+          ...(toolCalls.length > 0 ? { tool_calls: toolCalls } : {})
+        }
         return sendJson(call.res, 200, chatCompletion(id, created, model, choice, finishReason, usage, wantLogprobs ? logprobsOf(result.output, result.logprobs) : null))
       }
       first()
@@ -152,7 +177,7 @@ export const openAiRoutes = (options: EndpointsOptions) => {
           ? undefined
           : (step: StepTokens) => {
               seen.push(...step.tokens)
-              const text = visibleText(seen, stops, { final: false, holdToolCalls: false }, tokenizer)
+              const text = visibleText(seen, stops, { final: false }, tokenizer)
               if (text.length > emitted.length) {
                 stream.send(chunk(text.slice(emitted.length), null))
                 emitted = text
@@ -163,7 +188,7 @@ export const openAiRoutes = (options: EndpointsOptions) => {
         finishReason = r.finishReason === "length" ? "length" : "stop"
         return { finishReason, toolCalls: {} }
       })
-      const text = visibleText(result.output, stops, { final: true, holdToolCalls: false }, tokenizer)
+      const text = visibleText(result.output, stops, { final: true }, tokenizer)
       const usage: Usage = usageOf(result.promptTokens, result.output.length, result.cachedTokens)
       if (stream === undefined) return sendJson(call.res, 200, completion(id, created, model, text, finishReason, usage))
       if (text.length > emitted.length && text.startsWith(emitted)) stream.send(chunk(text.slice(emitted.length), null))

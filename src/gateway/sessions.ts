@@ -13,7 +13,7 @@
 import type * as http from "node:http"
 import { Effect } from "effect"
 import { DeltaEncoder } from "../tree/encoder.ts"
-import { AssistantTurns } from "../openai/chat.ts"
+import { AssistantTurns } from "../openai/turns.ts"
 import { apiError } from "../openai/openai.ts"
 import { ExecutionConflict, apiKeyDigest } from "../protocols/gateway.ts"
 import { newRoute, type Route } from "./call-router.ts"

@@ -36,7 +36,14 @@ export const messageSchemas = {
   system: Schema.Struct({ role: Schema.Literal("system"), content: MessageContent }),
   developer: Schema.Struct({ role: Schema.Literal("developer"), content: MessageContent }),
   user: Schema.Struct({ role: Schema.Literal("user"), content: MessageContent }),
-  assistant: Schema.Struct({ role: Schema.Literal("assistant"), content: optionalOrNull(MessageContent), tool_calls: optionalOrNull(Schema.Array(ToolCall)) }),
+  assistant: Schema.Struct({
+    role: Schema.Literal("assistant"),
+    content: optionalOrNull(MessageContent),
+    tool_calls: optionalOrNull(Schema.Array(ToolCall)),
+    /** The turn's reasoning, as chat responses return it (`reasoning_content`; some clients send `reasoning`). */
+    reasoning_content: optionalOrNull(Schema.String),
+    reasoning: optionalOrNull(Schema.String)
+  }),
   tool: Schema.Struct({ role: Schema.Literal("tool"), content: MessageContent, tool_call_id: Schema.String })
 } as const satisfies Record<ChatRole, Schema.Top>
 

@@ -56,7 +56,7 @@ const samplingFields = {
   seed: opt(Schema.Int),
   stream: opt(Schema.Boolean),
   stream_options: opt(Schema.Struct({ include_usage: opt(Schema.Boolean) })),
-  n: opt(Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 1 }))),
+  n: opt(PositiveInt),
   /** vLLM's extension: do not end at the end-of-turn / end-of-text tokens (stop strings still apply). */
   ignore_eos: opt(Schema.Boolean)
 }
@@ -66,9 +66,11 @@ export const ChatCompletionRequest = Schema.Struct({
   messages: Schema.Array(Schema.Struct({ role: ChatRole })).check(Schema.isMinLength(1)),
   max_completion_tokens: opt(PositiveInt),
   tools: opt(Schema.Array(ToolDefinition)),
-  tool_choice: opt(Schema.Union([Schema.Literals(["none", "auto", "required"]), Schema.Struct({ type: Schema.Literal("function") })])),
+  tool_choice: opt(Schema.Union([Schema.Literals(["none", "auto", "required"]), Schema.Struct({ type: Schema.Literal("function"), function: Schema.Struct({ name: Schema.String }) })])),
+  parallel_tool_calls: opt(Schema.Boolean),
+  response_format: opt(Schema.Struct({ type: Schema.String })),
   logprobs: opt(Schema.Boolean),
-  top_logprobs: opt(Schema.Int.check(Schema.isBetween({ minimum: 0, maximum: 0 })))
+  top_logprobs: opt(NonNegativeInt)
 })
 export type ChatCompletionRequest = typeof ChatCompletionRequest.Type
 
@@ -136,6 +138,8 @@ export interface TokenLogprob {
 export interface ChatChoiceMessage {
   readonly role: "assistant"
   readonly content: string | null
+  /** The turn's `<think>` text (vLLM's field), when it has any. */
+  readonly reasoning_content?: string
   readonly tool_calls?: ReadonlyArray<ToolCall>
 }
 
@@ -156,10 +160,19 @@ export const chatCompletion = (
   usage
 })
 
+/** A streamed tool call: the first delta of a call has its id, type and name, the next ones more of its arguments. */
+export interface ToolCallDelta {
+  readonly index: number
+  readonly id?: string
+  readonly type?: "function"
+  readonly function: { readonly name?: string; readonly arguments: string }
+}
+
 export interface ChunkDelta {
   readonly role?: "assistant"
   readonly content?: string
-  readonly tool_calls?: ReadonlyArray<ToolCall & { readonly index: number }>
+  readonly reasoning_content?: string
+  readonly tool_calls?: ReadonlyArray<ToolCallDelta>
 }
 
 export const chatChunk = (

@@ -15,7 +15,6 @@
  */
 import { Schema } from "effect"
 import { Rpc, RpcGroup } from "effect/rpc"
-import { Int32ArrayFromBase64 } from "../tree/wire.ts"
 import { ExecutionOutcome } from "../tree/outcome.ts"
 import { ExecutionId } from "./layout.ts"
 import { RolloutWorkerProtocol, WorkerLoad } from "./rollout.ts"
@@ -36,14 +35,17 @@ export const DeviceLoad = Schema.Struct({
 })
 export type DeviceLoad = typeof DeviceLoad.Type
 
-/** One context handed from a device leaving rollout to a destination. */
+/** One context handed from a device leaving rollout to a destination (no field grows with the context). */
 export const ContextHandoff = Schema.Struct({
   execution: ExecutionId,
   /** The request id the context is known by (the gateway's `base.request`). */
   request: ExecutionId,
-  /** Object `GYRE_<run>_kv/<object>`: the engine's GYKV buffer of `tokens[0, kvLength)`. */
+  /**
+   * Object `GYRE_<run>_kv/<object>`: the context's `length` tokens (int32, little-endian), then the
+   * engine's GYKV buffer of its first `kvLength`.
+   */
   object: Schema.String,
-  tokens: Int32ArrayFromBase64,
+  length: Count,
   kvLength: Count,
   /** A paused generation (true) or a context cached between calls (false). */
   inFlight: Schema.Boolean

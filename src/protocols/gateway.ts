@@ -67,6 +67,22 @@ export const RecentCalls = Schema.Struct({
 })
 export type RecentCalls = typeof RecentCalls.Type
 
+/**
+ * Counts over every call the gateway answered since it started. `cachedTokens / promptTokens` is
+ * the share of prompt tokens served from a worker's KV cache (the benchmark's `cached_fraction`).
+ */
+export const CallTotals = Schema.Struct({
+  calls: NonNegativeInt,
+  promptTokens: NonNegativeInt,
+  /** Prompt tokens the first worker of each call found in its cache. */
+  cachedTokens: NonNegativeInt,
+  /** Tokens workers had evicted from their KV pool (or preempted) and prefilled again. */
+  reprefillTokens: NonNegativeInt,
+  /** Asks that carried a whole prompt again: a `CacheMiss`, or a move to a worker without the execution's context. */
+  fullResends: NonNegativeInt
+})
+export type CallTotals = typeof CallTotals.Type
+
 export const GatewayStatus = Schema.Struct({
   baseUrl: Schema.String,
   openExecutions: NonNegativeInt,
@@ -74,7 +90,8 @@ export const GatewayStatus = Schema.Struct({
   errors: NonNegativeInt,
   /** Requests answered 500 because of a bug (logged with their cause). */
   internalErrors: NonNegativeInt,
-  recent: RecentCalls
+  recent: RecentCalls,
+  totals: CallTotals
 })
 
 export const GatewayProtocol = RpcGroup.make(

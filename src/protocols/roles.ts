@@ -101,7 +101,8 @@ const extra = (run: string, role: Role): Grant => {
   const objects = (names: ReadonlyArray<string>) => names.flatMap((n) => [`$JS.API.STREAM.CREATE.${objStream(run, n)}`, `$JS.API.STREAM.PURGE.${objStream(run, n)}`, `$O.${bucket(run, n)}.>`])
   switch (role) {
     case "gateway":
-      return { pub: [`${base}.calls.>`], sub: [`${base}.tokens.>`] }
+      // The transfer store: prompts too long for one message go to the workers as objects.
+      return { pub: [`${base}.calls.>`, ...objects(["kv"])], sub: [`${base}.tokens.>`] }
     case "harness-runner":
       return { pub: [`${base}.outcomes.>`], sub: [] }
     case "rollout-worker":

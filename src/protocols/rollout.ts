@@ -9,6 +9,10 @@
  * cache was evicted, the worker restarted) answers `CacheMiss`, and the gateway resends the
  * whole prompt with `base: null`. The worker prefills only the tokens it does not have.
  *
+ * No message grows with the context: a prompt of more than `INLINE_TOKENS` tokens after its base
+ * goes as an object of the run's transfer store (`promptObject`, `transfer.ts`), and so does an
+ * answer with more output tokens (`outputObject`).
+ *
  * With `stream`, the worker publishes each step's new tokens as a `TokenChunk` on the core
  * NATS subject `gyre.<run>.tokens.<request>` before the final answer.
  */
@@ -16,6 +20,7 @@ import { Schema } from "effect"
 import { Rpc, RpcGroup } from "effect/rpc"
 import { Float32ArrayFromBase64, Int32ArrayFromBase64 } from "../tree/wire.ts"
 import { ExecutionId } from "./layout.ts"
+import { TokensRef } from "./transfer.ts"
 
 const NonNegativeInt = Schema.Int.check(Schema.isGreaterThanOrEqualTo(0))
 const PositiveInt = Schema.Int.check(Schema.isGreaterThanOrEqualTo(1))
@@ -47,8 +52,10 @@ export const GenerateRequest = Schema.Struct({
   /** Unique per call: names the token stream and cancellation. */
   request: ExecutionId,
   base: Schema.NullOr(PromptBase),
-  /** The prompt tokens after `base` (all of them when `base` is null). */
+  /** The prompt tokens after `base` (all of them when `base` is null); empty when `promptObject` holds them. */
   prompt: Int32ArrayFromBase64,
+  /** The prompt tokens after `base`, as an object of the transfer store (one int32 array). */
+  promptObject: Schema.optional(TokensRef),
   sampling: SamplingParams,
   stream: Schema.Boolean
 })
@@ -63,10 +70,17 @@ export const GenerateResult = Schema.Struct({
   logprobs: Float32ArrayFromBase64,
   /** Policy version of each output token. */
   versions: Int32ArrayFromBase64,
+  /** `output`, `logprobs` and `versions` as an object of the transfer store (the three arrays empty here); the reader deletes it. */
+  outputObject: Schema.optional(TokensRef),
   finishReason: FinishReason,
   /** Prompt tokens in all; of them, found in the cache (not prefilled again). */
   promptTokens: NonNegativeInt,
   cachedTokens: NonNegativeInt,
+  /**
+   * Tokens this worker had held as K/V and prefilled again: prompt tokens of a context it evicted
+   * (its KV pool was full), and the generation's own after a preemption for memory.
+   */
+  reprefillTokens: NonNegativeInt,
   /** Milliseconds of engine compute spent on this request (its share of batched steps). */
   computeMs: Schema.Number,
   /** Milliseconds from the worker taking the request to its answer (queueing and batching included). */
@@ -104,9 +118,16 @@ export class CacheMiss extends Schema.TaggedError<CacheMiss>()("CacheMiss", {
   reason: Schema.String
 }) {}
 
+/**
+ * The prompt does not fit: `limit` is the worker's context limit, the smaller of the model's
+ * (`bound: "model"`: max_position_embeddings or the configured maximum) and its whole KV pool
+ * (`bound: "kv-pool"`: `--kv-blocks` x 16 tokens; a prompt that fits is never refused for
+ * memory, other contexts are evicted for it).
+ */
 export class ContextTooLong extends Schema.TaggedError<ContextTooLong>()("ContextTooLong", {
   tokens: Schema.Number,
-  limit: Schema.Number
+  limit: Schema.Number,
+  bound: Schema.optional(Schema.Literals(["model", "kv-pool"]))
 }) {}
 
 /** The worker is draining or out of cache memory: retry on another worker. */
@@ -130,7 +151,14 @@ export const WorkerLoad = Schema.Struct({
   version: Schema.Int,
   draining: Schema.Boolean,
   /** Tokens run through the model since the start (prompt chunks and decode tokens). */
-  processedTokens: NonNegativeInt
+  processedTokens: NonNegativeInt,
+  /** Since the start: prompt tokens of the requests answered, of them found in the cache, and tokens prefilled again (`GenerateResult`). */
+  promptTokens: NonNegativeInt,
+  cachedTokens: NonNegativeInt,
+  reprefillTokens: NonNegativeInt,
+  /** Since the start: cached contexts evicted for room, and generations preempted for memory (resumed later here). */
+  evictedContexts: NonNegativeInt,
+  preemptions: NonNegativeInt
 })
 export type WorkerLoad = typeof WorkerLoad.Type
 

@@ -10,6 +10,10 @@
  * runs (`markExecutionStart`: an empty message with header `Gyre-Execution-Start`). An execution
  * run again (its runner died with it, and the scheduler asked for it again) is rebuilt from its
  * last start only: the calls of the attempt that died are not part of what was scored.
+ *
+ * A record too long for one message arrives in parts (`record-parts.ts`): the reader joins them
+ * and applies the record when its last part is read; parts of a record that never completed are
+ * reported as malformed.
  */
 import { Effect, Schema, Stream } from "effect"
 import { headers } from "@nats-io/transport-node"
@@ -20,6 +24,7 @@ import { DeltaDecoder } from "../tree/decoder.ts"
 import { ExecutionOutcome } from "../tree/outcome.ts"
 import { CallRecordJson, type CallRecordRejected } from "../tree/record.ts"
 import { rlLayout } from "./layout.ts"
+import { RecordAssembler, partOf } from "./record-parts.ts"
 
 export interface ExecutionTrajectory {
   readonly execution: string
@@ -27,6 +32,8 @@ export interface ExecutionTrajectory {
   decoder: DeltaDecoder
   rejected: Array<CallRecordRejected>
   outcome: ExecutionOutcome | undefined
+  /** Parts of records not yet whole. */
+  readonly parts: RecordAssembler
 }
 
 /** A message that was not a valid record or outcome (with its stream sequence). */
@@ -62,7 +69,8 @@ const emptyTrajectory = (execution: string): ExecutionTrajectory => ({
   task: "",
   decoder: new DeltaDecoder(execution),
   rejected: [],
-  outcome: undefined
+  outcome: undefined,
+  parts: new RecordAssembler()
 })
 
 /** Applies one trajectory-stream message (a call record or an outcome) to its execution's trajectory. */
@@ -77,21 +85,32 @@ const applyMessage = (
   const execution = m.subject.slice((isCall ? callsPrefix : names.outcomes("")).length)
   const t = of(execution)
   if (t === undefined) return
+  const bad = (reason: string) => void malformed.push({ seq: m.seq, subject: m.subject, reason })
   if (isCall && m.headers?.has(START_HEADER) === true) {
     t.decoder = new DeltaDecoder(execution)
     t.rejected = []
+    t.parts.clear()
   } else if (isCall) {
-    const record = decodeRecord(m.string())
-    if (record._tag === "Failure") return void malformed.push({ seq: m.seq, subject: m.subject, reason: String(record.cause) })
+    const part = partOf(m.headers)
+    if (part !== undefined && "malformed" in part) return bad(part.malformed)
+    const whole = part === undefined ? m.data : t.parts.add(part.call, part.index, part.count, m.data, m.seq)
+    if (whole === undefined) return
+    if (!(whole instanceof Uint8Array)) return bad(whole.malformed)
+    const record = decodeRecord(part === undefined ? m.string() : Buffer.from(whole.buffer, whole.byteOffset, whole.byteLength).toString("utf8"))
+    if (record._tag === "Failure") return bad(String(record.cause))
     t.task = record.value.task
     t.rejected.push(...t.decoder.add(record.value).rejected)
   } else {
     const outcome = decodeOutcome(m.string())
-    if (outcome._tag === "Failure") return void malformed.push({ seq: m.seq, subject: m.subject, reason: String(outcome.cause) })
+    if (outcome._tag === "Failure") return bad(String(outcome.cause))
     t.task = outcome.value.task
     t.outcome = outcome.value
   }
 }
+
+/** Records of `t` whose parts never all arrived, as malformed messages (at their first part). */
+const incompleteRecords = (names: ReturnType<typeof rlLayout>, t: ExecutionTrajectory): Array<MalformedMessage> =>
+  t.parts.incomplete().map(({ seq, reason }) => ({ seq, subject: names.calls(t.execution), reason }))
 
 /** Rebuilds the run's executions (or those in `only`) from what the trajectory stream holds now. */
 export const readTrajectories = (
@@ -114,6 +133,7 @@ export const readTrajectories = (
     yield* readStored(system.nats, names.trajectoryStream).pipe(
       Stream.runForEach((m) => Effect.sync(() => applyMessage(names, m, of, malformed)))
     )
+    for (const t of executions.values()) malformed.push(...incompleteRecords(names, t))
     return { executions, malformed }
   })
 
@@ -132,5 +152,6 @@ export const readExecution = (
     yield* readStored(system.nats, names.trajectoryStream, { seq: 1 }, names.calls(execution)).pipe(
       Stream.runForEach((m) => Effect.sync(() => applyMessage(names, m, () => trajectory, malformed)))
     )
+    malformed.push(...incompleteRecords(names, trajectory))
     return { trajectory, malformed }
   })

@@ -1,6 +1,7 @@
 /**
  * The embedded nats-server: a supervised child process with JetStream on, listening on
- * loopback, its store in a given or temporary directory, stopped when its scope closes.
+ * loopback (or the interface `host` names, for other machines to reach), its store in a given
+ * or temporary directory, stopped when its scope closes.
  *
  * Supervised: when the server dies while its scope is open it is started again on the same
  * store, port and configuration (backoff 200 ms doubling to 2 s), so clients reconnect to the
@@ -71,12 +72,17 @@ export interface EmbeddedServerOptions {
   readonly readyTimeoutMs?: number
   /** Port to listen on; a free one the server picks when absent. */
   readonly port?: number
+  /** Address to listen on (default 127.0.0.1; 0.0.0.0 or :: for every interface). */
+  readonly host?: string
   /** More configuration text (authorization, tls blocks), appended as is. */
   readonly extraConfig?: string
 }
 
 export interface EmbeddedServer {
+  /** The URL this process connects to (loopback when the server listens on every interface). */
   readonly url: string
+  /** Every URL the server says it listens on (each interface's address when on all of them). */
+  readonly urls: ReadonlyArray<string>
   readonly version: string
   readonly storeDir: string
   /** Pid of the server now running (it changes when the supervisor restarts it). */
@@ -86,7 +92,7 @@ export interface EmbeddedServer {
 }
 
 const waitForPortsFile = (dir: string, child: ChildProcess, timeoutMs: number, log: () => string) =>
-  Effect.callback<string, NatsServerError>((resume) => {
+  Effect.callback<ReadonlyArray<string>, NatsServerError>((resume) => {
     const started = Date.now()
     const timer = setInterval(() => {
       if (child.exitCode !== null || child.signalCode !== null) {
@@ -98,10 +104,9 @@ const waitForPortsFile = (dir: string, child: ChildProcess, timeoutMs: number, l
       if (file !== undefined) {
         try {
           const ports = JSON.parse(fs.readFileSync(path.join(dir, file), "utf8")) as { nats?: ReadonlyArray<string> }
-          const url = ports.nats?.[0]
-          if (url !== undefined) {
+          if (ports.nats !== undefined && ports.nats.length > 0) {
             clearInterval(timer)
-            resume(Effect.succeed(url))
+            resume(Effect.succeed(ports.nats))
             return
           }
         } catch {
@@ -201,11 +206,12 @@ export const startEmbeddedServer = (
       yield* Effect.logWarning(`${version.text} is older than 2.10: running without sync_interval: always`)
     }
     const configFile = path.join(tempDir, "nats.conf")
+    const host = options.host ?? "127.0.0.1"
     const writeConfig = (port: number) =>
       fs.writeFileSync(
         configFile,
         [
-          `listen: 127.0.0.1:${port}`,
+          `listen: ${JSON.stringify(host.includes(":") ? `[${host}]:${port}` : `${host}:${port}`)}`,
           `ports_file_dir: ${JSON.stringify(tempDir)}`,
           `jetstream { store_dir: ${JSON.stringify(storeDir)}${syncAlways ? ", sync_interval: always" : ""} }`,
           options.extraConfig ?? ""
@@ -233,7 +239,9 @@ export const startEmbeddedServer = (
     const ready = (c: ChildProcess) =>
       waitForPortsFile(tempDir, c, options.readyTimeoutMs ?? 10_000, () => output).pipe(Effect.tapError(() => stopChild(c)))
     let child = yield* launch
-    const url = yield* ready(child)
+    // The server lists loopback first when it listens on every interface.
+    const urls = yield* ready(child)
+    const url = urls[0]!
     writeConfig(Number(new URL(url).port))
     let restarts = 0
     const exited = (c: ChildProcess) =>
@@ -259,6 +267,7 @@ export const startEmbeddedServer = (
     yield* Effect.forkScoped(supervise)
     return {
       url,
+      urls,
       version: version.text,
       storeDir,
       get pid() {

@@ -6,8 +6,9 @@
  * optional credential (`NATS_CREDS`, a JWT `.creds` file; or `NATS_NKEY`, an nkey seed file
  * that `gyre auth init` writes, its user named by the file) connect to an existing system;
  * `NATS_TLS_CA` trusts a TLS server's CA. With no URL the embedded default starts a private,
- * supervised nats-server (`nats-server.ts`) for the same scope; `auth` makes it require the
- * users of a credentials directory (`auth.ts`) and connects as one of them.
+ * supervised nats-server (`nats-server.ts`) for the same scope, on loopback or on `listen`;
+ * `auth` makes it require the users of a credentials directory (`auth.ts`) and connects as one
+ * of them.
  *
  * `replicas` (`GYRE_REPLICAS`, 1 to 5, default 1) is how many servers hold each stream, KV bucket
  * and object store this process creates: 1 on a single server, 3 on a cluster of three or more
@@ -22,8 +23,9 @@
  *
  * Object stores (weights, gradients, KV hand-offs): building the layer selects nats.js's
  * native SHA-256 (node:crypto) for every object put and get of the process (its default is a
- * pure-JS digest, ~40 MB/s), and `putObject` writes chunks as large as the server takes
- * instead of 128 KiB, one JetStream round trip each. A 10 MiB put: ~60 ms against ~380 ms.
+ * pure-JS digest, ~40 MB/s), and `putObject` writes chunks of 767 KiB (the largest whose read-back
+ * answer fits the default `max_payload`) instead of 128 KiB, one JetStream round trip each. A 10
+ * MiB put: ~60 ms against ~380 ms.
  */
 import { createHash } from "node:crypto"
 import * as fs from "node:fs"
@@ -62,6 +64,8 @@ export interface NatsOptions {
   readonly goneMs?: number | undefined
   /** Store directory of the embedded server (a temporary directory when absent). */
   readonly storeDir?: string | undefined
+  /** Where the embedded server listens (default loopback, a free port; port 0: a free one). */
+  readonly listen?: { readonly host: string; readonly port: number } | undefined
   /** Connection name shown by server monitoring. */
   readonly name?: string | undefined
   /** Replicas of every stream, KV bucket and object store created through this connection (1 to 5; absent = `GYRE_REPLICAS`, default 1). */
@@ -212,12 +216,25 @@ const watchLoss = (nc: NatsConnection, servers: string, goneMs: number) =>
     return Deferred.await(lost)
   })
 
-/** Chunks of an object put: nats.js cuts the size to the server's `max_payload` (1 MiB by default). */
-const objectChunkBytes = 64 << 20
+/**
+ * Chunks of an object put: 767 KiB, so that a chunk read back (`getObject`: a STREAM.MSG.GET
+ * answer, the chunk in base64 inside JSON, 4/3 of it) is still a message under the default 1 MiB
+ * `max_payload`; nats.js cuts it further to a smaller `max_payload`.
+ */
+const objectChunkBytes = 767 * 1024
 
-/** Puts `data` as object `name` in chunks of the server's largest message. */
-export const putObject = (store: ObjectStore, name: string, data: Uint8Array): Promise<ObjectInfo> =>
-  store.putBlob({ name, options: { max_chunk_size: objectChunkBytes } }, data)
+/** Puts `data` (or its parts, one after another, streamed without a copy of the whole) as object `name` in chunks of the server's largest message. */
+export const putObject = (store: ObjectStore, name: string, data: Uint8Array | ReadonlyArray<Uint8Array>): Promise<ObjectInfo> => {
+  const parts = data instanceof Uint8Array ? [data] : data
+  let next = 0
+  const stream = new ReadableStream<Uint8Array>({
+    pull: (controller) => {
+      if (next < parts.length) controller.enqueue(parts[next++]!)
+      else controller.close()
+    }
+  })
+  return store.put({ name, options: { max_chunk_size: objectChunkBytes } }, stream)
+}
 
 /**
  * The first message of `stream` on `subject` at or after sequence `seq`, from the stream's leader
@@ -275,6 +292,7 @@ const make = (options: NatsOptions) =>
     const server = embedded
       ? yield* startEmbeddedServer({
           ...(options.storeDir !== undefined ? { storeDir: options.storeDir } : {}),
+          ...(options.listen !== undefined ? { host: options.listen.host, ...(options.listen.port > 0 ? { port: options.listen.port } : {}) } : {}),
           ...(options.auth !== undefined ? { extraConfig: serverConfigOf(options.auth.dir) } : {})
         })
       : undefined

@@ -17,8 +17,10 @@
  * token and, when it ends, its prompt ++ output.
  *
  * Memory (`admission.ts`): when the pool is short, the least recently used cached context of
- * any execution is dropped, then the youngest running generation is cancelled. The effective
- * context limit is the smaller of `maxContext` and the pool's size.
+ * any execution is dropped, then the youngest running generation is preempted (it resumes
+ * here later). The effective context limit is the smaller of `maxContext` and the pool's size:
+ * a prompt under it is never refused for memory, and its tokens that an evicted context had
+ * held count as prefilled again (`reprefillTokens`).
  *
  * KV hand-off hooks (`kv-handoff.ts`): `pinContext`, `exportContext`, `importContext`,
  * `unpinContext` act on an execution's latest context (or a named request's). A device's role
@@ -78,7 +80,9 @@ export interface Batcher extends KvHandoff {
 export const makeBatcher = (cache: KvCache, options: BatcherOptions) =>
   Effect.gen(function* () {
     const stats = yield* cache.stats()
-    const contextLimit = Math.min(options.maxContext, stats.numBlocks * stats.blockTokens)
+    const poolTokens = stats.numBlocks * stats.blockTokens
+    const contextLimit = Math.min(options.maxContext, poolTokens)
+    const bound = poolTokens < options.maxContext ? "kv-pool" : "model"
     const pool = makeKvPool(cache, options.contextsPerExecution)
     const lanes = makeLanes(pool, options)
     const { waiting, running } = lanes
@@ -89,6 +93,7 @@ export const makeBatcher = (cache: KvCache, options: BatcherOptions) =>
     let idleWaiters: Array<Deferred.Deferred<void>> = []
     let generated = 0
     let processed = 0
+    const answered = { promptTokens: 0, cachedTokens: 0, reprefillTokens: 0 }
     let steps = 0
     let rate = { at: performance.now(), generated: 0, perSecond: 0 }
     let blocks = { free: stats.freeBlocks, used: stats.usedBlocks }
@@ -101,7 +106,10 @@ export const makeBatcher = (cache: KvCache, options: BatcherOptions) =>
       tokensPerSecond: rate.perSecond,
       version,
       draining,
-      processedTokens: processed
+      processedTokens: processed,
+      ...answered,
+      evictedContexts: pool.contexts.evicted,
+      preemptions: lanes.preemptions
     })
 
     const step = Effect.gen(function* () {
@@ -176,12 +184,19 @@ export const makeBatcher = (cache: KvCache, options: BatcherOptions) =>
         if ("miss" in resolved) return Effect.fail(new CacheMiss({ execution: job.execution, reason: resolved.miss }))
         const prompt = resolved.prompt
         if (prompt.length === 0 || prompt.length >= contextLimit) {
-          return Effect.fail(new ContextTooLong({ tokens: prompt.length, limit: contextLimit }))
+          return Effect.fail(new ContextTooLong({ tokens: prompt.length, limit: contextLimit, bound }))
         }
         const g = newGeneration(job, prompt, contextLimit, Deferred.makeUnsafe())
         waiting.push(g)
         wake.openUnsafe()
         return Deferred.await(g.done).pipe(
+          Effect.tap((r) =>
+            Effect.sync(() => {
+              answered.promptTokens += r.promptTokens
+              answered.cachedTokens += r.cachedTokens
+              answered.reprefillTokens += r.reprefillTokens
+            })
+          ),
           Effect.onInterrupt(() =>
             Effect.sync(() => {
               g.cancelled = true

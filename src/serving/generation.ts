@@ -6,6 +6,9 @@
  *
  * `pending` holds the tokens still to append before the next real sample and `appended` how
  * many of them are in: the prompt after its cached prefix at first, then each sampled token.
+ * A generation preempted for memory goes back to waiting and, admitted again, appends its
+ * prompt ++ output after the longest prefix still cached: the engine's draw depends only on
+ * the seed and the position, so it samples what it would have.
  */
 import type { Deferred } from "effect"
 import type { BaseRef } from "./kv-contexts.ts"
@@ -29,9 +32,14 @@ export interface Generation {
   readonly seed: bigint
   readonly done: Deferred.Deferred<GenerateResult, WorkerUnavailable>
   cancelled: boolean
-  /** Set on admission. */
+  /** Set on admission (-1 while waiting). */
   seq: number
+  /** Prompt tokens found in the cache at its first admission. */
   cachedTokens: number
+  /** Tokens the worker had held as K/V once (an evicted context, or this generation's before a preemption) and prefilled again. */
+  reprefillTokens: number
+  /** Preempted for memory: the K/V length it had, to resume from its kept context (or prefill again). */
+  preemptedAt: number | undefined
   pending: Int32Array
   appended: number
   /** The prompt's K/V up to its last token is still to be kept as a context of its own. */
@@ -61,6 +69,8 @@ export const newGeneration = (
   cancelled: false,
   seq: -1,
   cachedTokens: 0,
+  reprefillTokens: 0,
+  preemptedAt: undefined,
   pending: prompt,
   appended: 0,
   anchorPrompt: false,
@@ -103,6 +113,7 @@ export const resultOf = (g: Generation, finishReason: FinishReason, worker: stri
   finishReason,
   promptTokens: g.prompt.length,
   cachedTokens: g.cachedTokens,
+  reprefillTokens: g.reprefillTokens,
   computeMs: g.computeMs,
   workerMs: performance.now() - g.receivedAt,
   worker

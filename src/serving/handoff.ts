@@ -1,26 +1,25 @@
 /**
  * The KV hand-off over NATS: contexts moving from a device that leaves rollout to the devices
- * that stay, through the run's object store `GYRE_<run>_kv` (memory storage, 10-minute TTL
- * for objects a crashed source never deleted).
+ * that stay, through the run's transfer store `GYRE_<run>_kv` (`../protocols/transfer.ts`:
+ * memory storage, 10-minute TTL for objects a crashed source never deleted).
  *
  * Source side: `exportContexts` pins and exports (GYKV buffers) every execution's latest
  * context and the context of every generation paused in flight; `spread` assigns whole
- * executions to destinations by free blocks; `sendContexts` puts each buffer as object
- * `h.<nuid>` and asks the destination to `ImportContexts` (in asks of at most 100k tokens), then
- * deletes the objects. Destination side: `receiveContexts` reads each object and imports it
- * into its batcher under the same request id, so the gateway's `base.request` finds it there.
- * The source frees its copies only after the destination answered (`role-switch.ts`).
+ * executions to destinations by free blocks; `sendContexts` puts each context as object
+ * `h.<nuid>` (its tokens, then its GYKV buffer: chunks of `max_payload`, so a context of any
+ * length moves) and asks the destination to `ImportContexts` (at most `ASK_CONTEXTS` contexts an
+ * ask, each named by its object: no message grows with a context), then deletes the objects.
+ * Destination side: `receiveContexts` reads each object and imports it into its batcher under
+ * the same request id, so the gateway's `base.request` finds it there. The source frees its
+ * copies only after the destination answered (`role-switch.ts`).
  */
-import { StorageType } from "@nats-io/jetstream"
-import { Objm, type ObjectStore } from "@nats-io/obj"
+import type { ObjectStore } from "@nats-io/obj"
 import { nuid } from "@nats-io/transport-node"
 import { Effect } from "effect"
-import { TransportError, messageOf } from "../runtime/errors.ts"
-import { getObject, putObject } from "../runtime/nats.ts"
 import { parseAddress } from "../runtime/names.ts"
 import { refOf, type ActorSystemShape } from "../runtime/system.ts"
 import { DeviceProtocol, type ContextHandoff } from "../protocols/device.ts"
-import { rlLayout } from "../protocols/layout.ts"
+import { bytesOf, deleteObject, getBytes, putParts } from "../protocols/transfer.ts"
 import type { Batcher } from "./batcher.ts"
 import type { ExportedContext } from "./kv-handoff.ts"
 
@@ -47,18 +46,9 @@ export interface SentContexts {
 }
 
 const REQUEST = /^[A-Za-z0-9_-]+$/
-const ASK_TOKENS = 100_000
+/** Contexts named in one `ImportContexts` ask (~200 bytes each). */
+const ASK_CONTEXTS = 256
 const IMPORT_TIMEOUT_MS = 60_000
-
-/** Opens the run's KV hand-off object store, creating it when missing. */
-export const openKvStore = Effect.fn("openKvStore")(function* (system: ActorSystemShape) {
-  const name = rlLayout(system.run).kvBucket
-  const objm = new Objm(system.nats.nc)
-  return yield* Effect.tryPromise({
-    try: () => objm.create(name, { storage: StorageType.Memory, ttl: 600_000 * 1_000_000, replicas: system.nats.replicas }).catch(() => objm.open(name)),
-    catch: (e) => new TransportError({ operation: `open object store ${name}`, message: messageOf(e) })
-  })
-})
 
 /**
  * Pins and exports each execution's latest context, and the context of every request in
@@ -108,20 +98,9 @@ export const spread = (
   return out
 }
 
-/** Splits contexts into asks of at most `ASK_TOKENS` tokens (NATS messages are bounded). */
-const chunks = <A extends { readonly tokens: Int32Array }>(list: ReadonlyArray<A>): Array<Array<A>> => {
-  const out: Array<Array<A>> = []
-  let tokens = Infinity
-  for (const c of list) {
-    if (tokens + c.tokens.length > ASK_TOKENS) {
-      out.push([])
-      tokens = 0
-    }
-    out.at(-1)!.push(c)
-    tokens += c.tokens.length
-  }
-  return out
-}
+/** Splits a list into asks of at most `ASK_CONTEXTS`. */
+const asks = <A>(list: ReadonlyArray<A>): Array<Array<A>> =>
+  Array.from({ length: Math.ceil(list.length / ASK_CONTEXTS) }, (_, i) => list.slice(i * ASK_CONTEXTS, (i + 1) * ASK_CONTEXTS))
 
 /** Puts the contexts' buffers in the store, asks `to` to import them, deletes the objects. */
 export const sendContexts = Effect.fn("sendContexts")(function* (
@@ -132,12 +111,12 @@ export const sendContexts = Effect.fn("sendContexts")(function* (
   contexts: ReadonlyArray<OutgoingContext>
 ) {
   const put = (c: OutgoingContext) =>
-    Effect.tryPromise(() => putObject(store, `h.${nuid.next()}`, c.exported.buffer)).pipe(
+    putParts(store, `h.${nuid.next()}`, [bytesOf(c.exported.tokens), c.exported.buffer]).pipe(
       Effect.map((info): ContextHandoff | undefined => ({
         execution: c.execution,
         request: c.exported.request,
         object: info.name,
-        tokens: c.exported.tokens,
+        length: c.exported.tokens.length,
         kvLength: c.exported.kvLength,
         inFlight: c.inFlight
       })),
@@ -148,7 +127,7 @@ export const sendContexts = Effect.fn("sendContexts")(function* (
   const ref = refOf(DeviceProtocol, parseAddress(to))
   const failed = new Set(contexts.filter((_, i) => handoffs[i] === undefined).map((c) => c.exported.request))
   yield* Effect.forEach(
-    chunks(stored),
+    asks(stored),
     (chunk) =>
       system.ask(ref, "ImportContexts", { from, contexts: chunk }, { timeoutMs: IMPORT_TIMEOUT_MS }).pipe(
         Effect.map((answer) => answer.failed),
@@ -157,7 +136,7 @@ export const sendContexts = Effect.fn("sendContexts")(function* (
       ),
     { concurrency: 2, discard: true }
   )
-  yield* Effect.forEach(stored, (h) => Effect.promise(() => store.delete(h.object).catch(() => undefined)), { concurrency: 8, discard: true })
+  yield* Effect.forEach(stored, (h) => deleteObject(store, h.object), { concurrency: 8, discard: true })
   return {
     to,
     imported: contexts.filter((c) => !failed.has(c.exported.request)),
@@ -166,30 +145,28 @@ export const sendContexts = Effect.fn("sendContexts")(function* (
   } satisfies SentContexts
 })
 
-/** Destination side: reads each hand-off object and imports it under its request id. */
+/**
+ * Destination side: reads each hand-off object and imports it under its request id, one at a time
+ * (a context's object is as large as its K/V: reading them all first would hold them all at once).
+ */
 export const receiveContexts = Effect.fn("receiveContexts")(function* (
   system: ActorSystemShape,
   store: ObjectStore,
   batcher: Batcher,
   contexts: ReadonlyArray<ContextHandoff>
 ) {
-  const bucket = rlLayout(system.run).kvBucket
-  const buffers = yield* Effect.forEach(
-    contexts,
-    (h) => Effect.tryPromise(() => getObject(system.nats.jsm, store, bucket, h.object)).pipe(Effect.catch(() => Effect.succeed(null))),
-    { concurrency: 8 }
-  )
   const failed: Array<string> = []
-  for (const [i, h] of contexts.entries()) {
-    const buffer = buffers[i]
-    const ok =
-      buffer !== null &&
-      buffer !== undefined &&
-      (yield* batcher.importContext(h.execution, h.request, { request: h.request, tokens: h.tokens, kvLength: h.kvLength, buffer }).pipe(
-        Effect.as(true),
-        Effect.catch(() => Effect.succeed(false))
-      ))
-    if (!ok) failed.push(h.request)
+  for (const h of contexts) {
+    const imported = yield* getBytes(system, store, h.object).pipe(
+      Effect.flatMap((bytes) => {
+        const split = h.length * 4
+        if (bytes.length <= split) return Effect.succeed(false)
+        const tokens = new Int32Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + split))
+        return batcher.importContext(h.execution, h.request, { request: h.request, tokens, kvLength: h.kvLength, buffer: bytes.subarray(split) }).pipe(Effect.as(true))
+      }),
+      Effect.catch(() => Effect.succeed(false))
+    )
+    if (!imported) failed.push(h.request)
   }
   return { imported: contexts.length - failed.length, failed }
 })

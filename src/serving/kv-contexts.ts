@@ -9,7 +9,12 @@
  * and appends only the rest; the context it forked stays, so a later retry from that point,
  * or a subagent forking the same parent, finds it again. Each execution keeps at most
  * `perExecution` contexts (the least recently used go first), and under memory pressure the
- * least recently used context of any execution is dropped.
+ * least recently used context of any execution is dropped. A context added under a request
+ * that already has one replaces it.
+ *
+ * Prefilled again: for each execution the longest context it lost to eviction is remembered
+ * (its token array, no copy), so a later prompt's tokens that were in it and are not cached
+ * now count as prefilled again (`reprefillOf`).
  *
  * Pure bookkeeping: the caller frees the KV sequences of the contexts this returns.
  */
@@ -42,7 +47,11 @@ export type Resolved = { readonly prompt: Int32Array } | { readonly miss: string
 
 export class ExecutionContexts {
   private readonly byExecution = new Map<string, Array<CachedContext>>()
+  /** The longest context each execution lost to eviction. */
+  private readonly lost = new Map<string, CachedContext>()
   private clock = 0
+  /** Contexts evicted (budget or memory) since the start. */
+  evicted = 0
 
   constructor(readonly perExecution: number) {}
 
@@ -98,34 +107,60 @@ export class ExecutionContexts {
     return best
   }
 
-  /** Adds a context; returns the contexts it pushed out of the execution's budget. */
+  /** Adds a context; returns the contexts it replaced or pushed out of the execution's budget (to free). */
   add(context: Omit<CachedContext, "lastUsed" | "pins">): Array<CachedContext> {
     const entry: CachedContext = { ...context, lastUsed: ++this.clock, pins: 0 }
     const list = this.byExecution.get(entry.execution) ?? []
+    const out: Array<CachedContext> = []
+    const same = list.find((c) => c.request === entry.request && c.pins === 0)
+    if (same !== undefined) {
+      list.splice(list.indexOf(same), 1)
+      out.push(same)
+    }
     list.push(entry)
     this.byExecution.set(entry.execution, list)
-    const evicted: Array<CachedContext> = []
     while (list.length > this.perExecution) {
       const victim = oldestUnpinned(list)
       if (victim === undefined) break
-      this.remove(victim)
-      evicted.push(victim)
+      this.evict(victim)
+      out.push(victim)
     }
-    return evicted
+    return out
   }
 
   /** Drops all of an execution's contexts (pinned ones too: their blocks wait for the unpin). */
   release(execution: string): Array<CachedContext> {
     const list = this.byExecution.get(execution) ?? []
     this.byExecution.delete(execution)
+    this.lost.delete(execution)
     return list
   }
 
   /** Removes and returns the least recently used unpinned context of any execution. */
   evictOldest(): CachedContext | undefined {
     const victim = oldestUnpinned(this.all())
-    if (victim !== undefined) this.remove(victim)
+    if (victim !== undefined) this.evict(victim)
     return victim
+  }
+
+  /**
+   * Tokens of `sequence` past its first `cached` that were K/V of a context the execution lost
+   * to eviction: what prefilling it now computes again.
+   */
+  reprefillOf(execution: string, sequence: Int32Array, cached: number): number {
+    const lost = this.lost.get(execution)
+    if (lost === undefined) return 0
+    const n = Math.min(lost.kvLength, sequence.length)
+    let i = 0
+    while (i < n && lost.tokens[i] === sequence[i]) i++
+    return Math.max(0, i - cached)
+  }
+
+  private evict(context: CachedContext): void {
+    this.remove(context)
+    this.evicted++
+    const lost = this.lost.get(context.execution)
+    if (lost === undefined || context.kvLength > lost.kvLength) this.lost.set(context.execution, context)
   }
 
   private remove(context: CachedContext): void {

@@ -28,14 +28,27 @@ export const makeKvPool = (cache: KvCache, contextsPerExecution: number) => {
     contexts,
     free,
     addContext,
-    /** Gives an admitted generation its sequence: a fork of its best cached prefix, else a new one. */
+    /**
+     * Gives an admitted generation its sequence: a fork of its best cached prefix, else a new one.
+     * A generation preempted earlier resumes from its prompt ++ output (its own kept context, if
+     * still there); what it had computed and must compute again counts as prefilled again.
+     */
     start: (g: Generation) =>
       Effect.gen(function* () {
-        const anchor = contexts.bestPrefix(g.job.execution, g.prompt)
+        const sequence = g.output.length === 0 ? g.prompt : concat(g.prompt, g.output)
+        const anchor = contexts.bestPrefix(g.job.execution, sequence)
         g.seq = anchor === undefined ? yield* cache.create() : yield* cache.fork(anchor.seq)
-        g.cachedTokens = anchor?.kvLength ?? 0
-        g.pending = g.prompt.subarray(g.cachedTokens)
-        g.anchorPrompt = g.pending.length > 1
+        const cached = anchor?.kvLength ?? 0
+        g.pending = sequence.subarray(cached)
+        g.appended = 0
+        if (g.preemptedAt === undefined) {
+          g.cachedTokens = cached
+          g.reprefillTokens = contexts.reprefillOf(g.job.execution, sequence, cached)
+          g.anchorPrompt = g.pending.length > 1
+        } else {
+          g.reprefillTokens += Math.max(0, g.preemptedAt - cached)
+          g.preemptedAt = undefined
+        }
       }),
     /** Keeps the prompt's K/V without its last token as a context (a fork: it shares the blocks). */
     anchor: (g: Generation) =>
@@ -48,11 +61,9 @@ export const makeKvPool = (cache: KvCache, contextsPerExecution: number) => {
     /** An ended generation's sequence becomes a cached context of prompt ++ output. */
     keep: (g: Generation) =>
       Effect.gen(function* () {
-        const tokens = new Int32Array(g.prompt.length + g.output.length)
-        tokens.set(g.prompt)
-        tokens.set(g.output, g.prompt.length)
         const kvLength = yield* cache.length(g.seq)
-        yield* addContext({ execution: g.job.execution, request: g.job.request, seq: g.seq, tokens, kvLength })
+        yield* addContext({ execution: g.job.execution, request: g.job.request, seq: g.seq, tokens: concat(g.prompt, g.output), kvLength })
+        return kvLength
       }),
     /** Drops the least recently used unpinned context of any execution; false when there is none. */
     evictOldest: Effect.suspend(() => {
@@ -65,3 +76,10 @@ export const makeKvPool = (cache: KvCache, contextsPerExecution: number) => {
 }
 
 export type KvPool = ReturnType<typeof makeKvPool>
+
+const concat = (a: Int32Array, b: ReadonlyArray<number>): Int32Array => {
+  const out = new Int32Array(a.length + b.length)
+  out.set(a)
+  out.set(b, a.length)
+  return out
+}

@@ -17,6 +17,9 @@
  *   under older weights is kept (every token records the version that sampled it).
  * - Drain: `Drain {finish: false}` cancels running generations (they answer with their partial
  *   output, finishReason "cancelled"); `finish: true` lets them end.
+ * - Bounded messages: a prompt the gateway sent as an object of the run's transfer store
+ *   (`promptObject`) is read from there; an answer of more than `inlineTokens` output tokens
+ *   goes back the same way (`outputObject`, deleted by the gateway once read).
  *
  * The configuration comes from the caller or from the environment (`rolloutConfigFromEnv`).
  */
@@ -30,7 +33,8 @@ import type { ActorSystemShape } from "../runtime/system.ts"
 import { formatAddress } from "../runtime/names.ts"
 import { rlLayout } from "../protocols/layout.ts"
 import { fetchWeights } from "../protocols/weights.ts"
-import { RolloutWorkerProtocol, TokenChunk, WeightsUnavailable, type WorkerLoad } from "../protocols/rollout.ts"
+import { RolloutWorkerProtocol, TokenChunk, WeightsUnavailable, WorkerUnavailable, type GenerateRequest, type GenerateResult, type WorkerLoad } from "../protocols/rollout.ts"
+import { INLINE_TOKENS, getArrays, openTransferStore, putArrays } from "../protocols/transfer.ts"
 import { makeBatcher } from "./batcher.ts"
 
 /** Tokens per KV-cache block of every device and worker. */
@@ -59,6 +63,8 @@ export interface RolloutConfig {
   readonly contextsPerExecution?: number
   /** Engine device of the model and its KV cache; default `workerDevice(id, device count)`. */
   readonly device?: number
+  /** Output tokens an answer carries inline at most; more go through the run's transfer store (default `INLINE_TOKENS`). */
+  readonly inlineTokens?: number
 }
 
 /**
@@ -145,6 +151,27 @@ export const startRollout = Effect.fn("startRollout")(function* (
   })
   const layout = rlLayout(ctx.system.run)
   const nc = ctx.system.nats.nc
+  const store = yield* openTransferStore(ctx.system)
+  const worker = formatAddress(ctx.address)
+  const unavailable = (what: string) => (e: { readonly message: string }) => new WorkerUnavailable({ worker, reason: `${what}: ${e.message}` })
+
+  /** The request's prompt tokens after its base: inline, or read from the transfer store. */
+  const promptOf = (request: GenerateRequest) =>
+    request.promptObject === undefined
+      ? Effect.succeed(request.prompt)
+      : getArrays(ctx.system, store, request.promptObject, ["int32"] as const).pipe(
+          Effect.map(([prompt]) => prompt),
+          Effect.mapError(unavailable("the prompt object could not be read"))
+        )
+
+  /** The answer as sent: its output moved to the transfer store when it is too long for one message. */
+  const bounded = (result: GenerateResult) =>
+    result.output.length <= (config.inlineTokens ?? INLINE_TOKENS)
+      ? Effect.succeed(result)
+      : putArrays(store, "o", [result.output, result.logprobs, result.versions]).pipe(
+          Effect.map((ref): GenerateResult => ({ ...result, output: new Int32Array(0), logprobs: new Float32Array(0), versions: new Int32Array(0), outputObject: ref })),
+          Effect.mapError(unavailable("the answer could not be stored"))
+        )
 
   const publish = (request: string, chunk: TokenChunk) => {
     try {
@@ -171,29 +198,31 @@ export const startRollout = Effect.fn("startRollout")(function* (
 
   const handlers: RolloutHandlers = {
     Generate: (request) =>
-      batcher
-        .generate({
-          execution: request.execution,
-          request: request.request,
-          base: request.base,
-          prompt: request.prompt,
-          sampling: request.sampling,
-          ...(request.stream ? { onTokens: (step) => publish(request.request, { ...step, done: false }) } : {})
-        })
-        .pipe(
-          Effect.tap(() =>
-            Effect.sync(() => {
-              if (request.stream) publish(request.request, { tokens: new Int32Array(0), logprobs: new Float32Array(0), versions: new Int32Array(0), done: true })
-            })
-          )
+      promptOf(request).pipe(
+        Effect.flatMap((prompt) =>
+          batcher.generate({
+            execution: request.execution,
+            request: request.request,
+            base: request.base,
+            prompt,
+            sampling: request.sampling,
+            ...(request.stream ? { onTokens: (step) => publish(request.request, { ...step, done: false }) } : {})
+          })
         ),
+        Effect.tap(() =>
+          Effect.sync(() => {
+            if (request.stream) publish(request.request, { tokens: new Int32Array(0), logprobs: new Float32Array(0), versions: new Int32Array(0), done: true })
+          })
+        ),
+        Effect.flatMap(bounded)
+      ),
     Cancel: ({ request }) => Effect.sync(() => ({ found: batcher.cancel(request) })),
     Release: ({ execution }) => batcher.release(execution).pipe(Effect.orDie, Effect.map((freedBlocks) => ({ freedBlocks }))),
     LoadWeights: ({ version }) => loadWeights(version),
     Drain: ({ finish }) => batcher.drain(finish).pipe(Effect.map((cancelled) => ({ cancelled }))),
     Status: () => Effect.sync(() => batcher.load())
   }
-  return { engine, model, device, batcher, handlers, loadWeights }
+  return { engine, model, device, batcher, handlers, loadWeights, store }
 })
 
 export type RolloutRole = Effect.Success<ReturnType<typeof startRollout>>

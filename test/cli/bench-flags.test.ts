@@ -26,7 +26,7 @@ const refused: ReadonlyArray<readonly [string, ReadonlyArray<string>, RegExp]> =
   ["elastic.ts", ["--rounds", "0"], /^bench:elastic: --rounds must be at least 1, got 0$/],
   ["elastic.ts", ["--policies", "elastic,fifo"], /^bench:elastic: --policies takes a comma-separated list of .*elastic.*, got 'elastic,fifo'$/],
   ["elastic.ts", ["--stepz", "3"], /^bench:elastic: unknown flag --stepz \(known: --steps /],
-  ["engine.ts", ["--presets", "tiny,huge"], /^bench:engine: --presets takes a comma-separated list of tiny, small, got 'tiny,huge'$/],
+  ["engine.ts", ["--presets", "tiny,huge"], /^bench:engine: --presets takes a comma-separated list of tiny, small, tiny-long, got 'tiny,huge'$/],
   ["engine.ts", ["--threads", "two"], /^bench:engine: --threads must be an integer, got 'two'$/],
   ["replay.ts", ["--steps"], /^bench:replay: --steps needs a value$/],
   ["load.ts", ["--gb", "-1"], /^bench:load: --gb must be above 0, got -1$/],

@@ -1,7 +1,8 @@
 /**
  * The short form of the HTTP fuzzing (`../chaos/http-fuzz.ts`): a few hundred seeded hostile
  * requests against a `gyre serve` child process; it never dies, never answers 500, answers
- * every complete request, and serves a valid call afterwards.
+ * every complete request in its path's error shape (OpenAI's, Anthropic's on the Messages
+ * routes), and serves a valid call afterwards.
  */
 import { describe, expect, it } from "vitest"
 import { chaosLong, recordFuzz } from "../chaos/helpers.ts"
@@ -18,8 +19,10 @@ describe("HTTP fuzzing (short form)", () => {
     expect(report.crashes).toBe(0)
     expect(report.internalErrors).toBe(0)
     expect(report.unanswered).toBe(0)
+    expect(report.wrongShape).toBe(0)
     expect(report.healthyAfter).toBe(true)
-    // The cases reach every layer: parser errors, routing, auth, decoding, and real generations.
+    // The cases reach every layer: parser errors, routing, auth, decoding, and real generations, on every API.
     for (const status of ["200", "400", "401", "404"]) expect(report.statuses[status] ?? 0).toBeGreaterThan(0)
+    for (const [route, statuses] of Object.entries(report.byRoute)) for (const status of ["200", "400", "401"]) expect([route, status, statuses[status] ?? 0]).not.toEqual([route, status, 0])
   }, long ? 6 * 3600_000 : 240_000)
 })

@@ -111,7 +111,8 @@ export const fakeGateway = (baseUrl: string, log: GatewayLog) =>
             calls: 0,
             errors: 0,
             internalErrors: 0,
-            recent: { calls: 0, roundTripP50Ms: 0, computeP50Ms: 0, workerP50Ms: 0, overheadP50Ms: 0, overheadP99Ms: 0, preparedP50Ms: 0, preparedP99Ms: 0, askP50Ms: 0, askP99Ms: 0, recordP50Ms: 0, recordP99Ms: 0, promptTokens: 0, cachedTokens: 0, generatedTokens: 0 }
+            recent: { calls: 0, roundTripP50Ms: 0, computeP50Ms: 0, workerP50Ms: 0, overheadP50Ms: 0, overheadP99Ms: 0, preparedP50Ms: 0, preparedP99Ms: 0, askP50Ms: 0, askP99Ms: 0, recordP50Ms: 0, recordP99Ms: 0, promptTokens: 0, cachedTokens: 0, generatedTokens: 0 },
+            totals: { calls: 0, promptTokens: 0, cachedTokens: 0, reprefillTokens: 0, fullResends: 0 }
           })
       })
   })

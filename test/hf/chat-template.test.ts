@@ -5,7 +5,7 @@
  */
 import { describe, expect, it } from "vitest"
 import { hfTokenizer, type HfTokens } from "../../src/engine/hf-tokenizer.ts"
-import { AssistantTurns } from "../../src/openai/chat.ts"
+import { AssistantTurns } from "../../src/openai/turns.ts"
 import { hfChat } from "../../src/openai/hf-chat.ts"
 import type { ChatMessage } from "../../src/openai/messages.ts"
 import { byteFallbackTokenizer, byteLevelTokenizer, chatmlToolsTemplate, llama2Template, smollm2Template } from "./fixtures.ts"

@@ -5,7 +5,9 @@
  */
 import { describe, expect, it } from "vitest"
 import fc from "fast-check"
-import { AssistantTurns, parseToolCalls, renderChat, toolsPrompt, visibleText } from "../../src/openai/chat.ts"
+import { renderChat, visibleText } from "../../src/openai/chat.ts"
+import { toolFormats, toolsPrompt } from "../../src/openai/tool-formats.ts"
+import { AssistantTurns } from "../../src/openai/turns.ts"
 import type { ChatMessage, ToolDefinition } from "../../src/openai/messages.ts"
 import { decode, encode, special } from "../../src/engine/tokenizer.ts"
 
@@ -29,14 +31,14 @@ describe("chat rendering", () => {
 
   it("parses tool calls written as <tool_call> blocks; malformed blocks stay content", () => {
     const text = 'Let me look.\n<tool_call>{"name": "read_file", "arguments": {"path": "a.txt"}}</tool_call>\n<tool_call>{"name": "ls"}</tool_call><tool_call>not json</tool_call>'
-    const parsed = parseToolCalls(text)
-    expect(parsed.toolCalls.map((c) => [c.name, c.arguments])).toEqual([
-      ["read_file", '{"path":"a.txt"}'],
+    const parsed = toolFormats.hermes.scan(text, true, tools)
+    expect(parsed.calls.map((c) => [c.name, c.arguments])).toEqual([
+      ["read_file", '{"path": "a.txt"}'], // as written
       ["ls", "{}"]
     ])
-    expect(parsed.toolCalls[0]!.raw).toBe('<tool_call>{"name": "read_file", "arguments": {"path": "a.txt"}}</tool_call>')
+    expect(parsed.calls[0]!.raw).toBe('<tool_call>{"name": "read_file", "arguments": {"path": "a.txt"}}</tool_call>')
     expect(parsed.content).toBe("Let me look.\n\n<tool_call>not json</tool_call>")
-    expect(parseToolCalls("no calls").toolCalls).toEqual([])
+    expect(toolFormats.hermes.scan("no calls", true, tools).calls).toEqual([])
   })
 
   it("renders a re-formatted history with the tokens the model generated, so the next prompt extends the last sequence", () => {
@@ -68,13 +70,15 @@ describe("chat rendering", () => {
     fc.assert(
       fc.property(fc.string({ unit: "binary", maxLength: 40 }), fc.boolean(), (s, holdToolCalls) => {
         const ids = encode(`${s}<tool_call>{"name":"f"}</tool_call>ST${s}STOP tail`)
-        const final = visibleText(ids, stops, { final: true, holdToolCalls: false })
+        const final = visibleText(ids, stops, { final: true })
+        const hold = holdToolCalls ? ["<tool_call>"] : []
         let previous = ""
         for (let n = 0; n <= ids.length; n++) {
-          const partial = visibleText(ids.slice(0, n), stops, { final: false, holdToolCalls })
+          const partial = visibleText(ids.slice(0, n), stops, { final: false, hold })
           expect(final.startsWith(partial)).toBe(true)
           expect(partial.startsWith(previous)).toBe(true)
-          if (holdToolCalls) expect(partial).not.toContain("<tool_call>")
+          // a trailing start of a held string is not streamed
+          if (holdToolCalls) for (let k = 1; k < "<tool_call>".length; k++) expect(partial.endsWith("<tool_call>".slice(0, k))).toBe(false)
           previous = partial
         }
         expect(final).not.toContain("STOP")
@@ -82,6 +86,6 @@ describe("chat rendering", () => {
       // held "<" of a tool call exposed "S" of "STOP": streamed "S", then took it back
       { examples: [["S", true]] }
     )
-    expect(visibleText([...encode("ab"), special.end], [], { final: true, holdToolCalls: false })).toBe("ab")
+    expect(visibleText([...encode("ab"), special.end], [], { final: true })).toBe("ab")
   })
 })

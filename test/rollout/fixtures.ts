@@ -11,6 +11,7 @@ import { Effect, Layer, Logger, Schema, type Scope } from "effect"
 import { afterAll } from "vitest"
 import { saveCheckpoint } from "../../src/engine/checkpoint.ts"
 import { Engine } from "../../src/engine/engine.ts"
+import type { LlamaConfig } from "../../src/engine/config.ts"
 import { presets } from "../../src/engine/presets.ts"
 import { gateway, type GatewayConfig } from "../../src/actors/gateway.ts"
 import { GatewayProtocol, apiKeyDigest } from "../../src/protocols/gateway.ts"
@@ -30,16 +31,63 @@ export const tempDir = (prefix: string): string => {
   return dir
 }
 
-/** Writes a randomly initialised tiny-preset checkpoint (the engine's TS API). */
-export const writeCheckpoint = (dir: string, seed: number, initStd = 0.2): Promise<string> =>
+/** Writes a randomly initialised checkpoint of `config` (default the tiny preset) through the engine's TS API. */
+export const writeCheckpoint = (dir: string, seed: number, initStd = 0.2, config: LlamaConfig = presets.tiny): Promise<string> =>
   Effect.runPromise(
     Effect.gen(function* () {
       const engine = yield* Engine
-      const model = yield* engine.createModel(presets.tiny, { seed, initStd })
+      const model = yield* engine.createModel(config, { seed, initStd })
       yield* saveCheckpoint(dir, model)
       return dir
     }).pipe(Effect.scoped, Effect.provide(Engine.layer.pipe(Layer.provide(Logger.layer([])))))
   )
+
+/**
+ * A model for long contexts in tests: the tiny preset's vocabulary and shape of parts, one layer of
+ * two heads of 8 (16 bytes of F16 K/V a token), `positions` positions: a decode step at 300k tokens
+ * is a few milliseconds on a CPU.
+ */
+export const microLong = (positions: number): LlamaConfig => ({
+  ...presets.tiny,
+  hidden_size: 16,
+  intermediate_size: 32,
+  num_hidden_layers: 1,
+  num_attention_heads: 2,
+  num_key_value_heads: 1,
+  max_position_embeddings: positions
+})
+
+/**
+ * A context of `length` tokens without prefilling it: the engine's GYKV hand-off buffer (gyre.h)
+ * of `config`'s layout in F16, with random K/V of moderate size. A long context's K/V costs ~T^2
+ * to compute on a CPU; what a transfer or a cache does with it does not depend on the values, and
+ * continuations from it are still exact functions of them.
+ */
+export const craftedKv = (config: LlamaConfig, length: number, seed: number): Promise<Uint8Array> => {
+  const { num_hidden_layers: L, num_key_value_heads: KV } = config
+  const hd = config.hidden_size / config.num_attention_heads
+  const payload = L * 2 * length * KV * hd * 2
+  const buffer = new Uint8Array(48 + payload)
+  const halves = new Uint16Array(buffer.buffer, 48, payload / 2)
+  let x = seed >>> 0 || 1
+  for (let i = 0; i < halves.length; i++) {
+    x ^= x << 13
+    x ^= x >>> 17
+    x ^= x << 5
+    halves[i] = (x & 0x83ff) | 0x3000 // sign and mantissa random, exponent 12: |v| in [0.125, 0.25)
+  }
+  const header = new DataView(buffer.buffer)
+  buffer.set(Buffer.from("GYKV"), 0)
+  ;[1, L, KV, hd, 2, length, 0].forEach((v, i) => header.setUint32(4 + 4 * i, v, true))
+  header.setBigUint64(32, BigInt(payload), true)
+  return Effect.runPromise(
+    Effect.gen(function* () {
+      const engine = yield* Engine
+      header.setBigUint64(40, yield* engine.checksum(buffer.subarray(48)), true)
+      return buffer
+    }).pipe(Effect.provide(Engine.layer.pipe(Layer.provide(Logger.layer([])))))
+  )
+}
 
 export const gatewayRef = refOf(GatewayProtocol, address("gateway", "main"))
 

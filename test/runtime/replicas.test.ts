@@ -8,7 +8,7 @@ import { ConfigProvider, Effect, Exit, Layer } from "effect"
 import { describe, expect, it } from "vitest"
 import { publishWeights } from "../../src/protocols/weights.ts"
 import { ensureTrajectoryStream, rlLayout } from "../../src/protocols/layout.ts"
-import { openKvStore } from "../../src/serving/handoff.ts"
+import { openTransferStore } from "../../src/protocols/transfer.ts"
 import { openGradientStore } from "../../src/training/gradients.ts"
 import { ensureMicroBatchStream } from "../../src/training/microbatch-queue.ts"
 import { layout } from "../../src/runtime/names.ts"
@@ -44,7 +44,7 @@ describe("GYRE_REPLICAS", () => {
             yield* ensureTrajectoryStream(system)
             yield* ensureMicroBatchStream(system)
             yield* openGradientStore(system, 4)
-            yield* openKvStore(system)
+            yield* openTransferStore(system)
             yield* publishWeights(system, 1, new Uint8Array([1, 2, 3]))
             return { setting: system.nats.replicas, streams: yield* Effect.promise(() => replicasOf(system.nats.jsm)) }
           }).pipe(Effect.provide(ActorSystem.layer({ run: RUN }).pipe(Layer.provideMerge(Nats.layer({ url: server.url })))))

@@ -205,7 +205,7 @@ export const fakeDevice = (script: Script, seen: Observed) =>
               return { joined: true }
             }),
           Status: () =>
-            Effect.succeed({ activeSequences: 0, cachedExecutions: 0, freeBlocks: 0, usedBlocks: 0, tokensPerSecond: 0, version, draining: role !== "rollout", processedTokens: 0 }),
+            Effect.succeed({ activeSequences: 0, cachedExecutions: 0, freeBlocks: 0, usedBlocks: 0, tokensPerSecond: 0, version, draining: role !== "rollout", processedTokens: 0, promptTokens: 0, cachedTokens: 0, reprefillTokens: 0, evictedContexts: 0, preemptions: 0 }),
           Generate: () => notHere,
           Cancel: () => notHere,
           Release: () => notHere,

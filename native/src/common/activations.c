@@ -27,6 +27,7 @@ void train_acts_lay_out(train_acts *a, const dims *d, size_t T, float *base, siz
     io->qk_rstd = d->qk_norm ? arena_carve(base, cursor, T * (d->H + d->KV)) : NULL;
   }
   a->x_final = stream ? stream + d->L * T * d->D : NULL;
+  a->rope_cs = arena_carve(base, cursor, T * d->hd);
   a->hf = arena_carve(base, cursor, T * d->D);
   a->rstdf = arena_carve(base, cursor, T);
   a->logits = arena_carve(base, cursor, T * d->V);

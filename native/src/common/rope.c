@@ -1,5 +1,6 @@
 /* rope.c - the RoPE inverse frequencies (with the config's scaling: linear, llama3, YaRN), YaRN's
- * attention factor, and the cos/sin tables every backend rotates by, computed once on the host. */
+ * attention factor, and the cos/sin of any position, computed per batch row: no table grows
+ * with max_position_embeddings. */
 #include <math.h>
 
 #include "../internal.h"
@@ -66,16 +67,14 @@ void rope_inv_freq(float *inv_freq, const dims *d) {
   }
 }
 
-void rope_tables(float *cos_t, float *sin_t, const dims *d) {
-  int half = d->hd / 2;
-  float inv_freq[half > 0 ? half : 1];
-  rope_inv_freq(inv_freq, d);
-  const float scale = rope_attention_scaling(d); /* YaRN: cos and sin carry the attention factor */
-  for (int j = 0; j < half; j++) {
-    for (int p = 0; p < d->max_pos; p++) {
-      float angle = (float)p * inv_freq[j];
-      cos_t[(size_t)p * half + j] = (float)cos((double)angle) * scale;
-      sin_t[(size_t)p * half + j] = (float)sin((double)angle) * scale;
+void rope_rows(float *cs, const int32_t *positions, int T, const float *inv_freq, int hd, float scale) {
+  int half = hd / 2;
+  for (int t = 0; t < T; t++) {
+    float *c = cs + (size_t)t * hd, *s = c + half, p = (float)positions[t];
+    for (int j = 0; j < half; j++) {
+      float angle = p * inv_freq[j];
+      c[j] = (float)cos((double)angle) * scale;
+      s[j] = (float)sin((double)angle) * scale;
     }
   }
 }

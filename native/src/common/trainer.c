@@ -41,6 +41,60 @@ void gyre_trainer_free(gyre_trainer *t) {
   free(t);
 }
 
+/* The batch's loss terms from its log-probs: dlogp[i] for the backward (with respect to the
+ * unscaled logits), and the stats. */
+static gyre_train_stats loss_terms(int32_t n, const int32_t *parents, const float *logp, const float *entropy,
+                                   const float *weights, const float *advantages, const float *behaviour,
+                                   const float *proximal, const int32_t *versions, const gyre_loss_config *loss,
+                                   float inv_temperature, float *dlogp) {
+  gyre_train_stats s = {0};
+  double entropy_sum = 0, logp_sum = 0, ratio_sum = 0, w_sum = 0;
+  int32_t clipped = 0, truncated = 0;
+  for (int32_t i = 0; i < n; i++) {
+    dlogp[i] = 0.0f;
+    if (parents[i] < 0) continue;
+    loss_term lt = loss_term_at(loss, i, logp[i], weights, advantages, behaviour, proximal, versions);
+    s.stale_tokens += lt.stale;
+    if (!lt.trained) continue;
+    dlogp[i] = lt.dlogp * inv_temperature; /* d/d(logits) = (1 / temperature) d/d(logits / temperature) */
+    s.trained_tokens++;
+    s.loss += lt.value;
+    s.weight_sum += weights != NULL ? weights[i] : 1.0f;
+    entropy_sum += entropy[i];
+    logp_sum += logp[i];
+    ratio_sum += lt.ratio;
+    w_sum += lt.is_weight;
+    clipped += lt.clipped;
+    truncated += lt.truncated;
+  }
+  double k = s.trained_tokens > 0 ? 1.0 / s.trained_tokens : 0.0;
+  s.entropy = entropy_sum * k;
+  s.mean_logprob = logp_sum * k;
+  s.mean_ratio = s.trained_tokens > 0 ? ratio_sum * k : 1.0;
+  s.mean_is_weight = s.trained_tokens > 0 ? w_sum * k : 1.0;
+  s.clip_fraction = clipped * k;
+  s.truncated_fraction = truncated * k;
+  return s;
+}
+
+/* Forward of every chunk in order (log-probs), the loss, then the backward of every chunk in
+ * reverse order (backend.h); chunks of max_tokens rows. */
+static gyre_status train_chunks(gyre_trainer *t, const train_batch *b, const float *weights, const float *advantages,
+                                const float *behaviour, const float *proximal, const int32_t *versions,
+                                const gyre_loss_config *loss, int32_t backward, float *logp, gyre_train_stats *stats) {
+  int32_t n = b->n, C = t->max_tokens, chunks = n / C + (n % C != 0);
+  float *entropy = logp + n, *dlogp = entropy + n;
+  for (int32_t i = 0; i < n; i++)
+    if (b->parents[i] < 0) logp[i] = entropy[i] = NAN;
+  for (int32_t c = 0; c < chunks; c++)
+    GYRE_CHECK(be_train_forward(t->be, b, c * C, c == chunks - 1 ? n : (c + 1) * C, logp, entropy));
+  *stats = loss_terms(n, b->parents, logp, entropy, weights, advantages, behaviour, proximal, versions, loss,
+                      b->inv_temperature, dlogp);
+  for (int32_t c = chunks - 1; backward && c >= 0; c--)
+    GYRE_CHECK(be_train_backward(t->be, b, c * C, c == chunks - 1 ? n : (c + 1) * C, dlogp));
+  return GYRE_OK;
+}
+
 gyre_status gyre_train_batch(gyre_trainer *t, int32_t n, const int32_t *tokens, const int32_t *parents,
                              const int32_t *positions, const float *weights, const float *advantages,
                              const float *behaviour, const float *proximal, const int32_t *versions,
@@ -49,8 +103,7 @@ gyre_status gyre_train_batch(gyre_trainer *t, int32_t n, const int32_t *tokens, 
   const char *fn = "gyre_train_batch";
   if (t == NULL || tokens == NULL || parents == NULL || positions == NULL)
     return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "%s: need a trainer, tokens, parents and positions", fn);
-  if (n <= 0 || n > t->max_tokens)
-    return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "%s: n = %d, must be in [1, %d] (the trainer's max_tokens)", fn, n, t->max_tokens);
+  if (n <= 0) return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "%s: n = %d, must be >= 1", fn, n);
   GYRE_CHECK(loss_config_check(loss, weights, advantages, behaviour));
   const dims *d = &t->model->layout.d;
   for (int32_t i = 0; i < n; i++) {
@@ -66,45 +119,23 @@ gyre_status gyre_train_batch(gyre_trainer *t, int32_t n, const int32_t *tokens, 
     forest_free(&f);
     return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
   }
-  float *entropy = logp + n, *dlogp = entropy + n;
   train_batch b = {n, tokens, parents, positions, &f, 1.0f / loss->temperature};
+  gyre_train_stats s;
   model_use_threads(t->model);
-  gyre_status st = be_train_forward(t->be, &b, logp, entropy);
-  if (st == GYRE_OK) {
-    gyre_train_stats s = {0};
-    double entropy_sum = 0, logp_sum = 0, ratio_sum = 0, w_sum = 0;
-    int32_t clipped = 0, truncated = 0;
-    for (int32_t i = 0; i < n; i++) {
-      dlogp[i] = 0.0f;
-      if (parents[i] < 0) continue;
-      loss_term lt = loss_term_at(loss, i, logp[i], weights, advantages, behaviour, proximal, versions);
-      s.stale_tokens += lt.stale;
-      if (!lt.trained) continue;
-      dlogp[i] = lt.dlogp * b.inv_temperature; /* d/d(logits) = (1 / temperature) d/d(logits / temperature) */
-      s.trained_tokens++;
-      s.loss += lt.value;
-      s.weight_sum += weights != NULL ? weights[i] : 1.0f;
-      entropy_sum += entropy[i];
-      logp_sum += logp[i];
-      ratio_sum += lt.ratio;
-      w_sum += lt.is_weight;
-      clipped += lt.clipped;
-      truncated += lt.truncated;
-    }
-    double k = s.trained_tokens > 0 ? 1.0 / s.trained_tokens : 0.0;
-    s.entropy = entropy_sum * k;
-    s.mean_logprob = logp_sum * k;
-    s.mean_ratio = s.trained_tokens > 0 ? ratio_sum * k : 1.0;
-    s.mean_is_weight = s.trained_tokens > 0 ? w_sum * k : 1.0;
-    s.clip_fraction = clipped * k;
-    s.truncated_fraction = truncated * k;
-    if (stats != NULL) *stats = s;
-    if (token_logprobs != NULL) memcpy(token_logprobs, logp, sizeof(float) * (size_t)n);
-    if (backward) st = be_train_backward(t->be, &b, dlogp);
-  }
+  gyre_status st = be_train_begin(t->be, &b);
+  if (st == GYRE_OK) st = train_chunks(t, &b, weights, advantages, behaviour, proximal, versions, loss, backward, logp, &s);
+  be_train_end(t->be);
+  if (st == GYRE_OK && stats != NULL) *stats = s;
+  if (st == GYRE_OK && token_logprobs != NULL) memcpy(token_logprobs, logp, sizeof(float) * (size_t)n);
   free(logp);
   forest_free(&f);
   return st;
+}
+
+gyre_status gyre_trainer_memory(const gyre_trainer *t, gyre_trainer_memory_info *out) {
+  if (t == NULL || out == NULL) return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "gyre_trainer_memory: NULL argument");
+  be_trainer_memory(t->be, &out->fixed_bytes, &out->kv_bytes_per_token, &out->last_batch_bytes);
+  return GYRE_OK;
 }
 
 gyre_status gyre_trainer_zero_grads(gyre_trainer *t) {

@@ -531,56 +531,66 @@ void paged_attention(float *att, const float *qkv, const kv_pool *pool, const di
 
 /* ---- forest (training) ---- */
 
-/* dst[KV][hd][forest_ld(T)] = the kv head columns starting at column `from` of rows[T, ld] */
-static void transpose_heads(float *dst, const float *rows, size_t ld, int from, int T, const dims *d) {
+/* Columns [0, T) of dst[KV * hd][ld] = the kv head columns starting at column `from` of
+ * rows[T, ld_rows]. */
+static void transpose_heads(float *dst, size_t ld, const float *rows, size_t ld_rows, int from, int T, const dims *d) {
 #pragma omp parallel for num_threads(cpu_threads_for(4.0 * T * d->kv_dim)) schedule(static)
-  for (int gc = 0; gc < d->KV * d->hd; gc++) {
-    float *out = dst + (size_t)gc * forest_ld(T);
+  for (int gc = 0; gc < d->kv_dim; gc++) {
+    float *out = dst + (size_t)gc * ld;
     const float *src = rows + from + gc;
-    for (int t = 0; t < T; t++) out[t] = src[(size_t)t * ld];
+    for (int t = 0; t < T; t++) out[t] = src[(size_t)t * ld_rows];
   }
 }
 
-/* Tiles of the forest: runs of at most `rows` rows, each the child of the previous one
+void forest_kv_put(const forest_kv *kv, const float *qkv, int s, int e, const dims *d) {
+  int T = e - s;
+  size_t width = 2 * (size_t)d->kv_dim;
+#pragma omp parallel for num_threads(cpu_threads_for(2.0 * T * width)) schedule(static)
+  for (int t = 0; t < T; t++) memcpy(kv->kv + (size_t)(s + t) * width, qkv + (size_t)t * d->qkv_dim + d->q_dim, sizeof(float) * width);
+  transpose_heads(kv->kt + s, kv->ld, qkv, d->qkv_dim, d->q_dim, T, d);
+  transpose_heads(kv->vt + s, kv->ld, qkv, d->qkv_dim, d->q_dim + d->kv_dim, T, d);
+}
+
+/* Tiles of the chunk [s, e): runs of at most `rows` rows, each the child of the previous one
  * (they share their first row's ancestors, the rest of the tile being the causal part);
- * tiles[0..n] are the boundaries, then row_limit[i] = i. Returns n. */
-static int forest_tiles(const forest *f, int T, int rows, int32_t *tiles) {
+ * tiles[0..n] are the boundaries (token indices), then row_limit[i - s] = i. Returns n. */
+static int forest_tiles(const forest *f, int s, int e, int rows, int32_t *tiles) {
   int n = 0;
-  for (int i = 0; i < T; n++) {
+  for (int i = s; i < e; n++) {
     tiles[n] = i++;
-    while (i < T && i - tiles[n] < rows && f->ranges[2 * f->range_off[i + 1] - 2] < i) i++; /* parent is i - 1 */
+    while (i < e && i - tiles[n] < rows && f->ranges[2 * f->range_off[i + 1] - 2] < i) i++; /* parent is i - 1 */
   }
-  tiles[n] = T;
-  for (int i = 0; i < T; i++) tiles[n + 1 + i] = i;
+  tiles[n] = e;
+  for (int i = s; i < e; i++) tiles[n + 1 + i - s] = i;
   return n;
 }
 
-/* The key runs of the tile [i0, i1) for kv head g: the ancestor ranges of i0, the last one
- * extended over the tile. Returns the run count. */
-static int forest_runs(key_run *runs, const forest *f, int i0, int i1, int g, const float *qkv, const float *kt,
-                       const float *vt, int T, const dims *d) {
+/* The key runs of the tile [i0, i1) for kv head g, from the store: the ancestor ranges of
+ * i0, the last one extended over the tile (with_vt: the V columns too). Returns the count. */
+static int forest_runs(key_run *runs, const forest *f, int i0, int i1, int g, const forest_kv *kv, int with_vt,
+                       const dims *d) {
   int first = f->range_off[i0], n = f->range_off[i0 + 1] - first;
-  size_t ld = forest_ld(T), col = (size_t)g * d->hd * ld;
-  const float *kg = qkv + d->q_dim + g * d->hd;
+  size_t col = (size_t)g * d->hd * kv->ld, ldr = 2 * (size_t)d->kv_dim;
+  const float *kg = kv->kv + (size_t)g * d->hd;
   for (int k = 0; k < n; k++) {
     int a = f->ranges[2 * (first + k)], e = k == n - 1 ? i1 - 1 : f->ranges[2 * (first + k) + 1];
-    runs[k] = (key_run){kt + col + a, ld, kg + d->kv_dim + (size_t)a * d->qkv_dim, (size_t)d->qkv_dim,
-                        vt != NULL ? vt + col + a : NULL, ld, kg + (size_t)a * d->qkv_dim, (size_t)d->qkv_dim, e - a + 1, a, NULL, NULL};
+    runs[k] = (key_run){kv->kt + col + a, kv->ld, kg + d->kv_dim + (size_t)a * ldr, ldr, with_vt ? kv->vt + col + a : NULL,
+                        kv->ld, kg + (size_t)a * ldr, ldr, e - a + 1, a, NULL, NULL};
   }
   return n;
 }
 
-void forest_attention_forward(float *att, float *lse, const float *qkv, float *kt, const forest *f, int T,
-                              const dims *d, float *scratch, size_t scratch_floats, int32_t *tiles) {
+void forest_attention_forward(float *att, float *lse, const float *qkv, const forest_kv *kv, const forest *f, int s,
+                              int e, const dims *d, float *scratch, size_t scratch_floats, int32_t *tiles) {
   task_split sp = task_split_of(d);
   float scale = 1.0f / sqrtf((float)d->hd);
-  transpose_heads(kt, qkv, d->qkv_dim, d->q_dim, T, d);
-  int n_tiles = forest_tiles(f, T, sp.rows, tiles);
+  size_t max_keys = (size_t)f->max_depth;
+  int n_tiles = forest_tiles(f, s, e, sp.rows, tiles);
   const int32_t *row_limit = tiles + n_tiles + 1;
 #pragma omp parallel num_threads(cpu_threads())
   {
     float *work = scratch + (size_t)omp_get_thread_num() * scratch_floats;
-    key_run *runs = (key_run *)(work + attend_work(d->hd, (size_t)T));
+    key_run *runs = (key_run *)(work + attend_work(d->hd, max_keys));
     const float *q[TASK_QUERIES];
     float *out[TASK_QUERIES];
     float tile_lse[TASK_QUERIES];
@@ -589,10 +599,10 @@ void forest_attention_forward(float *att, float *lse, const float *qkv, float *k
     for (int task = 0; task < task_count(sp, n_tiles, d); task++) {
       attn_task t = task_at(task, sp, n_tiles, d);
       int i0 = tiles[t.tile], i1 = tiles[t.tile + 1], nh = t.h1 - t.h0;
-      int n_runs = forest_runs(runs, f, i0, i1, t.g, qkv, kt, NULL, T, d);
-      int n = gather_queries(q, out, limit, qkv, att, row_limit, i0, i1, t.h0, t.h1, d);
-      attend(n, q, limit, runs, n_runs, d->hd, scale, out, tile_lse, work, (size_t)T);
-      for (int k = 0; k < n; k++) lse[(size_t)(i0 + k / nh) * d->H + t.h0 + k % nh] = tile_lse[k];
+      int n_runs = forest_runs(runs, f, i0, i1, t.g, kv, 0, d);
+      int n = gather_queries(q, out, limit, qkv, att, row_limit, i0 - s, i1 - s, t.h0, t.h1, d);
+      attend(n, q, limit, runs, n_runs, d->hd, scale, out, tile_lse, work, max_keys);
+      for (int k = 0; k < n; k++) lse[(size_t)(i0 - s + k / nh) * d->H + t.h0 + k % nh] = tile_lse[k];
     }
   }
 }
@@ -673,7 +683,8 @@ typedef struct grad_pair {
 /* p_u = vis_u exp(scale s_u - lse) and ds_u = scale p_u (dp_u - dsum) over a chunk. */
 static void grad_probs(float *p, float *ds, const float *s, const float *dp, const grad_pair *pair, float scale) {
   for (int u = 0; u < CHUNK; u++) {
-    p[u] = pair->vis[u] * fast_exp(s[u] * scale - pair->lse);
+    float e = fast_exp(s[u] * scale - pair->lse);
+    p[u] = pair->vis[u] != 0.0f ? e : 0.0f; /* a select: keys past the batch may hold anything */
     ds[u] = scale * p[u] * (dp[u] - pair->dsum);
   }
 }
@@ -709,79 +720,130 @@ static void grad_pairs(const grad_pair *pairs, const float *ktg, const float *vt
   pair_update(dvt, dout, p, hd);
 }
 
-/* Pass B of the backward, per chunk of CHUNK key rows [j0, j1) of kv head g: for every query
- * row i that sees one of them (i >= j0) and each head of the group,
+#define SEGMENT_ROWS 256 /* rows of a chain segment the key-owner pass tests for a key chunk at once */
+
+/* base[u] = 1 for the keys j0 + u < j1 among the ancestor ranges of token i (binary search
+ * for the first range reaching j0); returns whether any. */
+static int seen_ranges(float *base, const forest *f, int i, int j0, int j1) {
+  int lo = f->range_off[i], hi = f->range_off[i + 1], any = 0;
+  while (lo < hi) {
+    int mid = (lo + hi) / 2;
+    if (f->ranges[2 * mid + 1] < j0) lo = mid + 1;
+    else hi = mid;
+  }
+  for (int k = lo; k < f->range_off[i + 1] && f->ranges[2 * k] < j1; k++) {
+    int a = f->ranges[2 * k] > j0 ? f->ranges[2 * k] : j0, b = f->ranges[2 * k + 1] < j1 - 1 ? f->ranges[2 * k + 1] : j1 - 1;
+    for (int j = a; j <= b; j++, any = 1) base[j - j0] = 1.0f;
+  }
+  return any;
+}
+
+/* Pass B of the backward, per chunk of CHUNK keys [j0, j1) of kv head g (any tokens before
+ * the chunk's end e): for every query row i of the chunk [s, e) that sees one of them and
+ * each head of the group,
  *   dk_j += scale ds_ij q_i,  dv_j += p_ij dout_i,
  * accumulated transposed ([hd][CHUNK]: one vector per dimension) and summed over i in
  * ascending order, RB (row, head) pairs at a time (a last short batch is filled with pairs
- * that see no key: they add zeros). kt, vt hold CHUNK floats of padding past their end. */
-static void attend_grad_keys(int j0, int j1, int g, const float *qkv, const float *datt, const float *lse, const float *dsum,
-                             const float *kt, const float *vt, const forest *f, int T, const dims *d, float scale, float *dqkv,
-                             float *work) {
+ * that see no key: they add zeros). The rows come by chain segments (segs: boundaries),
+ * a segment's first row's ancestor ranges telling which keys its rows see. Keys of the chunk
+ * [s, e) get their gradient in dqkv (plus what later chunks left in kv->dkv); earlier keys
+ * add theirs into kv->dkv. */
+static void attend_grad_keys(int j0, int g, const int32_t *segs, int n_segs, int s, const float *qkv, const float *datt,
+                             const float *lse, const float *dsum, const forest_kv *kv, const forest *f, const dims *d,
+                             float scale, float *dqkv, float *work) {
   static const float unseen[CHUNK];
-  int hd = d->hd, G = d->H / d->KV, n = 0;
-  size_t ld = forest_ld(T);
+  int hd = d->hd, G = d->H / d->KV, n = 0, e = segs[n_segs], j1 = j0 + CHUNK < e ? j0 + CHUNK : e;
   float *dkt = work, *dvt = dkt + (size_t)hd * CHUNK, vis[RB][CHUNK];
   memset(dkt, 0, sizeof(float) * 2 * hd * CHUNK);
-  const float *ktg = kt + (size_t)g * hd * ld + j0, *vtg = vt + (size_t)g * hd * ld + j0;
+  const float *ktg = kv->kt + (size_t)g * hd * kv->ld + j0, *vtg = kv->vt + (size_t)g * hd * kv->ld + j0;
   grad_pair pairs[RB];
-  for (int i = j0; i < T; i++) {
-    float row_vis[CHUNK] = {0};
-    int any = 0;
-    for (int k = f->range_off[i]; k < f->range_off[i + 1]; k++) {
-      int a = f->ranges[2 * k], b = f->ranges[2 * k + 1];
-      if (a >= j1) break;
-      for (int j = a > j0 ? a : j0; j <= b && j < j1; j++, any = 1) row_vis[j - j0] = 1.0f;
-    }
-    for (int h = g * G; any && h < (g + 1) * G; h++) {
-      memcpy(vis[n], row_vis, sizeof row_vis);
-      pairs[n] = (grad_pair){qkv + (size_t)i * d->qkv_dim + (size_t)h * hd, datt + (size_t)i * d->q_dim + (size_t)h * hd,
-                             vis[n], lse[(size_t)i * d->H + h], dsum[(size_t)i * d->H + h]};
-      if (++n == RB) {
-        grad_pairs(pairs, ktg, vtg, ld, hd, scale, dkt, dvt);
-        n = 0;
+  for (int k = 0; k < n_segs; k++) {
+    int i0 = segs[k], i1 = segs[k + 1], causal = i0 + 1 > j0 ? i0 + 1 : j0; /* the segment's own keys from here */
+    if (i1 <= j0) continue;
+    float base[CHUNK] = {0};
+    int any = seen_ranges(base, f, i0, j0, j1);
+    if (!any && causal >= j1) continue;
+    for (int i = any ? i0 : causal; i < i1; i++) {
+      float row_vis[CHUNK];
+      memcpy(row_vis, base, sizeof row_vis);
+      for (int j = causal; j <= i && j < j1; j++) row_vis[j - j0] = 1.0f;
+      for (int h = g * G; h < (g + 1) * G; h++) {
+        size_t r = (size_t)(i - s);
+        memcpy(vis[n], row_vis, sizeof row_vis);
+        pairs[n] = (grad_pair){qkv + r * d->qkv_dim + (size_t)h * hd, datt + r * d->q_dim + (size_t)h * hd, vis[n],
+                               lse[r * d->H + h], dsum[r * d->H + h]};
+        if (++n == RB) {
+          grad_pairs(pairs, ktg, vtg, kv->ld, hd, scale, dkt, dvt);
+          n = 0;
+        }
       }
     }
   }
   if (n > 0) {
     for (int r = n; r < RB; r++) pairs[r] = (grad_pair){pairs[0].q, pairs[0].dout, unseen, 0.0f, 0.0f};
-    grad_pairs(pairs, ktg, vtg, ld, hd, scale, dkt, dvt);
+    grad_pairs(pairs, ktg, vtg, kv->ld, hd, scale, dkt, dvt);
   }
   for (int j = j0; j < j1; j++) {
-    float *dk = dqkv + (size_t)j * d->qkv_dim + d->q_dim + g * hd, *dv = dk + d->kv_dim;
+    float *carried = kv->dkv != NULL ? kv->dkv + (size_t)j * 2 * d->kv_dim + (size_t)g * hd : NULL;
+    if (j < s) { /* an earlier chunk's token: carried back */
+      for (int c = 0; c < hd; c++) {
+        carried[c] += dkt[c * CHUNK + j - j0];
+        carried[d->kv_dim + c] += dvt[c * CHUNK + j - j0];
+      }
+      continue;
+    }
+    float *dk = dqkv + (size_t)(j - s) * d->qkv_dim + d->q_dim + g * hd, *dv = dk + d->kv_dim;
     for (int c = 0; c < hd; c++) {
-      dk[c] = dkt[c * CHUNK + j - j0];
-      dv[c] = dvt[c * CHUNK + j - j0];
+      dk[c] = dkt[c * CHUNK + j - j0] + (carried != NULL ? carried[c] : 0.0f);
+      dv[c] = dvt[c * CHUNK + j - j0] + (carried != NULL ? carried[d->kv_dim + c] : 0.0f);
     }
   }
 }
 
-size_t attention_grad_scratch_floats(const dims *d, int max_runs) {
-  return attention_scratch_floats(d, max_runs, max_runs) + 2 * (size_t)CHUNK * d->hd;
+/* The key chunks (CHUNK keys from index 0) any row of the segments sees, ascending, into kc
+ * (first used as marks: (e - 1) / CHUNK + 1 ints). Returns their count. */
+static int key_chunks(const forest *f, const int32_t *segs, int n_segs, int32_t *kc) {
+  int n_kc = (segs[n_segs] - 1) / CHUNK + 1, count = 0;
+  memset(kc, 0, sizeof(int32_t) * (size_t)n_kc);
+  for (int k = 0; k < n_segs; k++) {
+    int i0 = segs[k], first = f->range_off[i0], last = f->range_off[i0 + 1] - 1;
+    for (int r = first; r <= last; r++) {
+      int b = r == last ? segs[k + 1] - 1 : f->ranges[2 * r + 1];
+      for (int c = f->ranges[2 * r] / CHUNK; c <= b / CHUNK; c++) kc[c] = 1;
+    }
+  }
+  for (int c = 0; c < n_kc; c++)
+    if (kc[c]) kc[count++] = c;
+  return count;
+}
+
+size_t forest_scratch_floats(const dims *d, const forest *f) {
+  return attention_scratch_floats(d, f->max_ranges, f->max_depth) + 2 * (size_t)CHUNK * d->hd;
 }
 
 void forest_attention_backward(float *dqkv, const float *datt, const float *qkv, const float *att, const float *lse,
-                               float *kt, float *vt, float *dsum, const forest *f, int T, const dims *d, float *scratch,
-                               size_t scratch_floats, int32_t *tiles) {
-  int hd = d->hd, threads = cpu_threads();
+                               const forest_kv *kv, float *dsum, const forest *f, int s, int e, const dims *d,
+                               float *scratch, size_t scratch_floats, int32_t *tiles, int32_t *kchunks) {
+  int hd = d->hd, T = e - s, threads = cpu_threads();
   float scale = 1.0f / sqrtf((float)hd);
-  transpose_heads(kt, qkv, d->qkv_dim, d->q_dim, T, d);
-  transpose_heads(vt, qkv, d->qkv_dim, d->q_dim + d->kv_dim, T, d);
+  size_t max_keys = (size_t)f->max_depth;
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int i = 0; i < T; i++)
     for (int h = 0; h < d->H; h++) {
       const float *o = att + (size_t)i * d->q_dim + (size_t)h * hd, *g = datt + (size_t)i * d->q_dim + (size_t)h * hd;
-      float s = 0.0f;
-      for (int c = 0; c < hd; c++) s += o[c] * g[c];
-      dsum[(size_t)i * d->H + h] = s;
+      float sum = 0.0f;
+      for (int c = 0; c < hd; c++) sum += o[c] * g[c];
+      dsum[(size_t)i * d->H + h] = sum;
     }
   task_split sp = task_split_of(d);
-  int n_tiles = forest_tiles(f, T, sp.rows, tiles), n_chunks = (T + CHUNK - 1) / CHUNK;
+  int n_tiles = forest_tiles(f, s, e, sp.rows, tiles);
   const int32_t *row_limit = tiles + n_tiles + 1;
+  int32_t *segs = tiles + 2 * (size_t)T + 2;
+  int n_segs = forest_tiles(f, s, e, SEGMENT_ROWS, segs), n_kc = key_chunks(f, segs, n_segs, kchunks);
 #pragma omp parallel num_threads(threads)
   {
     float *work = scratch + (size_t)omp_get_thread_num() * scratch_floats;
-    key_run *runs = (key_run *)(work + attend_work(hd, (size_t)T) + 2 * (size_t)CHUNK * hd);
+    key_run *runs = (key_run *)(work + attend_work(hd, max_keys) + 2 * (size_t)CHUNK * hd);
     const float *q[TASK_QUERIES], *dout[TASK_QUERIES];
     float *dq[TASK_QUERIES], tile_lse[TASK_QUERIES], tile_dsum[TASK_QUERIES];
     int limit[TASK_QUERIES];
@@ -789,21 +851,21 @@ void forest_attention_backward(float *dqkv, const float *datt, const float *qkv,
     for (int task = 0; task < task_count(sp, n_tiles, d); task++) {
       attn_task t = task_at(task, sp, n_tiles, d);
       int i0 = tiles[t.tile], i1 = tiles[t.tile + 1], nh = t.h1 - t.h0;
-      int n_runs = forest_runs(runs, f, i0, i1, t.g, qkv, kt, vt, T, d);
-      int n = gather_queries(q, dq, limit, qkv, dqkv, row_limit, i0, i1, t.h0, t.h1, d);
+      int n_runs = forest_runs(runs, f, i0, i1, t.g, kv, 1, d);
+      int n = gather_queries(q, dq, limit, qkv, dqkv, row_limit, i0 - s, i1 - s, t.h0, t.h1, d);
       for (int k = 0; k < n; k++) { /* dq lives in dqkv's q part, dout in datt, both by head */
-        int i = i0 + k / nh, h = t.h0 + k % nh;
-        dq[k] = dqkv + (size_t)i * d->qkv_dim + (size_t)h * hd;
-        dout[k] = datt + (size_t)i * d->q_dim + (size_t)h * hd;
-        tile_lse[k] = lse[(size_t)i * d->H + h];
-        tile_dsum[k] = dsum[(size_t)i * d->H + h];
+        size_t i = (size_t)(i0 - s + k / nh);
+        int h = t.h0 + k % nh;
+        dq[k] = dqkv + i * d->qkv_dim + (size_t)h * hd;
+        dout[k] = datt + i * d->q_dim + (size_t)h * hd;
+        tile_lse[k] = lse[i * d->H + h];
+        tile_dsum[k] = dsum[i * d->H + h];
       }
       attend_grad_queries(n, q, dout, tile_lse, tile_dsum, limit, runs, n_runs, hd, scale, dq, work);
     }
 #pragma omp for schedule(dynamic, 1)
-    for (int task = 0; task < n_chunks * d->KV; task++) {
-      int g = task % d->KV, j0 = task / d->KV * CHUNK, j1 = j0 + CHUNK < T ? j0 + CHUNK : T;
-      attend_grad_keys(j0, j1, g, qkv, datt, lse, dsum, kt, vt, f, T, d, scale, dqkv, work);
-    }
+    for (int task = 0; task < n_kc * d->KV; task++)
+      attend_grad_keys(kchunks[task / d->KV] * CHUNK, task % d->KV, segs, n_segs, s, qkv, datt, lse, dsum, kv, f, d, scale,
+                       dqkv, work);
   }
 }

@@ -49,27 +49,44 @@ size_t paged_staging_floats(const dims *d, int B);
 void paged_attention(float *att, const float *qkv, const kv_pool *pool, const dims *d, int layer,
                      const fwd_batch *b, float *scratch, size_t scratch_floats, int32_t *tiles);
 
-/* Training keeps K and V transposed per kv head, [KV][hd][forest_ld(T)]: a row stride of an
- * odd number of 64-byte lines, so the hd rows a 16-key chunk reads fall in different cache
- * sets (with a stride of T = 1024 floats, 4 KiB, they all fell in one set of the L1).
- * forest_transposed_floats: the floats of one such buffer, with 16 of padding past its end. */
-static inline size_t forest_ld(int T) {
-  size_t ld = ((size_t)T + 15) / 16 * 16;
+/* Training keeps, per layer, the K (after RoPE) and V of every token of the batch (index j):
+ * as rows, kv[j][K | V][kv_dim] (the scores' right-hand sides in P.V and dq), and transposed
+ * per kv head, kt and vt [KV][hd][ld] (one dimension of many keys contiguous, for the
+ * scores): ld = forest_ld(n), a row stride of an odd number of 64-byte lines, so the hd rows a
+ * 16-key chunk reads fall in different cache sets (with a stride of 1024 floats, 4 KiB, they
+ * all fell in one set of the L1), with 16 floats of padding past the end. dkv[j][K | V]
+ * (NULL when the batch is one chunk) accumulates the gradient later chunks' queries send
+ * back to token j's K and V. */
+typedef struct forest_kv {
+  float *kv, *kt, *vt, *dkv;
+  size_t ld;
+} forest_kv;
+
+static inline size_t forest_ld(int n) {
+  size_t ld = ((size_t)n + 15) / 16 * 16;
   return ld / 16 % 2 == 0 ? ld + 16 : ld;
 }
-static inline size_t forest_transposed_floats(const dims *d, int T) { return (size_t)d->kv_dim * forest_ld(T) + 16; }
+/* Floats of one layer's kt or vt for n tokens (with the padding). */
+static inline size_t forest_transposed_floats(const dims *d, int n) { return (size_t)d->kv_dim * forest_ld(n) + 16; }
 
-/* Training: att[T, q_dim] and lse[T, H] for token rows attending to their ancestors.
- * kt: scratch of forest_transposed_floats (filled here from qkv); scratch: per thread
- * scratch_floats (with max_runs = T); tiles: 2T + 2 ints. */
-void forest_attention_forward(float *att, float *lse, const float *qkv, float *kt, const forest *f,
-                              int T, const dims *d, float *scratch, size_t scratch_floats, int32_t *tiles);
-/* dqkv[T, qkv_dim] (overwritten) from datt[T, q_dim]; kt, vt scratch of
- * forest_transposed_floats; dsum scratch [T, H]; scratch per thread scratch_floats >=
- * attention_grad_scratch_floats(d, T); tiles 2T + 2 ints. */
-size_t attention_grad_scratch_floats(const dims *d, int max_runs);
+/* Per-thread scratch (floats) of the forest attention's forward and backward for a batch
+ * with forest f; tiles: forest_tile_ints(rows of a chunk) ints; kchunks: n / 16 + 1 ints. */
+size_t forest_scratch_floats(const dims *d, const forest *f);
+static inline size_t forest_tile_ints(int rows) { return 4 * (size_t)rows + 4; }
+
+/* Writes the K and V of rows [s, e) (qkv rows 0 .. e - s) into the layer's store. */
+void forest_kv_put(const forest_kv *kv, const float *qkv, int s, int e, const dims *d);
+
+/* Training: att[e - s, q_dim] and lse[e - s, H] of the chunk's rows [s, e) (qkv rows 0 ..
+ * e - s, their K and V already in the store) attending to their ancestors, any of [0, e). */
+void forest_attention_forward(float *att, float *lse, const float *qkv, const forest_kv *kv, const forest *f, int s,
+                              int e, const dims *d, float *scratch, size_t scratch_floats, int32_t *tiles);
+/* dqkv[e - s, qkv_dim] (overwritten) from datt[e - s, q_dim]: dq of the chunk's rows, dk and
+ * dv of its tokens (with what later chunks added into kv->dkv); the gradients of earlier
+ * tokens' K and V are added into kv->dkv. dsum: scratch [e - s, H]. */
 void forest_attention_backward(float *dqkv, const float *datt, const float *qkv, const float *att,
-                               const float *lse, float *kt, float *vt, float *dsum, const forest *f,
-                               int T, const dims *d, float *scratch, size_t scratch_floats, int32_t *tiles);
+                               const float *lse, const forest_kv *kv, float *dsum, const forest *f, int s,
+                               int e, const dims *d, float *scratch, size_t scratch_floats, int32_t *tiles,
+                               int32_t *kchunks);
 
 #endif

@@ -58,9 +58,9 @@ gyre_status be_cache_write(be_cache *c, const int32_t *blocks, int32_t length, c
   return GYRE_OK;
 }
 
-/* Floats per row of the forward's activations: x, h, x_mid, qkv, att, gu, act, rstd. */
+/* Floats per row of the forward's activations: x, h, x_mid, qkv, att, gu, act, rstd, RoPE cos | sin. */
 static size_t row_floats(const dims *d) {
-  return 3 * (size_t)d->D + d->qkv_dim + d->q_dim + 3 * (size_t)d->F + 1;
+  return 3 * (size_t)d->D + d->qkv_dim + d->q_dim + 3 * (size_t)d->F + 1 + d->hd;
 }
 
 static gyre_status ensure_work(be_cache *c, int rows, int threads) {
@@ -105,11 +105,12 @@ gyre_status be_forward(be_model *m, be_cache *c, const fwd_batch *b, float *logi
   size_t cap = c->rows_cap;
   float *x = c->work, *h = x + cap * d->D, *x_mid = h + cap * d->D, *qkv = x_mid + cap * d->D;
   float *att = qkv + cap * d->qkv_dim, *gu = att + cap * d->q_dim, *act = gu + cap * 2 * d->F;
-  float *rstd = act + cap * d->F;
+  float *rstd = act + cap * d->F, *cs = rstd + cap;
   layer_io io = {x, h, rstd, qkv, att, NULL, x_mid, h, rstd, gu, act, x, NULL, NULL};
   paged_ctx ctx = {c, b};
   embed_forward(x, b->tokens, m->w + m->lay->embed, T, d->D);
-  for (int l = 0; l < d->L; l++) layer_forward(m, l, T, b->positions, &io, attend_paged, &ctx);
+  rope_cs(cs, b->positions, T, m->inv_freq, d->hd, m->rope_scale);
+  for (int l = 0; l < d->L; l++) layer_forward(m, l, T, cs, &io, attend_paged, &ctx);
   if (b->n_out == 0) return GYRE_OK;
   for (int k = 0; k < b->n_out; k++) /* the wanted rows, normed into h */
     memcpy(x_mid + (size_t)k * d->D, x + (size_t)b->out_rows[k] * d->D, sizeof(float) * d->D);

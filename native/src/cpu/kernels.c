@@ -137,13 +137,17 @@ void head_rmsnorm_backward(float *dqkv, float *dwq, float *dwk, const float *raw
   }
 }
 
-void rope(float *qkv, const int32_t *positions, const float *cos_t, const float *sin_t, int T,
-          const dims *d, int inverse) {
+void rope_cs(float *cs, const int32_t *positions, int T, const float *inv_freq, int hd, float scale) {
+#pragma omp parallel for num_threads(cpu_threads_for(40.0 * T * hd)) schedule(static)
+  for (int t = 0; t < T; t++) rope_rows(cs + (size_t)t * hd, positions + t, 1, inv_freq, hd, scale);
+}
+
+void rope(float *qkv, const float *cs, int T, const dims *d, int inverse) {
   int half = d->hd / 2, heads = d->H + d->KV; /* q heads then k heads, contiguous */
   float sign = inverse ? -1.0f : 1.0f;
 #pragma omp parallel for num_threads(cpu_threads_for(3.0 * T * heads * d->hd)) schedule(static)
   for (int t = 0; t < T; t++) {
-    const float *c = cos_t + (size_t)positions[t] * half, *s = sin_t + (size_t)positions[t] * half;
+    const float *c = cs + (size_t)t * d->hd, *s = c + half;
     for (int h = 0; h < heads; h++) {
       float *x = qkv + (size_t)t * d->qkv_dim + (size_t)h * d->hd;
       for (int j = 0; j < half; j++) {
@@ -197,12 +201,14 @@ void logits_stats(float *lse, float *entropy, float *logits, int T, int V, float
   }
 }
 
-void logits_backward(float *dlogits, const float *logits, const float *lse, const int32_t *tokens,
-                     const int32_t *parents, const float *dlogp, int T, int V, float *coef) {
+void logits_backward(float *dlogits, const float *logits, const float *lse, int T, int s, const int32_t *child_off,
+                     const int32_t *children, const int32_t *tokens, const float *dlogp, int V, float *coef) {
   /* dL/dlogits[p] = sum over children c of p: dlogp_c (onehot(tokens[c]) - softmax_p) */
-  memset(coef, 0, sizeof(float) * (size_t)T);
-  for (int i = 0; i < T; i++)
-    if (parents[i] >= 0) coef[parents[i]] += dlogp[i];
+  for (int t = 0; t < T; t++) {
+    float c = 0.0f;
+    for (int k = child_off[s + t]; k < child_off[s + t + 1]; k++) c += dlogp[children[k]];
+    coef[t] = c;
+  }
 #pragma omp parallel for num_threads(cpu_threads()) schedule(static)
   for (int t = 0; t < T; t++) {
     float *dz = dlogits + (size_t)t * V;
@@ -213,8 +219,11 @@ void logits_backward(float *dlogits, const float *logits, const float *lse, cons
     }
     for (int v = 0; v < V; v++) dz[v] = -coef[t] * expf(z[v] - lse[t]);
   }
-  for (int i = 0; i < T; i++)
-    if (parents[i] >= 0 && dlogp[i] != 0.0f) dlogits[(size_t)parents[i] * V + tokens[i]] += dlogp[i];
+  for (int t = 0; t < T; t++)
+    for (int k = child_off[s + t]; k < child_off[s + t + 1]; k++) {
+      int i = children[k];
+      if (dlogp[i] != 0.0f) dlogits[(size_t)t * V + tokens[i]] += dlogp[i];
+    }
 }
 
 #define CHUNK 65536

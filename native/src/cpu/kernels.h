@@ -34,10 +34,12 @@ void head_rmsnorm_forward(float *qkv, float *raw, float *rstd, const float *wq, 
 void head_rmsnorm_backward(float *dqkv, float *dwq, float *dwk, const float *raw, const float *wq, const float *wk,
                            const float *rstd, int T, const dims *d);
 
-/* Rotate-half RoPE in place on the q and k parts of qkv[T, qkv_dim] by positions[t];
- * cos/sin tables [max_pos, hd/2]; inverse rotates back (the backward of the rotation). */
-void rope(float *qkv, const int32_t *positions, const float *cos_t, const float *sin_t, int T,
-          const dims *d, int inverse);
+/* cs[T, hd] = cos | sin of each row's angles times scale (rope_rows of internal.h), rows in
+ * parallel. */
+void rope_cs(float *cs, const int32_t *positions, int T, const float *inv_freq, int hd, float scale);
+/* Rotate-half RoPE in place on the q and k parts of qkv[T, qkv_dim] by the rows' cos | sin
+ * cs[T, hd]; inverse rotates back (the backward of the rotation). */
+void rope(float *qkv, const float *cs, int T, const dims *d, int inverse);
 
 /* act[T,F] = silu(gu[:, :F]) * gu[:, F:]   (gu = gate | up, [T, 2F]) */
 void swiglu_forward(float *act, const float *gu, int T, int F);
@@ -46,10 +48,12 @@ void swiglu_backward(float *dgu, const float *dact, const float *gu, int T, int 
 
 /* Per row of logits[T,V]: lse[t] = logsumexp, entropy[t] of the softmax. */
 void logits_stats(float *lse, float *entropy, float *logits, int T, int V, float scale);
-/* dlogits[T,V] (overwrites) for a loss L = sum_i L_i(logp_i), logp_i = log softmax(
- * logits[parents[i]])[tokens[i]], given dlogp[i] = dL_i/dlogp_i (0 where untrained). */
-void logits_backward(float *dlogits, const float *logits, const float *lse, const int32_t *tokens,
-                     const int32_t *parents, const float *dlogp, int T, int V, float *coef);
+/* dlogits[T,V] (overwrites) of the rows s .. s + T - 1 of a batch, for a loss L = sum_i
+ * L_i(logp_i), logp_i = log softmax(logits[parent of i])[tokens[i]], given dlogp[i] =
+ * dL_i/dlogp_i (0 where untrained) and the children of each row (child_off, children: the
+ * batch's forest). coef: scratch [T]. */
+void logits_backward(float *dlogits, const float *logits, const float *lse, int T, int s, const int32_t *child_off,
+                     const int32_t *children, const int32_t *tokens, const float *dlogp, int V, float *coef);
 
 /* Sum of squares of x[n] in double, in fixed chunks (same result for any thread count). */
 double sum_squares(const float *x, size_t n);

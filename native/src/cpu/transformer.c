@@ -30,7 +30,6 @@ gyre_status be_model_create(const param_layout *lay, be_model **out) {
   if (m == NULL) return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cpu: out of host memory");
   m->lay = lay;
   m->d = lay->d;
-  size_t table = (size_t)m->d.max_pos * (m->d.hd / 2);
   /* Mapped, not memset: pages are zero until first written (a loaded model writes each once);
    * populated at once, in parallel. */
   m->w_bytes = sizeof(float) * (size_t)(lay->n_params > 0 ? lay->n_params : 1);
@@ -38,13 +37,13 @@ gyre_status be_model_create(const param_layout *lay, be_model **out) {
   m->w = w == MAP_FAILED ? NULL : (float *)w;
   if (m->w != NULL) populate(w, m->w_bytes);
 
-  m->rope_cos = aligned_calloc(sizeof(float) * table);
-  m->rope_sin = aligned_calloc(sizeof(float) * table);
-  if (m->w == NULL || m->rope_cos == NULL || m->rope_sin == NULL) {
+  m->inv_freq = aligned_calloc(sizeof(float) * (size_t)(m->d.hd / 2 > 0 ? m->d.hd / 2 : 1));
+  if (m->w == NULL || m->inv_freq == NULL) {
     be_model_free(m);
     return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cpu: out of host memory for %lld parameters", (long long)lay->n_params);
   }
-  rope_tables(m->rope_cos, m->rope_sin, &m->d);
+  rope_inv_freq(m->inv_freq, &m->d);
+  m->rope_scale = rope_attention_scaling(&m->d);
   *out = m;
   return GYRE_OK;
 }
@@ -74,12 +73,11 @@ gyre_status be_model_get_range(const be_model *m, int64_t offset, int64_t n, flo
 void be_model_free(be_model *m) {
   if (m == NULL) return;
   if (m->w != NULL) munmap(m->w, m->w_bytes);
-  free(m->rope_cos);
-  free(m->rope_sin);
+  free(m->inv_freq);
   free(m);
 }
 
-void layer_forward(const be_model *m, int layer, int T, const int32_t *positions, const layer_io *io,
+void layer_forward(const be_model *m, int layer, int T, const float *rope_cs, const layer_io *io,
                    attend_fn attend, void *ctx) {
   const dims *d = &m->d;
   const layer_offsets *o = &m->lay->layers[layer];
@@ -89,7 +87,7 @@ void layer_forward(const be_model *m, int layer, int T, const int32_t *positions
   gemm(T, d->qkv_dim, d->D, io->h1, d->D, 0, w + o->wqkv, d->D, 1, io->qkv, d->qkv_dim, 0);
   if (o->bqkv >= 0) bias_forward(io->qkv, w + o->bqkv, T, d->qkv_dim);
   if (o->qnorm >= 0) head_rmsnorm_forward(io->qkv, io->qk_raw, io->qk_rstd, w + o->qnorm, w + o->knorm, T, d);
-  rope(io->qkv, positions, m->rope_cos, m->rope_sin, T, d, 0);
+  rope(io->qkv, rope_cs, T, d, 0);
   attend(ctx, layer, io);
   memcpy(io->x_mid, io->x_in, sizeof(float) * rows);
   gemm(T, d->D, d->q_dim, io->att, d->q_dim, 0, w + o->wo, d->q_dim, 1, io->x_mid, d->D, 1);
