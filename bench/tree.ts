@@ -8,7 +8,8 @@
  * Each execution's calls go through the real gateway path first (DeltaEncoder, then the
  * JSON wire form); what is timed is what the trainer and replay do: JSON text -> Schema
  * decode -> DeltaDecoder -> tree. Then a GRPO-sized group of 4 executions is turned into
- * exact training units and packed into micro-batches, and sampled with J_max = 5.
+ * exact training units and packed into micro-batches, and sampled with J_max = 5; the exact
+ * units are packed again at budgets below their deepest path (carried tokens, long parts).
  * Prints a table and, last, one JSON line. Not a test: nothing here is asserted.
  */
 import { Schema } from "effect"
@@ -205,6 +206,13 @@ row(["flat paths", flatTokens, "-", "-", "-", "-", "-", "-", "-"])
 row(["exact tree", exactReport.tokens, exactReport.trainedTokens, exactReport.microBatches, fmt(exactReport.fillRatio, 3), exactReport.carriedTokens, exactReport.splitUnits, fmt(unitsSeconds, 3), fmt(packSeconds, 3)])
 row([`sampled J=${J_MAX}`, sampledReport.tokens, sampledReport.trainedTokens, sampledReport.microBatches, fmt(sampledReport.fillRatio, 3), sampledReport.carriedTokens, sampledReport.splitUnits, "-", "-"])
 console.log(`sampled paths as separate sequences (the published form): ${sampledPathTokens} tokens`)
+// Budgets below the deepest path: long parts are micro-batches of their own (trained in chunks).
+const LONG_BUDGETS = [4_096, 16_384, 65_536]
+const longReports = LONG_BUDGETS.map((budget) => packMicroBatches(exact.units, budget).report)
+console.log("")
+console.log(`exact tree, budgets below the deepest path (${Math.max(...exact.units.map((u) => u.positions.reduce((a, d) => Math.max(a, d), 0))) + 1} tokens):`)
+row(["budget", "tokens", "batches", "long_batches", "largest", "carried", "max_carried", "split_units"])
+for (const r of longReports) row([r.budget, r.tokens, r.microBatches, r.longMicroBatches, r.largest, r.carriedTokens, r.maxCarried, r.splitUnits])
 console.log(`1M build target (< 1 s): best ${fmt(bestBig.seconds, 3)} s, first ${fmt(big[0]!.seconds, 3)} s for ${bestBig.stats.uniqueTokens} unique tokens`)
 
 printResult("bench:tree", {
@@ -222,6 +230,10 @@ printResult("bench:tree", {
   sampled_path_tokens: sampledPathTokens,
   packed_tokens: exactReport.tokens,
   carried_tokens: exactReport.carriedTokens,
+  long_budgets: LONG_BUDGETS,
+  long_carried_tokens: longReports.map((r) => r.carriedTokens),
+  long_micro_batches: longReports.map((r) => r.microBatches),
+  long_largest: longReports.map((r) => r.largest),
   call_tokens: sum((b) => b.stats.totalTokens),
   max_record_bytes: Math.max(...group.flatMap((b) => b.recordBytes)),
   build_1m_s: Number(fmt(bestBig.seconds, 3)),

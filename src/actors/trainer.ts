@@ -50,11 +50,11 @@ import { formatAddress, parseAddress } from "../runtime/names.ts"
 import { refOf } from "../runtime/system.ts"
 import { transient } from "../common/retry.ts"
 import { makeClaims } from "../training/claims.ts"
-import { makeCore, type Delivered, type ModelWeights } from "../training/core-step.ts"
+import { makeCore, type ModelWeights } from "../training/core-step.ts"
 import { openGradientStore, type MicroBatchGradient } from "../training/gradients.ts"
 import { ensureMicroBatchStream, type Claim } from "../training/microbatch-queue.ts"
 import { openMicroBatchStore } from "../training/microbatch-store.ts"
-import { microBatchStats, noStats } from "../training/step-metrics.ts"
+import { microBatchStats, noStats, type MicroBatchStats } from "../training/step-metrics.ts"
 import { stepLoss } from "../training/step-planner.ts"
 import { fetchFlatWeights } from "../serving/rollout-role.ts"
 import type { TrainingRoleFactory } from "../serving/training-role.ts"
@@ -119,14 +119,14 @@ export const makeTrainingRole = (
         const ref = claim.microBatch
         yield* options.onClaim?.({ step: ref.step, index: ref.index, deliveryCount: claim.deliveryCount }) ?? Effect.void
         yield* ensureVersion(ref.version)
-        const { gradient, stats } = yield* compute(ref, yield* batches.get(ref))
-        return { delivered: gradient as Delivered, stats }
+        const trained: Trained = yield* compute(ref, yield* batches.get(ref))
+        return trained
       }).pipe(
         Effect.catch((e) => {
-          const reason = cannotTrain(e, claim.deliveryCount)
-          if (reason === undefined) return Effect.fail(e)
-          const failed = { delivered: { failed: reason } as Delivered, stats: noStats }
-          return Effect.as(Effect.logError(`${me}: micro-batch ${claim.microBatch.step}.${claim.microBatch.index} cannot be trained: ${reason}`), failed)
+          const failed = cannotTrain(e, claim.deliveryCount)
+          if (failed === undefined) return Effect.fail(e)
+          const trained: Trained = { failed }
+          return Effect.as(Effect.logError(`${me}: micro-batch ${claim.microBatch.step}.${claim.microBatch.index} cannot be trained: ${failed}`), trained)
         })
       )
 
@@ -136,12 +136,12 @@ export const makeTrainingRole = (
         const ref = claim.microBatch
         yield* claim.hold(
           Effect.gen(function* () {
-            const { delivered, stats } = yield* train(claim)
-            if (ref.core === me) return yield* core.gradientIn(ref, ref.index, me, stats, delivered)
-            const failed = typeof delivered === "object" && "failed" in delivered ? delivered.failed : undefined
-            if (failed === undefined) yield* gradients.put(ref, ref.index, delivered as MicroBatchGradient)
+            const trained = yield* train(claim)
+            const stats = "failed" in trained ? noStats : trained.stats
+            if (ref.core === me) return yield* core.gradientIn(ref, ref.index, me, stats, "failed" in trained ? trained : trained.gradient)
+            if (!("failed" in trained)) yield* gradients.put(ref, ref.index, trained.gradient)
             const coreRef = refOf(TrainingProtocol, parseAddress(ref.core))
-            const ready = { step: ref.step, attempt: ref.attempt, index: ref.index, device: me, stats, ...(failed === undefined ? {} : { failed }) }
+            const ready = { step: ref.step, attempt: ref.attempt, index: ref.index, device: me, stats, ...("failed" in trained ? { failed: trained.failed } : {}) }
             yield* system.tell(coreRef, "GradientReady", ready, { msgId: `grad-${ref.step}-${ref.attempt}-${ref.index}`, sender: me })
             return true
           })
@@ -170,6 +170,9 @@ export const makeTrainingRole = (
 
     return { handlers, leave: claims.leave, step: claims.step }
   })
+
+/** A claimed micro-batch's gradient and statistics, or why it cannot be trained. */
+type Trained = { readonly gradient: MicroBatchGradient; readonly stats: MicroBatchStats } | { readonly failed: string }
 
 /** Deliveries of a micro-batch that failed in the engine before it counts as one that cannot be trained. */
 export const ENGINE_FAILED_DELIVERIES = 3

@@ -85,7 +85,7 @@ export const trainFlags = {
   "tool-format": toolFormatFlag,
   temperature: { kind: "number", doc: "sampling temperature of every rollout call, whatever the harness sends (it replaces the request's temperature and top_p; top-p is 1); the loss takes the policy's log-probs at the same temperature (> 0)", default: 1 },
   ...kvFlags,
-  "micro-batch-tokens": { kind: "integer", doc: "tokens per micro-batch", default: 4096 },
+  "micro-batch-tokens": { kind: "integer", doc: "tokens per micro-batch (a path longer than it is trained as a micro-batch of its own, in chunks)", default: 4096 },
   "checkpoint-every": { kind: "integer", doc: "checkpoint every N steps (and after the last)", default: 4 },
   seed: { kind: "integer", doc: "seed of the plan, sampling and the warm start", default: 1 },
   "demo-tasks": { kind: "integer", doc: "warm start: train tasks the oracle demonstrates", default: 60 },

@@ -10,7 +10,7 @@
  * | `calls.jsonl` | model call, decoded: `execution`, `task`, `callId`, `role`, `prompt` and `output` (token ids), `logprobs` and `versions` (per output token), `finishReason`, `startedAt`, `finishedAt` |
  * | `outcomes.jsonl` | `ExecutionOutcome` |
  * | `steps.jsonl` | `StepMetrics` of a step |
- * | `plans.jsonl` | training step: `step`, `plan` (its `StartStep`), `told` (its `TrainExecution`s, in the order the core got them) |
+ * | `plans.jsonl` | training step: `step`, `plan` (the plan its metrics carry, else its `StartStep`), `told` (its `TrainExecution`s, in the order the core got them) |
  * | `manifest.json` | `format`, `run`, the counts of each file |
  *
  * Calls are read back from the trajectory stream through the trainer's own `DeltaDecoder`
@@ -138,7 +138,11 @@ export const exportRun = (log: JournalSource, dir: string): Effect.Effect<Export
       catch: (e) => new ExportFailed({ dir, message: messageOf(e) })
     })
     const write = (f: () => void) => Effect.try({ try: f, catch: (e) => new ExportFailed({ dir, message: messageOf(e) }) })
-    const planLine = (s: StepLog) => (s.plan === undefined ? undefined : files.plans.json({ step: s.step, plan: s.plan, told: s.told }))
+    // The plan the step's metrics carry (its last attempt's, journaled durably), else its first StartStep's journal copy.
+    const planLine = (s: StepLog) => {
+      const plan = s.metrics?.plan ?? s.plan
+      if (plan !== undefined) files.plans.json({ step: s.step, plan, told: s.told })
+    }
     let config: unknown
     let malformed = 0
     const steps = new StepCollector()

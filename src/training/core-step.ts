@@ -38,7 +38,7 @@ import { address } from "../runtime/names.ts"
 import { refOf, type ActorSystemShape } from "../runtime/system.ts"
 import { persistently, transient } from "../common/retry.ts"
 import { checkpointDue, saveTrainingCheckpoint } from "./checkpoints.ts"
-import { InOrderSum, type GradientStore, type MicroBatchGradient, type StepAttempt } from "./gradients.ts"
+import { InOrderSum, type GradientSource, type GradientStore, type MicroBatchGradient, type StepAttempt } from "./gradients.ts"
 import { closeStepQueue, openStepQueue, publishMicroBatch } from "./microbatch-queue.ts"
 import type { MicroBatchStore } from "./microbatch-store.ts"
 import { MetricsSum, PhaseClock, summarize, type BatchSummary, type MicroBatchStats } from "./step-metrics.ts"
@@ -158,12 +158,10 @@ export const makeCore = Effect.fn("makeCore")(function* (deps: CoreDeps) {
         const planned = s?.planned.get(index)
         if (s === undefined || s.plan.step !== at.step || s.plan.attempt !== at.attempt || s.finishing || planned === undefined) return false
         if (s.received.has(index)) return false
-        const failed = typeof delivered === "object" && "failed" in delivered
-        if (failed) for (const e of planned.ref.executions) s.metrics.addError(e, `micro-batch ${index}: ${delivered.failed}`)
-        else s.metrics.add(stats, planned.summary, planned.ref.executions)
-        // The core's own gradient waits in the store, not in memory, until its turn.
-        if (!failed && delivered !== "stored" && !s.sum.inTurn(index)) yield* gradients.put(s.plan, index, delivered).pipe(persistently(`storing the gradient of ${s.plan.step}.${index}`))
-        s.sum.offer(index, failed ? "failed" : delivered === "stored" || !s.sum.inTurn(index) ? "stored" : delivered)
+        if (typeof delivered === "object" && "failed" in delivered) {
+          for (const e of planned.ref.executions) s.metrics.addError(e, `micro-batch ${index}: ${delivered.failed}`)
+        } else s.metrics.add(stats, planned.summary, planned.ref.executions)
+        s.sum.offer(index, yield* sourceOf(s, index, delivered))
         s.received.add(index)
         if (!s.devices.includes(device)) s.devices.push(device)
         s.trainedTokens += s.planner.gradientIn(index)
@@ -174,6 +172,14 @@ export const makeCore = Effect.fn("makeCore")(function* (deps: CoreDeps) {
         return true
       })
     )
+
+  /** Where a delivered gradient waits for its turn: the core's own goes to the store, not memory, unless it is next. */
+  const sourceOf = (s: CoreStep, index: number, delivered: Delivered): Effect.Effect<GradientSource> =>
+    typeof delivered === "object" && "failed" in delivered
+      ? Effect.succeed("failed")
+      : delivered === "stored" || s.sum.inTurn(index)
+        ? Effect.succeed(delivered)
+        : gradients.put(s.plan, index, delivered).pipe(persistently(`storing the gradient of ${s.plan.step}.${index}`), Effect.as("stored" as const))
 
   /** A planned micro-batch's batch, read back from the store. */
   const batchOf = (s: CoreStep, index: number) =>

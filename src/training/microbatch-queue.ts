@@ -19,6 +19,8 @@ import { Effect, Exit, Schema } from "effect"
 import { MicroBatchRef } from "../protocols/device.ts"
 import { rlLayout } from "../protocols/layout.ts"
 import { TransportError, messageOf } from "../runtime/errors.ts"
+import { publishDeadLetter } from "../runtime/intake.ts"
+import { formatAddress, type ActorAddress } from "../runtime/names.ts"
 import type { ActorSystemShape } from "../runtime/system.ts"
 
 const MicroBatchText = Schema.fromJsonString(MicroBatchRef)
@@ -118,6 +120,8 @@ const claimOf = (msg: JsMsg, microBatch: MicroBatchRef, ackWaitMs: number): Clai
 export interface ClaimLoopOptions {
   readonly step: number
   readonly ackWaitMs: number
+  /** The claiming device: a message that is not a micro-batch of the step goes to its dead letters. */
+  readonly device: ActorAddress
   /** Checked before each claim: stop claiming when true. */
   readonly stop: () => boolean
 }
@@ -125,7 +129,8 @@ export interface ClaimLoopOptions {
 /**
  * Claims step `step`'s micro-batches one at a time and hands each to `handle` (which holds,
  * computes and acknowledges it), until `stop()` or the step's consumer is gone. A message that
- * is not a micro-batch of the step is terminated (never redelivered) and logged.
+ * is not a micro-batch of the step goes to the claiming device's dead letters with the reason,
+ * then is terminated (never redelivered).
  */
 export const claimLoop = <E>(system: ActorSystemShape, options: ClaimLoopOptions, handle: (claim: Claim) => Effect.Effect<void, E>) =>
   Effect.gen(function* () {
@@ -161,8 +166,10 @@ export const claimLoop = <E>(system: ActorSystemShape, options: ClaimLoopOptions
       const msg = next.msg
       const decoded = decodeRef(msg.string())
       if (decoded._tag === "Failure" || decoded.value.step !== options.step) {
+        const reason = decoded._tag === "Failure" ? `not a micro-batch reference: ${String(decoded.cause)}` : `a micro-batch of step ${decoded.value.step} on step ${options.step}'s queue`
+        const source = { reason, subject: msg.subject, seq: msg.seq, actor: formatAddress(options.device) }
+        yield* publishDeadLetter(system, options.device, msg.data, msg.headers, source, `mb-dead-${msg.seq}`)
         msg.term()
-        yield* Effect.logWarning(`${durable}: dropped message ${msg.seq}, not a micro-batch of step ${options.step}`)
         continue
       }
       yield* handle(claimOf(msg, decoded.value, options.ackWaitMs))

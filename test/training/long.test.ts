@@ -1,7 +1,8 @@
 /**
  * Executions longer than the micro-batch budget through the training role, on a real
- * nats-server and the CPU engine: a step whose paths are longer than its budget trains every
- * token (nothing dropped) with the gradient of the same step packed in one micro-batch; a
+ * nats-server and the CPU engine: a step whose paths are longer than its budget (and than the
+ * trainer's `maxTokens`, which trains them in chunks) trains every token, nothing dropped, with
+ * the gradient of the same step packed in one micro-batch; a
  * micro-batch the engine refuses is acknowledged as failed and is an error of the step's record
  * (execution and reason), while the rest of the step trains and the step completes.
  */
@@ -69,8 +70,9 @@ describe("long executions in the training role", () => {
   it("trains paths longer than the budget: every token, the gradient of the step packed whole", async () => {
     await ready
     const whole = await trainStep("whole", 4096, 4096)
-    // A budget of 16 tokens: every path is longer; the trainer takes the long parts whole.
-    const tight = await trainStep("tight", 16, 4096)
+    // A budget of 16 tokens, the trainer's size as `gyre train` makes it: every path is longer,
+    // and the engine trains each long micro-batch in chunks of 16 rows.
+    const tight = await trainStep("tight", 16, 16)
     const [w, t] = [whole.done.metrics, tight.done.metrics]
     expect(t.errors).toEqual([])
     expect(t.microBatches).toBeGreaterThan(w.microBatches)

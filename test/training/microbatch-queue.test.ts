@@ -2,7 +2,8 @@
  * The step's micro-batch work queue on a real nats-server: a claim loop takes each micro-batch
  * once, and ends quietly (no failure) when the step's consumer is deleted while it waits for the
  * next one (the step ended; a pull from a deleted consumer is answered "no responders"), or when
- * the step has no consumer at all. A micro-batch of several MiB goes through as an object of the
+ * the step has no consumer at all; a message that is not a micro-batch reference goes to the
+ * device's dead letters with the reason. A micro-batch of several MiB goes through as an object of the
  * run's micro-batch store with a message of a few hundred bytes: claimed and read back intact,
  * handed back (nak) and redelivered, redelivered after its ack wait lapses, gone once acknowledged,
  * and its object gone with the step; no message of the queue or the store exceeds `max_payload`.
@@ -30,6 +31,8 @@ const chain = (n: number, step: number): PackedBatch => ({
   proximalLogprobs: new Float32Array(n).fill(Number.NaN),
   versions: Int32Array.from({ length: n }, (_, i) => (i % 3 === 0 ? -1 : step))
 })
+
+const device = { kind: "device", id: "d.0" }
 
 const refOf = (step: number, index: number, batch: PackedBatch, digest: string): MicroBatchRef => ({
   step,
@@ -59,12 +62,15 @@ describe("micro-batch queue", () => {
     const result = await withSystem("mbq", Effect.gen(function* () {
       const system = yield* ActorSystem
       yield* ensureMicroBatchStream(system)
-      const none = yield* Effect.exit(claimLoop(system, { step: 5, ackWaitMs: 5000, stop: () => false }, () => Effect.void))
+      const none = yield* Effect.exit(claimLoop(system, { step: 5, ackWaitMs: 5000, device, stop: () => false }, () => Effect.void))
       yield* openStepQueue(system, 0, 5000)
-      for (const i of [0, 1]) yield* enqueue(0, i, chain(2, 0))
+      yield* enqueue(0, 0, chain(2, 0))
+      // Not a micro-batch reference: to the claiming device's dead letters, never to the handler.
+      yield* Effect.promise(() => system.nats.js.publish(rlLayout(system.run).microBatches(0), "{\"step\": 0}"))
+      yield* enqueue(0, 1, chain(2, 0))
       const claimed: Array<number> = []
       const loop = yield* Effect.forkChild(
-        claimLoop(system, { step: 0, ackWaitMs: 5000, stop: () => false }, (c) =>
+        claimLoop(system, { step: 0, ackWaitMs: 5000, device, stop: () => false }, (c) =>
           Effect.sync(() => claimed.push(c.microBatch.index)).pipe(Effect.andThen(c.ack), Effect.orDie)
         )
       )
@@ -77,12 +83,14 @@ describe("micro-batch queue", () => {
       yield* openStepQueue(system, 1, 5000)
       yield* enqueue(1, 0, chain(2, 1))
       const between = yield* Effect.exit(
-        claimLoop(system, { step: 1, ackWaitMs: 5000, stop: () => false }, (c) => c.ack.pipe(Effect.andThen(closeStepQueue(system, 1)), Effect.orDie)).pipe(
+        claimLoop(system, { step: 1, ackWaitMs: 5000, device, stop: () => false }, (c) => c.ack.pipe(Effect.andThen(closeStepQueue(system, 1)), Effect.orDie)).pipe(
           Effect.timeout(Duration.seconds(5))
         )
       )
-      return { none, claimed, ended, between }
+      const dead = yield* Stream.runCollect(readStored(system.nats, system.layout.deadStream))
+      return { none, claimed, ended, between, dead: [...dead].map((m) => ({ subject: m.subject, reason: m.headers?.get("Gyre-Dead-Reason") })) }
     }))
+    expect(result.dead).toEqual([{ subject: "gyre.mbq.dead.device.d.0", reason: expect.stringContaining("not a micro-batch reference") }])
     expect(Exit.isSuccess(result.none)).toBe(true)
     expect(result.claimed).toEqual([0, 1])
     expect(Exit.isSuccess(result.ended)).toBe(true)
@@ -110,7 +118,7 @@ describe("micro-batch queue", () => {
           if (c.deliveryCount === 1) yield* c.handBack
           else if (c.deliveryCount >= 3) yield* c.ack
         }).pipe(Effect.orDie)
-      const loop = yield* Effect.forkChild(claimLoop(system, { step: 3, ackWaitMs, stop: () => deliveries.length >= 3 }, handle))
+      const loop = yield* Effect.forkChild(claimLoop(system, { step: 3, ackWaitMs, device, stop: () => deliveries.length >= 3 }, handle))
       yield* eventually(Effect.sync(() => (deliveries.length >= 3 ? true : undefined)), 20_000)
       yield* Fiber.interrupt(loop)
       const left = (yield* Effect.promise(() => system.nats.jsm.streams.info(names.microBatchStream))).state.messages

@@ -1,12 +1,15 @@
 /**
  * The step planner alone (pure): groups become micro-batches as they complete, scaled by the
  * step's planned executions; dropped and equal-reward executions; executions with paths longer
- * than the budget trained whole (nothing dropped); progress; refusals.
+ * than the budget trained whole (nothing dropped); progress; refusals. A step's metrics stay
+ * bounded whatever its size.
  */
+import { createHash } from "node:crypto"
 import { describe, expect, it } from "vitest"
 import type { StepExecutionRef, StepPlan } from "../../src/protocols/device.ts"
 import { executionName, stepLearningRate, type TrainingSettings } from "../../src/protocols/run.ts"
-import { DR_GRPO_TOKENS, StepPlanner, type PlannedMicroBatch, type Told } from "../../src/training/step-planner.ts"
+import { BATCH_DIGEST_LIMIT, ERROR_REASON_CHARS, MetricsSum, PhaseClock } from "../../src/training/step-metrics.ts"
+import { DR_GRPO_TOKENS, NODE_DIGEST_BUDGET, StepPlanner, type PlannedMicroBatch, type Told } from "../../src/training/step-planner.ts"
 import { callAdvantages, stateAdvantages } from "../../src/tree/advantage.ts"
 import { digestOf } from "../../src/tree/hash.ts"
 import { pathCounts } from "../../src/tree/units.ts"
@@ -178,5 +181,33 @@ describe("the learning rate of a step", () => {
     rates.forEach((r, i) => expect(r).toBeCloseTo([1, 2, 3, 4, 4, 4][i]!, 9))
     expect([0, 5].map((k) => stepLearningRate(settings({ lr: 4e-4, lrWarmup: 0 }), k))).toEqual([4e-4, 4e-4])
     expect(stepLearningRate(settings({ lr: 4e-4 }), 0)).toBe(4e-4)
+  })
+})
+
+describe("a step's metrics", () => {
+  it("stay below a message's max_payload (1 MiB) however many micro-batches, trees and errors the step has", () => {
+    const executions = 512
+    const nodeChars = NODE_DIGEST_BUDGET / executions
+    const figures = {
+      told: executions,
+      dropped: 0,
+      scored: executions,
+      scoreSum: 0,
+      callTokens: 0,
+      uniqueTokens: 0,
+      trees: Array.from({ length: executions }, (_, n) => ({ execution: executionName(7, n), calls: 300, uniqueTokens: 1_000_000, paths: 40, digest: "f".repeat(16), nodes: "a".repeat(nodeChars) }))
+    }
+    const digests = Array.from({ length: 50_000 }, (_, i) => createHash("sha256").update(String(i)).digest("hex"))
+    const sum = new MetricsSum()
+    for (let n = 0; n < executions; n++) {
+      sum.addError(executionName(7, n), `micro-batch ${n}: the engine failed (GYRE_ERR_INVALID_ARGUMENT): ${"x".repeat(5000)}`)
+      sum.addError(executionName(7, n), "a second reason is not kept")
+    }
+    const m = sum.metrics({ step: 7, figures, microBatches: digests.length, batchDigests: digests, devices: ["device/a.0"], gradNorm: 1, clock: new PhaseClock(0), reduceMs: 0, publishMs: 0 })
+    expect(JSON.stringify(m).length).toBeLessThan(1 << 20)
+    expect(m.batchDigests).toEqual(digests.slice(0, BATCH_DIGEST_LIMIT))
+    expect(m.allBatchesDigest).toBe(createHash("sha256").update(digests.join("")).digest("hex"))
+    expect(m.errors).toHaveLength(executions)
+    expect(m.errors!.every((e) => e.reason.length <= ERROR_REASON_CHARS && e.reason.startsWith("micro-batch "))).toBe(true)
   })
 })
