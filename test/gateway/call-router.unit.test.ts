@@ -128,7 +128,7 @@ describe("call router", () => {
   })
 
   it("answers a CacheMiss by sending the whole prompt at once, counted as a full resend", async () => {
-    const f = fakes(["rollout-worker/a"], { "rollout-worker/a": [(req) => Effect.succeed(result("rollout-worker/a", [9])), () => Effect.fail(new CacheMiss({ execution: "x1", reason: "evicted" }))] })
+    const f = fakes(["rollout-worker/a"], { "rollout-worker/a": [() => Effect.succeed(result("rollout-worker/a", [9])), () => Effect.fail(new CacheMiss({ execution: "x1", reason: "evicted" }))] })
     const r = router(f)
     const route = newRoute()
     await run(call(r, route, [1, 2]))

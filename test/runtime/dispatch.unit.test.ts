@@ -111,10 +111,10 @@ const setup = (o: Parameters<typeof typeOf>[0] & { readonly snapshotFails?: bool
     actor: "counter/c1",
     type: typeOf(o),
     handlers: {
-      Add: ({ n }: { n: number }) => Ref.updateAndGet(state, (s) => ({ total: s.total + n })).pipe(Effect.map((s) => s.total)),
-      Fail: ({ why }: { why: string }) => Effect.fail(new Nope({ why })),
+      Add: ({ n }: any) => Ref.updateAndGet(state, (s) => ({ total: s.total + n })).pipe(Effect.map((s) => s.total)),
+      Fail: ({ why }: any) => Effect.fail(new Nope({ why })),
       Die: () => Effect.die(new Error("boom")),
-      Hold: ({ key }: { key: string }) =>
+      Hold: ({ key }: any) =>
         Effect.gen(function* () {
           running.now++
           running.most = Math.max(running.most, running.now)

@@ -5,7 +5,7 @@
  * message ids, and that retries and a lost cell behave. The live scheduler on NATS is tested
  * end to end (scheduler.test.ts, takeover.test.ts).
  */
-import { Deferred, Effect } from "effect"
+import { Effect } from "effect"
 import { describe, expect, it } from "vitest"
 import type { PolicyAction, PolicyEvent } from "../../src/policy/vocabulary.ts"
 import type { PolicyRecord } from "../../src/protocols/scheduler.ts"
