@@ -6,7 +6,7 @@ import { Deferred, Effect, Exit } from "effect"
 import { describe, expect, it } from "vitest"
 import type { CallResult } from "../../src/gateway/call-router.ts"
 import { chatTurns, type GatewayCall, type Generate } from "../../src/gateway/chat-turn.ts"
-import { openAiRoutes } from "../../src/gateway/endpoints.ts"
+import { OpenAiRoutes, type OpenAiRoutesShape } from "../../src/gateway/endpoints.ts"
 import { makeSessions } from "../../src/gateway/sessions.ts"
 import { gyreChat } from "../../src/openai/chat.ts"
 import type { ApiError } from "../../src/openai/openai.ts"
@@ -80,13 +80,13 @@ const scripted = (text: string, finishReason: CallResult["finishReason"] = "stop
 const setup = (text: string, finishReason?: CallResult["finishReason"], maxContextTokens?: number) => {
   const { asked, generate } = scripted(text, finishReason)
   const turns = chatTurns({ chat: gyreChat, defaultMaxTokens: 32, maxContextTokens, generate })
-  const route = openAiRoutes({ model: MODEL, servingSince: 1_700_000_000, maxContextTokens, generate, turns, chat: gyreChat })
+  const route = OpenAiRoutes.make({ model: MODEL, servingSince: 1_700_000_000, maxContextTokens, generate, turns, chat: gyreChat })
   return { asked, route }
 }
 
 let executions = 0
 /** Runs `path`'s `method` with `body`: the response written, or the error it failed with. */
-const request = (route: ReturnType<typeof openAiRoutes>, method: string, path: string, body?: unknown) =>
+const request = (routes: OpenAiRoutesShape, method: string, path: string, body?: unknown) =>
   Effect.gen(function* () {
     const sessions = makeSessions("run-1")
     const session = yield* sessions.open({ keyDigest: `k${++executions}`, task: "t", execution: `x${executions}`, defaultRole: "agent" })
@@ -100,7 +100,7 @@ const request = (route: ReturnType<typeof openAiRoutes>, method: string, path: s
       receivedAt: performance.now(),
       json: Effect.succeed(body)
     }
-    const handler = route(path)?.[method]
+    const handler = routes.route(path)?.[method]
     if (handler === undefined) return { out, error: undefined, routed: false }
     const exit = yield* Effect.exit(handler(call))
     const error = Exit.isFailure(exit) ? (exit.cause.reasons.find((r) => r._tag === "Fail")?.error as ApiError | undefined) : undefined
@@ -114,7 +114,7 @@ const events = (body: string) =>
     .filter((e) => e.startsWith("data: "))
     .map((e) => e.slice("data: ".length))
 
-describe("openAiRoutes", () => {
+describe("OpenAiRoutes", () => {
   it("answers a chat completion with the generated text, its usage and finish reason", async () => {
     const { asked, route } = setup("Hello there")
     const { out, error } = await request(route, "POST", "/v1/chat/completions", { model: MODEL, messages: [{ role: "user", content: "hi" }], max_tokens: 7, seed: 5 })
