@@ -12,7 +12,7 @@ import type { PolicyRecord } from "../../src/protocols/scheduler.ts"
 import { formatAddress, parseAddress } from "../../src/runtime/names.ts"
 import { refOf, type ActorSystemShape } from "../../src/runtime/system.ts"
 import { SchedulerProtocol } from "../../src/protocols/scheduler.ts"
-import { makeShell } from "../../src/scheduling/actions.ts"
+import { Shell } from "../../src/scheduling/actions.ts"
 import { switchMessageId } from "../../src/scheduling/audit.ts"
 import { Book } from "../../src/scheduling/book.ts"
 import type { ExecutionOutcome } from "../../src/tree/outcome.ts"
@@ -65,7 +65,7 @@ const setup = (o: { readonly failFirst?: ReadonlyArray<string>; readonly hang?: 
   })
   for (const cell of [0, 1, 2]) book.apply(record({ _tag: "CellJoined", cell, at: 0 }, [], `device/d${cell}`))
   const ran: Array<string> = []
-  const shell = makeShell({
+  const shell = Shell.make({
     system,
     book,
     self: refOf(SchedulerProtocol, parseAddress("scheduler/main")),
