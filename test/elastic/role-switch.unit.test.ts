@@ -13,7 +13,7 @@ import { formatAddress } from "../../src/runtime/names.ts"
 import { parseAddress } from "../../src/runtime/names.ts"
 import { refOf, type ActorSystemShape } from "../../src/runtime/system.ts"
 import { GatewayProtocol } from "../../src/protocols/gateway.ts"
-import { makeRoleSwitch, type RoleState } from "../../src/serving/role-switch.ts"
+import { RoleSwitch, type RoleState } from "../../src/serving/role-switch.ts"
 import type { RolloutRole } from "../../src/serving/rollout-role.ts"
 import type { TrainingRole } from "../../src/serving/training-role.ts"
 
@@ -78,7 +78,7 @@ const setup = (o: Setup = {}) => {
       return Effect.succeed({})
     })
   const system = { run: "run-1", ask } as unknown as ActorSystemShape
-  const make = makeRoleSwitch({
+  const make = RoleSwitch.make({
     system,
     self: "device/a",
     gateway: refOf(GatewayProtocol, parseAddress("gateway/main")),
