@@ -19,7 +19,7 @@ import { Effect, Schema } from "effect"
 import type { RpcGroup } from "effect/rpc"
 import * as Actor from "../runtime/actor.ts"
 import { makeCallRecorder } from "../gateway/call-recorder.ts"
-import { makeCallRouter } from "../gateway/call-router.ts"
+import { CallRouter } from "../gateway/call-router.ts"
 import { chatTurns, type Generate } from "../gateway/chat-turn.ts"
 import { OpenAiRoutes } from "../gateway/endpoints.ts"
 import { openAiErrors, serveHttp, type HttpLimits } from "../gateway/http.ts"
@@ -79,7 +79,7 @@ export const gateway = (config: GatewayConfig = {}) =>
         const model = config.model ?? "gyre"
         yield* ensureTrajectoryStream(system)
         const directory = yield* watchWorkers(system, { deadAfterMs: config.workerDeadAfterMs ?? 3000 })
-        const router = makeCallRouter(system, directory, yield* openTransferStore(system), {
+        const router = CallRouter.make(system, directory, yield* openTransferStore(system), {
           generateTimeoutMs: config.generateTimeoutMs ?? 600_000,
           maxAttempts: config.maxAttempts ?? 5,
           workerWaitMs: config.workerWaitMs ?? 5000,

@@ -7,7 +7,7 @@
 import type { ObjectStore } from "@nats-io/obj"
 import { Deferred, Effect, Exit } from "effect"
 import { describe, expect, it } from "vitest"
-import { makeCallRouter, newRoute, type CallResult, type Route, type RouterOptions } from "../../src/gateway/call-router.ts"
+import { CallRouter, newRoute, type CallResult, type Route, type RouterOptions } from "../../src/gateway/call-router.ts"
 import type { WorkerDirectory, WorkerView } from "../../src/gateway/worker-directory.ts"
 import type { ApiError } from "../../src/openai/openai.ts"
 import { CacheMiss, ContextTooLong, WorkerUnavailable, type GenerateRequest, type GenerateResult } from "../../src/protocols/rollout.ts"
@@ -75,7 +75,7 @@ const fakes = (keys: ReadonlyArray<string>, script: Record<string, Array<Answer>
 const options: RouterOptions = { generateTimeoutMs: 1000, maxAttempts: 3, workerWaitMs: 150, recentPerExecution: 4, inlineTokens: 1 << 20 }
 
 const router = (f: ReturnType<typeof fakes>, more: Partial<RouterOptions> = {}) =>
-  makeCallRouter(f.system, f.directory, {} as ObjectStore, { ...options, ...more })
+  CallRouter.make(f.system, f.directory, {} as ObjectStore, { ...options, ...more })
 
 const call = (r: ReturnType<typeof router>, route: Route, prompt: ReadonlyArray<number>, maxTokens = 16) =>
   Effect.gen(function* () {
