@@ -76,17 +76,21 @@ describe("agent-cli suite: Claude Code inside gyre train", () => {
         expect(call.role).toBe("main")
         if (i === 0) continue
         // Each prompt begins with the previous prompt and its output as generated (less the
-        // end-of-turn token that stopped it; an empty reply is not sent back).
+        // end-of-turn token that stopped it). An empty reply is the exception: Claude Code
+        // drops it and asks again with a reminder added to the last user turn (a branch).
         const before = own[i - 1]!
         const output = before.finishReason === "stop" ? before.output.slice(0, -1) : before.output
-        if (output.length === 0) empty++
+        if (output.length === 0) {
+          empty++
+          continue
+        }
         const sent = [...before.prompt, ...output]
         expect(call.prompt.slice(0, sent.length), `${execution} call ${i}`).toEqual(sent)
         expect(call.prompt.length).toBeGreaterThan(sent.length)
       }
     }
 
-    // The step trained both executions' trees, one path each (a branch only where an empty reply was not sent back).
+    // The step trained both executions' trees, one path each (and one more for each empty reply asked again).
     const [step] = jsonLines(await run("replay", "ac", "--store", store, "--type", "step", "--json")).map((e) => e.payload)
     expect(step).toMatchObject({ step: 0, executions: 2, dropped: 0, errors: [] })
     expect(step.tokensTrained).toBeGreaterThan(0)
