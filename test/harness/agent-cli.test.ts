@@ -6,13 +6,24 @@
  * --export`): every call after the first continues the conversation (the CLI's own recovery
  * after max_tokens, then `--resume` with the check's feedback), so each prompt begins with the
  * previous call's prompt and output tokens (no spurious branch), and the step trains them.
+ * Before that, the tool path on a scripted model (`../gateway/scripted-model.ts`) whose every
+ * turn is reasoning and a Hermes call of Claude Code's Write tool: the CLI writes the file, and
+ * its next call sends the call and the tool's result back on the recorded tokens.
  */
-import { execFile, execFileSync } from "node:child_process"
+import { execFile, execFileSync, spawn } from "node:child_process"
 import { mkdtempSync, readFileSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
+import { Effect } from "effect"
 import { describe, expect, it } from "vitest"
+import { anthropicBaseUrl } from "../../src/harness/environment.ts"
+import { chatFormatOf } from "../../src/openai/hf-chat.ts"
 import { judge, similarity, taskOf } from "../../suites/agent-cli/task.mjs"
+import { expectOnePath } from "../gateway/apis.ts"
+import { hermesScript, writeScriptedModel } from "../gateway/scripted-model.ts"
+import { KEY, readRecords, serve } from "../rollout/fixtures.ts"
+import { withSystem } from "../runtime/harness.ts"
+import { suitesDir } from "./helpers.ts"
 
 const gyre = new URL("../../bin/gyre.js", import.meta.url).pathname
 const jsonLines = (out: string) => out.trim().split("\n").filter((l) => l.startsWith("{")).map((l) => JSON.parse(l) as Record<string, any>)
@@ -30,6 +41,15 @@ interface Call {
   readonly finishReason: string
   readonly startedAt: number
 }
+
+/** Runs the suite's harness as the runner would, with `env` added, to its exit. */
+const runHarness = (env: Record<string, string>) =>
+  new Promise<void>((resolve, reject) => {
+    const pass = process.env.AGENT_CLI_CLAUDE ? { AGENT_CLI_CLAUDE: process.env.AGENT_CLI_CLAUDE } : {}
+    const child = spawn(process.execPath, [join(suitesDir, "agent-cli", "harness.mjs")], { cwd: env.GYRE_WORKSPACE, env: { ...process.env, ...pass, ...env }, stdio: "ignore" })
+    child.on("error", reject)
+    child.on("exit", () => resolve())
+  })
 
 /** The byte tokenizer's text of some tokens (specials left out). */
 const text = (tokens: ReadonlyArray<number>) => Buffer.from(tokens.filter((t) => t < 256)).toString("utf8")
@@ -50,6 +70,26 @@ describe("agent-cli suite: Claude Code inside gyre train", () => {
     expect(similarity("ab", "ba")).toBe(1)
     expect(similarity("aab", "abc")).toBeCloseTo(2 / 3, 10)
   })
+
+  it("runs the Write calls a model makes and sends each call and its result back on the recorded tokens", async () => {
+    const ws = mkdtempSync(join(tmpdir(), "gyre-agent-cli-tools-"))
+    const { file, line } = taskOf("train-0")
+    const call = `\n${JSON.stringify({ name: "Write", arguments: { file_path: join(ws, file), content: line } })}\n`
+    const model = writeScriptedModel(mkdtempSync(join(tmpdir(), "gyre-agent-cli-model-")), { ...hermesScript, turn: ["\n", "<think>", "I will write it.", "</think>", "<tool_call>", call, "</tool_call>", "<|im_end|>"] })
+    const chat = await chatFormatOf(model)
+    const out = await withSystem("agent-cli-tools", Effect.gen(function* () {
+      const served = yield* serve({ checkpoint: model, workers: 1, gateway: { chat } })
+      // Two model calls in one CLI run (--max-turns 2): the Write, then the turn after its result.
+      yield* Effect.promise(() => runHarness({ GYRE_TASK_ID: "train-0", GYRE_WORKSPACE: ws, ANTHROPIC_BASE_URL: anthropicBaseUrl(served.baseUrl), ANTHROPIC_API_KEY: KEY, ANTHROPIC_AUTH_TOKEN: KEY, AGENT_CLI_MAX_TURNS: "2" }))
+      const records = yield* readRecords(served.execution, 3)
+      return { records, execution: served.execution }
+    }))
+    expect(readFileSync(join(ws, file), "utf8")).toBe(line)
+    const score = JSON.parse(execFileSync(process.execPath, [join(suitesDir, "agent-cli", "score.mjs")], { cwd: ws, env: { ...process.env, GYRE_TASK_ID: "train-0", GYRE_WORKSPACE: ws }, encoding: "utf8" }).trim().split("\n").at(-1)!)
+    expect(score).toMatchObject({ score: 1, details: { file: "exact", turns: 1 } })
+    expect(out.records.map((r) => r.finishReason)).toEqual(["tool_calls", "tool_calls"])
+    expectOnePath(out.execution, out.records)
+  }, 60_000)
 
   it("records the CLI's calls as one continued conversation per execution and trains them", async () => {
     const dir = mkdtempSync(join(tmpdir(), "gyre-agent-cli-"))
