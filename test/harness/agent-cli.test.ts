@@ -138,5 +138,5 @@ describe("agent-cli suite: Claude Code inside gyre train", () => {
     expect(step.trees.reduce((n: number, t: { paths: number }) => n + t.paths, 0)).toBe(2 + empty)
     // The trees the trainer built are the ones the records give (exit 0, else it names the execution).
     await run("replay", "ac", "--store", store, "--trees")
-  }, 180_000)
+  }, 300_000)
 })
