@@ -45,8 +45,7 @@ interface Call {
 /** Runs the suite's harness as the runner would, with `env` added, to its exit. */
 const runHarness = (env: Record<string, string>) =>
   new Promise<void>((resolve, reject) => {
-    const pass = process.env.AGENT_CLI_CLAUDE ? { AGENT_CLI_CLAUDE: process.env.AGENT_CLI_CLAUDE } : {}
-    const child = spawn(process.execPath, [join(suitesDir, "agent-cli", "harness.mjs")], { cwd: env.GYRE_WORKSPACE, env: { ...process.env, ...pass, ...env }, stdio: "ignore" })
+    const child = spawn(process.execPath, [join(suitesDir, "agent-cli", "harness.mjs")], { cwd: env.GYRE_WORKSPACE, env: { ...process.env, ...env }, stdio: "ignore" })
     child.on("error", reject)
     child.on("exit", () => resolve())
   })
