@@ -4,8 +4,9 @@
  * workspace, pointed at the gateway by the runner's ANTHROPIC_* variables. It is asked for the
  * task's file with only its Write tool and a short system prompt (a small prompt for a small
  * model); when the file is not right it is told so and the same session resumed
- * (`--resume`), up to AGENT_CLI_TURNS times. Each turn's JSON result goes to
- * agent-cli.jsonl (the scorer reads the last reply there). Claude Code keeps its session under
+ * (`--resume`), up to AGENT_CLI_TURNS times. Each run's model replies (read from its
+ * stream-json events) and final result go to agent-cli.jsonl, a line a run (the scorer reads
+ * the last run's replies there). Claude Code keeps its session under
  * a private HOME, removed at the end.
  *
  * Knobs: AGENT_CLI_CLAUDE (the `claude` executable; default: the repository's pinned
@@ -38,8 +39,22 @@ const claudeCommand = () => {
   }
 }
 
-/** One `claude -p` run; resolves to its JSON result (or what it printed) and exit code. */
-const runClaude = (args, env, timeoutMs) =>
+/** The JSON lines of `claude -p --output-format stream-json` (a line that is not JSON is left out). */
+const jsonLines = (out) =>
+  out.split("\n").flatMap((line) => {
+    try {
+      return line.trim() === "" ? [] : [JSON.parse(line)]
+    } catch {
+      return []
+    }
+  })
+
+/**
+ * One `claude -p` run, to its exit: the model's replies (the text of each assistant message
+ * the gateway answered, by its model name; not the CLI's own error messages) and the run's
+ * final `result` event.
+ */
+const runClaude = (args, env, model, timeoutMs) =>
   new Promise((resolve, reject) => {
     const [program, ...first] = claudeCommand()
     const child = spawn(program, [...first, ...args], { cwd: process.env.GYRE_WORKSPACE, env, stdio: ["ignore", "pipe", "inherit"] })
@@ -49,13 +64,12 @@ const runClaude = (args, env, timeoutMs) =>
     child.on("error", reject)
     child.on("close", (code, signal) => {
       clearTimeout(timer)
-      let result
-      try {
-        result = JSON.parse(out)
-      } catch {
-        result = { result: out, is_error: true }
-      }
-      resolve({ code: code ?? signal, result })
+      const events = jsonLines(out)
+      const replies = events
+        .filter((e) => e.type === "assistant" && e.message?.model === model)
+        .map((e) => ({ id: e.message.id, text: (e.message.content ?? []).flatMap((b) => (b.type === "text" ? [b.text] : [])).join("") }))
+      const { subtype, is_error, num_turns, stop_reason, terminal_reason, result } = events.findLast((e) => e.type === "result") ?? {}
+      resolve({ exit: code ?? signal, replies, result: { subtype, is_error, num_turns, stop_reason, terminal_reason, result } })
     })
   })
 
@@ -77,16 +91,16 @@ const main = async () => {
     DISABLE_TELEMETRY: "1",
     DISABLE_AUTOUPDATER: "1"
   }
-  const flags = ["-p", "--output-format", "json", "--system-prompt", SYSTEM, "--tools", "Write", "--permission-mode", "acceptEdits", "--max-turns", process.env.AGENT_CLI_MAX_TURNS ?? "8"]
+  const flags = ["-p", "--output-format", "stream-json", "--verbose", "--system-prompt", SYSTEM, "--tools", "Write", "--permission-mode", "acceptEdits", "--max-turns", process.env.AGENT_CLI_MAX_TURNS ?? "8"]
   const session = randomUUID()
   try {
     let prompt = task.prompt
     for (let turn = 1; turn <= turns; turn++) {
       const resume = turn === 1 ? ["--session-id", session] : ["--resume", session]
-      const { code, result } = await runClaude([...flags, ...resume, prompt], env, timeoutMs)
-      fs.appendFileSync(path.join(workspace, "agent-cli.jsonl"), JSON.stringify({ turn, exit: code, ...result }) + "\n")
-      const verdict = judge(taskId, workspace, String(result.result ?? ""))
-      console.log(`turn ${turn}: claude exited ${code}, ${result.num_turns ?? "?"} model turns, ${task.file} ${verdict.file}`)
+      const run = await runClaude([...flags, ...resume, prompt], env, model, timeoutMs)
+      fs.appendFileSync(path.join(workspace, "agent-cli.jsonl"), JSON.stringify({ turn, ...run }) + "\n")
+      const verdict = judge(taskId, workspace, run.replies.map((r) => r.text).join(""))
+      console.log(`turn ${turn}: claude exited ${run.exit} (${run.result.subtype ?? "no result"}), ${run.replies.length} model calls, ${task.file} ${verdict.file}`)
       if (verdict.score === 1) break
       prompt = `${task.file} ${verdict.file === "missing" ? "does not exist" : "does not hold exactly the line"}. Write it with exactly this line: ${task.line}`
     }

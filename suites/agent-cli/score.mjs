@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 /**
  * The agent-cli suite's scorer: judges the workspace (`judge` in task.mjs) against the task's
- * file and line, with the agent's last reply from agent-cli.jsonl. No agent-cli.jsonl (the CLI
+ * file and line, with the model's replies in the CLI's last run (agent-cli.jsonl, joined). No agent-cli.jsonl (the CLI
  * never ran): `{"score": 0, "no_artifact": true}`.
  */
 import * as fs from "node:fs"
@@ -18,6 +18,7 @@ if (turns.length === 0) {
   try {
     last = JSON.parse(turns.at(-1))
   } catch {}
-  const verdict = judge(process.env.GYRE_TASK_ID, workspace, String(last.result ?? ""))
+  const reply = (last.replies ?? []).map((r) => String(r.text ?? "")).join("")
+  const verdict = judge(process.env.GYRE_TASK_ID, workspace, reply)
   console.log(JSON.stringify({ score: verdict.score, details: { file: verdict.file, turns: turns.length } }))
 }

@@ -43,7 +43,7 @@ export const similarity = (a, b) => {
 /**
  * The score of a workspace for task `id`: 1 when the file holds exactly the line (a trailing
  * newline allowed); 0.25 + 0.5 x similarity when the file exists with other content; when it
- * does not, 0.25 x the similarity of the agent's last reply (`lastReply`) to the line.
+ * does not, 0.25 x the similarity of the model's replies in the last CLI run (`lastReply`) to the line.
  */
 export const judge = (id, workspace, lastReply) => {
   const { file, line } = taskOf(id)
