@@ -279,26 +279,24 @@ const resolve = <R>(n: NodeContext<R>, kind: string, id: string) =>
     return [type, at] as const
   })
 
-const spawn =
-  <R>(n: NodeContext<R>): NodeHandle["spawn"] =>
-  (kind, id) =>
-    Effect.gen(function* () {
-      const [type, at] = yield* resolve(n, kind, id)
-      const key = formatAddress(at)
-      const pending = n.spawning.get(key)
-      if (n.hosted.has(key) || pending !== undefined) {
-        if (pending !== undefined) yield* Deferred.await(pending)
-        return { kind, id, node: n.options.name, alreadyRunning: true }
-      }
-      const done = yield* Deferred.make<void, Claim.AddressClaimed | TransportError>()
-      n.spawning.set(key, done)
-      const exit = yield* Effect.exit(claim(n, at).pipe(Effect.flatMap((c) => hostOne(n, type, at, c))))
-      n.spawning.delete(key)
-      yield* Deferred.done(done, Exit.asVoid(exit))
-      if (Exit.isFailure(exit)) return yield* Effect.failCause(exit.cause)
-      yield* serving([exit.value])
-      return { kind, id, node: n.options.name, alreadyRunning: false }
-    })
+const spawn = <R>(n: NodeContext<R>): NodeHandle["spawn"] =>
+  Effect.fn("Node.spawn")(function* (kind: string, id: string) {
+    const [type, at] = yield* resolve(n, kind, id)
+    const key = formatAddress(at)
+    const pending = n.spawning.get(key)
+    if (n.hosted.has(key) || pending !== undefined) {
+      if (pending !== undefined) yield* Deferred.await(pending)
+      return { kind, id, node: n.options.name, alreadyRunning: true }
+    }
+    const done = yield* Deferred.make<void, Claim.AddressClaimed | TransportError>()
+    n.spawning.set(key, done)
+    const exit = yield* Effect.exit(claim(n, at).pipe(Effect.flatMap((c) => hostOne(n, type, at, c))))
+    n.spawning.delete(key)
+    yield* Deferred.done(done, Exit.asVoid(exit))
+    if (Exit.isFailure(exit)) return yield* Effect.failCause(exit.cause)
+    yield* serving([exit.value])
+    return { kind, id, node: n.options.name, alreadyRunning: false }
+  })
 
 /**
  * Claims `at` again when liveness marked its entry dead while this node lives (its event
@@ -340,36 +338,32 @@ const keepGroup = <R>(n: NodeContext<R>, c: Claim.Claim, group: GroupSpec, entri
   return Effect.raceFirst(c.renew(load, n.hostOptions.heartbeatMs), allLeft).pipe(Effect.andThen(after))
 }
 
-const spawnGroup =
-  <R>(n: NodeContext<R>): NodeHandle["spawnGroup"] =>
-  (group, supervision) =>
-    Effect.gen(function* () {
-      const members = yield* Effect.forEach(group.members, (m) => resolve(n, m.kind, m.id))
-      const at = yield* Effect.try({ try: () => groupAddress(group.name), catch: (e) => e as InvalidAddress })
-      for (const [, member] of members) {
-        const key = formatAddress(member)
-        if (n.hosted.has(key) || n.spawning.has(key)) return yield* Effect.fail(new AlreadyHosted({ ...member, node: n.options.name }))
-      }
-      const [groupClaim, ...claims] = yield* claimAll(n, [[at, { group }], ...members.map(([, m]) => [m, undefined] as const)])
-      const entries =
-        group.strategy === "one-for-all"
-          ? yield* hostAll(n, group.name, members, claims, supervision ?? members[0]?.[0].supervision ?? defaultSupervision)
-          : yield* Effect.forEach(members, ([type, m], i) => hostOne(n, type, m, claims[i]!, group.name))
-      yield* runIn(n, keepGroup(n, groupClaim!, group, entries))
-      yield* serving(entries)
-      return members.map(([, m]) => ({ kind: m.kind, id: m.id, node: n.options.name, alreadyRunning: false }))
-    })
+const spawnGroup = <R>(n: NodeContext<R>): NodeHandle["spawnGroup"] =>
+  Effect.fn("Node.spawnGroup")(function* (group: GroupSpec, supervision?: SupervisionPolicy) {
+    const members = yield* Effect.forEach(group.members, (m) => resolve(n, m.kind, m.id))
+    const at = yield* Effect.try({ try: () => groupAddress(group.name), catch: (e) => e as InvalidAddress })
+    for (const [, member] of members) {
+      const key = formatAddress(member)
+      if (n.hosted.has(key) || n.spawning.has(key)) return yield* Effect.fail(new AlreadyHosted({ ...member, node: n.options.name }))
+    }
+    const [groupClaim, ...claims] = yield* claimAll(n, [[at, { group }], ...members.map(([, m]) => [m, undefined] as const)])
+    const entries =
+      group.strategy === "one-for-all"
+        ? yield* hostAll(n, group.name, members, claims, supervision ?? members[0]?.[0].supervision ?? defaultSupervision)
+        : yield* Effect.forEach(members, ([type, m], i) => hostOne(n, type, m, claims[i]!, group.name))
+    yield* runIn(n, keepGroup(n, groupClaim!, group, entries))
+    yield* serving(entries)
+    return members.map(([, m]) => ({ kind: m.kind, id: m.id, node: n.options.name, alreadyRunning: false }))
+  })
 
-const stop =
-  <R>(n: NodeContext<R>): NodeHandle["stop"] =>
-  (kind, id) =>
-    Effect.gen(function* () {
-      const h = n.hosted.get(`${kind}/${id}`)
-      if (h === undefined) return false
-      yield* Deferred.succeed(h.control.drain, undefined)
-      yield* Deferred.await(h.ended)
-      return true
-    })
+const stop = <R>(n: NodeContext<R>): NodeHandle["stop"] =>
+  Effect.fn("Node.stop")(function* (kind: string, id: string) {
+    const h = n.hosted.get(`${kind}/${id}`)
+    if (h === undefined) return false
+    yield* Deferred.succeed(h.control.drain, undefined)
+    yield* Deferred.await(h.ended)
+    return true
+  })
 
 const list = <R>(n: NodeContext<R>) =>
   [...n.hosted.values()].map((h): HostedActor => ({
