@@ -24,7 +24,7 @@ cuda-emu-check: cuda-emu build/libgyre_cpu.so
 	@ASAN_OPTIONS=detect_leaks=0 build/emu/gyre-cuda-gemm-check
 	@ASAN_OPTIONS=detect_leaks=0 build/emu/gyre-cuda-check compare --quick --cpu build/libgyre_cpu.so \
 	  --cuda build/emu/libgyre_cuda_emu.so
-	@ASAN_OPTIONS=detect_leaks=0 build/emu/gyre-cuda-check long --quick --long 640 --cpu build/libgyre_cpu.so \
+	@ASAN_OPTIONS=detect_leaks=0 build/emu/gyre-cuda-check long --quick --long 512 --cpu build/libgyre_cpu.so \
 	  --cuda build/emu/libgyre_cuda_emu.so
 
 build/gyre-cuda-check: cuda/tools/check.c include/gyre.h src/half.h
