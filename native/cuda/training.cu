@@ -3,16 +3,15 @@
  *
  * The activations of max_tokens rows are one device allocation made at creation (llm.c
  * style), in the layout every backend shares (train_acts of activations.h: residual streams,
- * each layer's saved tensors, the final norm and logits, the backward's gradients), then this
- * backend's per-child outputs. A batch's integer side (tokens, parents, positions, the
- * forest's ancestor ranges and children: O(n)) goes to the device once, at be_train_begin.
- * A batch of one chunk attends through each layer's saved qkv; a longer one gets a K/V store
- * on the device for its length (every layer's K and V of every token, the gradients later
- * chunks send back to them, and the attention outputs the backward's recomputed forwards
- * reuse), released when the batch is done. The host prepares each
- * chunk's children with their dlogp and rows of each token id, so every device sum has a
- * fixed order. The backward mirrors layer_forward step by step, chunk by chunk from the last,
- * as on the CPU (backend.h).
+ * each layer's saved tensors, the final norm and logits, the backward's gradients). A batch's
+ * integer side (tokens, parents, positions, the forest's ancestor ranges and children: O(n))
+ * goes to the device once, at be_train_begin. A batch of one chunk attends through each
+ * layer's saved qkv; a longer one gets a store on the device for its length (every layer's K
+ * and V of every token, the gradients later chunks send back to them, and the attention
+ * outputs the backward's recomputed forwards reuse), released when the batch is done. The
+ * host prepares each chunk's children with their dlogp and rows of each token id, so every
+ * device sum has a fixed order. The backward mirrors layer_forward step by step, chunk by
+ * chunk from the last, as on the CPU (backend.h).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -38,7 +37,7 @@ struct be_trainer {
   dev_buf child_out;  /* log-probs | entropies of a chunk's children */
   dev_buf bwd_ints;   /* the backward's children and token rows of a chunk */
   dev_buf staging;    /* pinned host copy of any of them */
-  float *store;       /* a chunked batch's K/V store: per layer [n][K | V][kv_dim], then dK/dV alike */
+  float *store;       /* a chunked batch's store, per layer: [n][K | V][kv_dim], dK/dV alike, att [n][q_dim], lse [n][H] */
   size_t store_bytes; /* the last chunked batch's (be_trainer_memory) */
 };
 
