@@ -31,9 +31,10 @@
  * work no earlier than `--pace` (default `PACE`, below: slow enough that 4 devices on 2 shared
  * cores finish their real compute within it) allows, and the workload is one where elasticity
  * matters:
- * - the `tail` suite (`suites/tail`: the toy walk, its horizon per execution `--horizon` (3) x
+ * - the `tail` suite (`suites/tail`: the toy walk, its horizon per execution `--horizon` (2) x
  *   Pareto(1, 1.2) capped at 8x, drawn from the run's seed and the execution's id, so every
- *   policy gets the same executions), with no tool sleeps and replies of at most 16 tokens:
+ *   policy gets the same executions), with no tool sleeps, subagents or failed tool calls and
+ *   replies of at most 16 tokens:
  *   an execution's length is the generation it needs, heavy-tailed. Chosen over `suites/long`
  *   at a small scale because the long suite's script has one shape for every execution (no
  *   tail), and over the toy suite because its tail is a tool's sleep, which a paced device
@@ -71,19 +72,19 @@ import { printResult } from "./results.ts"
 
 const BENCH = "bench:elastic"
 /**
- * --paced's default rates: a decode step 100 ms, 4 ms a prompt token, 8.3 ms a trained token. Real
+ * --paced's default rates: a decode step 50 ms, 4 ms a prompt token, 8.3 ms a trained token. Real
  * compute of the tiny preset, 4 devices at once on 1 thread each of the 2 shared cores under a
  * load average of ~14: a decode step of 16 sequences 30 ms (p50; up to ~140 ms), 0.3-0.5 ms a
  * prompt token in 256-token chunks, 2.3-3 ms a trained token.
  */
-const PACE = "decode=10,prefill=250,train=120"
+const PACE = "decode=20,prefill=250,train=120"
 /** The tail suite's horizon: the base horizon x Pareto(1, 1.2), capped at 8x. */
 const TAIL_ALPHA = 1.2
 const TAIL_MAX = 8
-/** The toy knobs of a --paced run: no tool sleeps, replies of at most 16 tokens. */
-const PACED_ENV = `TOY_TOOL_MS=0,TOY_TAIL_ALPHA=0,TOY_MAX_TOKENS=16,TAIL_ALPHA=${TAIL_ALPHA},TAIL_MAX=${TAIL_MAX}`
+/** The toy knobs of a --paced run: no tool sleeps, no subagents or failed tool calls (an execution's calls follow its horizon), replies of at most 16 tokens. */
+const PACED_ENV = `TOY_TOOL_MS=0,TOY_TAIL_ALPHA=0,TOY_MAX_TOKENS=16,TOY_FORK_EVERY=0,TOY_FAIL_RATE=0,TAIL_ALPHA=${TAIL_ALPHA},TAIL_MAX=${TAIL_MAX}`
 const f = benchFlags(BENCH, "the same suite, seed, checkpoint and steps under each scheduling policy, side by side", {
-  steps: { kind: "integer", doc: "RL steps a run (default 8; --paced: 4)" },
+  steps: { kind: "integer", doc: "RL steps a run (default 8; --paced: 3)" },
   devices: { kind: "integer", doc: "CPU devices a run (default 2; --paced: 4)" },
   paced: { kind: "boolean", doc: "paced devices on the tail suite (the module doc: what runs, and why)", default: false },
   pace: { kind: "string", doc: `--paced: the devices' rates, decode=STEPS/s,prefill=TOKENS/s,train=TOKENS/s (default ${PACE})` },
@@ -91,20 +92,20 @@ const f = benchFlags(BENCH, "the same suite, seed, checkpoint and steps under ea
   policies: { kind: "string", doc: "the policies, comma-separated", default: "elastic,async,colocate" },
   rounds: { kind: "integer", doc: "runs of each policy, alternated; every figure the median of a policy's runs", default: 1 },
   checkpoint: { kind: "string", doc: "initial weights (default: the cached warm start)" },
-  horizon: { kind: "integer", doc: "turns of a toy task (TOY_STEPS; default 24; --paced: the tail suite's base horizon, 3)" },
+  horizon: { kind: "integer", doc: "turns of a toy task (TOY_STEPS; default 24; --paced: the tail suite's base horizon, 2)" },
   "executions-per-step": { kind: "integer", doc: "executions in a batch", default: 8 },
   "group-size": { kind: "integer", doc: "executions of one task in a batch", default: 4 },
   slots: { kind: "integer", doc: "concurrent executions a cell serves in rollout (default 8; --paced: 4)" }
 })
 const paced = f.paced
-const steps = atLeast(BENCH, "steps", f.steps ?? (paced ? 4 : 8), 1)
+const steps = atLeast(BENCH, "steps", f.steps ?? (paced ? 3 : 8), 1)
 const devices = atLeast(BENCH, "devices", f.devices ?? (paced ? 4 : 2), 1)
 const policies = listOf(BENCH, "policies", f.policies, trainFlags.policy.choices)
 const rounds = atLeast(BENCH, "rounds", f.rounds, 1)
 const rolloutCells = atLeast(BENCH, "rollout-cells", f["rollout-cells"] ?? (paced ? Math.max(1, Math.floor(devices / 2)) : 1), 1)
 const pace = paced ? parsedPace(f.pace ?? PACE) : undefined
 const knobs = {
-  horizon: String(atLeast(BENCH, "horizon", f.horizon ?? (paced ? 3 : 24), 1)),
+  horizon: String(atLeast(BENCH, "horizon", f.horizon ?? (paced ? 2 : 24), 1)),
   "executions-per-step": String(atLeast(BENCH, "executions-per-step", f["executions-per-step"], 1)),
   "group-size": String(atLeast(BENCH, "group-size", f["group-size"], 1)),
   slots: String(atLeast(BENCH, "slots", f.slots ?? (paced ? 4 : 8), 1))
@@ -201,6 +202,8 @@ const main = async () => {
     const sim = simulate(scenario, executions, simPolicy)
     const useful = audit.executions.reduce((a, e) => a + e.duration_s / slots + e.tokens / scenario.train_tokens_per_s_per_cell, 0)
     rows.push({ policy, runS: summary.run_s, audit, simS: sim.makespan_s, boundS: lowerBound(scenario, executions).lower_bound_s, utilization: useful / (devices * summary.run_s), pace: paceFigures(summary) })
+    const last = rows.at(-1)!
+    console.error(`${BENCH}: ${policy} ${last.runS.toFixed(1)} s (simulated ${last.simS.toFixed(1)} s), pace overruns ${last.pace.overruns} of ${last.pace.work}`)
     fs.rmSync(store, { recursive: true, force: true })
   }
   // The policies side by side in one page (gyre report's, with every run's timeline).
