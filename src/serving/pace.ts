@@ -11,9 +11,11 @@
  * whose real compute took longer than its paced time is an overrun: the pace is then not what
  * the device delivers, and the figures of a paced run read that way are not an accelerator's.
  * `counts()`: work items paced and overruns since the start (`DeviceLoad.pacedWork` /
- * `paceOverruns`). Without a pace (or for amounts no rate applies to) `paced` is `work`.
+ * `paceOverruns`; with `device`, also the Prometheus counters `gyre_pace_work_total{device,
+ * outcome: in_pace | overrun}`). Without a pace (or for amounts no rate applies to) `paced` is
+ * `work`.
  */
-import { Duration, Effect } from "effect"
+import { Duration, Effect, Metric } from "effect"
 import type { Trainer } from "../engine/trainer.ts"
 import { paceKinds, type Pace, type PaceKind } from "../protocols/pace.ts"
 
@@ -43,9 +45,14 @@ const waitUntil = (started: number, seconds: number): Effect.Effect<void> =>
     return left <= 0 ? Effect.void : Effect.sleep(Duration.millis(Math.ceil(left))).pipe(Effect.andThen(waitUntil(started, seconds)))
   })
 
-export const makePacer = (pace: Pace | undefined): Pacer => {
+/** The Prometheus counter of `device`'s paced work items of `outcome`. */
+export const paceWorkCounter = (device: string, outcome: "in_pace" | "overrun") =>
+  Metric.counter("gyre_pace_work_total", { description: "a paced device's work items, by whether its real compute fit the pace", attributes: { device, outcome }, incremental: true })
+
+export const makePacer = (pace: Pace | undefined, device?: string): Pacer => {
   let pacedWork = 0
   let paceOverruns = 0
+  const counters = device === undefined ? undefined : { in_pace: paceWorkCounter(device, "in_pace"), overrun: paceWorkCounter(device, "overrun") }
   return {
     pace,
     paced: (work, amounts) => {
@@ -56,8 +63,10 @@ export const makePacer = (pace: Pace | undefined): Pacer => {
         return Effect.tap(work, () =>
           Effect.suspend(() => {
             pacedWork++
-            if (performance.now() - started > seconds * 1000) paceOverruns++
-            return waitUntil(started, seconds)
+            const overrun = performance.now() - started > seconds * 1000
+            if (overrun) paceOverruns++
+            const counted = counters === undefined ? Effect.void : Metric.update(overrun ? counters.overrun : counters.in_pace, 1)
+            return Effect.andThen(counted, waitUntil(started, seconds))
           })
         )
       })

@@ -150,7 +150,7 @@ export const startRollout = Effect.fn("startRollout")(function* (
   const device = config.device ?? workerDevice(ctx.address.id, engine.devices.length)
   const { model } = yield* loadCheckpoint(config.checkpoint, { device })
   const modelConfig = model.config
-  const pacer = makePacer(config.pace)
+  const pacer = makePacer(config.pace, formatAddress(ctx.address))
   const cache = yield* model.cache({ blockTokens: config.blockTokens ?? KV_BLOCK_TOKENS, numBlocks: config.numBlocks ?? DEFAULT_KV_BLOCKS, kvDtype: config.kvDtype ?? "f32" })
   const batcher = yield* makeBatcher(cache, {
     worker: formatAddress(ctx.address),

@@ -9,14 +9,14 @@
  */
 import { spawnSync } from "node:child_process"
 import * as path from "node:path"
-import { Effect, Layer, Logger, type Scope } from "effect"
+import { Effect, Layer, Logger, Metric, type Scope } from "effect"
 import { describe, expect, it } from "vitest"
 import { Engine } from "../../src/engine/engine.ts"
 import { presets } from "../../src/engine/presets.ts"
 import { special } from "../../src/engine/tokenizer.ts"
 import { formatPace, parsePace } from "../../src/protocols/pace.ts"
 import { makeBatcher } from "../../src/serving/batcher.ts"
-import { makePacer, pacedSeconds, pacedTrainer } from "../../src/serving/pace.ts"
+import { makePacer, paceWorkCounter, pacedSeconds, pacedTrainer } from "../../src/serving/pace.ts"
 import { repoRoot } from "../../src/runtime/nats-server.ts"
 import { chain, packed } from "../engine/helpers.ts"
 
@@ -81,14 +81,23 @@ describe("a pacer on a real clock", () => {
   })
 
   it("counts work whose real compute took longer than its paced time as an overrun, and adds no wait to it", async () => {
-    const pacer = makePacer({ train: 1000 })
-    // 10 tokens at 1000/s: 10 ms paced, 40 ms computed
-    const slow = await Effect.runPromise(timed(pacer.paced(busy(40), { train: 10 })))
-    expect(slow.ms).toBeGreaterThanOrEqual(40)
-    expect(slow.ms).toBeLessThan(40 + 10)
-    const fast = await Effect.runPromise(timed(pacer.paced(busy(2), { train: 30 })))
-    expect(fast.ms).toBeGreaterThanOrEqual(30)
+    const pacer = makePacer({ train: 1000 }, "device/pace-test.0")
+    const out = await Effect.runPromise(
+      Effect.gen(function* () {
+        // 100 tokens at 1000/s: 100 ms paced, 150 ms computed; done at once when the work is
+        let computed = 0
+        const slow = yield* timed(pacer.paced(busy(150).pipe(Effect.tap(() => Effect.sync(() => (computed = performance.now())))), { train: 100 }))
+        const after = performance.now() - computed
+        const fast = yield* timed(pacer.paced(busy(2), { train: 30 }))
+        return { slow, after, fast, overrun: (yield* Metric.value(paceWorkCounter("device/pace-test.0", "overrun"))).count, inPace: (yield* Metric.value(paceWorkCounter("device/pace-test.0", "in_pace"))).count }
+      })
+    )
+    expect(out.slow.ms).toBeGreaterThanOrEqual(150)
+    // a wait of the paced time after the compute would be 100 ms here
+    expect(out.after).toBeLessThan(50)
+    expect(out.fast.ms).toBeGreaterThanOrEqual(30)
     expect(pacer.counts()).toEqual({ pacedWork: 2, paceOverruns: 1 })
+    expect({ overrun: out.overrun, inPace: out.inPace }).toEqual({ overrun: 1, inPace: 1 })
   })
 
   it("leaves work no rate applies to, and failed work, unpaced", async () => {
