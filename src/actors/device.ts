@@ -44,7 +44,7 @@ import { DEVICE_KIND, DeviceProtocol, DeviceRefused } from "../protocols/device.
 import { GatewayProtocol } from "../protocols/gateway.ts"
 import { SchedulerProtocol } from "../protocols/scheduler.ts"
 import { WeightsUnavailable, type WorkerLoad } from "../protocols/rollout.ts"
-import { deviceLoad, makeRoleSwitch, type RoleState } from "../serving/role-switch.ts"
+import { RoleSwitch, deviceLoad, type RoleState } from "../serving/role-switch.ts"
 import { KV_BLOCK_TOKENS, rolloutConfigFromEnv, startRollout, type RolloutConfig } from "../serving/rollout-role.ts"
 import type { TrainingRole, TrainingRoleFactory } from "../serving/training-role.ts"
 
@@ -91,7 +91,7 @@ export const device = (configured: DeviceConfig | (() => DeviceConfig)) =>
         const rollout = yield* startRollout(ctx, config, report)
         if (config.threads !== undefined) yield* rollout.model.setThreads(config.threads).pipe(Effect.orDie)
         training = config.training === undefined ? undefined : yield* config.training({ ...rollout, ctx, version: () => rollout.batcher.load().version, swapWeights: rollout.batcher.swapWeights })
-        const roles = yield* makeRoleSwitch({
+        const roles = yield* RoleSwitch.make({
           system: ctx.system,
           self,
           gateway: refOf(GatewayProtocol, parseAddress(config.gateway ?? "gateway/main")),
