@@ -18,6 +18,7 @@ import { formatPace, parsePace } from "../../src/protocols/pace.ts"
 import { makeBatcher } from "../../src/serving/batcher.ts"
 import { makePacer, paceWorkCounter, pacedSeconds, pacedTrainer } from "../../src/serving/pace.ts"
 import { repoRoot } from "../../src/runtime/nats-server.ts"
+import { paceLine, paceSummary } from "../../src/cli/pace.ts"
 import { chain, packed } from "../engine/helpers.ts"
 
 const run = <A, E>(effect: Effect.Effect<A, E, Engine | Scope.Scope>): Promise<A> =>
@@ -60,6 +61,21 @@ describe("--pace text", () => {
     expect(r.status).toBe(2)
     expect(r.stderr.trim().split("\n")).toHaveLength(1)
     expect(r.stderr).toContain("--pace decode=fast")
+  })
+})
+
+describe("a paced run's summary", () => {
+  it("sums the devices' counts and names a device that overran on more than 1% of its work", () => {
+    const devices = [
+      { device: "device/main.cpu0", pacedWork: 1000, paceOverruns: 10 },
+      { device: "device/main.cpu1", pacedWork: 200, paceOverruns: 3 }
+    ]
+    const s = paceSummary({ decode: 8, train: 80 }, devices)
+    expect(s).toMatchObject({ pace: "decode=8,train=80", paced_work: 1200, pace_overruns: 13, pace_overrun_devices: ["device/main.cpu1"] })
+    expect(s.pace_by_device["device/main.cpu0"]).toEqual({ paced: 1000, overruns: 10 })
+    expect(paceLine(s)).toContain("OVER 1% of their work on device/main.cpu1")
+    expect(paceLine(paceSummary({ decode: 8 }, [devices[0]!]))).toContain("under 1% on every device")
+    expect(paceSummary(undefined, []).pace).toBeNull()
   })
 })
 
