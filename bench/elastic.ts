@@ -72,14 +72,17 @@ import { printResult } from "./results.ts"
 
 const BENCH = "bench:elastic"
 /**
- * --paced's default rates: a decode step 125 ms, 6.7 ms a prompt token, 12.5 ms a trained token.
+ * --paced's default rates: a decode step 125 ms, 1 ms a prompt token, 12.5 ms a trained token.
  * Real compute of the tiny preset, 4 devices at once on 1 thread each of the 2 shared cores at a
  * load average of ~14: a decode step of 16 sequences 30 ms (p50; up to ~140 ms), 0.3-0.5 ms a
  * prompt token in 256-token chunks (up to 2 ms), 2.3-3 ms a trained token. Inside a whole run
  * (harness processes, gateway, NATS beside the devices) at a load average of 15-21, the rates
- * 2.5x faster (decode=20,prefill=250,train=120) overran on 25% of the work; these on 2.6%.
+ * 2.5x faster (decode=20,prefill=250,train=120) overran on 25% of the work, decode=8,prefill=150,
+ * train=80 on 2.6%; these at a load average of 4-7 on 0.9% (2.9% on the worst device). A prefill
+ * rate far above the decode rate, as on an accelerator, keeps a call's prompt from stalling the
+ * sequences decoding beside it (ARCHITECTURE.md, "Paced devices").
  */
-const PACE = "decode=8,prefill=150,train=80"
+const PACE = "decode=8,prefill=1000,train=80"
 /** The tail suite's horizon: the base horizon x Pareto(1, 1.2), capped at 8x. */
 const TAIL_ALPHA = 1.2
 const TAIL_MAX = 8
