@@ -35,7 +35,9 @@ import { rlLayout } from "../protocols/layout.ts"
 import { fetchWeights } from "../protocols/weights.ts"
 import { RolloutWorkerProtocol, TokenChunk, WeightsUnavailable, WorkerUnavailable, type GenerateRequest, type GenerateResult, type WorkerLoad } from "../protocols/rollout.ts"
 import { INLINE_TOKENS, getArrays, openTransferStore, putArrays } from "../protocols/transfer.ts"
+import { parsePace, type Pace } from "../protocols/pace.ts"
 import { makeBatcher } from "./batcher.ts"
+import { makePacer } from "./pace.ts"
 
 /** Tokens per KV-cache block of every device and worker. */
 export const KV_BLOCK_TOKENS = 16
@@ -65,6 +67,8 @@ export interface RolloutConfig {
   readonly device?: number
   /** Output tokens an answer carries inline at most; more go through the run's transfer store (default `INLINE_TOKENS`). */
   readonly inlineTokens?: number
+  /** The device's fixed rates (`pace.ts`); none: as fast as it computes. */
+  readonly pace?: Pace
 }
 
 /**
@@ -84,6 +88,12 @@ const intFromEnv = (name: string): number | undefined => {
   return n
 }
 
+const paceFromEnv = (): { pace?: Pace } => {
+  const parsed = parsePace(process.env.GYRE_PACE ?? "")
+  if (parsed !== undefined && "error" in parsed) throw new Error(`GYRE_PACE: ${parsed.error}`)
+  return parsed === undefined ? {} : { pace: parsed }
+}
+
 const kvDtypeFromEnv = (): { kvDtype?: KvDtype } => {
   const raw = process.env.GYRE_KV_DTYPE
   if (raw === undefined || raw === "") return {}
@@ -96,7 +106,7 @@ const kvDtypeFromEnv = (): { kvDtype?: KvDtype } => {
  * The configuration from the environment: `GYRE_CHECKPOINT` (required when an actor is
  * spawned), `GYRE_POLICY_VERSION`, `GYRE_KV_BLOCK_TOKENS`, `GYRE_KV_BLOCKS`, `GYRE_MAX_CONTEXT`,
  * `GYRE_MAX_BATCH`, `GYRE_PREFILL_CHUNK`, `GYRE_CONTEXTS_PER_EXECUTION`, `GYRE_DEVICE`,
- * `GYRE_KV_DTYPE` (f32 | f16).
+ * `GYRE_KV_DTYPE` (f32 | f16), `GYRE_PACE` (`decode=T1,prefill=T2,train=T3`).
  */
 export const rolloutConfigFromEnv = (): RolloutConfig => {
   const optional = (key: keyof RolloutConfig, env: string) => {
@@ -113,7 +123,8 @@ export const rolloutConfigFromEnv = (): RolloutConfig => {
     ...optional("prefillChunk", "GYRE_PREFILL_CHUNK"),
     ...optional("contextsPerExecution", "GYRE_CONTEXTS_PER_EXECUTION"),
     ...optional("device", "GYRE_DEVICE"),
-    ...kvDtypeFromEnv()
+    ...kvDtypeFromEnv(),
+    ...paceFromEnv()
   }
 }
 
@@ -139,6 +150,7 @@ export const startRollout = Effect.fn("startRollout")(function* (
   const device = config.device ?? workerDevice(ctx.address.id, engine.devices.length)
   const { model } = yield* loadCheckpoint(config.checkpoint, { device })
   const modelConfig = model.config
+  const pacer = makePacer(config.pace, formatAddress(ctx.address))
   const cache = yield* model.cache({ blockTokens: config.blockTokens ?? KV_BLOCK_TOKENS, numBlocks: config.numBlocks ?? DEFAULT_KV_BLOCKS, kvDtype: config.kvDtype ?? "f32" })
   const batcher = yield* makeBatcher(cache, {
     worker: formatAddress(ctx.address),
@@ -147,7 +159,8 @@ export const startRollout = Effect.fn("startRollout")(function* (
     prefillChunk: config.prefillChunk ?? 256,
     contextsPerExecution: config.contextsPerExecution ?? 16,
     version: config.version ?? 0,
-    onLoad
+    onLoad,
+    pacer
   })
   const layout = rlLayout(ctx.system.run)
   const nc = ctx.system.nats.nc
@@ -222,7 +235,7 @@ export const startRollout = Effect.fn("startRollout")(function* (
     Drain: ({ finish }) => batcher.drain(finish).pipe(Effect.map((cancelled) => ({ cancelled }))),
     Status: () => Effect.sync(() => batcher.load())
   }
-  return { engine, model, device, batcher, handlers, loadWeights, store }
+  return { engine, model, device, batcher, handlers, loadWeights, store, pacer }
 })
 
 export type RolloutRole = Effect.Success<ReturnType<typeof startRollout>>
