@@ -34,11 +34,9 @@ import { Effect, Schema } from "effect"
 import type { EngineShape } from "../engine/engine.ts"
 import type { RpcGroup } from "effect/rpc"
 import * as Actor from "../runtime/actor.ts"
-import { formatAddress, parseAddress } from "../runtime/names.ts"
-import { refOf } from "../runtime/system.ts"
-import { DEVICE_KIND, DeviceProtocol, DeviceRefused } from "../protocols/device.ts"
-import { GatewayProtocol } from "../protocols/gateway.ts"
-import { SchedulerProtocol } from "../protocols/scheduler.ts"
+import { formatAddress } from "../runtime/names.ts"
+import { DeviceProtocol, DeviceRefused } from "../protocols/device.ts"
+import { Device as DeviceKind, Gateway, Scheduler, type GatewayRef, type SchedulerRef } from "../protocols/topology.ts"
 import { WeightsUnavailable, type WorkerLoad } from "../protocols/rollout.ts"
 import { deviceLoad, makeRoleSwitch, type RoleState } from "../serving/role-switch.ts"
 import { KV_BLOCK_TOKENS, rolloutConfigFromEnv, startRollout, type RolloutConfig } from "../serving/rollout-role.ts"
@@ -46,11 +44,11 @@ import type { TrainingRole, TrainingRoleFactory } from "../serving/training-role
 
 export interface DeviceConfig extends RolloutConfig {
   /** The gateway told where moved contexts went (default `gateway/main`). */
-  readonly gateway?: string
+  readonly gateway?: GatewayRef
   /** Builds the training role over the device's model; without it the device only serves rollouts. */
   readonly training?: TrainingRoleFactory
   /** The run's scheduler (`scheduler/main`): told `DeviceJoined` once the device serves; none: not announced. */
-  readonly scheduler?: string
+  readonly scheduler?: SchedulerRef
   /** Host threads of the device's model (none: the engine's default, every core). */
   readonly threads?: number
 }
@@ -66,15 +64,13 @@ export const cpuDeviceThreads = (engine: EngineShape, devices: number): Effect.E
 /** The configuration from the environment: the rollout role's variables, and `GYRE_GATEWAY`. */
 export const deviceConfigFromEnv = (): DeviceConfig => ({
   ...rolloutConfigFromEnv(),
-  ...(process.env.GYRE_GATEWAY ? { gateway: process.env.GYRE_GATEWAY } : {}),
-  ...(process.env.GYRE_SCHEDULER ? { scheduler: process.env.GYRE_SCHEDULER } : {})
+  ...(process.env.GYRE_GATEWAY ? { gateway: Gateway.refOfKey(process.env.GYRE_GATEWAY) } : {}),
+  ...(process.env.GYRE_SCHEDULER ? { scheduler: Scheduler.refOfKey(process.env.GYRE_SCHEDULER) } : {})
 })
 
 /** The device actor type for a configuration (or a function reading it when an incarnation starts). */
 export const device = (configured: DeviceConfig | (() => DeviceConfig)) =>
-  Actor.make({
-    kind: DEVICE_KIND,
-    protocol: DeviceProtocol,
+  DeviceKind.implement({
     state: { schema: Schema.Struct({}), initial: () => ({}) },
     concurrency: 1024,
     behaviour: (ctx) =>
@@ -90,7 +86,7 @@ export const device = (configured: DeviceConfig | (() => DeviceConfig)) =>
         const roles = yield* makeRoleSwitch({
           system: ctx.system,
           self,
-          gateway: refOf(GatewayProtocol, parseAddress(config.gateway ?? "gateway/main")),
+          gateway: config.gateway ?? Gateway.ref("main"),
           rollout,
           training,
           state,
@@ -100,8 +96,7 @@ export const device = (configured: DeviceConfig | (() => DeviceConfig)) =>
         })
         if (config.scheduler !== undefined) {
           // Durable and deduplicated per incarnation: a restarted device joins again, a redelivered tell once.
-          const scheduler = refOf(SchedulerProtocol, parseAddress(config.scheduler))
-          yield* ctx.system.tell(scheduler, "DeviceJoined", { device: self }, { msgId: `joined-${self}-${ctx.incarnation}`, sender: self })
+          yield* ctx.system.tell(config.scheduler, "DeviceJoined", { device: self }, { msgId: `joined-${self}-${ctx.incarnation}`, sender: self })
         }
         const refused = (reason: string) => new DeviceRefused({ device: self, reason })
         /** A step request, for the training role while the device is in it. */

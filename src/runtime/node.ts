@@ -26,6 +26,7 @@ import * as Claim from "./claim.ts"
 import { RuntimeSettings } from "./config.ts"
 import { serveDiscovery, type EndpointStats } from "./discovery.ts"
 import { Escalation, TransportError } from "./errors.ts"
+import { Escalated, Fenced } from "./events.ts"
 import { runIncarnation, type IncarnationControl } from "./host.ts"
 import { serveMetrics, type MetricsServerError } from "./metrics.ts"
 import { address, formatAddress, InvalidAddress, type ActorAddress } from "./names.ts"
@@ -233,11 +234,11 @@ export const startNode = <R>(
             const e = error.success
             yield* Effect.logError(`${key}: supervisor ${e.child} gave up after ${e.restarts} restarts within ${e.withinMs} ms`)
             yield* system
-              .publishEvent("escalated", { kind: at.kind, id: at.id, node: options.name, restarts: e.restarts, withinMs: e.withinMs, lastFailure: e.lastFailure })
+              .publishEvent(Escalated, { kind: at.kind, id: at.id, node: options.name, restarts: e.restarts, withinMs: e.withinMs, lastFailure: e.lastFailure })
               .pipe(Effect.ignore)
           } else yield* Effect.logError(`${key} crashed and is not restarted (restart: temporary)`, exit.cause)
         } else if (Exit.isSuccess(exit) && exit.value === "fenced") {
-          yield* system.publishEvent("fenced", { kind: at.kind, id: at.id, node: options.name }).pipe(Effect.ignore)
+          yield* system.publishEvent(Fenced, { kind: at.kind, id: at.id, node: options.name }).pipe(Effect.ignore)
         }
         hosted.delete(key)
         yield* Deferred.succeed(entry.ended, undefined)

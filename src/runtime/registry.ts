@@ -22,6 +22,7 @@
 import { KvWatchInclude, type KV } from "@nats-io/kv"
 import { Deferred, Duration, Effect, Schedule, Schema, type Scope } from "effect"
 import { TransportError, messageOf } from "./errors.ts"
+import { Dead, DeadEvent } from "./events.ts"
 import { encodeJson } from "./protocol.ts"
 import type { ActorSystemShape } from "./system.ts"
 
@@ -39,15 +40,7 @@ export const RegistryEntry = Schema.Struct({
 })
 export type RegistryEntry = typeof RegistryEntry.Type
 
-/** The `dead` system event. */
-export const DeadEvent = Schema.Struct({
-  kind: Schema.String,
-  id: Schema.String,
-  node: Schema.String,
-  incarnation: Schema.Number,
-  silentForMs: Schema.Number
-})
-export type DeadEvent = typeof DeadEvent.Type
+export { DeadEvent }
 
 /** An entry as stored: undefined when absent, deleted or unreadable; revision 0 when the key never existed. */
 export interface StoredEntry {
@@ -328,7 +321,7 @@ export const monitorLiveness = (system: ActorSystemShape, view: RegistryView, op
           incarnation: s.entry.incarnation,
           silentForMs: Math.round(silentFor)
         }
-        yield* system.publishEvent("dead", event).pipe(Effect.catchCause((c) => Effect.logWarning("dead event not published", c)))
+        yield* system.publishEvent(Dead, event).pipe(Effect.catchCause((c) => Effect.logWarning("dead event not published", c)))
         if (options.onDead) yield* options.onDead(event)
       }
     })

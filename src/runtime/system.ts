@@ -21,6 +21,7 @@ import type { KV } from "@nats-io/kv"
 import { Context, Duration, Effect, Layer, Schedule, Tracer } from "effect"
 import type { Rpc, RpcGroup } from "effect/rpc"
 import { ActorOverloaded, ActorUnavailable, AskTimeout, RequestRejected, TransportError, messageOf, type AskError } from "./errors.ts"
+import type { EventChannel } from "./channel.ts"
 import { Nats, type NatsShape } from "./nats.ts"
 import { formatAddress, layout, type ActorAddress, type Layout } from "./names.ts"
 import { makeReplies, type ReplyOutcome } from "./replies.ts"
@@ -87,8 +88,8 @@ export interface ActorSystemShape {
     payload: Rpc.Payload<RequestOf<R, Tag>>,
     options?: AskOptions
   ) => Effect.Effect<Rpc.Success<RequestOf<R, Tag>>, Rpc.Error<RequestOf<R, Tag>> | AskError>
-  /** Publishes a system event (`gyre.<run>.sys.<name>`) to the journal. */
-  readonly publishEvent: (name: string, event: unknown) => Effect.Effect<void, TransportError>
+  /** Publishes a system event (`gyre.<run>.sys.<name>`, `channel.ts`) to the journal. */
+  readonly publishEvent: <A>(channel: EventChannel<A>, event: A) => Effect.Effect<void, TransportError>
   /**
    * Queues a copy of an answered ask for the journal. Copies are written in batches (every
    * 2 ms, on the journal connection) so they cost the request path no socket write of its
@@ -251,11 +252,18 @@ const make = (options: SystemOptions) =>
       }, "Actor.ask", "client", actor, tag)
     }) as ActorSystemShape["ask"]
 
-    const publishEvent = (name: string, event: unknown) =>
-      Effect.tryPromise({
-        try: () => nats.js.publish(names.sys(name), JSON.stringify(event)),
-        catch: (e) => new TransportError({ operation: `publish event ${name}`, message: messageOf(e) })
-      }).pipe(Effect.asVoid)
+    // A value its own schema refuses is a bug of the publisher: a defect, not a transport failure to retry.
+    const publishEvent = <A>(channel: EventChannel<A>, event: A) =>
+      Effect.try({ try: () => channel.encode(event), catch: (e) => e }).pipe(
+        Effect.orDie,
+        Effect.flatMap((data) =>
+          Effect.tryPromise({
+            try: () => nats.js.publish(channel.subject(options.run), data),
+            catch: (e) => new TransportError({ operation: `publish event ${channel.name}`, message: messageOf(e) })
+          })
+        ),
+        Effect.asVoid
+      )
 
     // One interval while copies come (stopped by the first tick that finds none): an ask adds
     // its copy to an array and arms nothing.
