@@ -46,8 +46,8 @@ import type { Trainer } from "../engine/trainer.ts"
 import { DeviceRefused, TrainingProtocol, type MicroBatchRef } from "../protocols/device.ts"
 import type { RunConfig } from "../protocols/run.ts"
 import type * as Actor from "../runtime/actor.ts"
-import { formatAddress, parseAddress } from "../runtime/names.ts"
-import { refOf } from "../runtime/system.ts"
+import { formatAddress } from "../runtime/names.ts"
+import { Device } from "../protocols/topology.ts"
 import { transient } from "../common/retry.ts"
 import { makeClaims } from "../training/claims.ts"
 import { makeCore, type ModelWeights } from "../training/core-step.ts"
@@ -140,7 +140,7 @@ export const makeTrainingRole = (
             const stats = "failed" in trained ? noStats : trained.stats
             if (ref.core === me) return yield* core.gradientIn(ref, ref.index, me, stats, "failed" in trained ? trained : trained.gradient)
             if (!("failed" in trained)) yield* gradients.put(ref, ref.index, trained.gradient)
-            const coreRef = refOf(TrainingProtocol, parseAddress(ref.core))
+            const coreRef = Device.refOfKey(ref.core)
             const ready = { step: ref.step, attempt: ref.attempt, index: ref.index, device: me, stats, ...("failed" in trained ? { failed: trained.failed } : {}) }
             yield* system.tell(coreRef, "GradientReady", ready, { msgId: `grad-${ref.step}-${ref.attempt}-${ref.index}`, sender: me })
             return true

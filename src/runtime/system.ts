@@ -62,6 +62,12 @@ export interface AskOptions {
   readonly resendMs?: number
 }
 
+export interface EventOptions {
+  readonly msgId?: string
+  /** The subject's last journal sequence must be this (0: none yet), or the publish fails. */
+  readonly expectLastSeq?: number
+}
+
 export interface SystemOptions {
   readonly run: string
   /** How long the journal keeps messages (0 = forever). */
@@ -88,8 +94,11 @@ export interface ActorSystemShape {
     payload: Rpc.Payload<RequestOf<R, Tag>>,
     options?: AskOptions
   ) => Effect.Effect<Rpc.Success<RequestOf<R, Tag>>, Rpc.Error<RequestOf<R, Tag>> | AskError>
-  /** Publishes a system event (`gyre.<run>.sys.<name>`, `channel.ts`) to the journal. */
-  readonly publishEvent: <A>(channel: EventChannel<A>, event: A) => Effect.Effect<void, TransportError>
+  /**
+   * Publishes a system event (`gyre.<run>.sys.<name>`, `channel.ts`) to the journal: its journal
+   * sequence. `msgId` deduplicates; `expectLastSeq` fences (the subject's last sequence must be it).
+   */
+  readonly publishEvent: <A>(channel: EventChannel<A>, event: A, options?: EventOptions) => Effect.Effect<{ readonly seq: number }, TransportError>
   /**
    * Queues a copy of an answered ask for the journal. Copies are written in batches (every
    * 2 ms, on the journal connection) so they cost the request path no socket write of its
@@ -253,16 +262,20 @@ const make = (options: SystemOptions) =>
     }) as ActorSystemShape["ask"]
 
     // A value its own schema refuses is a bug of the publisher: a defect, not a transport failure to retry.
-    const publishEvent = <A>(channel: EventChannel<A>, event: A) =>
+    const publishEvent = <A>(channel: EventChannel<A>, event: A, o: EventOptions = {}) =>
       Effect.try({ try: () => channel.encode(event), catch: (e) => e }).pipe(
         Effect.orDie,
         Effect.flatMap((data) =>
           Effect.tryPromise({
-            try: () => nats.js.publish(channel.subject(options.run), data),
+            try: () =>
+              nats.js.publish(channel.subject(options.run), data, {
+                ...(o.msgId === undefined ? {} : { msgID: o.msgId }),
+                ...(o.expectLastSeq === undefined ? {} : { expect: { lastSubjectSequence: o.expectLastSeq } })
+              }),
             catch: (e) => new TransportError({ operation: `publish event ${channel.name}`, message: messageOf(e) })
           })
         ),
-        Effect.asVoid
+        Effect.map((ack) => ({ seq: ack.seq }))
       )
 
     // One interval while copies come (stopped by the first tick that finds none): an ask adds
