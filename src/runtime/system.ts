@@ -22,6 +22,7 @@ import { Context, Duration, Effect, Layer, Schedule, Tracer } from "effect"
 import type { Rpc, RpcGroup } from "effect/rpc"
 import { ActorOverloaded, ActorUnavailable, AskTimeout, RequestRejected, TransportError, messageOf, type AskError } from "./errors.ts"
 import type { EventChannel } from "./channel.ts"
+import { channelCounter } from "./metrics.ts"
 import { Nats, type NatsShape } from "./nats.ts"
 import { formatAddress, layout, type ActorAddress, type Layout } from "./names.ts"
 import { makeReplies, type ReplyOutcome } from "./replies.ts"
@@ -197,6 +198,7 @@ const make = (options: SystemOptions) =>
       num_replicas: nats.replicas
     })
     const replies = yield* makeReplies(nats.nc)
+    const counted = channelCounter(yield* Effect.context<never>())
     const registry = yield* openBucket(nats, names.registryBucket)
     const state = yield* openBucket(nats, names.stateBucket)
 
@@ -221,6 +223,7 @@ const make = (options: SystemOptions) =>
         const msgID = tellOptions?.msgId ?? nuid.next()
         const headers = requestHeaders(tag, undefined, tellOptions, traceparent)
         const data = encodePayload(rpc, payload)
+        counted(`tell.${ref.address.kind}`, "out")(data.length)
         return Effect.tryPromise({
           try: () => nats.js.publish(names.tell(ref.address), data, { msgID, headers }),
           catch: (e) => new TransportError({ operation: `tell ${actor} ${tag}`, message: messageOf(e) })
@@ -237,6 +240,7 @@ const make = (options: SystemOptions) =>
         const resendMs = askOptions?.resendMs ?? defaultAskResendMs
         const headers = requestHeaders(tag, askOptions?.msgId ?? nuid.next(), askOptions, traceparent)
         const data = encodePayload(rpc, payload)
+        counted(`ask.${ref.address.kind}`, "out")(data.length)
         const subject = names.ask(ref.address)
         // One callback from the reply to the decoded answer: no step between.
         return Effect.callback<unknown, unknown>((resume) => {
@@ -265,6 +269,7 @@ const make = (options: SystemOptions) =>
     const publishEvent = <A>(channel: EventChannel<A>, event: A, o: EventOptions = {}) =>
       Effect.try({ try: () => channel.encode(event), catch: (e) => e }).pipe(
         Effect.orDie,
+        Effect.tap((data) => Effect.sync(() => counted(`sys.${channel.name}`, "out")(data.length))),
         Effect.flatMap((data) =>
           Effect.tryPromise({
             try: () =>
