@@ -21,6 +21,7 @@
  * design fixes, runner `n mod runners` for execution `n`).
  */
 import { Cause, Duration, Effect, FiberSet, Schedule, Schema } from "effect"
+import { cappedDelayMs } from "../common/retry.ts"
 import { formatAddress } from "../runtime/names.ts"
 import type { NodeHandle } from "../runtime/node.ts"
 import * as Lease from "../runtime/lease.ts"
@@ -152,7 +153,7 @@ export const makeScheduler = (options: SchedulerOptions) => {
         const now = Date.now()
         endings = [...endings.filter((t) => now - t < ENDINGS_WINDOW_MS), now]
         if (endings.length >= ENDINGS_GIVEN_UP) return yield* new SchedulerStopped({ node: node.name, term })
-        const backoffMs = Math.min(10_000, 1000 * 2 ** (endings.length - 1))
+        const backoffMs = cappedDelayMs(1000, 10_000, endings.length)
         yield* Effect.logWarning(`scheduler/main ended while ${node.name} led it (term ${term}); standing by again in ${backoffMs} ms`)
         yield* Effect.sleep(Duration.millis(backoffMs))
       }

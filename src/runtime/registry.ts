@@ -21,6 +21,7 @@
  */
 import { KvWatchInclude, type KV } from "@nats-io/kv"
 import { Deferred, Duration, Effect, Schedule, Schema, type Scope } from "effect"
+import { cappedBackoff } from "../common/retry.ts"
 import { TransportError, messageOf } from "./errors.ts"
 import { Dead, DeadEvent } from "./events.ts"
 import { encodeJson } from "./protocol.ts"
@@ -104,7 +105,7 @@ export interface WatchOptions {
   readonly backoff?: Schedule.Schedule<unknown, unknown>
 }
 
-const defaultBackoff = Schedule.min([Schedule.exponential(Duration.millis(100), 2), Schedule.spaced(Duration.seconds(2))]).pipe(Schedule.jittered)
+const defaultBackoff = cappedBackoff(Duration.millis(100), Duration.seconds(2)).pipe(Schedule.jittered)
 
 type Report = (key: string, entry: RegistryEntry | undefined, revision: number, present: boolean) => void
 
