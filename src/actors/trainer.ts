@@ -39,11 +39,10 @@
  * The core's step is `src/training/core-step.ts`, the claim loop `src/training/claims.ts`.
  */
 import { Effect, Semaphore, type Scope } from "effect"
-import type { RpcGroup } from "effect/rpc"
 import type { EngineShape, Model } from "../engine/engine.ts"
 import type { PackedBatch } from "../common/packed-batch.ts"
 import type { Trainer } from "../engine/trainer.ts"
-import { DeviceRefused, TrainingProtocol, type MicroBatchRef } from "../protocols/device.ts"
+import { DeviceRefused, type MicroBatchRef } from "../protocols/device.ts"
 import type { RunConfig } from "../protocols/run.ts"
 import type * as Actor from "../runtime/actor.ts"
 import { formatAddress } from "../runtime/names.ts"
@@ -57,7 +56,7 @@ import { openMicroBatchStore } from "../training/microbatch-store.ts"
 import { microBatchStats, noStats, type MicroBatchStats } from "../training/step-metrics.ts"
 import { stepLoss } from "../training/step-planner.ts"
 import { fetchFlatWeights } from "../serving/rollout-role.ts"
-import type { TrainingRoleFactory } from "../serving/training-role.ts"
+import type { TrainingHandlers, TrainingRole, TrainingRoleFactory } from "../serving/training-role.ts"
 
 export interface TrainingRoleOptions {
   readonly model: Model
@@ -71,13 +70,7 @@ export interface TrainingRoleOptions {
   readonly onClaim?: (claim: { readonly step: number; readonly index: number; readonly deliveryCount: number }) => Effect.Effect<void>
 }
 
-export type TrainingHandlers = Actor.Handlers<RpcGroup.Rpcs<typeof TrainingProtocol>>
-
-export interface TrainingRole {
-  readonly handlers: TrainingHandlers
-  readonly leave: Effect.Effect<void>
-  readonly step: () => number
-}
+export type { TrainingRole } from "../serving/training-role.ts"
 
 export const makeTrainingRole = (
   ctx: Pick<Actor.ActorContext<unknown>, "address" | "system">,
