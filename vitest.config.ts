@@ -2,7 +2,9 @@ import { defineConfig } from "vitest/config"
 
 export default defineConfig({
   test: {
-    include: ["test/**/*.test.ts"],
+    // `*.chaos.ts`: faults whose timing makes them flaky under a loaded CI; `npm run test:chaos` sets
+    // GYRE_CHAOS_FAULTS and runs them.
+    include: ["test/**/*.test.ts", ...(process.env.GYRE_CHAOS_FAULTS === undefined ? [] : ["test/**/*.chaos.ts"])],
     testTimeout: 60_000,
     hookTimeout: 60_000,
     pool: "forks",

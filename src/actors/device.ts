@@ -38,7 +38,7 @@ import { formatAddress } from "../runtime/names.ts"
 import { DeviceProtocol, DeviceRefused } from "../protocols/device.ts"
 import { Device as DeviceKind, Gateway, Scheduler, type GatewayRef, type SchedulerRef } from "../protocols/topology.ts"
 import { WeightsUnavailable, type WorkerLoad } from "../protocols/rollout.ts"
-import { deviceLoad, makeRoleSwitch, type RoleState } from "../serving/role-switch.ts"
+import { RoleSwitch, deviceLoad, type RoleState } from "../serving/role-switch.ts"
 import { KV_BLOCK_TOKENS, rolloutConfigFromEnv, startRollout, type RolloutConfig } from "../serving/rollout-role.ts"
 import type { TrainingRole, TrainingRoleFactory } from "../serving/training-role.ts"
 
@@ -83,7 +83,7 @@ export const device = (configured: DeviceConfig | (() => DeviceConfig)) =>
         const rollout = yield* startRollout(ctx, config, report)
         if (config.threads !== undefined) yield* rollout.model.setThreads(config.threads).pipe(Effect.orDie)
         training = config.training === undefined ? undefined : yield* config.training({ ...rollout, ctx, version: () => rollout.batcher.load().version, swapWeights: rollout.batcher.swapWeights })
-        const roles = yield* makeRoleSwitch({
+        const roles = yield* RoleSwitch.make({
           system: ctx.system,
           self,
           gateway: config.gateway ?? Gateway.ref("main"),

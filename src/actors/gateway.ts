@@ -19,9 +19,9 @@ import { Effect, Schema } from "effect"
 import type { RpcGroup } from "effect/rpc"
 import * as Actor from "../runtime/actor.ts"
 import { makeCallRecorder } from "../gateway/call-recorder.ts"
-import { makeCallRouter } from "../gateway/call-router.ts"
+import { CallRouter } from "../gateway/call-router.ts"
 import { chatTurns, type Generate } from "../gateway/chat-turn.ts"
-import { openAiRoutes } from "../gateway/endpoints.ts"
+import { OpenAiRoutes } from "../gateway/endpoints.ts"
 import { openAiErrors, serveHttp, type HttpLimits } from "../gateway/http.ts"
 import { messagesErrorFormat, messagesRoutes } from "../gateway/messages-route.ts"
 import { responsesRoutes } from "../gateway/responses-route.ts"
@@ -79,7 +79,7 @@ export const gateway = (config: GatewayConfig = {}) =>
         const model = config.model ?? "gyre"
         yield* ensureTrajectoryStream(system)
         const directory = yield* watchWorkers(system, { deadAfterMs: config.workerDeadAfterMs ?? 3000 })
-        const router = makeCallRouter(system, directory, yield* openTransferStore(system), {
+        const router = CallRouter.make(system, directory, yield* openTransferStore(system), {
           generateTimeoutMs: config.generateTimeoutMs ?? 600_000,
           maxAttempts: config.maxAttempts ?? 5,
           workerWaitMs: config.workerWaitMs ?? 5000,
@@ -124,7 +124,7 @@ export const gateway = (config: GatewayConfig = {}) =>
 
         const chat = config.chat ?? gyreChat
         const turns = chatTurns({ chat, defaultMaxTokens: config.defaultMaxTokens ?? 512, maxContextTokens: config.maxContextTokens, generate, sampling: config.sampling })
-        const openAi = openAiRoutes({ model, servingSince: Math.floor(Date.now() / 1000), maxContextTokens: config.maxContextTokens, generate, turns, chat })
+        const openAi = OpenAiRoutes.make({ model, servingSince: Math.floor(Date.now() / 1000), maxContextTokens: config.maxContextTokens, generate, turns, chat })
         const responses = responsesRoutes({ model, turns })
         const messages = messagesRoutes({ model, turns })
 
@@ -136,7 +136,7 @@ export const gateway = (config: GatewayConfig = {}) =>
           ...(config.limits === undefined ? {} : { limits: config.limits }),
           probes: readiness(system, directory),
           authenticate: sessions.authenticate,
-          routeOf: (path) => openAi(path) ?? responses(path) ?? messages(path),
+          routeOf: (path) => openAi.route(path) ?? responses(path) ?? messages(path),
           errorFormatOf: messagesErrorFormat(openAiErrors)
         })
         const baseUrl = `http://${config.advertiseHost ?? host}:${server.port}/v1`

@@ -32,7 +32,7 @@ import { Scheduler, type HarnessRunnerRef } from "../protocols/topology.ts"
 import type { RunConfig } from "../protocols/run.ts"
 import { Book } from "../scheduling/book.ts"
 import { makeDriver, policyOf, runClock } from "../scheduling/driver.ts"
-import { makeShell } from "../scheduling/actions.ts"
+import { Shell } from "../scheduling/actions.ts"
 import { inputHandlers } from "../scheduling/inputs.ts"
 import { runOnRunner } from "../scheduling/dispatcher.ts"
 import { journalRunConfig, readRecords, recordWriter } from "../scheduling/records.ts"
@@ -97,7 +97,7 @@ export const makeScheduler = (options: SchedulerOptions) => {
         const book = new Book(config, options.trainTasks)
         const replayed = yield* replayRecords(policy, config, book, yield* readRecords(system), lead.term)
         const now = runClock(config.startedAt, replayed.at)
-        const shell = yield* makeShell({
+        const shell = yield* Shell.make({
           system,
           book,
           self: schedulerRef,

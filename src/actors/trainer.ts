@@ -49,7 +49,7 @@ import { formatAddress } from "../runtime/names.ts"
 import { Device } from "../protocols/topology.ts"
 import { transient } from "../common/retry.ts"
 import { makeClaims } from "../training/claims.ts"
-import { makeCore, type ModelWeights } from "../training/core-step.ts"
+import { Core, type ModelWeights } from "../training/core-step.ts"
 import { openGradientStore, type MicroBatchGradient } from "../training/gradients.ts"
 import { ensureMicroBatchStream, type Claim } from "../training/microbatch-queue.ts"
 import { openMicroBatchStore } from "../training/microbatch-store.ts"
@@ -104,7 +104,7 @@ export const makeTrainingRole = (
         })
       )
 
-    const core = yield* makeCore({ system, me, config, model, trainer, trainerLock, gradients, batches, weights, ensureVersion, compute, ackWaitMs, scope })
+    const core = yield* Core.make({ system, me, config, model, trainer, trainerLock, gradients, batches, weights, ensureVersion, compute, ackWaitMs, scope })
 
     /** The claimed micro-batch's gradient, or why it cannot be trained (a failure of another kind hands the claim back). */
     const train = (claim: Claim) =>

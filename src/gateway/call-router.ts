@@ -31,14 +31,14 @@
  */
 import type { ObjectStore } from "@nats-io/obj"
 import { nuid, type Msg } from "@nats-io/transport-node"
-import { Deferred, Effect, Fiber, Schema } from "effect"
+import { Context, Deferred, Effect, Fiber, Layer, Schema } from "effect"
 import { parseAddress } from "../runtime/names.ts"
 import { refOf, type ActorSystemShape } from "../runtime/system.ts"
 import { digestOf } from "../tree/hash.ts"
 import { rlLayout } from "../protocols/layout.ts"
 import { deleteObject, getArrays, putArrays, type TokensRef } from "../protocols/transfer.ts"
 import { apiError, type ApiError } from "../openai/openai.ts"
-import { RolloutWorkerProtocol, TokenChunk, type FinishReason, type GenerateResult, type SamplingParams, type StepTokens } from "../protocols/rollout.ts"
+import { RolloutWorkerProtocol, TokenChunk, type ContextTooLong, type FinishReason, type GenerateResult, type SamplingParams, type StepTokens } from "../protocols/rollout.ts"
 import type { WorkerDirectory } from "./worker-directory.ts"
 
 /** One of an execution's last calls: its request id, its sequence (prompt ++ output), the worker that holds it. */
@@ -141,252 +141,306 @@ const commonPrefix = (a: Int32Array, b: Int32Array): number => {
 /** A worker by registry key: `rollout-worker/<id>`, or `device/<id>` (a device serves the same requests). */
 const workerRef = (key: string) => refOf(RolloutWorkerProtocol, parseAddress(key))
 
-export const makeCallRouter = (system: ActorSystemShape, directory: WorkerDirectory, store: ObjectStore, options: RouterOptions) => {
-  const layout = rlLayout(system.run)
-  const inFlight = new Map<string, number>()
-  const routed = new Map<string, number>()
-  const bump = (m: Map<string, number>, key: string | undefined, by: number) => {
-    if (key !== undefined) m.set(key, (m.get(key) ?? 0) + by)
-  }
-  const localLoad = (key: string) => (inFlight.get(key) ?? 0) + (routed.get(key) ?? 0)
-
-  const moveRoute = (route: Route, worker: string | undefined) => {
-    if (route.worker === worker) return
-    bump(routed, route.worker, -1)
-    bump(routed, worker, 1)
-    route.worker = worker
-  }
-
-  /** The route's worker if usable, else the least loaded usable one (preferring those not tried). */
-  const chooseWorker = (route: Route, tried: ReadonlySet<string>) =>
-    Effect.gen(function* () {
-      const deadline = performance.now() + options.workerWaitMs
-      while (true) {
-        if (route.worker !== undefined && !tried.has(route.worker) && directory.keeps(route.worker)) return route.worker
-        const picked = directory.pick(tried, localLoad) ?? directory.pick(new Set(), localLoad)
-        if (picked !== undefined) {
-          moveRoute(route, picked.key)
-          return picked.key
-        }
-        if (performance.now() > deadline) {
-          return yield* Effect.fail(apiError(503, "No rollout worker is available to serve the model; try again later.", { code: "no_worker_available" }))
-        }
-        yield* Effect.sleep("100 millis")
-      }
-    })
-
-  /** `base` and the tokens after it, relative to the route's remembered sequences on `worker`. */
-  const delta = (route: Route, worker: string, full: Int32Array) => {
-    let best: { request: string; length: number } | undefined
-    if (route.worker === worker) {
-      for (const r of route.recent) {
-        if (r.worker !== worker) continue
-        const n = commonPrefix(r.tokens, full)
-        if (n > 0 && (best === undefined || n > best.length)) best = { request: r.request, length: n }
-      }
-    }
-    if (best === undefined) return { base: null, prompt: full }
-    return {
-      base: { length: best.length, digest: digestOf(full.subarray(0, best.length)), request: best.request },
-      prompt: full.subarray(best.length)
-    }
-  }
-
-  /**
-   * Remembers a call's sequence. The earlier ones it extends (an agent loop's, each call's prompt
-   * starting with the last sequence) become views of its buffer: an execution's remembered
-   * sequences cost about one copy of its context, not `recentPerExecution`.
-   */
-  const remember = (route: Route, entry: Remembered) => {
-    for (const r of route.recent) {
-      if (r.tokens.buffer !== entry.tokens.buffer && commonPrefix(r.tokens, entry.tokens) === r.tokens.length) r.tokens = entry.tokens.subarray(0, r.tokens.length)
-    }
-    route.recent.push(entry)
-    if (route.recent.length > options.recentPerExecution) route.recent.shift()
-  }
-
-  /** A whole prompt that an earlier sequence of the execution shares a prefix with: sent again. */
-  const resends = (route: Route, full: Int32Array) => route.recent.some((r) => commonPrefix(r.tokens, full) > 0)
-
-  /** Runs `use` with the Generate's prompt fields: inline, or an object of the transfer store deleted afterwards. */
-  const withPrompt = <A, E>(tokens: Int32Array, use: (fields: { prompt: Int32Array; promptObject?: TokensRef }) => Effect.Effect<A, E>) =>
-    tokens.length <= options.inlineTokens
-      ? use({ prompt: tokens })
-      : Effect.acquireUseRelease(
-          putArrays(store, "p", [tokens]),
-          (ref) => use({ prompt: new Int32Array(0), promptObject: ref }),
-          (ref) => deleteObject(store, ref.object)
-        )
-
-  /** An answer with its output in place (read from the transfer store, then deleted, when it came as an object). */
-  const withOutput = (result: GenerateResult) => {
-    const ref = result.outputObject
-    if (ref === undefined) return Effect.succeed(result)
-    return getArrays(system, store, ref, ["int32", "float32", "int32"] as const).pipe(
-      Effect.map(([output, logprobs, versions]): GenerateResult => ({ ...result, output, logprobs, versions, outputObject: undefined })),
-      Effect.ensuring(deleteObject(store, ref.object))
-    )
-  }
-
-  const attempt = (worker: string, req: CallRequest, full: Int32Array, sampling: SamplingParams) =>
-    Effect.gen(function* () {
-      const ref = workerRef(worker)
-      const request = nuid.next()
-      const streamed = { tokens: [] as Array<number>, logprobs: [] as Array<number>, versions: [] as Array<number> }
-      const onChunk = (err: Error | null, msg: Msg) => {
-        if (err !== null) return
-        let json: unknown
-        try {
-          json = msg.json()
-        } catch {
-          return
-        }
-        const chunk = decodeChunk(json)
-        if (chunk._tag === "None" || chunk.value.done) return
-        const { tokens, logprobs } = chunk.value
-        const versions = chunk.value.versions ?? new Int32Array(tokens.length)
-        streamed.tokens.push(...tokens)
-        streamed.logprobs.push(...logprobs)
-        streamed.versions.push(...versions)
-        req.onTokens?.({ tokens, logprobs, versions })
-      }
-      const subscription = req.onTokens !== undefined ? system.nats.nc.subscribe(layout.tokens(request), { callback: onChunk }) : undefined
-      bump(inFlight, worker, 1)
-      const canceller = yield* Effect.forkChild(
-        Deferred.await(req.clientGone).pipe(
-          Effect.andThen(system.ask(ref, "Cancel", { request }, { timeoutMs: 5000 })),
-          Effect.ignore
-        )
-      )
-      let fullResends = 0
-      const ask = (d: ReturnType<typeof delta>) => {
-        if (d.base === null && resends(req.route, full)) fullResends++
-        return withPrompt(d.prompt, (fields) =>
-          system.ask(
-            ref,
-            "Generate",
-            { execution: req.execution, request, base: d.base, ...fields, sampling, stream: req.onTokens !== undefined },
-            { timeoutMs: options.generateTimeoutMs }
-          )
-        )
-      }
-      const outcome: Attempt = yield* ask(delta(req.route, worker, full)).pipe(
-        Effect.catchTag("CacheMiss", () => ask({ base: null, prompt: full })),
-        Effect.flatMap(withOutput),
-        Effect.raceFirst(directory.awaitDeath(worker).pipe(Effect.andThen(Effect.fail(new WorkerGone({ worker }))))),
-        Effect.map((result): Attempt => ({ _tag: "done", result })),
-        Effect.catch((e): Effect.Effect<Attempt> => {
-          if (e._tag === "ContextTooLong") return Effect.succeed({ _tag: "tooLong", tokens: e.tokens, limit: e.limit, bound: e.bound })
-          const partial = { tokens: Int32Array.from(streamed.tokens), logprobs: Float32Array.from(streamed.logprobs), versions: Int32Array.from(streamed.versions) }
-          const failed = Effect.succeed<Attempt>({ _tag: "failed", reason: e._tag, partial })
-          // A worker that is still there may still be generating: stop it (best effort).
-          return e._tag === "AskTimeout" || e._tag === "TransportError"
-            ? Effect.forkDetach(system.ask(ref, "Cancel", { request }, { timeoutMs: 5000 }).pipe(Effect.ignore)).pipe(Effect.andThen(failed))
-            : failed
-        }),
-        Effect.ensuring(
-          Effect.sync(() => {
-            subscription?.unsubscribe()
-            bump(inFlight, worker, -1)
-          })
-        )
-      )
-      yield* Fiber.interrupt(canceller)
-      return { outcome, request, fullResends }
-    })
-
-  const call = (req: CallRequest): Effect.Effect<CallResult, ApiError> =>
-    Effect.gen(function* () {
-      const out = { tokens: [] as Array<number>, logprobs: [] as Array<number>, versions: [] as Array<number> }
-      const append = (s: { readonly tokens: ArrayLike<number>; readonly logprobs: ArrayLike<number>; readonly versions: ArrayLike<number> }) => {
-        pushAll(out.tokens, s.tokens)
-        pushAll(out.logprobs, s.logprobs)
-        pushAll(out.versions, s.versions)
-      }
-      const tried = new Set<string>()
-      const workers: Array<string> = []
-      let cachedTokens: number | undefined
-      let computeMs = 0
-      let workerMs = 0
-      let fullResends = 0
-      let reprefillTokens = 0
-      const finished = (finishReason: FinishReason): CallResult => ({
-        output: Int32Array.from(out.tokens),
-        logprobs: Float32Array.from(out.logprobs),
-        versions: Int32Array.from(out.versions),
-        finishReason,
-        promptTokens: req.prompt.length,
-        cachedTokens: Math.min(cachedTokens ?? 0, req.prompt.length),
-        computeMs,
-        workerMs,
-        workers,
-        fullResends,
-        reprefillTokens
-      })
-      for (let n = 1; n <= options.maxAttempts; n++) {
-        const worker = yield* chooseWorker(req.route, tried)
-        tried.add(worker)
-        workers.push(worker)
-        const full = concat(req.prompt, out.tokens)
-        const sampling = { ...req.sampling, maxTokens: req.sampling.maxTokens - out.tokens.length }
-        const attempted = yield* attempt(worker, req, full, sampling)
-        const { outcome, request } = attempted
-        fullResends += attempted.fullResends
-        if (outcome._tag === "tooLong") {
-          if (out.tokens.length > 0) return finished("length")
-          return yield* Effect.fail(contextTooLong(outcome.tokens, outcome.limit, outcome.bound))
-        }
-        if (outcome._tag === "failed") {
-          append(outcome.partial)
-          if (req.route.worker === worker) moveRoute(req.route, undefined)
-          continue
-        }
-        const result = outcome.result
-        append({ tokens: result.output, logprobs: result.logprobs, versions: result.versions })
-        computeMs += result.computeMs
-        workerMs += result.workerMs
-        reprefillTokens += result.reprefillTokens
-        cachedTokens ??= result.cachedTokens
-        req.route.servedBy.add(worker)
-        remember(req.route, { request, tokens: concat(full, result.output), worker })
-        const clientGone = yield* Deferred.isDone(req.clientGone)
-        if (result.finishReason !== "cancelled" || clientGone) return finished(result.finishReason)
-        // Cancelled by the worker: continue where a role switch moved its context (its
-        // sequence is remembered above, so the next attempt's base is all of it), else elsewhere.
-        if (result.movedTo !== undefined) contextsMoved(req.route, worker, result.movedTo, new Set([request]))
-        else if (req.route.worker === worker) moveRoute(req.route, undefined)
-        if (out.tokens.length >= req.sampling.maxTokens) return finished("length")
-      }
-      return yield* Effect.fail(
-        apiError(503, `The call failed on ${options.maxAttempts} rollout workers in a row; try again later.`, { code: "worker_unavailable" })
-      )
-    })
-
-  /**
-   * A device leaving rollout handed the contexts of `requests` to `to`: a route still on `from`
-   * moves there, keeping the sequences of those requests (the next call's base). False when
-   * the route had already left `from`.
-   */
-  const contextsMoved = (route: Route, from: string, to: string, requests: ReadonlySet<string>): boolean => {
-    if (route.worker !== from) return false
-    for (const r of route.recent) if (r.worker === from && requests.has(r.request)) r.worker = to
-    moveRoute(route, to)
-    route.servedBy.add(to)
-    return true
-  }
-
-  /** Frees the execution's cached contexts on `worker` (best effort). */
-  const releaseOn = (worker: string, execution: string) =>
-    system.ask(workerRef(worker), "Release", { execution }, { timeoutMs: 5000 }).pipe(Effect.ignore)
-
-  /** Frees the execution's cached contexts on every worker that served it. */
-  const release = (execution: string, route: Route) =>
-    Effect.gen(function* () {
-      moveRoute(route, undefined)
-      yield* Effect.forEach([...route.servedBy], (worker) => releaseOn(worker, execution), { concurrency: "unbounded", discard: true })
-    })
-
-  return { call, release, releaseOn, contextsMoved }
+/** The router's own figures: this gateway's requests in flight and the routes it keeps, per worker. */
+interface RouterState {
+  readonly inFlight: Map<string, number>
+  readonly routed: Map<string, number>
 }
 
-export type CallRouter = ReturnType<typeof makeCallRouter>
+/** What the router's operations share. */
+interface Routing {
+  readonly system: ActorSystemShape
+  readonly directory: WorkerDirectory
+  readonly store: ObjectStore
+  readonly options: RouterOptions
+  readonly layout: ReturnType<typeof rlLayout>
+  readonly state: RouterState
+}
+
+const bump = (m: Map<string, number>, key: string | undefined, by: number) => {
+  if (key !== undefined) m.set(key, (m.get(key) ?? 0) + by)
+}
+
+/** A worker's local load: this gateway's requests in flight plus the executions it keeps there. */
+const localLoad = (state: RouterState) => (key: string) => (state.inFlight.get(key) ?? 0) + (state.routed.get(key) ?? 0)
+
+const moveRoute = (state: RouterState, route: Route, worker: string | undefined) => {
+  if (route.worker === worker) return
+  bump(state.routed, route.worker, -1)
+  bump(state.routed, worker, 1)
+  route.worker = worker
+}
+
+/** The route's worker if usable, else the least loaded usable one (preferring those not tried). */
+const chooseWorker = Effect.fnUntraced(function* (r: Routing, route: Route, tried: ReadonlySet<string>) {
+  const deadline = performance.now() + r.options.workerWaitMs
+  const load = localLoad(r.state)
+  while (true) {
+    if (route.worker !== undefined && !tried.has(route.worker) && r.directory.keeps(route.worker)) return route.worker
+    const picked = r.directory.pick(tried, load) ?? r.directory.pick(new Set(), load)
+    if (picked !== undefined) {
+      moveRoute(r.state, route, picked.key)
+      return picked.key
+    }
+    if (performance.now() > deadline) {
+      return yield* Effect.fail(apiError(503, "No rollout worker is available to serve the model; try again later.", { code: "no_worker_available" }))
+    }
+    yield* Effect.sleep("100 millis")
+  }
+})
+
+/** `base` and the tokens after it, relative to the route's remembered sequences on `worker`. */
+const delta = (route: Route, worker: string, full: Int32Array) => {
+  let best: { request: string; length: number } | undefined
+  if (route.worker === worker) {
+    for (const r of route.recent) {
+      if (r.worker !== worker) continue
+      const n = commonPrefix(r.tokens, full)
+      if (n > 0 && (best === undefined || n > best.length)) best = { request: r.request, length: n }
+    }
+  }
+  if (best === undefined) return { base: null, prompt: full }
+  return {
+    base: { length: best.length, digest: digestOf(full.subarray(0, best.length)), request: best.request },
+    prompt: full.subarray(best.length)
+  }
+}
+
+/**
+ * Remembers a call's sequence. The earlier ones it extends (an agent loop's, each call's prompt
+ * starting with the last sequence) become views of its buffer: an execution's remembered
+ * sequences cost about one copy of its context, not `recentPerExecution`.
+ */
+const remember = (options: RouterOptions, route: Route, entry: Remembered) => {
+  for (const r of route.recent) {
+    if (r.tokens.buffer !== entry.tokens.buffer && commonPrefix(r.tokens, entry.tokens) === r.tokens.length) r.tokens = entry.tokens.subarray(0, r.tokens.length)
+  }
+  route.recent.push(entry)
+  if (route.recent.length > options.recentPerExecution) route.recent.shift()
+}
+
+/** A whole prompt that an earlier sequence of the execution shares a prefix with: sent again. */
+const resends = (route: Route, full: Int32Array) => route.recent.some((r) => commonPrefix(r.tokens, full) > 0)
+
+/** Runs `use` with the Generate's prompt fields: inline, or an object of the transfer store deleted afterwards. */
+const withPrompt = <A, E>(r: Routing, tokens: Int32Array, use: (fields: { prompt: Int32Array; promptObject?: TokensRef }) => Effect.Effect<A, E>) =>
+  tokens.length <= r.options.inlineTokens
+    ? use({ prompt: tokens })
+    : Effect.acquireUseRelease(
+        putArrays(r.store, "p", [tokens]),
+        (ref) => use({ prompt: new Int32Array(0), promptObject: ref }),
+        (ref) => deleteObject(r.store, ref.object)
+      )
+
+/** An answer with its output in place (read from the transfer store, then deleted, when it came as an object). */
+const withOutput = (r: Routing, result: GenerateResult) => {
+  const ref = result.outputObject
+  if (ref === undefined) return Effect.succeed(result)
+  return getArrays(r.system, r.store, ref, ["int32", "float32", "int32"] as const).pipe(
+    Effect.map(([output, logprobs, versions]): GenerateResult => ({ ...result, output, logprobs, versions, outputObject: undefined })),
+    Effect.ensuring(deleteObject(r.store, ref.object))
+  )
+}
+
+/** Tokens, log-probs and versions gathered piece by piece. */
+class Gathered {
+  readonly tokens: Array<number> = []
+  readonly logprobs: Array<number> = []
+  readonly versions: Array<number> = []
+  append(s: { readonly tokens: ArrayLike<number>; readonly logprobs: ArrayLike<number>; readonly versions: ArrayLike<number> }) {
+    pushAll(this.tokens, s.tokens)
+    pushAll(this.logprobs, s.logprobs)
+    pushAll(this.versions, s.versions)
+  }
+  arrays(): StepTokens {
+    return { tokens: Int32Array.from(this.tokens), logprobs: Float32Array.from(this.logprobs), versions: Int32Array.from(this.versions) }
+  }
+}
+
+/** Subscribes to the token stream of `request` (when the call streams): each chunk is kept in `streamed` and handed on. */
+const subscribeTokens = (r: Routing, req: CallRequest, request: string, streamed: Gathered) => {
+  const onTokens = req.onTokens
+  if (onTokens === undefined) return undefined
+  const onChunk = (err: Error | null, msg: Msg) => {
+    if (err !== null) return
+    let json: unknown
+    try {
+      json = msg.json()
+    } catch {
+      return
+    }
+    const chunk = decodeChunk(json)
+    if (chunk._tag === "None" || chunk.value.done) return
+    const { tokens, logprobs } = chunk.value
+    const step = { tokens, logprobs, versions: chunk.value.versions ?? new Int32Array(tokens.length) }
+    streamed.append(step)
+    onTokens(step)
+  }
+  return r.system.nats.nc.subscribe(r.layout.tokens(request), { callback: onChunk })
+}
+
+/** An attempt's failure as an outcome: too long, or failed with what was streamed (a worker still there is asked to stop). */
+const failedAttempt = (r: Routing, worker: string, request: string, streamed: Gathered, e: { readonly _tag: string }): Effect.Effect<Attempt> => {
+  if (e._tag === "ContextTooLong") {
+    const t = e as ContextTooLong
+    return Effect.succeed({ _tag: "tooLong", tokens: t.tokens, limit: t.limit, bound: t.bound })
+  }
+  const failed = Effect.succeed<Attempt>({ _tag: "failed", reason: e._tag, partial: streamed.arrays() })
+  // A worker that is still there may still be generating: stop it (best effort).
+  return e._tag === "AskTimeout" || e._tag === "TransportError"
+    ? Effect.forkDetach(r.system.ask(workerRef(worker), "Cancel", { request }, { timeoutMs: 5000 }).pipe(Effect.ignore)).pipe(Effect.andThen(failed))
+    : failed
+}
+
+/** One ask of the call on `worker`: the answer, a failure to retry elsewhere, or a prompt too long. */
+const attempt = Effect.fnUntraced(function* (r: Routing, worker: string, req: CallRequest, full: Int32Array, sampling: SamplingParams) {
+  const ref = workerRef(worker)
+  const request = nuid.next()
+  const streamed = new Gathered()
+  const subscription = subscribeTokens(r, req, request, streamed)
+  bump(r.state.inFlight, worker, 1)
+  const canceller = yield* Effect.forkChild(
+    Deferred.await(req.clientGone).pipe(Effect.andThen(r.system.ask(ref, "Cancel", { request }, { timeoutMs: 5000 })), Effect.ignore)
+  )
+  let fullResends = 0
+  const ask = (d: ReturnType<typeof delta>) => {
+    if (d.base === null && resends(req.route, full)) fullResends++
+    const generate = { execution: req.execution, request, base: d.base, sampling, stream: req.onTokens !== undefined }
+    return withPrompt(r, d.prompt, (fields) => r.system.ask(ref, "Generate", { ...generate, ...fields }, { timeoutMs: r.options.generateTimeoutMs }))
+  }
+  const outcome: Attempt = yield* ask(delta(req.route, worker, full)).pipe(
+    Effect.catchTag("CacheMiss", () => ask({ base: null, prompt: full })),
+    Effect.flatMap((result) => withOutput(r, result)),
+    Effect.raceFirst(r.directory.awaitDeath(worker).pipe(Effect.andThen(Effect.fail(new WorkerGone({ worker }))))),
+    Effect.map((result): Attempt => ({ _tag: "done", result })),
+    Effect.catch((e) => failedAttempt(r, worker, request, streamed, e)),
+    Effect.ensuring(
+      Effect.sync(() => {
+        subscription?.unsubscribe()
+        bump(r.state.inFlight, worker, -1)
+      })
+    )
+  )
+  yield* Fiber.interrupt(canceller)
+  return { outcome, request, fullResends }
+})
+
+/** A call's figures over its attempts, and its output so far. */
+class CallTally {
+  readonly out = new Gathered()
+  readonly workers: Array<string> = []
+  cachedTokens: number | undefined = undefined
+  computeMs = 0
+  workerMs = 0
+  fullResends = 0
+  reprefillTokens = 0
+  constructor(readonly promptTokens: number) {}
+  answered(result: GenerateResult) {
+    this.out.append({ tokens: result.output, logprobs: result.logprobs, versions: result.versions })
+    this.computeMs += result.computeMs
+    this.workerMs += result.workerMs
+    this.reprefillTokens += result.reprefillTokens
+    this.cachedTokens ??= result.cachedTokens
+  }
+  finished(finishReason: FinishReason): CallResult {
+    const { tokens: output, logprobs, versions } = this.out.arrays()
+    return {
+      output,
+      logprobs,
+      versions,
+      finishReason,
+      promptTokens: this.promptTokens,
+      cachedTokens: Math.min(this.cachedTokens ?? 0, this.promptTokens),
+      computeMs: this.computeMs,
+      workerMs: this.workerMs,
+      workers: this.workers,
+      fullResends: this.fullResends,
+      reprefillTokens: this.reprefillTokens
+    }
+  }
+}
+
+/**
+ * A device leaving rollout handed the contexts of `requests` to `to`: a route still on `from`
+ * moves there, keeping the sequences of those requests (the next call's base). False when
+ * the route had already left `from`.
+ */
+const contextsMoved = (state: RouterState) => (route: Route, from: string, to: string, requests: ReadonlySet<string>): boolean => {
+  if (route.worker !== from) return false
+  for (const r of route.recent) if (r.worker === from && requests.has(r.request)) r.worker = to
+  moveRoute(state, route, to)
+  route.servedBy.add(to)
+  return true
+}
+
+/** What a call does after a worker answered: the result to return, or undefined to continue on another worker. */
+const afterAnswer = Effect.fnUntraced(function* (r: Routing, req: CallRequest, tally: CallTally, worker: string, request: string, full: Int32Array, result: GenerateResult) {
+  tally.answered(result)
+  req.route.servedBy.add(worker)
+  remember(r.options, req.route, { request, tokens: concat(full, result.output), worker })
+  const clientGone = yield* Deferred.isDone(req.clientGone)
+  if (result.finishReason !== "cancelled" || clientGone) return tally.finished(result.finishReason)
+  // Cancelled by the worker: continue where a role switch moved its context (its sequence is
+  // remembered above, so the next attempt's base is all of it), else elsewhere.
+  if (result.movedTo !== undefined) contextsMoved(r.state)(req.route, worker, result.movedTo, new Set([request]))
+  else if (req.route.worker === worker) moveRoute(r.state, req.route, undefined)
+  if (tally.out.tokens.length >= req.sampling.maxTokens) return tally.finished("length")
+  return undefined
+})
+
+const call = Effect.fn("CallRouter.call")(function* (r: Routing, req: CallRequest) {
+  const tally = new CallTally(req.prompt.length)
+  const tried = new Set<string>()
+  for (let n = 1; n <= r.options.maxAttempts; n++) {
+    const worker = yield* chooseWorker(r, req.route, tried)
+    tried.add(worker)
+    tally.workers.push(worker)
+    const full = concat(req.prompt, tally.out.tokens)
+    const sampling = { ...req.sampling, maxTokens: req.sampling.maxTokens - tally.out.tokens.length }
+    const { outcome, request, fullResends } = yield* attempt(r, worker, req, full, sampling)
+    tally.fullResends += fullResends
+    if (outcome._tag === "tooLong") {
+      if (tally.out.tokens.length > 0) return tally.finished("length")
+      return yield* Effect.fail(contextTooLong(outcome.tokens, outcome.limit, outcome.bound))
+    }
+    if (outcome._tag === "failed") {
+      tally.out.append(outcome.partial)
+      if (req.route.worker === worker) moveRoute(r.state, req.route, undefined)
+      continue
+    }
+    const done = yield* afterAnswer(r, req, tally, worker, request, full, outcome.result)
+    if (done !== undefined) return done
+  }
+  return yield* Effect.fail(apiError(503, `The call failed on ${r.options.maxAttempts} rollout workers in a row; try again later.`, { code: "worker_unavailable" }))
+})
+
+/** Frees the execution's cached contexts on `worker` (best effort). */
+const releaseOn = (system: ActorSystemShape) => (worker: string, execution: string) =>
+  system.ask(workerRef(worker), "Release", { execution }, { timeoutMs: 5000 }).pipe(Effect.ignore)
+
+export interface CallRouterShape {
+  /** Runs a model call on the workers (the module comment: routes, deltas, retries, moves). */
+  readonly call: (req: CallRequest) => Effect.Effect<CallResult, ApiError>
+  /** Frees the execution's cached contexts on every worker that served it. */
+  readonly release: (execution: string, route: Route) => Effect.Effect<void>
+  /** Frees the execution's cached contexts on `worker` (best effort). */
+  readonly releaseOn: (worker: string, execution: string) => Effect.Effect<void>
+  /** A device handed the contexts of `requests` from `from` to `to` (`ContextsMoved`); false when the route had left `from`. */
+  readonly contextsMoved: (route: Route, from: string, to: string, requests: ReadonlySet<string>) => boolean
+}
+
+const makeCallRouter = (system: ActorSystemShape, directory: WorkerDirectory, store: ObjectStore, options: RouterOptions): CallRouterShape => {
+  const r: Routing = { system, directory, store, options, layout: rlLayout(system.run), state: { inFlight: new Map(), routed: new Map() } }
+  const release = Effect.fn("CallRouter.release")(function* (execution: string, route: Route) {
+    moveRoute(r.state, route, undefined)
+    yield* Effect.forEach([...route.servedBy], (worker) => releaseOn(system)(worker, execution), { concurrency: "unbounded", discard: true })
+  })
+  return { call: (req) => call(r, req), release, releaseOn: releaseOn(system), contextsMoved: contextsMoved(r.state) }
+}
+
+/** The gateway's call router over the run's worker directory and transfer store. */
+export class CallRouter extends Context.Service<CallRouter, CallRouterShape>()("gyre/gateway/CallRouter") {
+  static readonly make = makeCallRouter
+  static readonly layer = (system: ActorSystemShape, directory: WorkerDirectory, store: ObjectStore, options: RouterOptions) =>
+    Layer.succeed(CallRouter, makeCallRouter(system, directory, store, options))
+}

@@ -15,7 +15,7 @@
  * model's format); each streamed field is only ever a prefix of the final one.
  */
 import { nuid } from "@nats-io/transport-node"
-import { Effect } from "effect"
+import { Context, Effect, Layer } from "effect"
 import { tokenText, visibleText } from "../openai/chat.ts"
 import {
   ChatCompletionRequest,
@@ -38,8 +38,8 @@ import {
 } from "../openai/openai.ts"
 import { promptWithin, type PromptPiece } from "../openai/prompt.ts"
 import type { StepTokens } from "../protocols/rollout.ts"
-import type { ChatTurns, GatewayCall, Generate, TurnDelta } from "./chat-turn.ts"
-import { eventStream, sendJson, withBody, type Methods } from "./http.ts"
+import type { ChatTurns, GatewayCall, Generate, TurnDelta, TurnRequest } from "./chat-turn.ts"
+import { eventStream, sendJson, withBody, type EventStream, type Methods } from "./http.ts"
 import type { Session } from "./sessions.ts"
 
 export interface EndpointsOptions {
@@ -81,136 +81,178 @@ const unsupported = (req: ChatCompletionRequest): Effect.Effect<void, ApiError> 
   return Effect.void
 }
 
-/** The routes of the OpenAI API, by path. */
-export const openAiRoutes = (options: EndpointsOptions) => {
+/** The OpenAI API's routes: its handlers by path. */
+export interface OpenAiRoutesShape {
+  /** The handlers of `path` by HTTP method; undefined for a path this API does not have. */
+  readonly route: (path: string) => Methods<Session> | undefined
+  /** POST /v1/chat/completions with its JSON body. */
+  readonly chat: (call: GatewayCall, body: unknown) => Effect.Effect<void, ApiError>
+  /** POST /v1/completions with its JSON body. */
+  readonly completions: (call: GatewayCall, body: unknown) => Effect.Effect<void, ApiError>
+}
+
+/** A chat request as a turn (`./chat-turn.ts`). */
+const turnOf = (req: ChatCompletionRequest, messages: TurnRequest["messages"]): TurnRequest => {
+  const toolChoice = req.tool_choice ?? "auto"
+  return {
+    messages,
+    tools: req.tools ?? [],
+    toolChoice: typeof toolChoice === "string" ? toolChoice : { name: toolChoice.function.name },
+    parallelToolCalls: req.parallel_tool_calls ?? true,
+    stops: stopsOf(req.stop),
+    maxTokens: req.max_completion_tokens ?? req.max_tokens,
+    temperature: req.temperature,
+    topP: req.top_p,
+    seed: req.seed,
+    ignoreEos: req.ignore_eos === true,
+    param: "messages"
+  }
+}
+
+/** What every response of one request names: its id, creation time (Unix seconds) and model. */
+interface Answering {
+  readonly id: string
+  readonly created: number
+  readonly model: string
+}
+
+/**
+ * A streamed chat answer: the role chunk first (once), then per delta its reasoning, content
+ * (with the step's log-probs when asked) and tool calls.
+ */
+const chatStream = (stream: EventStream, a: Answering, logprobsOf: ((step: StepTokens) => Array<TokenLogprob>) | undefined) => {
+  const first = () => {
+    if (!stream.started) stream.send(chatChunk(a.id, a.created, a.model, { role: "assistant", content: "" }, null, null))
+  }
+  const onDelta = (delta: TurnDelta) => {
+    first()
+    const lp = logprobsOf !== undefined && delta.step !== undefined ? logprobsOf(delta.step) : null
+    if (delta.reasoning !== "") stream.send(chatChunk(a.id, a.created, a.model, { reasoning_content: delta.reasoning }, null, null))
+    if (delta.content !== "" || lp !== null) stream.send(chatChunk(a.id, a.created, a.model, { content: delta.content }, null, lp))
+    if (delta.toolCalls.length > 0) stream.send(chatChunk(a.id, a.created, a.model, { tool_calls: delta.toolCalls.map(toolCallDelta) }, null, null))
+  }
+  /** The finish chunk, the usage when asked, the end. */
+  const end = (finishReason: FinishReason, usage: Usage | undefined) => {
+    first()
+    stream.send(chatChunk(a.id, a.created, a.model, {}, finishReason, null))
+    if (usage !== undefined) stream.send(usageChunk(a.id, a.created, a.model, "chat.completion.chunk", usage))
+    stream.end()
+  }
+  return { onDelta, end }
+}
+
+/** The text a streamed completion has shown so far, and the chunks that show more. */
+const completionStream = (stream: EventStream, a: Answering, stops: ReadonlyArray<string>, tokenizer: ChatTurns["tokenizer"]) => {
+  const seen: Array<number> = []
+  const shown = { text: "" }
+  const chunk = (text: string, finish: FinishReason | null) => completion(a.id, a.created, a.model, text, finish, undefined)
+  const onTokens = (step: StepTokens) => {
+    seen.push(...step.tokens)
+    const text = visibleText(seen, stops, { final: false }, tokenizer)
+    if (text.length > shown.text.length) {
+      stream.send(chunk(text.slice(shown.text.length), null))
+      shown.text = text
+    }
+  }
+  /** The rest of the final text, the finish, the usage when asked, the end. */
+  const end = (text: string, finishReason: FinishReason, usage: Usage | undefined) => {
+    if (text.length > shown.text.length && text.startsWith(shown.text)) stream.send(chunk(text.slice(shown.text.length), null))
+    stream.send(chunk("", finishReason))
+    if (usage !== undefined) stream.send(usageChunk(a.id, a.created, a.model, "text_completion", usage))
+    stream.end()
+  }
+  return { onTokens, end }
+}
+
+const makeOpenAiRoutes = (options: EndpointsOptions): OpenAiRoutesShape => {
   const { model, servingSince, generate, turns } = options
   const { tokenizer } = turns
-  const encode = (text: string) => tokenizer.encode(text)
   const endOfText = options.chat.eosIds.map((id) => [id])
   const logprobsOf = (tokens: ArrayLike<number>, logprobs: ArrayLike<number>): Array<TokenLogprob> =>
     Array.from(tokens, (t, i) => ({ token: tokenText(t, tokenizer), logprob: logprobs[i]!, bytes: tokenizer.tokenBytes(t), top_logprobs: [] }))
+  const answering = (call: GatewayCall, prefix: string): Answering => ({ id: `${prefix}-${nuid.next()}`, created: Math.floor(call.startedAt / 1000), model })
 
-  const chat = (call: GatewayCall, body: unknown) =>
-    Effect.gen(function* () {
-      const req = yield* decodeBody(ChatCompletionRequest, body)
-      if (req.model !== model) return yield* Effect.fail(unknownModel(req.model, model))
-      yield* unsupported(req)
-      const messages = yield* decodeMessages(body)
-      const toolChoice = req.tool_choice ?? "auto"
-      const turn = {
-        messages,
-        tools: req.tools ?? [],
-        toolChoice: typeof toolChoice === "string" ? toolChoice : { name: toolChoice.function.name },
-        parallelToolCalls: req.parallel_tool_calls ?? true,
-        stops: stopsOf(req.stop),
-        maxTokens: req.max_completion_tokens ?? req.max_tokens,
-        temperature: req.temperature,
-        topP: req.top_p,
-        seed: req.seed,
-        ignoreEos: req.ignore_eos === true,
-        param: "messages"
-      } as const
-      const id = `chatcmpl-${nuid.next()}`
-      const created = Math.floor(call.startedAt / 1000)
-      const wantLogprobs = req.logprobs === true
-      const stream = req.stream === true ? eventStream(call.res) : undefined
-      const first = () => {
-        if (stream !== undefined && !stream.started) stream.send(chatChunk(id, created, model, { role: "assistant", content: "" }, null, null))
-      }
-      const answer = yield* turns.run(
-        call,
-        id,
-        turn,
-        stream === undefined
-          ? undefined
-          : (delta) => {
-              first()
-              const lp = wantLogprobs && delta.step !== undefined ? logprobsOf(delta.step.tokens, delta.step.logprobs) : null
-              if (delta.reasoning !== "") stream.send(chatChunk(id, created, model, { reasoning_content: delta.reasoning }, null, null))
-              if (delta.content !== "" || lp !== null) stream.send(chatChunk(id, created, model, { content: delta.content }, null, lp))
-              if (delta.toolCalls.length > 0) stream.send(chatChunk(id, created, model, { tool_calls: delta.toolCalls.map(toolCallDelta) }, null, null))
-            }
-      )
-      const { result, finishReason } = answer
+  /** The request's model, or the 404 of another. */
+  const served = (name: string) => (name === model ? Effect.void : Effect.fail(unknownModel(name, model)))
+
+  const chat = Effect.fn("OpenAi.chat")(function* (call: GatewayCall, body: unknown) {
+    const req = yield* decodeBody(ChatCompletionRequest, body)
+    yield* served(req.model)
+    yield* unsupported(req)
+    const turn = turnOf(req, yield* decodeMessages(body))
+    const a = answering(call, "chatcmpl")
+    const wantLogprobs = req.logprobs === true
+    const stream = req.stream === true ? chatStream(eventStream(call.res), a, wantLogprobs ? (s) => logprobsOf(s.tokens, s.logprobs) : undefined) : undefined
+    const answer = yield* turns.run(call, a.id, turn, stream?.onDelta)
+    const { result, finishReason } = answer
+    const usage = usageOf(result.promptTokens, result.output.length, result.cachedTokens)
+    if (stream === undefined) {
       const toolCalls = answer.toolCalls.map((c) => ({ id: c.id, type: "function" as const, function: { name: c.name, arguments: c.arguments } }))
-      const usage = usageOf(result.promptTokens, result.output.length, result.cachedTokens)
-      if (stream === undefined) {
-        const choice = {
-          role: "assistant" as const,
-          content: answer.content,
-          ...(answer.reasoning === null ? {} : { reasoning_content: answer.reasoning }),
-          ...(toolCalls.length > 0 ? { tool_calls: toolCalls } : {})
-        }
-        return sendJson(call.res, 200, chatCompletion(id, created, model, choice, finishReason, usage, wantLogprobs ? logprobsOf(result.output, result.logprobs) : null))
+      const choice = {
+        role: "assistant" as const,
+        content: answer.content,
+        ...(answer.reasoning === null ? {} : { reasoning_content: answer.reasoning }),
+        ...(toolCalls.length > 0 ? { tool_calls: toolCalls } : {})
       }
-      first()
-      stream.send(chatChunk(id, created, model, {}, finishReason, null))
-      if (req.stream_options?.include_usage === true) stream.send(usageChunk(id, created, model, "chat.completion.chunk", usage))
-      stream.end()
-    })
+      return sendJson(call.res, 200, chatCompletion(a.id, a.created, model, choice, finishReason, usage, wantLogprobs ? logprobsOf(result.output, result.logprobs) : null))
+    }
+    stream.end(finishReason, req.stream_options?.include_usage === true ? usage : undefined)
+  })
 
-  const completions = (call: GatewayCall, body: unknown) =>
-    Effect.gen(function* () {
-      const req = yield* decodeBody(CompletionRequest, body)
-      if (req.model !== model) return yield* Effect.fail(unknownModel(req.model, model))
-      const p = req.prompt
-      const first = Array.isArray(p) ? p[0] : p
-      const pieces: Array<PromptPiece> =
-        typeof first === "string"
-          ? [options.chat.bos === undefined ? [] : [options.chat.bos], first]
-          : [Array.isArray(first) ? (first as ReadonlyArray<number>) : (p as ReadonlyArray<number>)]
-      const prompt = yield* promptWithin(tokenizer, pieces, options.maxContextTokens).pipe(
-        Effect.mapError((e) => contextLengthExceeded(e.limit, e.tokens, "prompt", e.atLeast))
-      )
-      const bad = prompt.findIndex((t) => t >= tokenizer.vocabSize)
-      if (bad >= 0) return yield* Effect.fail(apiError(400, `Invalid token id ${prompt[bad]} in 'prompt': ids are below ${tokenizer.vocabSize}.`, { param: "prompt" }))
-      const stops = stopsOf(req.stop)
-      const sampling = turns.sampling({ maxTokens: req.max_tokens, temperature: req.temperature, topP: req.top_p, seed: req.seed }, [
-        ...(req.ignore_eos === true ? [] : endOfText),
-        ...stops.map(encode)
-      ])
-      const id = `cmpl-${nuid.next()}`
-      const created = Math.floor(call.startedAt / 1000)
-      const stream = req.stream === true ? eventStream(call.res) : undefined
-      const seen: Array<number> = []
-      let emitted = ""
-      const chunk = (text: string, finish: FinishReason | null) => completion(id, created, model, text, finish, undefined)
-      const onTokens =
-        stream === undefined
-          ? undefined
-          : (step: StepTokens) => {
-              seen.push(...step.tokens)
-              const text = visibleText(seen, stops, { final: false }, tokenizer)
-              if (text.length > emitted.length) {
-                stream.send(chunk(text.slice(emitted.length), null))
-                emitted = text
-              }
-            }
-      let finishReason: FinishReason = "stop"
-      const result = yield* generate(call, id, prompt, sampling, onTokens, (r) => {
-        finishReason = r.finishReason === "length" ? "length" : "stop"
-        return { finishReason, toolCalls: {} }
-      })
-      const text = visibleText(result.output, stops, { final: true }, tokenizer)
-      const usage: Usage = usageOf(result.promptTokens, result.output.length, result.cachedTokens)
-      if (stream === undefined) return sendJson(call.res, 200, completion(id, created, model, text, finishReason, usage))
-      if (text.length > emitted.length && text.startsWith(emitted)) stream.send(chunk(text.slice(emitted.length), null))
-      stream.send(chunk("", finishReason))
-      if (req.stream_options?.include_usage === true) stream.send(usageChunk(id, created, model, "text_completion", usage))
-      stream.end()
-    })
+  /** A completion's prompt ids: a text prompt after bos, or token ids; within the context limit and the vocabulary. */
+  const completionPrompt = Effect.fn("OpenAi.completionPrompt")(function* (p: CompletionRequest["prompt"]) {
+    const first = Array.isArray(p) ? p[0] : p
+    const pieces: Array<PromptPiece> =
+      typeof first === "string"
+        ? [options.chat.bos === undefined ? [] : [options.chat.bos], first]
+        : [Array.isArray(first) ? (first as ReadonlyArray<number>) : (p as ReadonlyArray<number>)]
+    const prompt = yield* promptWithin(tokenizer, pieces, options.maxContextTokens).pipe(
+      Effect.mapError((e) => contextLengthExceeded(e.limit, e.tokens, "prompt", e.atLeast))
+    )
+    const bad = prompt.findIndex((t) => t >= tokenizer.vocabSize)
+    if (bad >= 0) return yield* Effect.fail(apiError(400, `Invalid token id ${prompt[bad]} in 'prompt': ids are below ${tokenizer.vocabSize}.`, { param: "prompt" }))
+    return prompt
+  })
 
+  const completions = Effect.fn("OpenAi.completions")(function* (call: GatewayCall, body: unknown) {
+    const req = yield* decodeBody(CompletionRequest, body)
+    yield* served(req.model)
+    const prompt = yield* completionPrompt(req.prompt)
+    const stops = stopsOf(req.stop)
+    const sampling = turns.sampling({ maxTokens: req.max_tokens, temperature: req.temperature, topP: req.top_p, seed: req.seed }, [
+      ...(req.ignore_eos === true ? [] : endOfText),
+      ...stops.map((s) => tokenizer.encode(s))
+    ])
+    const a = answering(call, "cmpl")
+    const stream = req.stream === true ? completionStream(eventStream(call.res), a, stops, tokenizer) : undefined
+    const finished = { reason: "stop" as FinishReason }
+    const result = yield* generate(call, a.id, prompt, sampling, stream?.onTokens, (r) => {
+      finished.reason = r.finishReason === "length" ? "length" : "stop"
+      return { finishReason: finished.reason, toolCalls: {} }
+    })
+    const text = visibleText(result.output, stops, { final: true }, tokenizer)
+    const usage: Usage = usageOf(result.promptTokens, result.output.length, result.cachedTokens)
+    if (stream === undefined) return sendJson(call.res, 200, completion(a.id, a.created, model, text, finished.reason, usage))
+    stream.end(text, finished.reason, req.stream_options?.include_usage === true ? usage : undefined)
+  })
+
+  const models = (call: GatewayCall) => Effect.sync(() => sendJson(call.res, 200, modelList(model, servingSince)))
   const routes: Record<string, Methods<Session>> = {
     "/v1/chat/completions": { POST: withBody(chat) },
     "/v1/completions": { POST: withBody(completions) },
-    "/v1/models": { GET: (call) => Effect.sync(() => sendJson(call.res, 200, modelList(model, servingSince))) }
+    "/v1/models": { GET: models }
   }
-  return (path: string): Methods<Session> | undefined => {
+  const route = (path: string): Methods<Session> | undefined => {
     if (Object.hasOwn(routes, path)) return routes[path]
-    if (path.startsWith("/v1/models/")) {
-      const name = path.slice("/v1/models/".length)
-      return { GET: (call) => (name === model ? Effect.sync(() => sendJson(call.res, 200, modelList(model, servingSince).data[0])) : Effect.fail(unknownModel(name, model))) }
-    }
-    return undefined
+    if (!path.startsWith("/v1/models/")) return undefined
+    const name = path.slice("/v1/models/".length)
+    return { GET: (call) => served(name).pipe(Effect.andThen(Effect.sync(() => sendJson(call.res, 200, modelList(model, servingSince).data[0])))) }
   }
+  return { route, chat, completions }
+}
+
+/** The OpenAI API's routes over one model's `generate` and chat turns. */
+export class OpenAiRoutes extends Context.Service<OpenAiRoutes, OpenAiRoutesShape>()("gyre/gateway/OpenAiRoutes") {
+  static readonly make = makeOpenAiRoutes
+  static readonly layer = (options: EndpointsOptions) => Layer.succeed(OpenAiRoutes, makeOpenAiRoutes(options))
 }

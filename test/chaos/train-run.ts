@@ -18,18 +18,20 @@
 import { spawn, execFileSync, type ChildProcess } from "node:child_process"
 import { join } from "node:path"
 import * as readline from "node:readline"
-import { Effect, Scope } from "effect"
+import { Effect, Scope, Stream } from "effect"
 import { expect } from "vitest"
 import { executionName, parseExecutionName, type RunConfig } from "../../src/protocols/run.ts"
+import type { PolicyRecord } from "../../src/protocols/scheduler.ts"
 import { readTrajectories } from "../../src/protocols/trajectories.ts"
 import { checkTrees } from "../../src/replay/trees.ts"
 import { startEmbeddedServer, type EmbeddedServer } from "../../src/runtime/nats-server.ts"
 import { ActorSystem } from "../../src/runtime/system.ts"
 import { auditRun } from "../../src/scheduling/audit.ts"
+import { readStored } from "../../src/runtime/stream-reader.ts"
 import { readRecords, readRunConfig, runDoneJournaled, type StoredRecord } from "../../src/scheduling/records.ts"
 import { mulberry32 } from "../../src/tree/sample.ts"
 import { rewardOf } from "../../src/tree/outcome.ts"
-import { startNodeProcess, type NodeProcess } from "../runtime/harness.ts"
+import { eventually, startNodeProcess, type NodeProcess } from "../runtime/harness.ts"
 import { asClient, executionStarts, recordFault, sleep, tempDir } from "./helpers.ts"
 
 const gyre = new URL("../../bin/gyre.js", import.meta.url).pathname
@@ -334,3 +336,38 @@ export const expectCellLost = (j: RunJournal, killedAt: number, device = OTHER_D
   expect(lost.length >= 1 || endedWithinDeadAfter, `no CellLost of ${device}, and the run went on ${wallOf(j.config, lastStep) - killedAt} ms after the kill`).toBe(true)
 }
 
+/**
+ * Follows the run's policy records from the first (an ordered consumer that waits for new ones)
+ * and kills a node the moment a record makes its device (`device/<node>.cpu0`, one of `nodes`)
+ * the core of a step (`StartStep` with its cell as the core) or a satellite (`JoinStep` of its cell).
+ */
+export const killWhen = (role: "core" | "satellite", run: string, url: string, nodes: Readonly<Record<string, NodeProcess>>) =>
+  Effect.promise(() =>
+    asClient(run, url, undefined, Effect.gen(function* () {
+      const system = yield* ActorSystem
+      const config = (yield* eventually(readRunConfig(system), 150_000, 100)) as RunConfig
+      const cells = new Map<number, string>()
+      let stepsDone = 0
+      let hit: string | undefined
+      const aimed = (r: PolicyRecord) => {
+        if (r.event._tag === "CellJoined" && r.device !== undefined) cells.set(r.event.cell, r.device)
+        if (r.event._tag === "StepDone") stepsDone++
+        // a core starts a step; a satellite joins a running one or starts with it (colocate)
+        const aimedCells = r.actions.flatMap((a) =>
+          a._tag === "StartStep" ? (role === "core" ? [a.core] : a.cells.filter((c) => c !== a.core)) : a._tag === "JoinStep" && role === "satellite" ? [a.cell] : []
+        )
+        hit = aimedCells.map((c) => cells.get(c)).find((d) => d !== undefined && nodes[nodeOf(d)] !== undefined)
+        return stepsDone < config.policyConfig.steps && hit !== undefined
+      }
+      yield* readStored(system.nats, system.layout.journalStream, { seq: 1 }, system.layout.sys("policy"), true).pipe(
+        Stream.map((m) => m.json() as PolicyRecord),
+        Stream.takeUntil(aimed),
+        Stream.runDrain,
+        Effect.timeout("150 seconds")
+      )
+      return hit!
+    }))
+  ).pipe(Effect.flatMap((device) => killOther(nodes[nodeOf(device)]!, device)))
+
+/** The node of a device `device/<node>.<backend><i>`. */
+const nodeOf = (device: string) => device.slice("device/".length).split(".")[0]!

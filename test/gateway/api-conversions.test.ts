@@ -6,7 +6,7 @@
  */
 import { Effect } from "effect"
 import { describe, expect, it } from "vitest"
-import { CountTokensRequest, requestMessages, requestTools, toolChoiceOf as anthropicChoice } from "../../src/openai/anthropic.ts"
+import { CountTokensRequest, MessagesRequest, requestMessages, requestTools, toolChoiceOf as anthropicChoice } from "../../src/openai/anthropic.ts"
 import { decodeBody } from "../../src/openai/openai.ts"
 import { ResponsesRequest, customInput, inputMessages, modelTools, sealReasoning, toolChoiceOf } from "../../src/openai/responses.ts"
 
@@ -101,6 +101,43 @@ describe("Messages requests as chat turns", () => {
     const tools = await Effect.runPromise(requestTools(req, body))
     expect(tools.map((t) => t.function.name)).toEqual(["read_file"])
     expect(await Effect.runPromise(anthropicChoice(req, tools))).toEqual({ choice: "required", parallel: false })
+  })
+
+  it("takes Claude Code's requests as it sends them (2.1.337: a system message after the prompt, a deferred tool, adaptive thinking)", async () => {
+    // The shape of `claude -p --tools Write` after a Write call (suites/agent-cli), trimmed.
+    const ephemeral = { type: "ephemeral" }
+    const body = {
+      model: "gyre",
+      messages: [
+        { role: "user", content: "Create greeting.txt" },
+        { role: "system", content: [{ type: "text", text: "# Environment\n - Primary working directory: /w", cache_control: ephemeral }] },
+        { role: "assistant", content: [{ type: "tool_use", id: "toolu_01", name: "Write", input: { file_path: "/w/greeting.txt", content: "hi" } }] },
+        { role: "user", content: [{ tool_use_id: "toolu_01", type: "tool_result", content: "File created successfully at: /w/greeting.txt", cache_control: ephemeral }] }
+      ],
+      system: [
+        { type: "text", text: "x-anthropic-billing-header: cc_version=2.1.337.433; cc_entrypoint=sdk-cli;" },
+        { type: "text", text: "You write files.", cache_control: ephemeral }
+      ],
+      tools: [
+        { name: "DeferredToolPlaceholder", description: "never call this tool", input_schema: { type: "object", properties: {} }, defer_loading: true },
+        { name: "Write", description: "Writes a file.", input_schema: { type: "object", properties: { file_path: { type: "string" }, content: { type: "string" } }, required: ["file_path", "content"], additionalProperties: false } }
+      ],
+      metadata: { user_id: '{"device_id":"d","account_uuid":"","session_id":"s"}' },
+      max_tokens: 32000,
+      thinking: { type: "adaptive", display: "omitted" },
+      context_management: { edits: [{ type: "clear_thinking_20251015", keep: "all" }] },
+      output_config: { effort: "high" },
+      stream: true
+    }
+    const req = await Effect.runPromise(decodeBody(MessagesRequest, body))
+    expect(await Effect.runPromise(requestMessages(req, body))).toEqual([
+      { role: "system", content: "x-anthropic-billing-header: cc_version=2.1.337.433; cc_entrypoint=sdk-cli;\nYou write files." },
+      { role: "user", content: "Create greeting.txt" },
+      { role: "system", content: "# Environment\n - Primary working directory: /w" },
+      { role: "assistant", content: null, tool_calls: [{ id: "toolu_01", type: "function", function: { name: "Write", arguments: '{"file_path":"/w/greeting.txt","content":"hi"}' } }] },
+      { role: "tool", content: "File created successfully at: /w/greeting.txt", tool_call_id: "toolu_01" }
+    ])
+    expect((await Effect.runPromise(requestTools(req, body))).map((t) => t.function.name)).toEqual(["Write"])
   })
 
   it("refuses images and misplaced blocks by their place", async () => {
