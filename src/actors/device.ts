@@ -28,9 +28,9 @@
  * of a process compute at the same time.
  *
  * `gyre node --load src/actors/device.ts --spawn device/<node>.0` hosts one configured from the
- * environment (`deviceConfigFromEnv`: the rollout role's variables, `GYRE_GATEWAY`, `GYRE_SCHEDULER`).
+ * environment (`DeviceSettings`, a `Config`: the rollout role's variables, `GYRE_GATEWAY`, `GYRE_SCHEDULER`).
  */
-import { Effect, Schema } from "effect"
+import { Config, Effect, Option, Schema } from "effect"
 import type { EngineShape } from "../engine/engine.ts"
 import type { RpcGroup } from "effect/rpc"
 import * as Actor from "../runtime/actor.ts"
@@ -39,7 +39,7 @@ import { DeviceProtocol, DeviceRefused } from "../protocols/device.ts"
 import { Device as DeviceKind, Gateway, Scheduler, type GatewayRef, type SchedulerRef } from "../protocols/topology.ts"
 import { WeightsUnavailable, type WorkerLoad } from "../protocols/rollout.ts"
 import { RoleSwitch, deviceLoad, type RoleState } from "../serving/role-switch.ts"
-import { KV_BLOCK_TOKENS, rolloutConfigFromEnv, startRollout, type RolloutConfig } from "../serving/rollout-role.ts"
+import { KV_BLOCK_TOKENS, RolloutSettings, startRollout, type RolloutConfig } from "../serving/rollout-role.ts"
 import type { TrainingRole, TrainingRoleFactory } from "../serving/training-role.ts"
 
 export interface DeviceConfig extends RolloutConfig {
@@ -61,21 +61,34 @@ export interface DeviceConfig extends RolloutConfig {
 export const cpuDeviceThreads = (engine: EngineShape, devices: number): Effect.Effect<number | undefined> =>
   engine.backend === "cpu" ? engine.threads.pipe(Effect.map((cores) => Math.max(1, Math.floor(cores / Math.max(1, devices))))) : Effect.succeed(undefined)
 
-/** The configuration from the environment: the rollout role's variables, and `GYRE_GATEWAY`. */
-export const deviceConfigFromEnv = (): DeviceConfig => ({
-  ...rolloutConfigFromEnv(),
-  ...(process.env.GYRE_GATEWAY ? { gateway: Gateway.refOfKey(process.env.GYRE_GATEWAY) } : {}),
-  ...(process.env.GYRE_SCHEDULER ? { scheduler: Scheduler.refOfKey(process.env.GYRE_SCHEDULER) } : {})
-})
+/** An optional `kind/id` setting naming an actor of `kind` (a ConfigError names the variable when it is not one). */
+const refSetting = <R>(name: string, kind: string, ref: (key: string) => R) =>
+  Config.schema(Schema.String.check(Schema.isPattern(new RegExp(`^${kind}/[A-Za-z0-9_-]+(\\.[A-Za-z0-9_-]+)*$`))), name).pipe(
+    Config.option,
+    Config.map((o) => ({ ref: Option.isSome(o) ? ref(o.value) : undefined }))
+  )
 
-/** The device actor type for a configuration (or a function reading it when an incarnation starts). */
-export const device = (configured: DeviceConfig | (() => DeviceConfig)) =>
+/** The configuration from the `ConfigProvider`: the rollout role's settings (`RolloutSettings`), `GYRE_GATEWAY`, `GYRE_SCHEDULER`. */
+export const DeviceSettings: Config.Config<DeviceConfig> = Config.all({
+  rollout: RolloutSettings,
+  gateway: refSetting("GYRE_GATEWAY", Gateway.kind, Gateway.refOfKey),
+  scheduler: refSetting("GYRE_SCHEDULER", Scheduler.kind, Scheduler.refOfKey)
+}).pipe(
+  Config.map(({ rollout, gateway, scheduler }) => ({
+    ...rollout,
+    ...(gateway.ref === undefined ? {} : { gateway: gateway.ref }),
+    ...(scheduler.ref === undefined ? {} : { scheduler: scheduler.ref })
+  }))
+)
+
+/** The device actor type for a configuration (or a `Config` read when an incarnation starts). */
+export const device = (configured: DeviceConfig | Config.Config<DeviceConfig>) =>
   DeviceKind.implement({
     state: { schema: Schema.Struct({}), initial: () => ({}) },
     concurrency: 1024,
     behaviour: (ctx) =>
       Effect.gen(function* () {
-        const config = typeof configured === "function" ? configured() : configured
+        const config = Config.isConfig(configured) ? yield* configured : configured
         const self = formatAddress(ctx.address)
         const state: RoleState = { role: "rollout", switching: false }
         let training: TrainingRole | undefined
@@ -126,4 +139,4 @@ export const device = (configured: DeviceConfig | (() => DeviceConfig)) =>
   })
 
 /** A device configured from the environment when it starts (for `gyre node --load`). */
-export const Device = device(deviceConfigFromEnv)
+export const Device = device(DeviceSettings)
