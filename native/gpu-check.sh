@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # native/gpu-check.sh - the engine's checks on a machine with an NVIDIA GPU of compute
-# capability 9.0 (H100 / H200), run from anywhere; under 8 minutes (the steps' limits add up
-# to 360 + 50 + 50 s).
+# capability 9.0 (H100 / H200), run from anywhere; under 10 minutes (the steps' limits add
+# up to 480 + 50 + 50 s). Self-contained: needs nvcc, make and a C compiler; Node.js only for
+# step 2.
 #
 #   1. native/cuda/gpu-check.sh: builds the CPU and CUDA libraries (make, -arch=sm_90, static
 #      cudart) and the CUDA tools; checks every GEMM path; compares the CUDA backend with the
-#      CPU backend through the C ABI on built-in models and the tiny and small presets
-#      (logits, decode, fork, KV hand-off both ways, SFT and PPO gradients, determinism,
-#      AdamW, optimizer state, error paths); measures the card's memory bandwidth and F32
-#      SGEMM rate; times prefill, decode at contexts 512 and 4096 (as a fraction of the
-#      bandwidth) and training (as a fraction of the SGEMM rate).
+#      CPU backend through the C ABI on built-in models and the tiny, small and tiny-long
+#      presets (logits, decode, fork, KV hand-off both ways, SFT and PPO gradients on a forest
+#      batch through the ancestor ranges, the same batch trained in chunks, determinism,
+#      AdamW, optimizer state, error paths); tiny-long at positions past 120,000, chunked and
+#      unchunked, against the CPU; attention pairs per second of training a 4096-token path and
+#      a 131072-token one ($OUT/figures.txt, $OUT/long.json); measures the card's memory
+#      bandwidth and F32 SGEMM rate; times prefill, decode at contexts 512 and 4096 (as a
+#      fraction of the bandwidth) and training (as a fraction of the SGEMM rate).
 #   2. Where Node.js and node_modules are present: the engine's TypeScript tests with
 #      GYRE_BACKEND=cuda (the same correctness tests as on the CPU), then the benchmark
 #      (bench/engine.ts) on the CUDA backend.

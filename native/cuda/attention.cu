@@ -12,9 +12,12 @@
  * of bank conflicts). The forward streams 64-key tiles past a 64-query tile with an online
  * softmax and saves the log-sum-exp; the backward recomputes probabilities from it, once per
  * query tile for dq and once per key tile (over the queries of every head sharing the kv
- * head) for dk and dv, so there are no atomics and every sum has a fixed order. Tiles whose
- * queries see none of the keys (from the 32 x 32 tile summary of the ancestor mask) are
- * skipped, so a forest costs about its ancestor pairs.
+ * head) for dk and dv, so there are no atomics and every sum has a fixed order. Which keys a
+ * query sees comes from its ancestor ranges (struct forest's, O(T) in all; no T x T mask):
+ * a block's warp 0 binary-searches its rows' ranges for the next key tile any of them sees
+ * and the rows' 64-bit masks over it, so a forest costs about its ancestor pairs. A chunk's
+ * queries read the keys of earlier chunks from the batch's K/V store (forest_keys), and the
+ * key tiles before the chunk send their dk, dv back into it.
  */
 #include <math.h>
 
@@ -221,9 +224,10 @@ __global__ void paged_merge_k(float *__restrict__ att, const float *__restrict__
 
 /* ---- forest attention ---- */
 
-constexpr int FT = 256; /* threads: a 16 x 16 grid */
+constexpr int FT = 256;              /* threads: a 16 x 16 grid */
+constexpr int NONE = 0x7fffffff;     /* no key */
 
-/* What every forest kernel needs to know of the batch and the model. */
+/* What every forest kernel needs to know of the chunk and the model: T = e - s query rows. */
 struct forest_dims {
   int T, H, G, hd, q_dim, kv_dim, qkv_dim;
   float scale;
@@ -280,11 +284,6 @@ __device__ __forceinline__ void load_rows(float *dst, const float *src, int ld, 
   }
 }
 
-/* Whether any query of 32-row tile qa sees any key of 32-key tile kb. */
-__device__ __forceinline__ bool tile_seen(const uint8_t *tiles, int t32, int qa, int kb) {
-  return qa < t32 && kb < t32 && tiles[(size_t)qa * t32 + kb] != 0;
-}
-
 /* max / sum over the 16 lanes of a half-warp (the tx of one ty); all 32 lanes call it */
 __device__ __forceinline__ float row_max16(float v) {
   for (int o = 8; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -295,67 +294,92 @@ __device__ __forceinline__ float row_sum16(float v) {
   return v;
 }
 
-__global__ void forest_mask_k(uint32_t *__restrict__ mask, const int32_t *__restrict__ range_off,
-                              const int32_t *__restrict__ ranges, int words) {
-  const int i = blockIdx.x;
-  for (int k = range_off[i] + threadIdx.x; k < range_off[i + 1]; k += blockDim.x) {
-    const int a = ranges[2 * k], b = ranges[2 * k + 1];
-    for (int w = a >> 5; w <= b >> 5; w++) {
-      const int lo = max(a, w * 32) - w * 32, hi = min(b, w * 32 + 31) - w * 32;
-      const uint32_t upto = hi == 31 ? 0xffffffffu : (1u << (hi + 1)) - 1u;
-      atomicOr(&mask[(size_t)i * words + w], upto & ~((1u << lo) - 1u));
-    }
+struct min_op {
+  __device__ __forceinline__ int operator()(int a, int b) const { return min(a, b); }
+};
+
+/* The first of token i's ranges that reaches key j (its end >= j), or range_off[i + 1]:
+ * a binary search, the ranges being ascending and disjoint. */
+__device__ __forceinline__ int first_range(const forest_keys &fk, int i, int j) {
+  int lo = fk.range_off[i], hi = fk.range_off[i + 1];
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (fk.ranges[2 * mid + 1] < j) lo = mid + 1;
+    else hi = mid;
   }
+  return lo;
 }
 
-__global__ void forest_tiles_k(uint8_t *__restrict__ tiles, const uint32_t *__restrict__ mask, int T, int words) {
-  const int qa = blockIdx.x;
-  for (int w = threadIdx.x; w < words; w += blockDim.x) {
-    uint32_t any = 0;
-    for (int i = qa * 32; i < min(T, qa * 32 + 32); i++) any |= mask[(size_t)i * words + w];
-    tiles[(size_t)qa * words + w] = any != 0;
-  }
+/* Token i's first ancestor at or after key j (NONE when it has none there). */
+__device__ __forceinline__ int next_seen(const forest_keys &fk, int i, int j) {
+  const int k = first_range(fk, i, j);
+  return k < fk.range_off[i + 1] ? max(fk.ranges[2 * k], j) : NONE;
 }
 
-/* Block (query tile of 64 rows, head h): att rows and lse. */
+/* Bit u set when token i sees key j0 + u, u < 64. */
+__device__ __forceinline__ uint64_t seen_bits(const forest_keys &fk, int i, int j0) {
+  uint64_t bits = 0;
+  for (int k = first_range(fk, i, j0); k < fk.range_off[i + 1] && fk.ranges[2 * k] < j0 + 64; k++) {
+    const int a = max(fk.ranges[2 * k], j0) - j0, b = min(fk.ranges[2 * k + 1], j0 + 63) - j0;
+    bits |= (b == 63 ? ~0ull : (1ull << (b + 1)) - 1ull) & ~((1ull << a) - 1ull);
+  }
+  return bits;
+}
+
+/* The first tile of kw keys (kw <= 64), from key j on, that any query row i0 .. i0 + 63 (< T)
+ * of the block sees, or -1; bits[r] receives row i0 + r's seen keys from the tile's first on
+ * (shared memory, as tile_at). The warp-0 lanes search the rows' ranges, so a block visits
+ * only the key tiles its rows see and no ancestor matrix exists. Every thread calls it; its
+ * first barrier also orders the previous tile's shared memory before the next loads. */
+__device__ int next_key_tile(const forest_keys &fk, int i0, int T, int j, int kw, uint64_t *bits, int *tile_at) {
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    int next = NONE;
+    for (int r = lane; r < 64; r += 32)
+      if (i0 + r < T) next = min(next, next_seen(fk, fk.s + i0 + r, j));
+    next = warp_reduce(next, min_op());
+    const int tile = next == NONE ? -1 : next / kw;
+    for (int r = lane; r < 64; r += 32) bits[r] = tile >= 0 && i0 + r < T ? seen_bits(fk, fk.s + i0 + r, tile * kw) : 0;
+    if (lane == 0) *tile_at = tile;
+  }
+  __syncthreads();
+  return *tile_at;
+}
+
+/* Block (query tile of 64 rows, head h): att rows and lse, over the key tiles its rows see. */
 template <int HDP>
 __global__ void __launch_bounds__(FT)
     forest_forward_k(float *__restrict__ att, float *__restrict__ lse, const float *__restrict__ qkv,
-                     const uint32_t *__restrict__ mask, const uint8_t *__restrict__ tiles, const forest_dims fd) {
+                     const forest_keys fk, const forest_dims fd) {
   constexpr int LD = HDP + 1, CD = HDP / 16;
-  const int T = fd.T, H = fd.H, hd = fd.hd, q_dim = fd.q_dim, kv_dim = fd.kv_dim, qkv_dim = fd.qkv_dim;
+  const int T = fd.T, H = fd.H, hd = fd.hd, q_dim = fd.q_dim, qkv_dim = fd.qkv_dim;
   const float scale = fd.scale;
   DYNAMIC_SMEM(smem);
   float *qs = smem, *ks = qs + 64 * LD, *vs = ks + 64 * LD, *ps = vs + 64 * LD; /* ps: [64][65] */
+  uint64_t *bits = reinterpret_cast<uint64_t *>(ps + 64 * 65);
+  int *tile_at = reinterpret_cast<int *>(bits + 64);
   const int qt = blockIdx.x, h = blockIdx.y, g = h / fd.G, i0 = qt * 64;
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  const int words = (T + 31) / 32;
   load_rows<HDP>(qs, qkv + (size_t)h * hd, qkv_dim, i0, 64, T, hd);
   float m[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, l[4] = {0.0f, 0.0f, 0.0f, 0.0f}, o[4][CD];
   tile_zero(o);
-  const int kt_last = (min(T, i0 + 64) - 1) / 64;
-  for (int kt = 0; kt <= kt_last; kt++) {
-    if (!(tile_seen(tiles, words, 2 * qt, 2 * kt) || tile_seen(tiles, words, 2 * qt, 2 * kt + 1) ||
-          tile_seen(tiles, words, 2 * qt + 1, 2 * kt) || tile_seen(tiles, words, 2 * qt + 1, 2 * kt + 1)))
-      continue; /* block-uniform */
-    __syncthreads(); /* qs written / the previous tile's ks, vs, ps consumed */
-    load_rows<HDP>(ks, qkv + q_dim + (size_t)g * hd, qkv_dim, kt * 64, 64, T, hd);
-    load_rows<HDP>(vs, qkv + q_dim + kv_dim + (size_t)g * hd, qkv_dim, kt * 64, 64, T, hd);
+  for (int kt = next_key_tile(fk, i0, T, 0, 64, bits, tile_at); kt >= 0;
+       kt = next_key_tile(fk, i0, T, 64 * (kt + 1), 64, bits, tile_at)) {
+    load_rows<HDP>(ks, fk.k + (size_t)g * hd, fk.ld, kt * 64, 64, fk.e, hd);
+    load_rows<HDP>(vs, fk.v + (size_t)g * hd, fk.ld, kt * 64, 64, fk.e, hd);
     __syncthreads();
     float s[4][4];
     tile_zero(s);
     tile_mma<4, 4>(s, qs, LD, 1, ks, LD, 1, HDP);
 #pragma unroll
     for (int a = 0; a < 4; a++) {
-      const int i = i0 + ty + 16 * a;
-      const uint32_t w0 = i < T ? mask[(size_t)i * words + 2 * kt] : 0u;
-      const uint32_t w1 = i < T && 2 * kt + 1 < words ? mask[(size_t)i * words + 2 * kt + 1] : 0u;
+      const uint64_t row_bits = bits[ty + 16 * a];
       bool valid[4];
       float mx = -INFINITY;
 #pragma unroll
       for (int b = 0; b < 4; b++) {
-        const int jj = tx + 16 * b;
-        valid[b] = ((jj < 32 ? w0 >> jj : w1 >> (jj - 32)) & 1u) != 0;
+        valid[b] = ((row_bits >> (tx + 16 * b)) & 1u) != 0;
         s[a][b] = valid[b] ? s[a][b] * scale : -INFINITY;
         mx = fmaxf(mx, s[a][b]);
       }
@@ -401,20 +425,22 @@ __global__ void forest_dsum_k(float *__restrict__ dsum, const float *__restrict_
   }
 }
 
-/* Block (query tile of 64 rows, head h): dq = scale * sum_j ds_ij k_j over 32-key tiles. */
+/* Block (query tile of 64 rows, head h): dq = scale * sum_j ds_ij k_j over the 32-key tiles
+ * its rows see. */
 template <int HDP>
 __global__ void __launch_bounds__(FT)
     forest_dq_k(float *__restrict__ dqkv, const float *__restrict__ datt, const float *__restrict__ qkv,
-                const float *__restrict__ lse, const float *__restrict__ dsum, const uint32_t *__restrict__ mask,
-                const uint8_t *__restrict__ tiles, const forest_dims fd) {
+                const float *__restrict__ lse, const float *__restrict__ dsum, const forest_keys fk,
+                const forest_dims fd) {
   constexpr int LD = HDP + 1, CD = HDP / 16;
-  const int T = fd.T, H = fd.H, hd = fd.hd, q_dim = fd.q_dim, kv_dim = fd.kv_dim, qkv_dim = fd.qkv_dim;
+  const int T = fd.T, H = fd.H, hd = fd.hd, q_dim = fd.q_dim, qkv_dim = fd.qkv_dim;
   const float scale = fd.scale;
   DYNAMIC_SMEM(smem);
   float *qs = smem, *dos = qs + 64 * LD, *ks = dos + 64 * LD, *vs = ks + 32 * LD, *ss = vs + 32 * LD; /* ss: [64][33] */
+  uint64_t *bits = reinterpret_cast<uint64_t *>(ss + 64 * 33);
+  int *tile_at = reinterpret_cast<int *>(bits + 64);
   const int qt = blockIdx.x, h = blockIdx.y, g = h / fd.G, i0 = qt * 64;
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  const int words = (T + 31) / 32;
   load_rows<HDP>(qs, qkv + (size_t)h * hd, qkv_dim, i0, 64, T, hd);
   load_rows<HDP>(dos, datt + (size_t)h * hd, q_dim, i0, 64, T, hd);
   float li[4], di[4], dq[4][CD];
@@ -425,12 +451,10 @@ __global__ void __launch_bounds__(FT)
     di[a] = i < T ? dsum[(size_t)i * H + h] : 0.0f;
   }
   tile_zero(dq);
-  const int kb_last = (min(T, i0 + 64) - 1) / 32;
-  for (int kb = 0; kb <= kb_last; kb++) {
-    if (!(tile_seen(tiles, words, 2 * qt, kb) || tile_seen(tiles, words, 2 * qt + 1, kb))) continue;
-    __syncthreads(); /* qs, dos written / the previous ks, vs, ss consumed */
-    load_rows<HDP>(ks, qkv + q_dim + (size_t)g * hd, qkv_dim, kb * 32, 32, T, hd);
-    load_rows<HDP>(vs, qkv + q_dim + kv_dim + (size_t)g * hd, qkv_dim, kb * 32, 32, T, hd);
+  for (int kb = next_key_tile(fk, i0, T, 0, 32, bits, tile_at); kb >= 0;
+       kb = next_key_tile(fk, i0, T, 32 * (kb + 1), 32, bits, tile_at)) {
+    load_rows<HDP>(ks, fk.k + (size_t)g * hd, fk.ld, kb * 32, 32, fk.e, hd);
+    load_rows<HDP>(vs, fk.v + (size_t)g * hd, fk.ld, kb * 32, 32, fk.e, hd);
     __syncthreads();
     float s[4][2], dp[4][2];
     tile_zero(s);
@@ -439,8 +463,7 @@ __global__ void __launch_bounds__(FT)
     tile_mma<4, 2>(dp, dos, LD, 1, vs, LD, 1, HDP);
 #pragma unroll
     for (int a = 0; a < 4; a++) {
-      const int i = i0 + ty + 16 * a;
-      const uint32_t word = i < T ? mask[(size_t)i * words + kb] : 0u;
+      const uint32_t word = (uint32_t)bits[ty + 16 * a];
 #pragma unroll
       for (int b = 0; b < 2; b++) {
         const int jj = tx + 16 * b;
@@ -455,41 +478,72 @@ __global__ void __launch_bounds__(FT)
   tile_store(dqkv + (size_t)h * hd, qkv_dim, i0, T, hd, dq, scaled);
 }
 
-/* Block (key tile of 64 rows, kv head g): dk = scale * sum_i ds_ij q_i and dv = sum_i p_ij do_i
- * over the query heads of g and 32-query tiles, in order. */
+/* The gradients acc * factor of keys j0 + ty + 16a (< e), kind 0 (K) or 1 (V) of kv head g: a
+ * token of the chunk gets it in its dqkv row, plus what later chunks carried in dkv; an
+ * earlier token adds it into dkv. */
+template <int CD>
+__device__ __forceinline__ void store_key_grads(float *dqkv, const forest_keys &fk, const forest_dims &fd, int j0, int g,
+                                                int kind, const float (&acc)[4][CD], float factor) {
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16, kv_dim = fd.kv_dim, hd = fd.hd;
+#pragma unroll
+  for (int a = 0; a < 4; a++) {
+    const int j = j0 + ty + 16 * a;
+    if (j >= fk.e) continue;
+    float *carried = fk.dkv != NULL ? fk.dkv + (size_t)j * 2 * kv_dim + (size_t)kind * kv_dim + (size_t)g * hd : NULL;
+    float *own = j >= fk.s ? dqkv + (size_t)(j - fk.s) * fd.qkv_dim + fd.q_dim + (size_t)kind * kv_dim + (size_t)g * hd : NULL;
+#pragma unroll
+    for (int c = 0; c < CD; c++) {
+      const int col = tx + 16 * c;
+      if (col >= hd) continue;
+      const float v = acc[a][c] * factor;
+      if (own == NULL) carried[col] += v;
+      else own[col] = carried != NULL ? v + carried[col] : v;
+    }
+  }
+}
+
+/* Block (key tile of 64 tokens from j0 = 64 blockIdx.x, any of [0, e); kv head g): dk = scale
+ * * sum_i ds_ij q_i and dv = sum_i p_ij do_i over the query heads of g and the chunk's 32-row
+ * query tiles that see a key of the tile, in order. */
 template <int HDP>
 __global__ void __launch_bounds__(FT)
     forest_dkv_k(float *__restrict__ dqkv, const float *__restrict__ datt, const float *__restrict__ qkv,
-                 const float *__restrict__ lse, const float *__restrict__ dsum, const uint32_t *__restrict__ mask,
-                 const uint8_t *__restrict__ tiles, const forest_dims fd) {
+                 const float *__restrict__ lse, const float *__restrict__ dsum, const forest_keys fk,
+                 const forest_dims fd) {
   constexpr int LD = HDP + 1, CD = HDP / 16;
-  const int T = fd.T, H = fd.H, G = fd.G, hd = fd.hd, q_dim = fd.q_dim, kv_dim = fd.kv_dim, qkv_dim = fd.qkv_dim;
+  const int T = fd.T, H = fd.H, G = fd.G, hd = fd.hd, q_dim = fd.q_dim, qkv_dim = fd.qkv_dim;
   const float scale = fd.scale;
   DYNAMIC_SMEM(smem);
   float *ks = smem, *vs = ks + 64 * LD, *qs = vs + 64 * LD, *dos = qs + 32 * LD;
   float *ps = dos + 32 * LD, *ds = ps + 64 * 33; /* [64 keys][33] */
   float *q_lse = ds + 64 * 33, *q_dsum = q_lse + 32;
-  uint32_t *q_mask = reinterpret_cast<uint32_t *>(q_dsum + 32); /* [32][2]: the tile's two mask words */
+  uint64_t *q_bits = reinterpret_cast<uint64_t *>(q_dsum + 32); /* [32]: each query row's seen keys of the tile */
+  int *any_seen = reinterpret_cast<int *>(q_bits + 32);
   const int kt = blockIdx.x, g = blockIdx.y, j0 = kt * 64;
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  const int words = (T + 31) / 32;
-  load_rows<HDP>(ks, qkv + q_dim + (size_t)g * hd, qkv_dim, j0, 64, T, hd);
-  load_rows<HDP>(vs, qkv + q_dim + kv_dim + (size_t)g * hd, qkv_dim, j0, 64, T, hd);
+  load_rows<HDP>(ks, fk.k + (size_t)g * hd, fk.ld, j0, 64, fk.e, hd);
+  load_rows<HDP>(vs, fk.v + (size_t)g * hd, fk.ld, j0, 64, fk.e, hd);
   float dk[4][CD], dv[4][CD];
   tile_zero(dk);
   tile_zero(dv);
   for (int h = g * G; h < (g + 1) * G; h++) {
-    for (int qa = 2 * kt; qa < words; qa++) { /* ancestors come first: queries from j0 on */
-      if (!(tile_seen(tiles, words, qa, 2 * kt) || tile_seen(tiles, words, qa, 2 * kt + 1))) continue;
-      __syncthreads(); /* ks, vs written / the previous qs, dos, ps, ds, q_* consumed */
+    for (int qa = max(0, j0 - fk.s) / 32; qa * 32 < T; qa++) { /* ancestors come first: queries from j0 on */
+      __syncthreads(); /* ks, vs written / the previous qs, dos, ps, ds, q_*, any_seen consumed */
+      if (threadIdx.x < 32) {
+        const int q = qa * 32 + threadIdx.x;
+        const uint64_t b = q < T ? seen_bits(fk, fk.s + q, j0) : 0;
+        q_bits[threadIdx.x] = b;
+        const int any = warp_sum(b != 0 ? 1 : 0);
+        if (threadIdx.x == 0) *any_seen = any;
+      }
+      __syncthreads();
+      if (*any_seen == 0) continue; /* block-uniform */
       load_rows<HDP>(qs, qkv + (size_t)h * hd, qkv_dim, qa * 32, 32, T, hd);
       load_rows<HDP>(dos, datt + (size_t)h * hd, q_dim, qa * 32, 32, T, hd);
       if (threadIdx.x < 32) {
         const int i = qa * 32 + threadIdx.x;
         q_lse[threadIdx.x] = i < T ? lse[(size_t)i * H + h] : 0.0f;
         q_dsum[threadIdx.x] = i < T ? dsum[(size_t)i * H + h] : 0.0f;
-        q_mask[2 * threadIdx.x] = i < T ? mask[(size_t)i * words + 2 * kt] : 0u;
-        q_mask[2 * threadIdx.x + 1] = i < T && 2 * kt + 1 < words ? mask[(size_t)i * words + 2 * kt + 1] : 0u;
       }
       __syncthreads();
       float s[4][2], dp[4][2];
@@ -503,7 +557,7 @@ __global__ void __launch_bounds__(FT)
 #pragma unroll
         for (int b = 0; b < 2; b++) {
           const int q = tx + 16 * b;
-          const bool seen = (q_mask[2 * q + (jj >> 5)] >> (jj & 31)) & 1u;
+          const bool seen = (q_bits[q] >> jj) & 1u;
           const float p = seen ? expf(s[a][b] * scale - q_lse[q]) : 0.0f;
           ps[jj * 33 + q] = p;
           ds[jj * 33 + q] = p * (dp[a][b] - q_dsum[q]);
@@ -514,42 +568,53 @@ __global__ void __launch_bounds__(FT)
       tile_mma<4, CD>(dk, ds, 33, 1, qs, 1, LD, 32);
     }
   }
-  const float scaled[4] = {scale, scale, scale, scale}, ones[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-  tile_store(dqkv + q_dim + (size_t)g * hd, qkv_dim, j0, T, hd, dk, scaled);
-  tile_store(dqkv + q_dim + kv_dim + (size_t)g * hd, qkv_dim, j0, T, hd, dv, ones);
+  store_key_grads(dqkv, fk, fd, j0, g, 0, dk, scale);
+  store_key_grads(dqkv, fk, fd, j0, g, 1, dv, 1.0f);
 }
 
-size_t forward_smem(int hdp) { return sizeof(float) * (3 * 64 * (hdp + 1) + 64 * 65); }
-size_t dq_smem(int hdp) { return sizeof(float) * (2 * 64 * (hdp + 1) + 2 * 32 * (hdp + 1) + 64 * 33); }
-size_t dkv_smem(int hdp) { return sizeof(float) * (2 * 64 * (hdp + 1) + 2 * 32 * (hdp + 1) + 2 * 64 * 33 + 4 * 32); }
+/* store[s + r][K | V] = the K and V columns of qkv row r, r < T */
+__global__ void forest_keys_put_k(float *__restrict__ store, const float *__restrict__ qkv, int s, int T, int q_dim,
+                                  int kv_dim, int qkv_dim) {
+  const int64_t total = (int64_t)T * 2 * kv_dim;
+  for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < total; idx += (int64_t)gridDim.x * blockDim.x) {
+    const int r = (int)(idx / (2 * kv_dim)), c = (int)(idx % (2 * kv_dim));
+    store[(size_t)(s + r) * 2 * kv_dim + c] = qkv[(size_t)r * qkv_dim + q_dim + c];
+  }
+}
+
+/* Dynamic shared memory of each kernel (with the 64 rows' seen-key bits and the tile index). */
+size_t forward_smem(int hdp) { return sizeof(float) * (3 * 64 * (hdp + 1) + 64 * 65) + 64 * 8 + 16; }
+size_t dq_smem(int hdp) { return sizeof(float) * (2 * 64 * (hdp + 1) + 2 * 32 * (hdp + 1) + 64 * 33) + 64 * 8 + 16; }
+size_t dkv_smem(int hdp) {
+  return sizeof(float) * (2 * 64 * (hdp + 1) + 2 * 32 * (hdp + 1) + 2 * 64 * 33 + 2 * 32) + 32 * 8 + 16;
+}
 
 int padded_head_dim(int hd) { return hd <= 32 ? 32 : hd <= 64 ? 64 : 128; }
 
-forest_dims forest_dims_of(int T, const dims *d) {
-  return forest_dims{T, d->H, d->H / d->KV, d->hd, d->q_dim, d->kv_dim, d->qkv_dim, 1.0f / sqrtf((float)d->hd)};
+forest_dims forest_dims_of(const forest_keys *fk, const dims *d) {
+  return forest_dims{fk->e - fk->s, d->H, d->H / d->KV, d->hd, d->q_dim, d->kv_dim, d->qkv_dim, 1.0f / sqrtf((float)d->hd)};
 }
 
 template <int HDP>
-gyre_status forest_forward_hdp(exec_ctx *ctx, float *att, float *lse, const float *qkv, const uint32_t *mask,
-                               const uint8_t *tiles, const forest_dims &fd) {
+gyre_status forest_forward_hdp(exec_ctx *ctx, float *att, float *lse, const float *qkv, const forest_keys &fk,
+                               const forest_dims &fd) {
   const size_t smem = forward_smem(HDP);
   CU(cudaFuncSetAttribute(forest_forward_k<HDP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  LAUNCH(dim3(cdiv(fd.T, 64), fd.H), FT, smem, ctx->stream, forest_forward_k<HDP>)(att, lse, qkv, mask, tiles, fd);
+  LAUNCH(dim3(cdiv(fd.T, 64), fd.H), FT, smem, ctx->stream, forest_forward_k<HDP>)(att, lse, qkv, fk, fd);
   CU_LAUNCHED();
   return GYRE_OK;
 }
 
 template <int HDP>
 gyre_status forest_backward_hdp(exec_ctx *ctx, float *dqkv, const float *datt, const float *qkv, const float *lse,
-                                const float *dsum, const uint32_t *mask, const uint8_t *tiles, const forest_dims &fd) {
+                                const float *dsum, const forest_keys &fk, const forest_dims &fd) {
   const size_t smem_q = dq_smem(HDP), smem_kv = dkv_smem(HDP);
   CU(cudaFuncSetAttribute(forest_dq_k<HDP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
   CU(cudaFuncSetAttribute(forest_dkv_k<HDP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
-  LAUNCH(dim3(cdiv(fd.T, 64), fd.H), FT, smem_q, ctx->stream, forest_dq_k<HDP>)(dqkv, datt, qkv, lse, dsum, mask,
-                                                                                  tiles, fd);
+  LAUNCH(dim3(cdiv(fd.T, 64), fd.H), FT, smem_q, ctx->stream, forest_dq_k<HDP>)(dqkv, datt, qkv, lse, dsum, fk, fd);
   CU_LAUNCHED();
-  LAUNCH(dim3(cdiv(fd.T, 64), fd.H / fd.G), FT, smem_kv, ctx->stream, forest_dkv_k<HDP>)(dqkv, datt, qkv, lse, dsum,
-                                                                                          mask, tiles, fd);
+  LAUNCH(dim3(cdiv(fk.e, 64), fd.H / fd.G), FT, smem_kv, ctx->stream, forest_dkv_k<HDP>)(dqkv, datt, qkv, lse, dsum, fk,
+                                                                                          fd);
   CU_LAUNCHED();
   return GYRE_OK;
 }
@@ -675,37 +740,34 @@ gyre_status paged_attention(exec_ctx *ctx, float *att, const float *qkv, const v
                    : paged_attention_t(ctx, att, qkv, (const float *)pool, d, B, layer, rows, plan, partial);
 }
 
-gyre_status forest_mask(exec_ctx *ctx, uint32_t *mask, uint8_t *tiles, const int32_t *range_off,
-                        const int32_t *ranges, int T) {
-  const int words = (T + 31) / 32;
-  CU(cudaMemsetAsync(mask, 0, sizeof(uint32_t) * (size_t)T * words, ctx->stream));
-  LAUNCH(T, 32, 0, ctx->stream, forest_mask_k)(mask, range_off, ranges, words);
-  CU_LAUNCHED();
-  LAUNCH(words, 128, 0, ctx->stream, forest_tiles_k)(tiles, mask, T, words);
+gyre_status forest_keys_put(exec_ctx *ctx, float *store, const float *qkv, int s, int e, const dims *d) {
+  if (e <= s) return GYRE_OK;
+  LAUNCH(grid_for((int64_t)(e - s) * 2 * d->kv_dim), 256, 0, ctx->stream, forest_keys_put_k)(store, qkv, s, e - s, d->q_dim,
+                                                                                          d->kv_dim, d->qkv_dim);
   CU_LAUNCHED();
   return GYRE_OK;
 }
 
-gyre_status forest_attention_forward(exec_ctx *ctx, float *att, float *lse, const float *qkv, const uint32_t *mask,
-                                     const uint8_t *tiles, int T, const dims *d) {
-  const forest_dims fd = forest_dims_of(T, d);
+gyre_status forest_attention_forward(exec_ctx *ctx, float *att, float *lse, const float *qkv, const forest_keys *keys,
+                                     const dims *d) {
+  const forest_dims fd = forest_dims_of(keys, d);
   switch (padded_head_dim(d->hd)) {
-    case 32: return forest_forward_hdp<32>(ctx, att, lse, qkv, mask, tiles, fd);
-    case 64: return forest_forward_hdp<64>(ctx, att, lse, qkv, mask, tiles, fd);
-    default: return forest_forward_hdp<128>(ctx, att, lse, qkv, mask, tiles, fd);
+    case 32: return forest_forward_hdp<32>(ctx, att, lse, qkv, *keys, fd);
+    case 64: return forest_forward_hdp<64>(ctx, att, lse, qkv, *keys, fd);
+    default: return forest_forward_hdp<128>(ctx, att, lse, qkv, *keys, fd);
   }
 }
 
 gyre_status forest_attention_backward(exec_ctx *ctx, float *dqkv, const float *datt, const float *qkv,
-                                      const float *att, const float *lse, float *dsum, const uint32_t *mask,
-                                      const uint8_t *tiles, int T, const dims *d) {
-  const forest_dims fd = forest_dims_of(T, d);
-  LAUNCH(grid_for((int64_t)T * d->H * 32), 256, 0, ctx->stream, forest_dsum_k)(dsum, att, datt, T, d->H, d->hd,
-                                                                               d->q_dim);
+                                      const float *att, const float *lse, float *dsum, const forest_keys *keys,
+                                      const dims *d) {
+  const forest_dims fd = forest_dims_of(keys, d);
+  LAUNCH(grid_for((int64_t)fd.T * d->H * 32), 256, 0, ctx->stream, forest_dsum_k)(dsum, att, datt, fd.T, d->H, d->hd,
+                                                                                  d->q_dim);
   CU_LAUNCHED();
   switch (padded_head_dim(d->hd)) {
-    case 32: return forest_backward_hdp<32>(ctx, dqkv, datt, qkv, lse, dsum, mask, tiles, fd);
-    case 64: return forest_backward_hdp<64>(ctx, dqkv, datt, qkv, lse, dsum, mask, tiles, fd);
-    default: return forest_backward_hdp<128>(ctx, dqkv, datt, qkv, lse, dsum, mask, tiles, fd);
+    case 32: return forest_backward_hdp<32>(ctx, dqkv, datt, qkv, lse, dsum, *keys, fd);
+    case 64: return forest_backward_hdp<64>(ctx, dqkv, datt, qkv, lse, dsum, *keys, fd);
+    default: return forest_backward_hdp<128>(ctx, dqkv, datt, qkv, lse, dsum, *keys, fd);
   }
 }

@@ -66,18 +66,33 @@ size_t paged_partial_floats(const dims *d, const paged_shape *s, int32_t n_items
 gyre_status paged_attention(exec_ctx *ctx, float *att, const float *qkv, const void *pool, int elem, const dims *d, int B,
                             int layer, const dev_rows *rows, const paged_plan *plan, float *partial);
 
-/* The ancestor mask of a packed forest: mask[i][w] bit j % 32 of word w = j / 32 is set
- * when j is an ancestor of i or i itself; tiles[a][b] != 0 when any row of 32-row tile a
- * has a bit in word b. words = ceil(T / 32). range_off / ranges as in struct forest. */
-gyre_status forest_mask(exec_ctx *ctx, uint32_t *mask, uint8_t *tiles, const int32_t *range_off,
-                        const int32_t *ranges, int T);
+/* The keys of a chunk's forest attention and the ancestry of its queries. The queries are
+ * the chunk's rows [s, e) of the batch (row r: token s + r); the keys are any tokens of
+ * [0, e): token j's K (after RoPE) at k + j * ld and V at v + j * ld (kv head g from column
+ * g * hd on). dkv [j][K | V][kv_dim] (NULL when the batch is one chunk) holds the gradients
+ * later chunks send back to tokens' K and V. Token i's ancestors (itself included) are the
+ * ascending, disjoint ranges [ranges[2k], ranges[2k+1]] for k in [range_off[i],
+ * range_off[i+1]) (struct forest's, on the device): O(T) memory, no ancestor matrix. */
+typedef struct forest_keys {
+  const float *k, *v;
+  int ld;
+  float *dkv;
+  const int32_t *range_off, *ranges;
+  int s, e;
+} forest_keys;
 
-/* Training: att[T, q_dim] and lse[T, H] for token rows attending to their ancestors. */
-gyre_status forest_attention_forward(exec_ctx *ctx, float *att, float *lse, const float *qkv, const uint32_t *mask,
-                                     const uint8_t *tiles, int T, const dims *d);
-/* dqkv[T, qkv_dim] (overwritten) from datt[T, q_dim]; dsum: scratch [T, H]. */
+/* Copies the K and V of the chunk's rows (qkv[e - s, qkv_dim]) into rows [s, e) of a store
+ * [n][K | V][kv_dim]. */
+gyre_status forest_keys_put(exec_ctx *ctx, float *store, const float *qkv, int s, int e, const dims *d);
+
+/* Training: att[e - s, q_dim] and lse[e - s, H] of the chunk's rows attending to their ancestors. */
+gyre_status forest_attention_forward(exec_ctx *ctx, float *att, float *lse, const float *qkv, const forest_keys *keys,
+                                     const dims *d);
+/* dqkv[e - s, qkv_dim] (overwritten) from datt[e - s, q_dim]: dq of the chunk's rows, dk and
+ * dv of its tokens (plus what later chunks left in keys->dkv); the gradients of earlier
+ * tokens' K and V are added into keys->dkv. dsum: scratch [e - s, H]. */
 gyre_status forest_attention_backward(exec_ctx *ctx, float *dqkv, const float *datt, const float *qkv,
-                                      const float *att, const float *lse, float *dsum, const uint32_t *mask,
-                                      const uint8_t *tiles, int T, const dims *d);
+                                      const float *att, const float *lse, float *dsum, const forest_keys *keys,
+                                      const dims *d);
 
 #endif

@@ -5,8 +5,9 @@
 #                   ABI) and, with nvcc, build/gyre-cuda-probe (bandwidth, SGEMM rate)
 #   cuda-emu        cuda/*.cu compiled as C++ against the emulator of cuda/emu, with
 #                   AddressSanitizer and UBSan: build/emu/libgyre_cuda_emu.so (+ its checker)
-#   cuda-emu-check  the comparison of the emulated CUDA build against the CPU build: runs the
-#                   CUDA kernels' indexing and synchronisation on a machine without a GPU
+#   cuda-emu-check  the comparison of the emulated CUDA build against the CPU build (compare
+#                   and long, --quick): runs the CUDA kernels' indexing and synchronisation on
+#                   a machine without a GPU
 
 EMU_CXX ?= g++
 EMU_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
@@ -22,6 +23,8 @@ cuda-emu: build/emu/libgyre_cuda_emu.so build/emu/gyre-cuda-check build/emu/gyre
 cuda-emu-check: cuda-emu build/libgyre_cpu.so
 	@ASAN_OPTIONS=detect_leaks=0 build/emu/gyre-cuda-gemm-check
 	@ASAN_OPTIONS=detect_leaks=0 build/emu/gyre-cuda-check compare --quick --cpu build/libgyre_cpu.so \
+	  --cuda build/emu/libgyre_cuda_emu.so
+	@ASAN_OPTIONS=detect_leaks=0 build/emu/gyre-cuda-check long --quick --long 512 --cpu build/libgyre_cpu.so \
 	  --cuda build/emu/libgyre_cuda_emu.so
 
 build/gyre-cuda-check: cuda/tools/check.c include/gyre.h src/half.h

@@ -1,21 +1,27 @@
 #!/usr/bin/env bash
 # native/cuda/gpu-check.sh - the CUDA backend's checks on a machine with an NVIDIA GPU of
 # compute capability 9.0 (H100 / H200); called by native/gpu-check.sh, runnable alone from
-# the repository root. At most 6 minutes (the steps' time limits add up to 360 s; a run
-# on an H200 should take about 2).
+# the repository root. At most 8 minutes (the steps' time limits add up to 480 s; a run
+# on an H200 should take about 3).
 #
 #   1. build the CPU and CUDA libraries and the CUDA tools (make -j)
 #   2. gyre-cuda-gemm-check   every GEMM path against a double-precision reference
 #   3. gyre-cuda-check compare  CUDA against CPU through the ABI: built-in models plus the
-#      tiny and small presets (logits, decode, fork, hand-off both ways, SFT/PPO gradients,
+#      tiny, small and tiny-long presets (logits, decode, fork, hand-off both ways, SFT/PPO
+#      gradients on a forest batch (the attention's ancestor ranges), the same batch trained
+#      in chunks (K/V of earlier chunks kept, dK/dV carried back) against the CPU unchunked,
 #      determinism, AdamW, optimizer state, error paths)
-#   4. gyre-cuda-probe        the card's measured memory bandwidth and F32 SGEMM rate
-#   5. gyre-cuda-check bench  tiny and small: prefill, decode at contexts 512 and 4096
+#   4. gyre-cuda-check long   tiny-long: a 2048-token path at positions from 120,000, CUDA
+#      unchunked and chunked against the CPU; attention pairs per second of training a
+#      4096-token path and a 131072-token one (chunks of 4096) -> long.json
+#   5. gyre-cuda-probe        the card's measured memory bandwidth and F32 SGEMM rate
+#   6. gyre-cuda-check bench  tiny and small: prefill, decode at contexts 512 and 4096
 #      (fraction of measured bandwidth), training (fraction of the measured SGEMM rate)
 #
-# Figures go to $OUT when set (compare.json, probe.json, bench-<preset>.json and
-# cuda-check.log with everything printed), else to a temporary directory that is printed. Exit status: 0 when every
-# check passed, 1 when a check failed, 2 when the machine cannot run them.
+# Figures go to $OUT when set (compare.json, long.json, probe.json, bench-<preset>.json,
+# figures.txt with the attention rates, and cuda-check.log with everything printed), else to
+# a temporary directory that is printed. Exit status: 0 when every check passed, 1 when a
+# check failed, 2 when the machine cannot run them.
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
@@ -62,7 +68,7 @@ preset_config() { # preset_config NAME: config.json of a preset, from the TypeSc
              if (value == "VOCAB_SIZE") value = vocab
              printf "%s\"%s\": %s", sep, key, value; sep = ", " }' src/engine/presets.ts
 }
-for preset in tiny small; do
+for preset in tiny small tiny-long; do
   dir="$ckpt/$preset"
   if ! { command -v node >/dev/null && timeout 60 node bin/gyre.js engine init --preset "$preset" --seed 1 --out "$dir" \
            >>"$log" 2>&1; }; then
@@ -72,9 +78,16 @@ for preset in tiny small; do
   fi
 done
 
-step "compare cuda with cpu" 90 native/build/gyre-cuda-check compare --cpu native/build/libgyre_cpu.so \
+step "compare cuda with cpu" 120 native/build/gyre-cuda-check compare --cpu native/build/libgyre_cpu.so \
   --cuda native/build/libgyre_cuda.so --checkpoint "$ckpt/tiny" --checkpoint "$ckpt/small" \
-  --json "$out/compare.json" || failed=1
+  --checkpoint "$ckpt/tiny-long" --json "$out/compare.json" || failed=1
+
+step "long paths" 90 native/build/gyre-cuda-check long --cpu native/build/libgyre_cpu.so \
+  --cuda native/build/libgyre_cuda.so --checkpoint "$ckpt/tiny-long" --long 131072 --json "$out/long.json" || failed=1
+if [ -s "$out/long.json" ]; then
+  { echo "attention pairs/s, CUDA training of one tiny-long path (chunks of 4096): $(tr -d '{}' <"$out/long.json")"; } \
+    | tee "$out/figures.txt" | tee -a "$log"
+fi
 
 step "probe" 30 native/build/gyre-cuda-probe --json "$out/probe.json" || { say "probe failed"; failed=1; }
 probe_flag=()

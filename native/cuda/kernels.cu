@@ -231,15 +231,15 @@ __global__ void __launch_bounds__(ROW_THREADS)
   }
 }
 
-__global__ void token_logprobs_k(float *__restrict__ logp, float *__restrict__ ent, const float *__restrict__ logits,
+__global__ void child_logprobs_k(float *__restrict__ logp, float *__restrict__ ent, const float *__restrict__ logits,
                                  const float *__restrict__ lse, const float *__restrict__ entropy,
-                                 const int32_t *__restrict__ tokens, const int32_t *__restrict__ parents, int T,
-                                 int V) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= T) return;
-  const int p = parents[i];
-  logp[i] = p < 0 ? NAN : logits[(size_t)p * V + tokens[i]] - lse[p];
-  ent[i] = p < 0 ? NAN : entropy[p];
+                                 const int32_t *__restrict__ tokens, const int32_t *__restrict__ parents,
+                                 const int32_t *__restrict__ children, int k0, int k1, int s, int V) {
+  const int k = k0 + blockIdx.x * blockDim.x + threadIdx.x;
+  if (k >= k1) return;
+  const int i = children[k], p = parents[i] - s;
+  logp[k - k0] = logits[(size_t)p * V + tokens[i]] - lse[p];
+  ent[k - k0] = entropy[p];
 }
 
 __global__ void __launch_bounds__(ROW_THREADS)
@@ -427,10 +427,12 @@ gyre_status logits_stats(exec_ctx *ctx, float *lse, float *entropy, float *logit
   return GYRE_OK;
 }
 
-gyre_status token_logprobs(exec_ctx *ctx, float *logp, float *ent, const float *logits, const float *lse,
-                           const float *entropy, const int32_t *tokens, const int32_t *parents, int T, int V) {
-  if (T <= 0) return GYRE_OK;
-  LAUNCH(cdiv(T, 256), 256, 0, ctx->stream, token_logprobs_k)(logp, ent, logits, lse, entropy, tokens, parents, T, V);
+gyre_status child_logprobs(exec_ctx *ctx, float *logp, float *ent, const float *logits, const float *lse,
+                           const float *entropy, const int32_t *tokens, const int32_t *parents, const int32_t *children,
+                           int k0, int k1, int s, int V) {
+  if (k1 <= k0) return GYRE_OK;
+  LAUNCH(cdiv(k1 - k0, 256), 256, 0, ctx->stream, child_logprobs_k)(logp, ent, logits, lse, entropy, tokens, parents,
+                                                                    children, k0, k1, s, V);
   CU_LAUNCHED();
   return GYRE_OK;
 }

@@ -55,10 +55,12 @@ gyre_status swiglu_backward(exec_ctx *ctx, float *dgu, const float *dact, const 
 
 /* Per row of logits[T,V]: lse[t] = logsumexp, entropy[t] of the softmax (double sums). */
 gyre_status logits_stats(exec_ctx *ctx, float *lse, float *entropy, float *logits, int T, int V, float scale);
-/* logp[i] = logits[parents[i], tokens[i]] - lse[parents[i]], ent[i] = entropy[parents[i]];
- * NaN for roots. */
-gyre_status token_logprobs(exec_ctx *ctx, float *logp, float *ent, const float *logits, const float *lse,
-                           const float *entropy, const int32_t *tokens, const int32_t *parents, int T, int V);
+/* The log-probs of the children of rows [s, s + T) of logits[T,V]: for the forest's child
+ * slots k in [k0, k1) (struct forest's children, grouped by parent), child i = children[k] of
+ * row p = parents[i] - s: logp[k - k0] = logits[p, tokens[i]] - lse[p], ent[k - k0] = entropy[p]. */
+gyre_status child_logprobs(exec_ctx *ctx, float *logp, float *ent, const float *logits, const float *lse,
+                           const float *entropy, const int32_t *tokens, const int32_t *parents, const int32_t *children,
+                           int k0, int k1, int s, int V);
 /* In place, logits[T,V] -> dlogits: row p = -coef[p] softmax_p (0 when coef[p] == 0), then
  * + dlogp_k at column child_token[k] for k in [child_off[p], child_off[p+1]) in order.
  * coef[p] is the sum of its children's dlogp (host-computed, in index order). */

@@ -1,11 +1,17 @@
-/* training.cu - the GPU trainer: forward and backward over a packed forest, gradients, AdamW.
+/* training.cu - the GPU trainer: forward and backward over a packed forest in chunks,
+ * gradients, AdamW.
  *
- * All activations for max_tokens rows are one device allocation made at creation (llm.c
+ * The activations of max_tokens rows are one device allocation made at creation (llm.c
  * style), in the layout every backend shares (train_acts of activations.h: residual streams,
- * each layer's saved tensors, the final norm and logits, the backward's gradients), then
- * this backend's per-token outputs and the forest's ancestor mask. The host prepares the integer side of each batch (ancestor ranges, children of each
- * row with their dlogp, rows of each token id) so every device sum has a fixed order. The
- * backward mirrors layer_forward step by step, as on the CPU.
+ * each layer's saved tensors, the final norm and logits, the backward's gradients). A batch's
+ * integer side (tokens, parents, positions, the forest's ancestor ranges and children: O(n))
+ * goes to the device once, at be_train_begin. A batch of one chunk attends through each
+ * layer's saved qkv; a longer one gets a store on the device for its length (every layer's K
+ * and V of every token, the gradients later chunks send back to them, and the attention
+ * outputs the backward's recomputed forwards reuse), released when the batch is done. The
+ * host prepares each chunk's children with their dlogp and rows of each token id, so every
+ * device sum has a fixed order. The backward mirrors layer_forward step by step, chunk by
+ * chunk from the last, as on the CPU (backend.h).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -19,31 +25,26 @@
 struct be_trainer {
   be_model *m;
   exec_ctx ctx;
-  int Tm;            /* max_tokens */
-  int T;             /* rows of the last forward (0: none, or its logits already consumed) */
+  int Tm;             /* max_tokens */
+  int n;              /* tokens of the batch being trained */
+  int live_s, live_e; /* the chunk whose activations (logits included) the arena holds (live_e == 0: none) */
   float *grads, *adam_m, *adam_v;
-  float *arena;      /* every activation below lives here */
+  float *arena;       /* every activation below lives here */
   size_t arena_floats;
-  train_acts acts;   /* the shared layout (activations.h); io a host array of device pointers */
-  float *token_out;
-  uint32_t *mask;    /* [Tm][ceil(Tm / 32)] ancestor bits */
-  uint8_t *tiles;    /* [ceil(Tm / 32)]^2 */
-  dev_buf fwd_ints;  /* tokens, parents, positions, forest ranges of the last forward */
-  dev_buf bwd_ints;  /* the backward's children and token rows */
-  dev_buf staging;   /* pinned host copy of either */
-  const int32_t *dev_tokens, *dev_parents, *dev_positions;
+  train_acts acts;    /* the shared layout (activations.h); io a host array of device pointers */
+  dev_buf batch_ints; /* tokens | parents | positions | range_off | ranges | children of the batch */
+  const int32_t *dev_tokens, *dev_parents, *dev_positions, *dev_range_off, *dev_ranges, *dev_children;
+  dev_buf child_out;  /* log-probs | entropies of a chunk's children */
+  dev_buf bwd_ints;   /* the backward's children and token rows of a chunk */
+  dev_buf staging;    /* pinned host copy of any of them */
+  float *store;       /* a chunked batch's store, per layer: [n][K | V][kv_dim], dK/dV alike, att [n][q_dim], lse [n][H] */
+  size_t store_bytes; /* the last chunked batch's (be_trainer_memory) */
 };
 
-/* Lays out (or, with base NULL, measures) the arena: the shared activations, then this
- * backend's per-token outputs, the forest's ancestor mask and its tile summary. */
+/* Lays out (or, with base NULL, measures) the arena: the shared activations. */
 static size_t lay_out(be_trainer *t, float *base) {
-  const dims *d = &t->m->d;
-  const size_t T = (size_t)t->Tm, words = (T + 31) / 32;
   size_t at = 0;
-  train_acts_lay_out(&t->acts, d, T, base, &at);
-  t->token_out = arena_carve(base, &at, 2 * T);
-  t->mask = (uint32_t *)arena_carve(base, &at, T * words);
-  t->tiles = (uint8_t *)arena_carve(base, &at, (words * words + 3) / 4);
+  train_acts_lay_out(&t->acts, &t->m->d, (size_t)t->Tm, base, &at);
   return at;
 }
 
@@ -85,7 +86,9 @@ extern "C" void be_trainer_free(be_trainer *t) {
   if (ctx_enter(&t->ctx) == GYRE_OK) {
     cudaFree(t->grads);
     cudaFree(t->arena);
-    dev_buf_free(&t->fwd_ints);
+    cudaFree(t->store);
+    dev_buf_free(&t->batch_ints);
+    dev_buf_free(&t->child_out);
     dev_buf_free(&t->bwd_ints);
     host_buf_free(&t->staging);
   }
@@ -101,95 +104,202 @@ static gyre_status upload_words(be_trainer *t, dev_buf *dst, size_t count) {
   return GYRE_OK;
 }
 
-typedef struct forest_arg {
-  be_trainer *t;
-  int T;
-} forest_arg;
+/* Floats of one layer's K/V store for n tokens: K | V rows, their gradients, the attention
+ * outputs [n][q_dim] and their lse [n][H] (the backward's recomputed forward reuses them). */
+static size_t store_layer_floats(const dims *d, int n) { return (size_t)n * (4 * d->kv_dim + d->q_dim + d->H); }
 
-static gyre_status attend_forest(void *arg, exec_ctx *ctx, int layer, const layer_io *io) {
-  const forest_arg *fa = (const forest_arg *)arg;
-  (void)layer;
-  return forest_attention_forward(ctx, io->att, io->lse, io->qkv, fa->t->mask, fa->t->tiles, fa->T, &fa->t->m->d);
-}
+/* Layer l's part of the store. */
+static float *store_layer(const be_trainer *t, int l) { return t->store + store_layer_floats(&t->m->d, t->n) * l; }
 
-/* Batches of up to max_tokens tokens: one chunk (longer ones are refused for now). */
+/* The batch's integer side on the device; a K/V store (zeroed gradients) when it is longer than a chunk. */
 extern "C" gyre_status be_train_begin(be_trainer *t, const train_batch *b) {
-  if (b->n > t->Tm)
-    return gyre_fail(GYRE_ERR_UNSUPPORTED, "cuda: a batch of %d tokens is longer than max_tokens %d (not chunked on this backend yet)",
-                     b->n, t->Tm);
-  return GYRE_OK;
+  const forest *f = b->forest;
+  const int n = b->n;
+  const size_t n_ranges = (size_t)f->range_off[n], n_children = (size_t)f->child_off[n];
+  const size_t words = 3 * (size_t)n + n + 1 + 2 * n_ranges + n_children;
+  t->live_e = 0;
+  t->n = n;
+  GYRE_CHECK(ctx_enter(&t->ctx));
+  GYRE_CHECK(host_buf_fit(&t->staging, 4 * words));
+  int32_t *h = (int32_t *)t->staging.p;
+  memcpy(h, b->tokens, sizeof(int32_t) * n);
+  memcpy(h + n, b->parents, sizeof(int32_t) * n);
+  memcpy(h + 2 * n, b->positions, sizeof(int32_t) * n);
+  memcpy(h + 3 * n, f->range_off, sizeof(int32_t) * (n + 1));
+  memcpy(h + 4 * n + 1, f->ranges, sizeof(int32_t) * 2 * n_ranges);
+  memcpy(h + 4 * n + 1 + 2 * n_ranges, f->children, sizeof(int32_t) * n_children);
+  GYRE_CHECK(upload_words(t, &t->batch_ints, words));
+  const int32_t *di = (const int32_t *)t->batch_ints.p;
+  t->dev_tokens = di;
+  t->dev_parents = di + n;
+  t->dev_positions = di + 2 * n;
+  t->dev_range_off = di + 3 * n;
+  t->dev_ranges = di + 4 * n + 1;
+  t->dev_children = di + 4 * n + 1 + 2 * n_ranges;
+  GYRE_CHECK(dev_buf_fit(&t->child_out, sizeof(float) * 2 * (n_children > 0 ? n_children : 1)));
+  t->store_bytes = 0;
+  if (n > t->Tm) {
+    const dims *d = &t->m->d;
+    const size_t bytes = sizeof(float) * store_layer_floats(d, n) * d->L;
+    GYRE_CHECK(dev_alloc((void **)&t->store, bytes, "the K/V store of a chunked batch"));
+    t->store_bytes = bytes;
+    CU(cudaMemsetAsync(t->store, 0, bytes, t->ctx.stream));
+  }
+  return ctx_sync(&t->ctx); /* the staging buffer is free again */
 }
 
-extern "C" void be_train_end(be_trainer *t) { (void)t; }
+/* Releases a chunked batch's store and its integer side (kept, grown, for batches of one chunk). */
+extern "C" void be_train_end(be_trainer *t) {
+  if (t->store != NULL && ctx_enter(&t->ctx) == GYRE_OK) {
+    cudaFree(t->store);
+    dev_buf_free(&t->batch_ints);
+    dev_buf_free(&t->child_out);
+  }
+  t->store = NULL;
+  t->live_e = 0;
+}
 
 extern "C" void be_trainer_memory(const be_trainer *t, int64_t *fixed, int64_t *kv_per_token, int64_t *last_batch) {
   const size_t n = (size_t)t->m->lay->n_params;
   *fixed = (int64_t)(sizeof(float) * (3 * n + t->arena_floats));
-  *kv_per_token = 0;
-  *last_batch = 0;
+  *kv_per_token = (int64_t)(sizeof(float) * store_layer_floats(&t->m->d, 1) * t->m->d.L);
+  *last_batch = (int64_t)t->store_bytes;
 }
 
-extern "C" gyre_status be_train_forward(be_trainer *t, const train_batch *b, int32_t s, int32_t e, float *logp_host,
-                                        float *entropy_host) {
-  (void)s, (void)e; /* the whole batch (be_train_begin) */
+/* The keys of the chunk [s, e) for layer `layer`: the store's when the batch is chunked, else
+ * the layer's own qkv (the batch is the chunk). */
+static forest_keys keys_of(const be_trainer *t, int layer, const layer_io *io, int s, int e) {
+  const dims *d = &t->m->d;
+  forest_keys k;
+  if (t->store != NULL) {
+    float *kv = store_layer(t, layer);
+    k.k = kv;
+    k.ld = 2 * d->kv_dim;
+    k.dkv = kv + (size_t)t->n * 2 * d->kv_dim;
+  } else {
+    k.k = io->qkv + d->q_dim;
+    k.ld = d->qkv_dim;
+    k.dkv = NULL;
+  }
+  k.v = k.k + d->kv_dim;
+  k.range_off = t->dev_range_off;
+  k.ranges = t->dev_ranges;
+  k.s = s;
+  k.e = e;
+  return k;
+}
+
+typedef struct chunk_arg {
+  be_trainer *t;
+  int s, e;
+  int again; /* the backward's recomputed forward: K/V and attention outputs are in the store */
+} chunk_arg;
+
+/* Copies rows [s, e) of the store's saved attention outputs and lse to or from io's. */
+static gyre_status saved_attention(const be_trainer *t, exec_ctx *ctx, int layer, const layer_io *io, int s, int e, int to_io) {
+  const dims *d = &t->m->d;
+  float *att = store_layer(t, layer) + (size_t)t->n * 4 * d->kv_dim, *lse = att + (size_t)t->n * d->q_dim;
+  const size_t T = (size_t)(e - s);
+  const cudaMemcpyKind kind = cudaMemcpyDeviceToDevice;
+  if (to_io) {
+    CU(cudaMemcpyAsync(io->att, att + (size_t)s * d->q_dim, sizeof(float) * T * d->q_dim, kind, ctx->stream));
+    CU(cudaMemcpyAsync(io->lse, lse + (size_t)s * d->H, sizeof(float) * T * d->H, kind, ctx->stream));
+  } else {
+    CU(cudaMemcpyAsync(att + (size_t)s * d->q_dim, io->att, sizeof(float) * T * d->q_dim, kind, ctx->stream));
+    CU(cudaMemcpyAsync(lse + (size_t)s * d->H, io->lse, sizeof(float) * T * d->H, kind, ctx->stream));
+  }
+  return GYRE_OK;
+}
+
+static gyre_status attend_forest(void *arg, exec_ctx *ctx, int layer, const layer_io *io) {
+  const chunk_arg *c = (const chunk_arg *)arg;
+  const forest_keys keys = keys_of(c->t, layer, io, c->s, c->e);
+  if (c->t->store == NULL) return forest_attention_forward(ctx, io->att, io->lse, io->qkv, &keys, &c->t->m->d);
+  if (c->again) return saved_attention(c->t, ctx, layer, io, c->s, c->e, 1);
+  GYRE_CHECK(forest_keys_put(ctx, (float *)keys.k, io->qkv, c->s, c->e, &c->t->m->d));
+  GYRE_CHECK(forest_attention_forward(ctx, io->att, io->lse, io->qkv, &keys, &c->t->m->d));
+  return saved_attention(c->t, ctx, layer, io, c->s, c->e, 0);
+}
+
+/* The chunk's forward, its activations kept in the arena (again: see chunk_arg). */
+static gyre_status chunk_forward(be_trainer *t, const train_batch *b, int s, int e, int again) {
   const train_acts *acts = &t->acts;
   const be_model *m = t->m;
   const dims *d = &m->d;
-  const forest *f = b->forest;
-  const int T = b->n;
+  const int T = e - s;
   exec_ctx *ctx = &t->ctx;
-  GYRE_CHECK(ctx_enter(ctx));
-  t->T = 0;
-
-  /* tokens | parents | positions | range_off | ranges */
-  const size_t n_ranges = (size_t)f->range_off[T], words = 3 * (size_t)T + T + 1 + 2 * n_ranges;
-  GYRE_CHECK(host_buf_fit(&t->staging, 4 * words));
-  int32_t *h = (int32_t *)t->staging.p;
-  memcpy(h, b->tokens, sizeof(int32_t) * T);
-  memcpy(h + T, b->parents, sizeof(int32_t) * T);
-  memcpy(h + 2 * T, b->positions, sizeof(int32_t) * T);
-  memcpy(h + 3 * T, f->range_off, sizeof(int32_t) * (T + 1));
-  memcpy(h + 4 * T + 1, f->ranges, sizeof(int32_t) * 2 * n_ranges);
-  GYRE_CHECK(upload_words(t, &t->fwd_ints, words));
-  const int32_t *di = (const int32_t *)t->fwd_ints.p;
-  t->dev_tokens = di;
-  t->dev_parents = di + T;
-  t->dev_positions = di + 2 * T;
-  GYRE_CHECK(forest_mask(ctx, t->mask, t->tiles, di + 3 * T, di + 4 * T + 1, T));
-
-  forest_arg arg = {t, T};
-  GYRE_CHECK(embed_forward(ctx, acts->io[0].x_in, t->dev_tokens, m->w + m->lay->embed, T, d->D));
-  GYRE_CHECK(rope_cs(ctx, acts->rope_cs, t->dev_positions, T, m->inv_freq, d->hd, m->rope_scale));
+  chunk_arg arg = {t, s, e, again};
+  t->live_e = 0;
+  GYRE_CHECK(embed_forward(ctx, acts->io[0].x_in, t->dev_tokens + s, m->w + m->lay->embed, T, d->D));
+  GYRE_CHECK(rope_cs(ctx, acts->rope_cs, t->dev_positions + s, T, m->inv_freq, d->hd, m->rope_scale));
   for (int l = 0; l < d->L; l++) GYRE_CHECK(layer_forward(m, ctx, l, T, acts->rope_cs, &acts->io[l], attend_forest, &arg));
   GYRE_CHECK(rmsnorm_forward(ctx, acts->hf, acts->rstdf, acts->x_final, m->w + m->lay->norm_f, T, d->D, d->eps));
   GYRE_CHECK(gemm(ctx, T, d->V, d->D, acts->hf, d->D, 0, m->w + m->lay->lm_head, d->D, 1, acts->logits, d->V, 0));
   GYRE_CHECK(logits_stats(ctx, acts->lse_rows, acts->entropy_rows, acts->logits, T, d->V, b->inv_temperature));
-  GYRE_CHECK(token_logprobs(ctx, t->token_out, t->token_out + T, acts->logits, acts->lse_rows, acts->entropy_rows,
-                            t->dev_tokens, t->dev_parents, T, d->V));
-  CU(cudaMemcpyAsync(logp_host, t->token_out, sizeof(float) * T, cudaMemcpyDeviceToHost, ctx->stream));
-  CU(cudaMemcpyAsync(entropy_host, t->token_out + T, sizeof(float) * T, cudaMemcpyDeviceToHost, ctx->stream));
-  GYRE_CHECK(ctx_sync(ctx));
-  t->T = T;
+  t->live_s = s;
+  t->live_e = e;
   return GYRE_OK;
 }
 
-/* The backward's host-side words, in the staging buffer:
+extern "C" gyre_status be_train_forward(be_trainer *t, const train_batch *b, int32_t s, int32_t e, float *logp_host,
+                                        float *entropy_host) {
+  const forest *f = b->forest;
+  const int k0 = f->child_off[s], k1 = f->child_off[e], C = k1 - k0;
+  exec_ctx *ctx = &t->ctx;
+  GYRE_CHECK(ctx_enter(ctx));
+  GYRE_CHECK(chunk_forward(t, b, s, e, 0));
+  float *out = (float *)t->child_out.p;
+  GYRE_CHECK(child_logprobs(ctx, out, out + C, t->acts.logits, t->acts.lse_rows, t->acts.entropy_rows, t->dev_tokens,
+                            t->dev_parents, t->dev_children, k0, k1, s, t->m->d.V));
+  GYRE_CHECK(host_buf_fit(&t->staging, sizeof(float) * 2 * (C > 0 ? C : 1)));
+  if (C > 0) CU(cudaMemcpyAsync(t->staging.p, out, sizeof(float) * 2 * C, cudaMemcpyDeviceToHost, ctx->stream));
+  GYRE_CHECK(ctx_sync(ctx));
+  const float *h = (const float *)t->staging.p;
+  for (int k = 0; k < C; k++) {
+    logp_host[f->children[k0 + k]] = h[k];
+    entropy_host[f->children[k0 + k]] = h[C + k];
+  }
+  return GYRE_OK;
+}
+
+/* The backward's host-side words of the chunk [s, e) (T rows), in the staging buffer:
  *   coef[T] (float)  child_off[T+1]  child_token[C]  child_dlogp[C] (float)
  *   id_off[U+1]  ids[U]  id_rows[T]
- * coef[p] sums dlogp over p's children in index order (as the CPU backend); the children
+ * coef[p] sums dlogp over row p's children in index order (as the CPU backend); the children
  * with dlogp != 0 and the rows of each token id are listed in ascending index order. */
 typedef struct bwd_words {
   size_t coef, child_off, child_token, child_dlogp, id_off, ids, id_rows, count;
   int32_t n_ids;
 } bwd_words;
 
-static gyre_status prepare_backward(be_trainer *t, const train_batch *b, const float *dlogp, bwd_words *w) {
-  const int T = b->n, V = t->m->d.V;
+/* coef, child_off, child_token and child_dlogp of the chunk's rows (words laid out in w). */
+static void prepare_children(int32_t *words, const bwd_words *w, const train_batch *b, int s, int e, const float *dlogp) {
+  const forest *f = b->forest;
+  float *coef = (float *)(words + w->coef), *child_dlogp = (float *)(words + w->child_dlogp);
+  int32_t *child_off = words + w->child_off, *child_token = words + w->child_token, c = 0;
+  for (int p = s; p < e; p++) {
+    float sum = 0.0f;
+    child_off[p - s] = c;
+    for (int k = f->child_off[p]; k < f->child_off[p + 1]; k++) {
+      const int i = f->children[k];
+      sum += dlogp[i];
+      if (dlogp[i] == 0.0f) continue;
+      child_token[c] = b->tokens[i];
+      child_dlogp[c++] = dlogp[i];
+    }
+    coef[p - s] = sum;
+  }
+  child_off[e - s] = c;
+}
+
+static gyre_status prepare_backward(be_trainer *t, const train_batch *b, int s, int e, const float *dlogp, bwd_words *w) {
+  const forest *f = b->forest;
+  const int T = e - s, V = t->m->d.V;
   int32_t children = 0;
-  for (int i = 0; i < T; i++) children += b->parents[i] >= 0 && dlogp[i] != 0.0f;
+  for (int k = f->child_off[s]; k < f->child_off[e]; k++) children += dlogp[f->children[k]] != 0.0f;
   int32_t *per_id = (int32_t *)calloc((size_t)V, sizeof(int32_t));
   if (per_id == NULL) return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
-  for (int i = 0; i < T; i++) per_id[b->tokens[i]]++;
+  for (int i = s; i < e; i++) per_id[b->tokens[i]]++;
   w->n_ids = 0;
   for (int v = 0; v < V; v++) w->n_ids += per_id[v] > 0;
   w->coef = 0;
@@ -206,30 +316,7 @@ static gyre_status prepare_backward(be_trainer *t, const train_batch *b, const f
     return st;
   }
   int32_t *words = (int32_t *)t->staging.p;
-  float *coef = (float *)(words + w->coef), *child_dlogp = (float *)(words + w->child_dlogp);
-  int32_t *child_off = words + w->child_off, *child_token = words + w->child_token;
-  memset(coef, 0, sizeof(float) * T);
-  memset(child_off, 0, sizeof(int32_t) * (T + 1));
-  for (int i = 0; i < T; i++)
-    if (b->parents[i] >= 0) {
-      coef[b->parents[i]] += dlogp[i];
-      child_off[b->parents[i] + 1] += dlogp[i] != 0.0f;
-    }
-  for (int p = 0; p < T; p++) child_off[p + 1] += child_off[p];
-  /* children in index order */
-  int32_t *cursor = (int32_t *)malloc(sizeof(int32_t) * (T > 0 ? T : 1));
-  if (cursor == NULL) {
-    free(per_id);
-    return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
-  }
-  memcpy(cursor, child_off, sizeof(int32_t) * T);
-  for (int i = 0; i < T; i++)
-    if (b->parents[i] >= 0 && dlogp[i] != 0.0f) {
-      const int32_t k = cursor[b->parents[i]]++;
-      child_token[k] = b->tokens[i];
-      child_dlogp[k] = dlogp[i];
-    }
-  free(cursor);
+  prepare_children(words, w, b, s, e, dlogp);
   /* rows grouped by token id: counting sort, ids ascending, rows ascending within an id */
   int32_t *id_off = words + w->id_off, *ids = words + w->ids, *id_rows = words + w->id_rows;
   int32_t u = 0;
@@ -241,28 +328,27 @@ static gyre_status prepare_backward(be_trainer *t, const train_batch *b, const f
     per_id[v] = id_off[u]; /* now: next free slot of token v */
     u++;
   }
-  for (int i = 0; i < T; i++) id_rows[per_id[b->tokens[i]]++] = i;
+  for (int i = s; i < e; i++) id_rows[per_id[b->tokens[i]]++] = i - s;
   free(per_id);
   return GYRE_OK;
 }
 
 extern "C" gyre_status be_train_backward(be_trainer *t, const train_batch *b, int32_t s, int32_t e, const float *dlogp_host) {
-  (void)s, (void)e; /* the whole batch (be_train_begin) */
   const train_acts *acts = &t->acts;
   const be_model *m = t->m;
   const dims *d = &m->d;
   const float *w = m->w;
   float *g = t->grads;
-  const int T = b->n, D = d->D, F = d->F;
+  const int T = e - s, D = d->D, F = d->F;
   exec_ctx *ctx = &t->ctx;
-  if (t->T != T) return gyre_fail(GYRE_ERR_STATE, "cuda: backward of a batch that was not the last forward");
   GYRE_CHECK(ctx_enter(ctx));
+  if (t->live_s != s || t->live_e != e) GYRE_CHECK(chunk_forward(t, b, s, e, 1)); /* recompute */
   bwd_words bw = {};
-  GYRE_CHECK(prepare_backward(t, b, dlogp_host, &bw));
+  GYRE_CHECK(prepare_backward(t, b, s, e, dlogp_host, &bw));
   GYRE_CHECK(upload_words(t, &t->bwd_ints, bw.count));
   const int32_t *wi = (const int32_t *)t->bwd_ints.p;
   const float *wf = (const float *)t->bwd_ints.p;
-  t->T = 0; /* the logits become dlogits in place */
+  t->live_e = 0; /* the logits become dlogits in place */
 
   GYRE_CHECK(logits_backward(ctx, acts->logits, acts->lse_rows, wf + bw.coef, wi + bw.child_off, wi + bw.child_token,
                              wf + bw.child_dlogp, T, d->V));
@@ -274,6 +360,7 @@ extern "C" gyre_status be_train_backward(be_trainer *t, const train_batch *b, in
   for (int l = d->L - 1; l >= 0; l--) {
     const layer_io *io = &acts->io[l];
     const layer_offsets *o = &m->lay->layers[l];
+    const forest_keys keys = keys_of(t, l, io, s, e);
     /* x_out = x_mid + act . Wdown^T */
     GYRE_CHECK(gemm(ctx, D, F, T, acts->dres, D, 1, io->act, F, 0, g + o->wdown, F, 1));
     GYRE_CHECK(gemm(ctx, T, F, D, acts->dres, D, 0, w + o->wdown, F, 0, acts->dact, F, 0));
@@ -284,8 +371,7 @@ extern "C" gyre_status be_train_backward(be_trainer *t, const train_batch *b, in
     /* x_mid = x_in + att . Wo^T */
     GYRE_CHECK(gemm(ctx, D, d->q_dim, T, acts->dres, D, 1, io->att, d->q_dim, 0, g + o->wo, d->q_dim, 1));
     GYRE_CHECK(gemm(ctx, T, d->q_dim, D, acts->dres, D, 0, w + o->wo, d->q_dim, 0, acts->datt, d->q_dim, 0));
-    GYRE_CHECK(forest_attention_backward(ctx, acts->dqkv, acts->datt, io->qkv, io->att, io->lse, acts->dsum, t->mask, t->tiles,
-                                         T, d));
+    GYRE_CHECK(forest_attention_backward(ctx, acts->dqkv, acts->datt, io->qkv, io->att, io->lse, acts->dsum, &keys, d));
     GYRE_CHECK(rope(ctx, acts->dqkv, acts->rope_cs, T, d, 1));
     if (o->qnorm >= 0)
       GYRE_CHECK(head_rmsnorm_backward(ctx, acts->dqkv, g + o->qnorm, g + o->knorm, io->qk_raw, w + o->qnorm, w + o->knorm,

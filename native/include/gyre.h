@@ -460,12 +460,15 @@ typedef struct gyre_train_stats {
  * every chunk in order, keeping each layer's K (after RoPE) and V of every token; a chunk's
  * queries attend to their ancestors in earlier chunks through them. The backward runs the
  * chunks in reverse order, each recomputing its forward from the kept K/V (all but the last
- * chunk: checkpointing), and carries the gradients of earlier tokens' K and V back to them,
- * so loss, stats, token_logprobs and gradients equal those of one unchunked pass up to the
- * order of float sums. Memory beyond gyre_trainer_create's: the K/V (and, for n >
- * max_tokens, their gradients) of every token, kv_bytes_per_token of gyre_trainer_memory
- * (6 floats x num_hidden_layers x num_key_value_heads x head_dim per token), plus about 40
- * bytes per token and 8 per ancestor range of the forest on the host; released on return. */
+ * chunk: checkpointing; each chunk's attention outputs are kept too, so it does not attend
+ * again), and carries the gradients of earlier tokens' K and V back to them, so loss,
+ * stats, token_logprobs and gradients equal those of one unchunked pass up to the order of
+ * float sums. Memory beyond gyre_trainer_create's: the K/V (and, for n > max_tokens, their
+ * gradients and attention outputs) of every token, kv_bytes_per_token of gyre_trainer_memory
+ * (per layer: 6 x num_key_value_heads x head_dim floats, plus num_attention_heads x
+ * (head_dim + 1) of attention output; CUDA: 4 x num_key_value_heads x head_dim plus the same,
+ * on the device), plus about 40 bytes per token and 8 per ancestor range of the forest on the host
+ * (CUDA: as many again on the device); released on return. */
 GYRE_API gyre_status gyre_train_batch(gyre_trainer *trainer, int32_t n, const int32_t *tokens,
                                       const int32_t *parents, const int32_t *positions,
                                       const float *weights, const float *advantages,

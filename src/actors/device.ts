@@ -27,6 +27,10 @@
  * devices of one process split the cores); each model has its own engine queue, so the devices
  * of a process compute at the same time.
  *
+ * With `pace` (`src/serving/pace.ts`), one pacer serves both roles: the batcher's engine steps
+ * and the training role's micro-batches complete no earlier than the pace's rates allow, and
+ * the load carries its counts (`pacedWork`, `paceOverruns`).
+ *
  * `gyre node --load src/actors/device.ts --spawn device/<node>.0` hosts one configured from the
  * environment (`DeviceSettings`, a `Config`: the rollout role's variables, `GYRE_GATEWAY`, `GYRE_SCHEDULER`).
  */

@@ -57,6 +57,7 @@ import { microBatchStats, noStats, type MicroBatchStats } from "../training/step
 import { stepLoss } from "../training/step-planner.ts"
 import { fetchFlatWeights } from "../serving/rollout-role.ts"
 import type { TrainingHandlers, TrainingRole, TrainingRoleFactory } from "../serving/training-role.ts"
+import { pacedTrainer } from "../serving/pace.ts"
 
 export interface TrainingRoleOptions {
   readonly model: Model
@@ -186,14 +187,14 @@ export const cannotTrain = (e: unknown, deliveryCount: number): string | undefin
 
 /**
  * The training role a device actor builds over its own model for the run `config`: a trainer for
- * micro-batches of the run's size, and every weight change through the rollout role's batcher, so
+ * micro-batches of the run's size (each `train` call paced on a paced device), and every weight change through the rollout role's batcher, so
  * no engine step sees the weights half changed.
  */
 export const trainingRoleFor =
   (config: RunConfig): TrainingRoleFactory =>
   (device) =>
     Effect.gen(function* () {
-      const trainer = yield* device.model.trainer({ maxTokens: config.training.microBatchTokens })
+      const trainer = pacedTrainer(yield* device.model.trainer({ maxTokens: config.training.microBatchTokens }), device.pacer)
       const weights: ModelWeights = { version: device.version, swap: device.swapWeights }
       return yield* makeTrainingRole(device.ctx, { model: device.model, trainer, engine: device.engine, config, weights })
     })

@@ -8,6 +8,7 @@
  * `ActorType`), spawns `--spawn` actors, and serves spawn requests until SIGTERM or SIGINT,
  * on which it drains: in-flight messages finish, buffered ones go back to JetStream.
  * `--device-ids a,b` names the devices this node offers (for actors placed on a device).
+ * `--pace` paces this node's devices (`pace.ts`; default: the run's configuration's pace).
  * `--devices K` joins a `gyre train` run as K more devices (`device/<name>.<backend><i>`, each with
  * the training role; K CPU devices split the cores): it waits for the run's configuration in the
  * journal, loads its checkpoint (the run's published copy when that path is not on this machine:
@@ -50,6 +51,8 @@ import { ActorSystem } from "../runtime/system.ts"
 import { UsageError, parseConfigured, type Command } from "./args.ts"
 import { checkListen, checkPort } from "./checks.ts"
 import { checkKvFlags, nodeKvFlags } from "./kv.ts"
+import { checkPaceFlag, nodePaceFlag } from "./pace.ts"
+import type { Pace } from "../protocols/pace.ts"
 import { embeddedNats } from "./auth.ts"
 import { joinLines, joinOf } from "./join.ts"
 import { serveUntilStopped } from "./lifetime.ts"
@@ -71,7 +74,8 @@ const flags = {
   store: { kind: "string", doc: "store directory of the embedded nats-server (default .gyre/nats/<run>.<name>, kept across restarts)" },
   listen: { kind: "string", doc: "the embedded nats-server listens on HOST[:PORT] (default port 4222, 0: any free one; 0.0.0.0: every interface) instead of loopback; how another machine joins is logged and in the ready line (join)" },
   "metrics-port": { kind: "integer", doc: "serve Prometheus /metrics on 127.0.0.1 at this port, 0 = any free one (default GYRE_METRICS_PORT or off)" },
-  ...nodeKvFlags
+  ...nodeKvFlags,
+  ...nodePaceFlag
 } as const
 
 const isActorType = (v: unknown): v is ActorType<any, any, never> =>
@@ -108,9 +112,9 @@ const schedulerCandidate = (system: ActorSystemShape, suitesDir: string) =>
 
 /**
  * The device type of the training run this node's system belongs to, once its configuration is
- * journaled; `kv` (this node's flags) overrides the run's KV pool.
+ * journaled; `kv` and `pace` (this node's flags) override the run's KV pool and pace.
  */
-const trainingDevices = (system: ActorSystemShape, count: number, kv: ReturnType<typeof checkKvFlags>) =>
+const trainingDevices = (system: ActorSystemShape, count: number, kv: ReturnType<typeof checkKvFlags>, pace: Pace | undefined) =>
   Effect.gen(function* () {
     const config = yield* onThisMachine(system, yield* journaledConfig(system))
     const engine = yield* Engine
@@ -119,6 +123,7 @@ const trainingDevices = (system: ActorSystemShape, count: number, kv: ReturnType
       checkpoint: config.checkpoint,
       kvDtype: kv.kvDtype ?? config.kvDtype,
       numBlocks: kv.kvBlocks ?? config.kvBlocks,
+      pace: pace ?? config.pace,
       maxBatch: 64,
       scheduler: schedulerRef,
       training: trainingRoleFor(config),
@@ -146,9 +151,11 @@ export const command: Command<typeof flags> = {
     if (f.devices < 0) throw new UsageError(`gyre node: --devices must be at least 0, got ${f.devices}`)
     if (f["metrics-port"] !== undefined) await checkPort("node", "127.0.0.1", f["metrics-port"], "--metrics-port")
     const kv = checkKvFlags("node", f)
-    // Actors of --load modules read their configuration from the environment (GYRE_KV_BLOCKS, GYRE_KV_DTYPE).
+    // Actors of --load modules read their configuration from the environment (GYRE_KV_BLOCKS, GYRE_KV_DTYPE, GYRE_PACE).
     if (kv.kvBlocks !== undefined) process.env.GYRE_KV_BLOCKS = String(kv.kvBlocks)
     if (kv.kvDtype !== undefined) process.env.GYRE_KV_DTYPE = kv.kvDtype
+    const pace = checkPaceFlag("node", f.pace)
+    if (pace !== undefined) process.env.GYRE_PACE = f.pace!
     const types = await loadActorTypes(list(f.load))
     const kinds = [...types.map((t) => t.kind), ...(f.devices > 0 ? [DEVICE_KIND] : []), ...(f.scheduler ? [SCHEDULER_KIND] : [])]
     for (const a of spawns) {
@@ -160,7 +167,7 @@ export const command: Command<typeof flags> = {
       const system = yield* ActorSystem
       const join = listen === undefined || system.nats.server === undefined ? undefined : yield* joinOf({ urls: system.nats.server.urls, host: listen.host, run: f.run, auth: nats.auth })
       if (join !== undefined) yield* Effect.logInfo(joinLines(join).join("\n"))
-      const devices = f.devices > 0 ? yield* trainingDevices(system, f.devices, kv) : undefined
+      const devices = f.devices > 0 ? yield* trainingDevices(system, f.devices, kv, pace) : undefined
       const scheduler = f.scheduler ? yield* schedulerCandidate(system, f.suites) : undefined
       const hosted = [...types, ...(devices === undefined ? [] : [devices.type]), ...(scheduler === undefined ? [] : [scheduler.type])]
       const node = yield* startNode({

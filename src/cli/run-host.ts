@@ -30,6 +30,7 @@ import { on, subscribeEvents } from "../runtime/channel.ts"
 import { startNode } from "../runtime/node.ts"
 import { ActorSystem, type ActorSystemShape } from "../runtime/system.ts"
 import { journalRunConfig, runDoneJournaled } from "../scheduling/records.ts"
+import { devicePaceCounts } from "./pace.ts"
 import { finalCheckpoint } from "./shared-checkpoint.ts"
 import { chatFormatFor } from "./tool-format.ts"
 
@@ -80,7 +81,7 @@ export const hostRun = (o: HostRunOptions) =>
       yield* journalRunConfig(system, o.config)
       // One implementation per kind the topology hosts (the compiler asks for a new kind's); the scheduler stands by for its lease.
       const types = implement(RunTopology, {
-        device: device({ checkpoint: o.config.checkpoint, kvDtype: o.config.kvDtype, numBlocks: o.config.kvBlocks, maxBatch: 64, scheduler: schedulerRef, training: trainingRoleFor(o.config), threads }),
+        device: device({ checkpoint: o.config.checkpoint, kvDtype: o.config.kvDtype, numBlocks: o.config.kvBlocks, pace: o.config.pace, maxBatch: 64, scheduler: schedulerRef, training: trainingRoleFor(o.config), threads }),
         gateway: gateway({ port: 0, chat, sampling: runSampling(o.config) }),
         "harness-runner": makeHarnessRunner({
           suitesDir: o.suitesDir,
@@ -114,10 +115,12 @@ export const hostRun = (o: HostRunOptions) =>
         Effect.map((status) => status.totals),
         Effect.orElseSucceed(() => undefined)
       )
+      // Each paced device's counts, asked before the devices stop.
+      const pace = o.config.pace === undefined ? [] : yield* devicePaceCounts(system).pipe(Effect.orElseSucceed(() => []))
       const checkpoint = yield* finalCheckpoint(system, o.config)
       // the candidate goes first: a scheduler stopped by the drain under it would read as one that gave up
       if (candidate !== undefined) yield* Fiber.interrupt(candidate)
       yield* node.drain
-      return { system, config: o.config, checkpoint, runS, calls }
+      return { system, config: o.config, checkpoint, runS, calls, pace }
     })
   )

@@ -49,6 +49,7 @@ import { evaluate, evaluationConcurrency, heldoutGain, parseTaskList } from "./e
 import { followRun, RunProgress } from "./progress.ts"
 import { joinLines, joinOf } from "./join.ts"
 import { checkKvFlags, kvFlags } from "./kv.ts"
+import { checkPaceFlag, paceFlag, paceLine, paceSummary } from "./pace.ts"
 import { hostRun } from "./run-host.ts"
 import { publishInitialCheckpoint } from "./shared-checkpoint.ts"
 import { warmStartedCheckpoint } from "./warm-start.ts"
@@ -85,6 +86,7 @@ export const trainFlags = {
   "tool-format": toolFormatFlag,
   temperature: { kind: "number", doc: "sampling temperature of every rollout call, whatever the harness sends (it replaces the request's temperature and top_p; top-p is 1); the loss takes the policy's log-probs at the same temperature (> 0)", default: 1 },
   ...kvFlags,
+  ...paceFlag,
   "micro-batch-tokens": { kind: "integer", doc: "tokens per micro-batch (a path longer than it is trained as a micro-batch of its own, in chunks)", default: 4096 },
   "checkpoint-every": { kind: "integer", doc: "checkpoint every N steps (and after the last)", default: 4 },
   seed: { kind: "integer", doc: "seed of the plan, sampling and the warm start", default: 1 },
@@ -113,6 +115,7 @@ const check = (f: TrainFlags, command: string) => {
   for (const name of positive) if (f[name] < 1) throw new UsageError(`gyre ${command}: --${name} must be at least 1, got ${f[name]}`)
   if (!(f.temperature > 0) || !Number.isFinite(f.temperature)) throw new UsageError(`gyre ${command}: --temperature must be a number > 0 (greedy sampling has no log-probs the trainer can correct for), got ${f.temperature}`)
   checkKvFlags(command, f)
+  checkPaceFlag(command, f.pace)
   if (f["lr-warmup"] < 0) throw new UsageError(`gyre ${command}: --lr-warmup must be at least 0, got ${f["lr-warmup"]}`)
   if (f["executions-per-step"] % f["group-size"] !== 0) {
     throw new UsageError(`gyre ${command}: --executions-per-step ${f["executions-per-step"]} must be a multiple of --group-size ${f["group-size"]}`)
@@ -124,6 +127,11 @@ const check = (f: TrainFlags, command: string) => {
   const heldout = parseTaskList(f.heldout)
   if (heldout.length === 0) throw new UsageError(`gyre ${command}: --heldout names no task`)
   if (f.resume === undefined) checkTasks(command, "--heldout", f.suites, f.suite, heldout)
+}
+
+const paceOf = (f: TrainFlags) => {
+  const pace = checkPaceFlag("train", f.pace)
+  return pace === undefined ? {} : { pace }
 }
 
 /** The run configuration `gyre train` asks for (a resumed run's journal has the one that counts). */
@@ -156,6 +164,7 @@ export const runConfigOf = (f: TrainFlags, run: string, checkpoint: string, chec
   checkpoint,
   kvDtype: f["kv-dtype"] as NonNullable<RunConfig["kvDtype"]>,
   kvBlocks: f["kv-blocks"],
+  ...paceOf(f),
   checkpointDir,
   startedAt: Date.now()
 })
@@ -276,6 +285,7 @@ const trainRun = (f: TrainFlags, command: string, place: RunPlace) =>
       executions_lost: audit.executionsLost,
       trained_twice: audit.trainedTwice,
       training_errors: trainingErrors(audit.steps).length,
+      ...paceSummary(result.config.pace, result.pace),
       store: place.external ?? store,
       warm_start_checkpoint: initial,
       checkpoint: result.checkpoint,
@@ -316,6 +326,7 @@ export const summaryLines = (s: TrainSummary): Array<string> => [
   `train score by step: ${s.train_scores.map((x) => x.toFixed(2)).join(" ")}`,
   `${s.switches} role switches, ${s.kv_handoff_bytes} KV bytes handed off; ${s.reprefill_tokens} tokens prefilled again (switches and full KV pools)`,
   `executions lost ${s.executions_lost}, trained twice ${s.trained_twice}, stale tokens dropped ${s.stale_dropped}, not trained in full ${s.training_errors}`,
+  ...(s.pace === null ? [] : [paceLine(s)]),
   `checkpoint ${s.checkpoint}; the run's store ${s.store}`,
   `report ${s.report}: one self-contained page, open file://${s.report} in a browser (on another machine: copy the file first)`
 ]

@@ -38,7 +38,7 @@ import {
 } from "../openai/openai.ts"
 import { promptWithin, type PromptPiece } from "../openai/prompt.ts"
 import type { StepTokens } from "../protocols/rollout.ts"
-import type { ChatTurns, GatewayCall, Generate, TurnDelta, TurnRequest } from "./chat-turn.ts"
+import type { ChatTurns, GatewayCall, Generate, TurnAnswer, TurnDelta, TurnRequest } from "./chat-turn.ts"
 import { eventStream, sendJson, withBody, type EventStream, type Methods } from "./http.ts"
 import type { Session } from "./sessions.ts"
 
@@ -164,91 +164,110 @@ const completionStream = (stream: EventStream, a: Answering, stops: ReadonlyArra
   return { onTokens, end }
 }
 
-const makeOpenAiRoutes = (options: EndpointsOptions): OpenAiRoutesShape => {
-  const { model, servingSince, generate, turns } = options
-  const { tokenizer } = turns
-  const endOfText = options.chat.eosIds.map((id) => [id])
-  const logprobsOf = (tokens: ArrayLike<number>, logprobs: ArrayLike<number>): Array<TokenLogprob> =>
-    Array.from(tokens, (t, i) => ({ token: tokenText(t, tokenizer), logprob: logprobs[i]!, bytes: tokenizer.tokenBytes(t), top_logprobs: [] }))
-  const answering = (call: GatewayCall, prefix: string): Answering => ({ id: `${prefix}-${nuid.next()}`, created: Math.floor(call.startedAt / 1000), model })
+/** What the handlers share: the options and the model's tokenizer. */
+interface Endpoints {
+  readonly options: EndpointsOptions
+  readonly tokenizer: ChatTurns["tokenizer"]
+}
 
-  /** The request's model, or the 404 of another. */
-  const served = (name: string) => (name === model ? Effect.void : Effect.fail(unknownModel(name, model)))
+const logprobsOf = (e: Endpoints, tokens: ArrayLike<number>, logprobs: ArrayLike<number>): Array<TokenLogprob> =>
+  Array.from(tokens, (t, i) => ({ token: tokenText(t, e.tokenizer), logprob: logprobs[i]!, bytes: e.tokenizer.tokenBytes(t), top_logprobs: [] }))
 
-  const chat = Effect.fn("OpenAi.chat")(function* (call: GatewayCall, body: unknown) {
+const answering = (e: Endpoints, call: GatewayCall, prefix: string): Answering => ({ id: `${prefix}-${nuid.next()}`, created: Math.floor(call.startedAt / 1000), model: e.options.model })
+
+/** The request's model, or the 404 of another. */
+const served = (e: Endpoints, name: string) => (name === e.options.model ? Effect.void : Effect.fail(unknownModel(name, e.options.model)))
+
+/** A chat answer as one completion object. */
+const chatAnswer = (e: Endpoints, a: Answering, answer: TurnAnswer, usage: Usage, wantLogprobs: boolean) => {
+  const toolCalls = answer.toolCalls.map((c) => ({ id: c.id, type: "function" as const, function: { name: c.name, arguments: c.arguments } }))
+  const choice = {
+    role: "assistant" as const,
+    content: answer.content,
+    ...(answer.reasoning === null ? {} : { reasoning_content: answer.reasoning }),
+    ...(toolCalls.length > 0 ? { tool_calls: toolCalls } : {})
+  }
+  const { result } = answer
+  return chatCompletion(a.id, a.created, a.model, choice, answer.finishReason, usage, wantLogprobs ? logprobsOf(e, result.output, result.logprobs) : null)
+}
+
+const chat = (e: Endpoints) =>
+  Effect.fn("OpenAi.chat")(function* (call: GatewayCall, body: unknown) {
     const req = yield* decodeBody(ChatCompletionRequest, body)
-    yield* served(req.model)
+    yield* served(e, req.model)
     yield* unsupported(req)
     const turn = turnOf(req, yield* decodeMessages(body))
-    const a = answering(call, "chatcmpl")
+    const a = answering(e, call, "chatcmpl")
     const wantLogprobs = req.logprobs === true
-    const stream = req.stream === true ? chatStream(eventStream(call.res), a, wantLogprobs ? (s) => logprobsOf(s.tokens, s.logprobs) : undefined) : undefined
-    const answer = yield* turns.run(call, a.id, turn, stream?.onDelta)
+    const stream = req.stream === true ? chatStream(eventStream(call.res), a, wantLogprobs ? (s) => logprobsOf(e, s.tokens, s.logprobs) : undefined) : undefined
+    const answer = yield* e.options.turns.run(call, a.id, turn, stream?.onDelta)
     const { result, finishReason } = answer
     const usage = usageOf(result.promptTokens, result.output.length, result.cachedTokens)
-    if (stream === undefined) {
-      const toolCalls = answer.toolCalls.map((c) => ({ id: c.id, type: "function" as const, function: { name: c.name, arguments: c.arguments } }))
-      const choice = {
-        role: "assistant" as const,
-        content: answer.content,
-        ...(answer.reasoning === null ? {} : { reasoning_content: answer.reasoning }),
-        ...(toolCalls.length > 0 ? { tool_calls: toolCalls } : {})
-      }
-      return sendJson(call.res, 200, chatCompletion(a.id, a.created, model, choice, finishReason, usage, wantLogprobs ? logprobsOf(result.output, result.logprobs) : null))
-    }
+    if (stream === undefined) return sendJson(call.res, 200, chatAnswer(e, a, answer, usage, wantLogprobs))
     stream.end(finishReason, req.stream_options?.include_usage === true ? usage : undefined)
   })
 
-  /** A completion's prompt ids: a text prompt after bos, or token ids; within the context limit and the vocabulary. */
-  const completionPrompt = Effect.fn("OpenAi.completionPrompt")(function* (p: CompletionRequest["prompt"]) {
+/** A completion's prompt ids: a text prompt after bos, or token ids; within the context limit and the vocabulary. */
+const completionPrompt = (e: Endpoints) =>
+  Effect.fn("OpenAi.completionPrompt")(function* (p: CompletionRequest["prompt"]) {
+    const { tokenizer, options } = e
     const first = Array.isArray(p) ? p[0] : p
     const pieces: Array<PromptPiece> =
       typeof first === "string"
         ? [options.chat.bos === undefined ? [] : [options.chat.bos], first]
         : [Array.isArray(first) ? (first as ReadonlyArray<number>) : (p as ReadonlyArray<number>)]
     const prompt = yield* promptWithin(tokenizer, pieces, options.maxContextTokens).pipe(
-      Effect.mapError((e) => contextLengthExceeded(e.limit, e.tokens, "prompt", e.atLeast))
+      Effect.mapError((err) => contextLengthExceeded(err.limit, err.tokens, "prompt", err.atLeast))
     )
     const bad = prompt.findIndex((t) => t >= tokenizer.vocabSize)
     if (bad >= 0) return yield* Effect.fail(apiError(400, `Invalid token id ${prompt[bad]} in 'prompt': ids are below ${tokenizer.vocabSize}.`, { param: "prompt" }))
     return prompt
   })
 
-  const completions = Effect.fn("OpenAi.completions")(function* (call: GatewayCall, body: unknown) {
+const completions = (e: Endpoints) => {
+  const promptOf = completionPrompt(e)
+  const endOfText = e.options.chat.eosIds.map((id) => [id])
+  return Effect.fn("OpenAi.completions")(function* (call: GatewayCall, body: unknown) {
+    const { tokenizer, options } = e
     const req = yield* decodeBody(CompletionRequest, body)
-    yield* served(req.model)
-    const prompt = yield* completionPrompt(req.prompt)
+    yield* served(e, req.model)
+    const prompt = yield* promptOf(req.prompt)
     const stops = stopsOf(req.stop)
-    const sampling = turns.sampling({ maxTokens: req.max_tokens, temperature: req.temperature, topP: req.top_p, seed: req.seed }, [
+    const sampling = options.turns.sampling({ maxTokens: req.max_tokens, temperature: req.temperature, topP: req.top_p, seed: req.seed }, [
       ...(req.ignore_eos === true ? [] : endOfText),
       ...stops.map((s) => tokenizer.encode(s))
     ])
-    const a = answering(call, "cmpl")
+    const a = answering(e, call, "cmpl")
     const stream = req.stream === true ? completionStream(eventStream(call.res), a, stops, tokenizer) : undefined
     const finished = { reason: "stop" as FinishReason }
-    const result = yield* generate(call, a.id, prompt, sampling, stream?.onTokens, (r) => {
+    const result = yield* options.generate(call, a.id, prompt, sampling, stream?.onTokens, (r) => {
       finished.reason = r.finishReason === "length" ? "length" : "stop"
       return { finishReason: finished.reason, toolCalls: {} }
     })
     const text = visibleText(result.output, stops, { final: true }, tokenizer)
     const usage: Usage = usageOf(result.promptTokens, result.output.length, result.cachedTokens)
-    if (stream === undefined) return sendJson(call.res, 200, completion(a.id, a.created, model, text, finished.reason, usage))
+    if (stream === undefined) return sendJson(call.res, 200, completion(a.id, a.created, a.model, text, finished.reason, usage))
     stream.end(text, finished.reason, req.stream_options?.include_usage === true ? usage : undefined)
   })
+}
 
+const makeOpenAiRoutes = (options: EndpointsOptions): OpenAiRoutesShape => {
+  const { model, servingSince } = options
+  const e: Endpoints = { options, tokenizer: options.turns.tokenizer }
+  const handlers = { chat: chat(e), completions: completions(e) }
   const models = (call: GatewayCall) => Effect.sync(() => sendJson(call.res, 200, modelList(model, servingSince)))
   const routes: Record<string, Methods<Session>> = {
-    "/v1/chat/completions": { POST: withBody(chat) },
-    "/v1/completions": { POST: withBody(completions) },
+    "/v1/chat/completions": { POST: withBody(handlers.chat) },
+    "/v1/completions": { POST: withBody(handlers.completions) },
     "/v1/models": { GET: models }
   }
   const route = (path: string): Methods<Session> | undefined => {
     if (Object.hasOwn(routes, path)) return routes[path]
     if (!path.startsWith("/v1/models/")) return undefined
     const name = path.slice("/v1/models/".length)
-    return { GET: (call) => served(name).pipe(Effect.andThen(Effect.sync(() => sendJson(call.res, 200, modelList(model, servingSince).data[0])))) }
+    return { GET: (call) => served(e, name).pipe(Effect.andThen(Effect.sync(() => sendJson(call.res, 200, modelList(model, servingSince).data[0])))) }
   }
-  return { route, chat, completions }
+  return { route, ...handlers }
 }
 
 /** The OpenAI API's routes over one model's `generate` and chat turns. */

@@ -158,7 +158,10 @@ export const WorkerLoad = Schema.Struct({
   reprefillTokens: NonNegativeInt,
   /** Since the start: cached contexts evicted for room, and generations preempted for memory (resumed later here). */
   evictedContexts: NonNegativeInt,
-  preemptions: NonNegativeInt
+  preemptions: NonNegativeInt,
+  /** On a paced device (`--pace`), since the start: work items paced (engine steps, micro-batches) and of them overruns (real compute longer than the paced time). */
+  pacedWork: Schema.optional(NonNegativeInt),
+  paceOverruns: Schema.optional(NonNegativeInt)
 })
 export type WorkerLoad = typeof WorkerLoad.Type
 

@@ -13,6 +13,7 @@ import { Schema } from "effect"
 import { mulberry32 } from "../tree/sample.ts"
 import { AdvantageEstimator, Credit } from "../tree/advantage.ts"
 import { PolicyConfig } from "../policy/vocabulary.ts"
+import { Pace } from "./pace.ts"
 import type { Sampling } from "../tree/record.ts"
 
 const Positive = Schema.Int.check(Schema.isGreaterThanOrEqualTo(1))
@@ -99,6 +100,8 @@ export const RunConfig = Schema.Struct({
   kvDtype: Schema.optional(Schema.Literals(["f32", "f16"])),
   /** KV-cache blocks of 16 tokens per device (absent: 4096, 65,536 tokens): the longest context a device holds. */
   kvBlocks: Schema.optional(Positive),
+  /** The devices' fixed rates (`--pace`, `pace.ts`; absent: unpaced): each device completes its work no earlier than they allow. */
+  pace: Schema.optional(Pace),
   /** Where checkpoints are written (`<dir>/step-<k>`). */
   checkpointDir: Schema.String,
   /** Wall clock (ms since the epoch) of the run's start: the policy's `at` counts from it. */

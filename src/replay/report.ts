@@ -15,6 +15,7 @@ import { readConfig } from "../engine/checkpoint.ts"
 import { kvBytesPerToken } from "../engine/config.ts"
 import type { TransportError } from "../runtime/errors.ts"
 import type { JournalSource } from "../runtime/journal.ts"
+import { formatPace } from "../protocols/pace.ts"
 import { evaluationScore, readRunLog, trainingErrors, viewOf, type Activity, type HeldOutScore, type Segment, type TrainingError } from "./status.ts"
 
 export interface ReportStep {
@@ -36,6 +37,8 @@ export interface RunReport {
   readonly run: string
   readonly policy: string
   readonly startedAt: string | undefined
+  /** The devices' pace (`--pace`, `decode=..,prefill=..,train=..`), undefined when unpaced. */
+  readonly pace: string | undefined
   readonly ended: boolean
   /** Policy clock of the last record: the run's makespan once it ended. */
   readonly makespanS: number
@@ -75,6 +78,7 @@ export const buildReport = (system: JournalSource): Effect.Effect<RunReport, Tra
       run: system.run,
       policy: log.config?.policy ?? "unknown",
       startedAt: log.config === undefined ? undefined : new Date(log.config.startedAt).toISOString(),
+      pace: formatPace(log.config?.pace) || undefined,
       ended: log.ended,
       makespanS: view.at,
       timeline: view.timeline(view.at),
@@ -238,9 +242,9 @@ ${r.trainingErrors.length === 0 ? "<p>None: every told execution was trained in 
 
 const comparison = (runs: ReadonlyArray<RunReport>) => {
   const span = Math.max(...runs.map((r) => r.makespanS))
-  const rows = runs.map((r) => [r.policy, r.run, fmt(r.makespanS, 1), r.steps.length, r.handoffs.switches, r.handoffs.reprefillTokens, fmt(r.steps.at(-1)?.meanScore ?? 0, 4), r.heldOut.after ? fmt(r.heldOut.after.meanScore, 4) : "n/a"])
+  const rows = runs.map((r) => [r.policy, r.run, r.pace ?? "unpaced", fmt(r.makespanS, 1), r.steps.length, r.handoffs.switches, r.handoffs.reprefillTokens, fmt(r.steps.at(-1)?.meanScore ?? 0, 4), r.heldOut.after ? fmt(r.heldOut.after.meanScore, 4) : "n/a"])
   return `<h2>Policies side by side</h2>
-${table(["policy", "run", "makespan s", "steps", "switches", "re-prefill tokens", "last train score", "held-out after"], rows, "policies")}
+${table(["policy", "run", "devices' pace", "makespan s", "steps", "switches", "re-prefill tokens", "last train score", "held-out after"], rows, "policies")}
 ${barChart("chart-makespans", runs.map((r) => ({ key: r.policy, parts: [{ name: "makespan", value: r.makespanS }] })), "s")}
 ${runs.map((r) => `<h3>${escape(r.policy)} (${escape(r.run)})</h3>${gantt(r, span)}`).join("\n")}`
 }
@@ -258,7 +262,7 @@ table { border-collapse: collapse; margin: 8px 0 } td, th { border: 1px solid #c
 svg { display: block; margin: 8px 0 }
 </style></head><body>
 <h1>Run ${escape(main.run)}</h1>
-<p>policy <b>${escape(main.policy)}</b>, started ${escape(main.startedAt ?? "?")}, ${main.ended ? "ended" : "not ended"}, ${fmt(main.makespanS, 1)} s on the policy clock, ${main.steps.length} steps, ${main.timeline.length} devices</p>
+<p>policy <b>${escape(main.policy)}</b>, started ${escape(main.startedAt ?? "?")}, ${main.ended ? "ended" : "not ended"}, ${fmt(main.makespanS, 1)} s on the policy clock, ${main.steps.length} steps, ${main.timeline.length} devices${main.pace === undefined ? "" : `, paced ${escape(main.pace)}`}</p>
 ${runSection(main, main.makespanS)}
 ${runs.length > 1 ? comparison(runs) : ""}
 <script type="application/json" id="gyre-report">${data}</script>

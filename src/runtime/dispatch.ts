@@ -28,7 +28,7 @@
  * costs no fiber switch.
  */
 import { nuid } from "@nats-io/transport-node"
-import { Cause, Deferred, Duration, Effect, Exit, Fiber, Option, Pull, Ref, Schedule, Tracer } from "effect"
+import { Cause, Context, Deferred, Duration, Effect, Exit, Fiber, Layer, Option, Pull, Ref, Schedule, Tracer, type Scope } from "effect"
 import type { Rpc } from "effect/rpc"
 import type { AnyActorType, Handler, MessageMeta } from "./actor.ts"
 import type { EndpointStats } from "./discovery.ts"
@@ -53,7 +53,7 @@ export interface DispatchOptions<S> {
   readonly ackWaitMs: number
 }
 
-export interface Dispatcher {
+export interface DispatcherShape {
   /** Takes a message from the intake (handed back at once when the dispatcher is stopping). */
   readonly offer: (d: Delivery) => void
   /** Fails when a handler crashes or a snapshot cannot be written; never succeeds. */
@@ -102,271 +102,342 @@ export const scheduleDelays = (schedule: Schedule.Schedule<unknown>, count: numb
     return out
   })
 
-export const makeDispatcher = <S>(o: DispatchOptions<S>) =>
+/** What the dispatch loop's callbacks change, in one place. */
+interface DispatchState {
+  /** Crashed or halted: nothing more starts. */
+  halted: boolean
+  /** Stopping: `idle` completes once nothing runs. */
+  stopping: boolean
+  /** Inside `pump` (it is not re-entered from a callback it caused). */
+  pumping: boolean
+  /** A snapshot is due as soon as no handler runs. */
+  snapshotWanted: boolean
+  snapshotting: Fiber.Fiber<void, unknown> | undefined
+  /** The timer of a snapshot due after `persistence.maxDelayMs`. */
+  timer: ReturnType<typeof setTimeout> | undefined
+  /** Asks offered and not started yet, and their bytes (the ask bound). */
+  asksWaiting: number
+  askBytesWaiting: number
+}
+
+/**
+ * The dispatch loop of one incarnation: the mailbox, the ack book, the handlers running and the
+ * state above. Its methods are called from NATS callbacks and fiber observers, synchronously.
+ */
+class DispatchLoop<S> {
+  readonly mailbox: Mailbox<Delivery>
+  readonly book: AckBook<Delivery>
+  readonly running = new Map<Fiber.Fiber<unknown, unknown>, Delivery>()
+  readonly state: DispatchState = {
+    halted: false,
+    stopping: false,
+    pumping: false,
+    snapshotWanted: false,
+    snapshotting: undefined,
+    timer: undefined,
+    asksWaiting: 0,
+    askBytesWaiting: 0
+  }
+
+  constructor(
+    readonly o: DispatchOptions<S>,
+    readonly run: <A, E>(effect: Effect.Effect<A, E>) => Fiber.Fiber<A, E>,
+    /** Whether spans reach a backend (`tracing`). */
+    readonly spans: boolean,
+    readonly crashed: Deferred.Deferred<never, unknown>,
+    readonly idle: Deferred.Deferred<void>
+  ) {
+    this.mailbox = new Mailbox<Delivery>(o.type.concurrency)
+    this.book = new AckBook<Delivery>(o.type.persistence?.everyMessages)
+  }
+
+  // The handler in its `Actor.handler` span, when spans reach a backend (`tracing`). Not
+  // `Effect.fn` nor `Effect.withSpan`: the first captures a call-site stack on every call
+  // (measured ~5-15 us, the largest single cost of an ask), the second also provides a stack
+  // frame (a second context update per message); this span is the same.
+  traced(p: Prepared, d: Delivery) {
+    const handler = this.o.handlers[p.tag]!(p.payload, p.meta)
+    if (!this.spans) return handler
+    const parent = parseTraceparent(d.header(Headers.traceparent))
+    const options = {
+      kind: p.meta.via === "ask" ? "server" : "consumer",
+      parent: parent === undefined ? undefined : Tracer.externalSpan(parent),
+      attributes: { "gyre.actor": this.o.actor, "gyre.request": p.tag, "gyre.via": p.meta.via, "gyre.seq": p.meta.seq }
+    } as const
+    // The span is the handler's parent (its own asks and tells are its children); no stack frame provided with it.
+    return Effect.useSpan("Actor.handler", options, (span) => Effect.provideService(handler, Tracer.ParentSpan, span))
+  }
+
+  // 1-2: what a message is, decided without running anything.
+  prepare(d: Delivery, msgId: string): Prepared | string | typeof DUPLICATE {
+    const { type } = this.o
+    if (d.via === "tell" && this.o.handled.has(msgId)) return DUPLICATE
+    if (d.via === "tell" && d.deliveryCount > type.maxDeliveries) {
+      return `delivered ${d.deliveryCount} times without being handled (the handler crashed or the actor restarted each time)`
+    }
+    const tag = d.header(Headers.request)
+    const rpc = requestOf(type.protocol, tag)
+    if (rpc === undefined) return tag === "" ? `no ${Headers.request} header` : `unknown request '${tag}' for ${type.kind}`
+    const parsed = parseJson(d.data)
+    if (!parsed.ok) return parsed.reason
+    const payload = codecsOf(rpc).decodePayload(parsed.value)
+    if (Exit.isFailure(payload)) return `payload does not match ${tag}: ${Cause.pretty(payload.cause)}`
+    const sender = d.header(Headers.sender)
+    const senderIncarnation = Number(d.header(Headers.incarnation)) || undefined
+    const meta: MessageMeta = { via: d.via, msgId, seq: d.seq, deliveryCount: d.deliveryCount, sender: sender === "" ? undefined : sender, senderIncarnation }
+    return { rpc, tag, payload: payload.value, meta, before: Ref.getUnsafe(this.o.state), started: performance.now() }
+  }
+
+  fail(cause: Cause.Cause<unknown>) {
+    this.state.halted = true
+    Deferred.doneUnsafe(this.crashed, Exit.failCause(cause))
+  }
+
+  release() {
+    this.mailbox.release()
+    this.pump()
+  }
+
+  settleTell(d: Delivery, changed: boolean) {
+    const s = this.book.settleTell(d, changed)
+    if (s === "ack") d.confirm()
+    else this.wantSnapshot(s === "snapshot")
+  }
+
+  // A dead letter that cannot be published does not crash the actor: the ask is answered
+  // all the same, the tell goes back (to be dead-lettered on a later delivery).
+  reject(d: Delivery, msgId: string, reason: string) {
+    const { metrics, actor } = this.o
+    metrics.handled(d.via, "rejected", undefined)
+    metrics.deadLettered()
+    observe(this.run(d.deadLetter(reason)), (exit) => {
+      const lost = Exit.isFailure(exit)
+      if (lost) this.run(Effect.logError(`${actor}: could not dead-letter a message (${reason.slice(0, 200)}): ${Cause.pretty(exit.cause)}`))
+      d.answer(encodeRejectedReply(reason))
+      if (d.via === "tell" && lost) d.handBack(this.o.redeliveryDelays.at(-1) ?? 0)
+      else if (d.via === "tell") {
+        this.o.handled.remember(msgId)
+        this.settleTell(d, false)
+      }
+      this.release()
+    })
+  }
+
+  // 3: a defect or an interruption that is not ours: hand the message back, then crash.
+  crash(d: Delivery, cause: Cause.Cause<unknown>) {
+    const { type, redeliveryDelays } = this.o
+    this.state.halted = true
+    const pretty = Cause.pretty(cause)
+    if (d.via === "ask") d.answer(encodeRejectedReply(`handler crashed: ${pretty}`))
+    else if (d.deliveryCount >= type.maxDeliveries) {
+      this.o.metrics.deadLettered()
+      const reason = `the handler crashed on each of ${d.deliveryCount} deliveries; the last time: ${pretty}`
+      return observe(this.run(d.deadLetter(reason)), (exit) => {
+        if (Exit.isSuccess(exit)) d.confirm()
+        else d.handBack(redeliveryDelays.at(-1) ?? 0)
+        this.fail(cause)
+      })
+    } else d.handBack(redeliveryDelays[d.deliveryCount - 1] ?? redeliveryDelays.at(-1) ?? 0)
+    this.fail(cause)
+  }
+
+  /** The handler's figures, in the endpoint stats and the metrics. */
+  count(d: Delivery, p: Prepared, exit: Exit.Exit<unknown, unknown>) {
+    const { stats } = this.o
+    const elapsed = performance.now() - p.started
+    stats.numRequests++
+    stats.processingTimeNs += Math.round(elapsed * 1e6)
+    const failed = Exit.isFailure(exit)
+    if (failed) {
+      stats.numErrors++
+      stats.lastError = Cause.pretty(exit.cause).slice(0, 500)
+    }
+    const typedFailure = failed && Cause.hasFails(exit.cause)
+    this.o.metrics.handled(d.via, !failed ? "ok" : typedFailure ? "error" : "crash", elapsed / 1000)
+    return { failed, typedFailure }
+  }
+
+  finish(d: Delivery, p: Prepared, exit: Exit.Exit<unknown, unknown>) {
+    this.book.finished(d)
+    const { typedFailure } = this.count(d, p, exit)
+    if (d.settled) return this.release() // handed back by a stop that could not wait
+    if (Exit.isFailure(exit) && !typedFailure) return this.crash(d, exit.cause)
+    const changed = Ref.getUnsafe(this.o.state) !== p.before
+    if (d.via === "ask") {
+      d.reply = encodeExitReply(p.rpc, exit)
+      if (this.book.settleAsk(d, changed) === "reply") d.confirm()
+      else this.wantSnapshot(true)
+    } else {
+      this.o.handled.remember(p.meta.msgId)
+      if (Exit.isFailure(exit)) this.run(Effect.logWarning(`${this.o.actor}: ${p.tag} (seq ${d.seq}) failed: ${Cause.pretty(exit.cause)}`))
+      this.settleTell(d, changed)
+    }
+    this.release()
+  }
+
+  start(d: Delivery) {
+    if (d.via === "ask") {
+      this.state.asksWaiting--
+      this.state.askBytesWaiting -= d.data.length
+    }
+    if (d.via === "tell" && d.deliveryCount > 1) this.o.metrics.redelivered()
+    const msgId = d.header(Headers.msgId) || (d.via === "tell" ? `seq:${d.seq}` : nuid.next())
+    const p = this.prepare(d, msgId)
+    if (p === DUPLICATE) {
+      this.o.metrics.handled(d.via, "duplicate", undefined)
+      if (d.via === "tell") this.settleTell(d, false)
+      return this.release()
+    }
+    if (typeof p === "string") return this.reject(d, msgId, p)
+    if (d.via === "tell") this.book.started(d)
+    const fiber = this.run(this.traced(p, d))
+    if (fiber.pollUnsafe() === undefined) this.running.set(fiber, d)
+    observe(fiber, (exit) => {
+      this.running.delete(fiber)
+      this.finish(d, p, exit)
+    })
+  }
+
+  // Snapshots: written when wanted and no handler runs; the mailbox is held meanwhile.
+  readonly snapshotNow = Effect.suspend(() => {
+    const { write, confirm } = this.book.takeForSnapshot()
+    if (!write) {
+      for (const d of confirm) d.confirm()
+      return Effect.void
+    }
+    return this.o.snapshots.write(Ref.getUnsafe(this.o.state), this.o.handled).pipe(
+      Effect.tap(() => Effect.sync(() => confirm.forEach((d) => d.confirm()))),
+      Effect.tapError(() => Effect.sync(() => confirm.forEach((d) => d.handBack())))
+    )
+  })
+
+  wantSnapshot(now: boolean) {
+    if (now) {
+      this.state.snapshotWanted = true
+      this.mailbox.hold(true)
+    } else if (this.state.timer === undefined) {
+      this.state.timer = setTimeout(() => {
+        this.state.timer = undefined
+        this.wantSnapshot(true)
+        this.pump()
+      }, this.o.type.persistence?.maxDelayMs ?? 0)
+    }
+  }
+
+  startSnapshot() {
+    const state = this.state
+    state.snapshotWanted = false
+    if (state.timer !== undefined) clearTimeout(state.timer)
+    state.timer = undefined
+    const fiber = this.run(this.snapshotNow)
+    state.snapshotting = fiber
+    observe(fiber, (exit) => {
+      state.snapshotting = undefined
+      this.mailbox.hold(false)
+      if (Exit.isFailure(exit)) this.fail(exit.cause)
+      else this.pump()
+    })
+  }
+
+  pump(): void {
+    const state = this.state
+    if (state.pumping || state.halted) return
+    state.pumping = true
+    try {
+      for (;;) {
+        for (let d = this.mailbox.take(); d !== undefined && !state.halted; d = this.mailbox.take()) this.start(d)
+        if (!state.snapshotWanted || state.snapshotting !== undefined || this.mailbox.busy > 0 || state.halted) break
+        this.startSnapshot()
+        if (state.snapshotting !== undefined) break
+      }
+    } finally {
+      state.pumping = false
+    }
+    if (state.stopping && this.mailbox.busy === 0 && state.snapshotting === undefined) Deferred.doneUnsafe(this.idle, Exit.void)
+  }
+
+  // Asks waiting are bounded (count and bytes); one more is refused at once, unhandled.
+  offer(d: Delivery) {
+    const state = this.state
+    if (d.via === "ask") {
+      const { maxQueuedAsks, maxQueuedAskBytes } = this.o.type
+      if (state.asksWaiting >= maxQueuedAsks || state.askBytesWaiting + d.data.length > maxQueuedAskBytes) {
+        this.o.metrics.handled("ask", "overloaded", undefined)
+        return d.refuse(encodeOverloadedReply(`${this.o.actor} has ${state.asksWaiting} asks (${state.askBytesWaiting} bytes) waiting; retry later`))
+      }
+      state.asksWaiting++
+      state.askBytesWaiting += d.data.length
+    }
+    if (!this.mailbox.offer(d)) return d.handBack()
+    this.pump()
+  }
+
+  /** Hands everything back and stops acknowledging (`Dispatcher.halt`). */
+  halt() {
+    const state = this.state
+    state.halted = true
+    state.stopping = true
+    if (state.timer !== undefined) clearTimeout(state.timer)
+    for (const d of this.mailbox.close()) d.handBack()
+    for (const d of this.book.releaseAll()) d.handBack()
+    for (const [fiber, d] of this.running) {
+      d.handBack()
+      fiber.interruptUnsafe()
+    }
+  }
+
+  /** A bounded stop (`Dispatcher.stop`). */
+  stop(timeoutMs: number, halt: () => void) {
+    const loop = this
+    return Effect.gen(function* () {
+      loop.state.stopping = true
+      for (const d of loop.mailbox.close()) d.handBack()
+      loop.pump()
+      const finished = yield* Deferred.await(loop.idle).pipe(Effect.timeoutOption(Duration.millis(timeoutMs)))
+      if (Option.isSome(finished)) {
+        yield* loop.snapshotNow
+        return false
+      }
+      if (loop.state.snapshotting !== undefined) yield* Fiber.await(loop.state.snapshotting)
+      yield* Effect.logWarning(
+        `${loop.o.actor}: ${loop.running.size} handler(s) still running after the stop timeout of ${timeoutMs} ms: interrupted, their messages handed back`
+      )
+      halt()
+      return true
+    })
+  }
+}
+
+/** Completes `then` with the fiber's exit: at once when it is done already, else when it ends. */
+const observe = <A, E>(fiber: Fiber.Fiber<A, E>, then: (exit: Exit.Exit<A, E>) => void) => {
+  const done = fiber.pollUnsafe()
+  if (done !== undefined) then(done)
+  else fiber.addObserver(then)
+}
+
+const makeDispatcher = <S>(o: DispatchOptions<S>): Effect.Effect<DispatcherShape, never, Scope.Scope> =>
   Effect.gen(function* () {
     const run = Effect.runForkWith(yield* Effect.context<never>())
-    const { type, metrics, stats } = o
-    const mailbox = new Mailbox<Delivery>(type.concurrency)
-    const book = new AckBook<Delivery>(type.persistence?.everyMessages)
-    const crashed = yield* Deferred.make<never, unknown>()
-    const idle = yield* Deferred.make<void>()
-    const running = new Map<Fiber.Fiber<unknown, unknown>, Delivery>()
-    let halted = false
-    let stopping = false
-    let pumping = false
-    let snapshotWanted = false
-    let snapshotting: Fiber.Fiber<void, unknown> | undefined
-    let timer: ReturnType<typeof setTimeout> | undefined
-
-    // The handler in its `Actor.handler` span, when spans reach a backend (`tracing`). Not
-    // `Effect.fn` nor `Effect.withSpan`: the first captures a call-site stack on every call
-    // (measured ~5-15 us, the largest single cost of an ask), the second also provides a stack
-    // frame (a second context update per message); this span is the same.
     const spans = tracing(yield* Effect.withFiber((fiber) => Effect.succeed(fiber.getRef(Tracer.Tracer))))
-    const traced = (p: Prepared, d: Delivery) => {
-      const handler = o.handlers[p.tag]!(p.payload, p.meta)
-      if (!spans) return handler
-      const parent = parseTraceparent(d.header(Headers.traceparent))
-      const options = {
-        kind: p.meta.via === "ask" ? "server" : "consumer",
-        parent: parent === undefined ? undefined : Tracer.externalSpan(parent),
-        attributes: { "gyre.actor": o.actor, "gyre.request": p.tag, "gyre.via": p.meta.via, "gyre.seq": p.meta.seq }
-      } as const
-      // The span is the handler's parent (its own asks and tells are its children); no stack frame provided with it.
-      return Effect.useSpan("Actor.handler", options, (span) => Effect.provideService(handler, Tracer.ParentSpan, span))
-    }
-
-    // 1-2: what a message is, decided without running anything.
-    const prepare = (d: Delivery, msgId: string): Prepared | string | typeof DUPLICATE => {
-      if (d.via === "tell" && o.handled.has(msgId)) return DUPLICATE
-      if (d.via === "tell" && d.deliveryCount > type.maxDeliveries) {
-        return `delivered ${d.deliveryCount} times without being handled (the handler crashed or the actor restarted each time)`
-      }
-      const tag = d.header(Headers.request)
-      const rpc = requestOf(type.protocol, tag)
-      if (rpc === undefined) return tag === "" ? `no ${Headers.request} header` : `unknown request '${tag}' for ${type.kind}`
-      const parsed = parseJson(d.data)
-      if (!parsed.ok) return parsed.reason
-      const payload = codecsOf(rpc).decodePayload(parsed.value)
-      if (Exit.isFailure(payload)) return `payload does not match ${tag}: ${Cause.pretty(payload.cause)}`
-      const sender = d.header(Headers.sender)
-      const senderIncarnation = Number(d.header(Headers.incarnation)) || undefined
-      const meta: MessageMeta = { via: d.via, msgId, seq: d.seq, deliveryCount: d.deliveryCount, sender: sender === "" ? undefined : sender, senderIncarnation }
-      return { rpc, tag, payload: payload.value, meta, before: Ref.getUnsafe(o.state), started: performance.now() }
-    }
-
-    const fail = (cause: Cause.Cause<unknown>) => {
-      halted = true
-      Deferred.doneUnsafe(crashed, Exit.failCause(cause))
-    }
-
-    const observe = <A, E>(fiber: Fiber.Fiber<A, E>, then: (exit: Exit.Exit<A, E>) => void) => {
-      const done = fiber.pollUnsafe()
-      if (done !== undefined) then(done)
-      else fiber.addObserver(then)
-    }
-
-    const release = () => {
-      mailbox.release()
-      pump()
-    }
-
-    const settleTell = (d: Delivery, changed: boolean) => {
-      const s = book.settleTell(d, changed)
-      if (s === "ack") d.confirm()
-      else wantSnapshot(s === "snapshot")
-    }
-
-    // A dead letter that cannot be published does not crash the actor: the ask is answered
-    // all the same, the tell goes back (to be dead-lettered on a later delivery).
-    const reject = (d: Delivery, msgId: string, reason: string) => {
-      metrics.handled(d.via, "rejected", undefined)
-      metrics.deadLettered()
-      observe(run(d.deadLetter(reason)), (exit) => {
-        const lost = Exit.isFailure(exit)
-        if (lost) run(Effect.logError(`${o.actor}: could not dead-letter a message (${reason.slice(0, 200)}): ${Cause.pretty(exit.cause)}`))
-        d.answer(encodeRejectedReply(reason))
-        if (d.via === "tell" && lost) d.handBack(o.redeliveryDelays.at(-1) ?? 0)
-        else if (d.via === "tell") {
-          o.handled.remember(msgId)
-          settleTell(d, false)
-        }
-        release()
-      })
-    }
-
-    // 3: a defect or an interruption that is not ours: hand the message back, then crash.
-    const crash = (d: Delivery, cause: Cause.Cause<unknown>) => {
-      halted = true
-      const pretty = Cause.pretty(cause)
-      if (d.via === "ask") d.answer(encodeRejectedReply(`handler crashed: ${pretty}`))
-      else if (d.deliveryCount >= type.maxDeliveries) {
-        metrics.deadLettered()
-        const reason = `the handler crashed on each of ${d.deliveryCount} deliveries; the last time: ${pretty}`
-        return observe(run(d.deadLetter(reason)), (exit) => {
-          if (Exit.isSuccess(exit)) d.confirm()
-          else d.handBack(o.redeliveryDelays.at(-1) ?? 0)
-          fail(cause)
-        })
-      } else d.handBack(o.redeliveryDelays[d.deliveryCount - 1] ?? o.redeliveryDelays.at(-1) ?? 0)
-      fail(cause)
-    }
-
-    const finish = (d: Delivery, p: Prepared, exit: Exit.Exit<unknown, unknown>) => {
-      book.finished(d)
-      const elapsed = performance.now() - p.started
-      stats.numRequests++
-      stats.processingTimeNs += Math.round(elapsed * 1e6)
-      const failed = Exit.isFailure(exit)
-      if (failed) {
-        stats.numErrors++
-        stats.lastError = Cause.pretty(exit.cause).slice(0, 500)
-      }
-      const typedFailure = failed && Cause.hasFails(exit.cause)
-      metrics.handled(d.via, !failed ? "ok" : typedFailure ? "error" : "crash", elapsed / 1000)
-      if (d.settled) return release() // handed back by a stop that could not wait
-      if (failed && !typedFailure) return crash(d, exit.cause)
-      const changed = Ref.getUnsafe(o.state) !== p.before
-      if (d.via === "ask") {
-        d.reply = encodeExitReply(p.rpc, exit)
-        if (book.settleAsk(d, changed) === "reply") d.confirm()
-        else wantSnapshot(true)
-      } else {
-        o.handled.remember(p.meta.msgId)
-        if (failed) run(Effect.logWarning(`${o.actor}: ${p.tag} (seq ${d.seq}) failed: ${Cause.pretty(exit.cause)}`))
-        settleTell(d, changed)
-      }
-      release()
-    }
-
-    const start = (d: Delivery) => {
-      if (d.via === "ask") {
-        asksWaiting--
-        askBytesWaiting -= d.data.length
-      }
-      if (d.via === "tell" && d.deliveryCount > 1) metrics.redelivered()
-      const msgId = d.header(Headers.msgId) || (d.via === "tell" ? `seq:${d.seq}` : nuid.next())
-      const p = prepare(d, msgId)
-      if (p === DUPLICATE) {
-        metrics.handled(d.via, "duplicate", undefined)
-        if (d.via === "tell") settleTell(d, false)
-        return release()
-      }
-      if (typeof p === "string") return reject(d, msgId, p)
-      if (d.via === "tell") book.started(d)
-      const fiber = run(traced(p, d))
-      if (fiber.pollUnsafe() === undefined) running.set(fiber, d)
-      observe(fiber, (exit) => {
-        running.delete(fiber)
-        finish(d, p, exit)
-      })
-    }
-
-    // Snapshots: written when wanted and no handler runs; the mailbox is held meanwhile.
-    const snapshotNow = Effect.suspend(() => {
-      const { write, confirm } = book.takeForSnapshot()
-      if (!write) {
-        for (const d of confirm) d.confirm()
-        return Effect.void
-      }
-      return o.snapshots.write(Ref.getUnsafe(o.state), o.handled).pipe(
-        Effect.tap(() => Effect.sync(() => confirm.forEach((d) => d.confirm()))),
-        Effect.tapError(() => Effect.sync(() => confirm.forEach((d) => d.handBack())))
-      )
-    })
-
-    const wantSnapshot = (now: boolean) => {
-      if (now) {
-        snapshotWanted = true
-        mailbox.hold(true)
-      } else if (timer === undefined) {
-        timer = setTimeout(() => {
-          timer = undefined
-          wantSnapshot(true)
-          pump()
-        }, type.persistence?.maxDelayMs ?? 0)
-      }
-    }
-
-    const startSnapshot = () => {
-      snapshotWanted = false
-      if (timer !== undefined) clearTimeout(timer)
-      timer = undefined
-      const fiber = run(snapshotNow)
-      snapshotting = fiber
-      observe(fiber, (exit) => {
-        snapshotting = undefined
-        mailbox.hold(false)
-        if (Exit.isFailure(exit)) fail(exit.cause)
-        else pump()
-      })
-    }
-
-    const pump = (): void => {
-      if (pumping || halted) return
-      pumping = true
-      try {
-        for (;;) {
-          for (let d = mailbox.take(); d !== undefined && !halted; d = mailbox.take()) start(d)
-          if (!snapshotWanted || snapshotting !== undefined || mailbox.busy > 0 || halted) break
-          startSnapshot()
-          if (snapshotting !== undefined) break
-        }
-      } finally {
-        pumping = false
-      }
-      if (stopping && mailbox.busy === 0 && snapshotting === undefined) Deferred.doneUnsafe(idle, Exit.void)
-    }
-
-    // Asks waiting are bounded (count and bytes); one more is refused at once, unhandled.
-    let asksWaiting = 0
-    let askBytesWaiting = 0
-    const offer = (d: Delivery) => {
-      if (d.via === "ask") {
-        if (asksWaiting >= type.maxQueuedAsks || askBytesWaiting + d.data.length > type.maxQueuedAskBytes) {
-          metrics.handled("ask", "overloaded", undefined)
-          return d.refuse(encodeOverloadedReply(`${o.actor} has ${asksWaiting} asks (${askBytesWaiting} bytes) waiting; retry later`))
-        }
-        asksWaiting++
-        askBytesWaiting += d.data.length
-      }
-      if (!mailbox.offer(d)) return d.handBack()
-      pump()
-    }
-
-    const progress = setInterval(() => book.inFlight.forEach((d) => d.working()), Math.max(500, o.ackWaitMs / 3))
-    const unwatch = metrics.watch(() => mailbox.depth, () => mailbox.busy)
-
+    const loop = new DispatchLoop(o, run, spans, yield* Deferred.make<never, unknown>(), yield* Deferred.make<void>())
+    const progress = setInterval(() => loop.book.inFlight.forEach((d) => d.working()), Math.max(500, o.ackWaitMs / 3))
+    const unwatch = o.metrics.watch(() => loop.mailbox.depth, () => loop.mailbox.busy)
     const halt = () => {
-      halted = true
-      stopping = true
       clearInterval(progress)
       unwatch()
-      if (timer !== undefined) clearTimeout(timer)
-      for (const d of mailbox.close()) d.handBack()
-      for (const d of book.releaseAll()) d.handBack()
-      for (const [fiber, d] of running) {
-        d.handBack()
-        fiber.interruptUnsafe()
-      }
+      loop.halt()
     }
-
-    const stop = (timeoutMs: number) =>
-      Effect.gen(function* () {
-        stopping = true
-        for (const d of mailbox.close()) d.handBack()
-        pump()
-        const finished = yield* Deferred.await(idle).pipe(Effect.timeoutOption(Duration.millis(timeoutMs)))
-        if (Option.isSome(finished)) {
-          yield* snapshotNow
-          return false
-        }
-        if (snapshotting !== undefined) yield* Fiber.await(snapshotting)
-        yield* Effect.logWarning(`${o.actor}: ${running.size} handler(s) still running after the stop timeout of ${timeoutMs} ms: interrupted, their messages handed back`)
-        halt()
-        return true
-      })
-
     yield* Effect.addFinalizer(() => Effect.sync(halt))
-    return { offer, crashed: Deferred.await(crashed), stop, halt } satisfies Dispatcher
+    return {
+      offer: (d) => loop.offer(d),
+      crashed: Deferred.await(loop.crashed),
+      stop: Effect.fn("Dispatcher.stop")((timeoutMs: number) => loop.stop(timeoutMs, halt)),
+      halt
+    } satisfies DispatcherShape
   })
+
+/** The dispatch of one incarnation (the module comment), over its handlers, state and snapshot store. */
+export class Dispatcher extends Context.Service<Dispatcher, DispatcherShape>()("gyre/runtime/Dispatcher") {
+  static readonly make = makeDispatcher
+  static readonly layer = <S>(options: DispatchOptions<S>) => Layer.effect(Dispatcher, makeDispatcher(options))
+}

@@ -31,7 +31,7 @@ import type { Rpc } from "effect/rpc"
 import type { ActorContext, ActorType, Handler } from "./actor.ts"
 import type { Claim } from "./claim.ts"
 import type { EndpointStats } from "./discovery.ts"
-import { makeDispatcher, scheduleDelays } from "./dispatch.ts"
+import { Dispatcher, scheduleDelays } from "./dispatch.ts"
 import { SnapshotConflict } from "./errors.ts"
 import { openIntake, publishDeadLetter } from "./intake.ts"
 import { actorMetrics } from "./metrics.ts"
@@ -117,7 +117,7 @@ export const runIncarnation = <R extends Rpc.Any, S, Req>(
       const handlers = (yield* type.behaviour(ctx)) as Record<string, Handler<any>>
 
       // 4. Dispatch: its finalizer hands back what is left when the scope closes.
-      const dispatcher = yield* makeDispatcher({
+      const dispatcher = yield* Dispatcher.make({
         actor,
         type,
         handlers,

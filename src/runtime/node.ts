@@ -18,7 +18,7 @@
  * when the node starts.
  */
 import { nuid } from "@nats-io/transport-node"
-import { Cause, Deferred, Duration, Effect, Exit, Result, Schedule, Schema, Scope } from "effect"
+import { Cause, Context, Deferred, Duration, Effect, Exit, Layer, Result, Schedule, Schema, Scope } from "effect"
 import type { ConfigError } from "effect/Config"
 import { Rpc, RpcGroup } from "effect/rpc"
 import * as Actor from "./actor.ts"
@@ -33,7 +33,7 @@ import { address, formatAddress, InvalidAddress, type ActorAddress } from "./nam
 import { GroupSpec, groupAddress, replaceDead, type NodeLoad } from "./placement.ts"
 import { monitorLiveness, readEntry, viewRegistry, type DeadEvent } from "./registry.ts"
 import { defaultSupervision, supervise, superviseGroup, type ChildEnd, type ChildSpec, type OnRestart, type SupervisionPolicy } from "./supervisor.ts"
-import { ActorSystem, refOf } from "./system.ts"
+import { ActorSystem, refOf, type ActorSystemShape } from "./system.ts"
 
 export class UnknownActorKind extends Schema.TaggedError<UnknownActorKind>()("UnknownActorKind", {
   kind: Schema.String,
@@ -132,311 +132,345 @@ export interface NodeHandle {
   readonly metricsUrl: string | undefined
 }
 
+/** What a node's operations share: its options and settings, its scope and context, what it hosts. */
+interface NodeContext<R> {
+  readonly options: NodeOptions<R>
+  readonly system: ActorSystemShape
+  readonly deadAfterMs: number
+  readonly hostOptions: { readonly node: string; readonly heartbeatMs: number; readonly ackWaitMs: number }
+  readonly scope: Scope.Scope
+  readonly context: Context.Context<R>
+  readonly catalogue: Map<string, Actor.ActorType<any, any, R>>
+  readonly hosted: Map<string, Hosted>
+  /** Spawns whose claim is being taken, so a concurrent spawn of the same address waits for it. */
+  readonly spawning: Map<string, Deferred.Deferred<void, Claim.AddressClaimed | TransportError>>
+  readonly state: { draining: boolean }
+}
+
+const claim = <R>(n: NodeContext<R>, at: ActorAddress, load?: Readonly<Record<string, unknown>>) =>
+  Claim.acquire(n.system.registry, at, { holder: n.options.name, silentMs: n.deadAfterMs, whenHeld: "refuse", ...(load ? { load } : {}) })
+
+/** Claims every address (each with its first load), or none: on a failure the claims taken so far are released. */
+const claimAll = <R>(n: NodeContext<R>, ats: ReadonlyArray<readonly [ActorAddress, Readonly<Record<string, unknown>> | undefined]>) =>
+  Effect.gen(function* () {
+    const taken: Array<Claim.Claim> = []
+    for (const [at, load] of ats) {
+      taken.push(yield* claim(n, at, load).pipe(Effect.onError(() => Effect.forEach(taken, (c) => c.release("stopped"), { discard: true }))))
+    }
+    return taken
+  })
+
+const admit = <R>(n: NodeContext<R>, at: ActorAddress, group: string | undefined, first: Claim.Claim) =>
+  Effect.gen(function* () {
+    const key = formatAddress(at)
+    const stats: EndpointStats = { name: key, subject: n.system.layout.ask(at), numRequests: 0, numErrors: 0, lastError: "", processingTimeNs: 0 }
+    const entry: Hosted = {
+      address: at,
+      control: { drain: yield* Deferred.make<void>(), ready: yield* Deferred.make<void>(), fenced: yield* Deferred.make<void>() },
+      ended: yield* Deferred.make<void>(),
+      stats,
+      group,
+      restarts: 0,
+      failed: false,
+      claim: first
+    }
+    n.hosted.set(key, entry)
+    return entry
+  })
+
+// Every start after the first claims the address again (a new incarnation); an address
+// taken meanwhile by another node ends the actor here, fenced.
+const child = <R>(n: NodeContext<R>, type: Actor.ActorType<any, any, any>, entry: Hosted): ChildSpec<unknown, R> => {
+  const name = formatAddress(entry.address)
+  const run = (c: Claim.Claim) => {
+    entry.claim = c
+    return runIncarnation(type, entry.address, n.system, { ...n.hostOptions, stats: entry.stats, claim: c }, entry.control) as Effect.Effect<ChildEnd, unknown, R>
+  }
+  return {
+    name,
+    restart: type.restart,
+    run: (start) =>
+      start === 0
+        ? run(entry.claim)
+        : claim(n, entry.address).pipe(
+            Effect.matchEffect({
+              onFailure: (e) =>
+                e._tag === "AddressClaimed"
+                  ? Effect.logWarning(`${name}: not restarted: ${e.node} holds incarnation ${e.incarnation}`).pipe(Effect.as("fenced" as const))
+                  : Effect.fail(e),
+              onSuccess: run
+            })
+          )
+  }
+}
+
+const onRestart =
+  <R>(n: NodeContext<R>): OnRestart =>
+  (name, start, exit) =>
+    Effect.gen(function* () {
+      const entry = n.hosted.get(name)
+      if (entry !== undefined) entry.restarts = start
+      if (Exit.isFailure(exit)) yield* Effect.logWarning(`${name} crashed; restart ${start}`, exit.cause)
+      else yield* Effect.logInfo(`${name} ended (${exit.value}); restart ${start}`)
+    })
+
+// An actor ended for good: report how, and forget it.
+const leave = <R>(n: NodeContext<R>, entry: Hosted, exit: Exit.Exit<ChildEnd, unknown>) =>
+  Effect.gen(function* () {
+    const at = entry.address
+    const key = formatAddress(at)
+    const node = n.options.name
+    if (Exit.isFailure(exit) && !Cause.hasInterruptsOnly(exit.cause)) {
+      entry.failed = true
+      const error = Cause.findError(exit.cause)
+      yield* entry.claim.release("failed")
+      if (Result.isSuccess(error) && error.success instanceof Escalation) {
+        const e = error.success
+        yield* Effect.logError(`${key}: supervisor ${e.child} gave up after ${e.restarts} restarts within ${e.withinMs} ms`)
+        yield* n.system.publishEvent(Escalated, { kind: at.kind, id: at.id, node, restarts: e.restarts, withinMs: e.withinMs, lastFailure: e.lastFailure }).pipe(Effect.ignore)
+      } else yield* Effect.logError(`${key} crashed and is not restarted (restart: temporary)`, exit.cause)
+    } else if (Exit.isSuccess(exit) && exit.value === "fenced") {
+      yield* n.system.publishEvent(Fenced, { kind: at.kind, id: at.id, node }).pipe(Effect.ignore)
+    }
+    n.hosted.delete(key)
+    yield* Deferred.succeed(entry.ended, undefined)
+  })
+
+// Serving, or given up on (a crash loop escalates instead of becoming ready).
+const serving = (entries: ReadonlyArray<Hosted>) =>
+  Effect.forEach(entries, (e) => Effect.raceFirst(Deferred.await(e.control.ready), Deferred.await(e.ended)), { discard: true })
+
+/** Runs `effect` in the node's scope, with the node's context. */
+const runIn = <R>(n: NodeContext<R>, effect: Effect.Effect<void, never, R>) => Effect.forkIn(effect.pipe(Effect.provideContext(n.context)), n.scope)
+
+const hostOne = <R>(n: NodeContext<R>, type: Actor.ActorType<any, any, R>, at: ActorAddress, first: Claim.Claim, group?: string) =>
+  Effect.gen(function* () {
+    const entry = yield* admit(n, at, group, first)
+    yield* runIn(n, Effect.exit(supervise(child(n, type, entry), type.supervision, onRestart(n))).pipe(Effect.flatMap((exit) => leave(n, entry, exit))))
+    return entry
+  })
+
+const hostAll = <R>(
+  n: NodeContext<R>,
+  name: string,
+  members: ReadonlyArray<readonly [Actor.ActorType<any, any, R>, ActorAddress]>,
+  claims: ReadonlyArray<Claim.Claim>,
+  policy: SupervisionPolicy
+) =>
+  Effect.gen(function* () {
+    const entries = yield* Effect.forEach(members, ([, at], i) => admit(n, at, name, claims[i]!))
+    const byName = new Map(entries.map((e) => [formatAddress(e.address), e]))
+    const children = members.map(([type], i) => child(n, type, entries[i]!))
+    const restartAll: OnRestart = (c, start, exit) =>
+      onRestart(n)(c, start, exit).pipe(Effect.tap(() => Effect.sync(() => entries.forEach((e) => (e.restarts = start)))))
+    const group = superviseGroup(name, children, policy, restartAll, (c, exit) => leave(n, byName.get(c)!, exit))
+    // What is still hosted when the group ends failed with it (an escalation).
+    const stillHere = (exit: Exit.Exit<void, unknown>) =>
+      Effect.forEach(entries.filter((e) => n.hosted.get(formatAddress(e.address)) === e), (e) => leave(n, e, exit as Exit.Exit<never, unknown>), { discard: true })
+    yield* runIn(n, Effect.exit(group).pipe(Effect.flatMap(stillHere)))
+    return entries
+  })
+
+const resolve = <R>(n: NodeContext<R>, kind: string, id: string) =>
+  Effect.gen(function* () {
+    if (n.state.draining) return yield* Effect.fail(new NodeDraining({ node: n.options.name }))
+    const at = yield* Effect.try({ try: () => address(kind, id), catch: (e) => e as InvalidAddress })
+    const type = n.catalogue.get(kind)
+    if (type === undefined) return yield* Effect.fail(new UnknownActorKind({ kind, node: n.options.name, known: [...n.catalogue.keys()] }))
+    return [type, at] as const
+  })
+
+const spawn = <R>(n: NodeContext<R>): NodeHandle["spawn"] =>
+  Effect.fn("Node.spawn")(function* (kind: string, id: string) {
+    const [type, at] = yield* resolve(n, kind, id)
+    const key = formatAddress(at)
+    const pending = n.spawning.get(key)
+    if (n.hosted.has(key) || pending !== undefined) {
+      if (pending !== undefined) yield* Deferred.await(pending)
+      return { kind, id, node: n.options.name, alreadyRunning: true }
+    }
+    const done = yield* Deferred.make<void, Claim.AddressClaimed | TransportError>()
+    n.spawning.set(key, done)
+    const exit = yield* Effect.exit(claim(n, at).pipe(Effect.flatMap((c) => hostOne(n, type, at, c))))
+    n.spawning.delete(key)
+    yield* Deferred.done(done, Exit.asVoid(exit))
+    if (Exit.isFailure(exit)) return yield* Effect.failCause(exit.cause)
+    yield* serving([exit.value])
+    return { kind, id, node: n.options.name, alreadyRunning: false }
+  })
+
+/**
+ * Claims `at` again when liveness marked its entry dead while this node lives (its event
+ * loop stalled past deadAfterMs) and carries on with the new claim; not when someone else
+ * holds the entry now (another process of this node's name, a re-placement).
+ */
+const claimAgainIfDead = <R>(
+  n: NodeContext<R>,
+  at: ActorAddress,
+  load: Readonly<Record<string, unknown>> | undefined,
+  carryOn: (c: Claim.Claim) => Effect.Effect<void, never, R>
+): Effect.Effect<void, never, R> =>
+  Effect.gen(function* () {
+    const { entry } = yield* readEntry(n.system.registry, formatAddress(at))
+    if (n.state.draining || entry?.status !== "dead") return
+    yield* Effect.logWarning(`${formatAddress(at)} was declared dead while this node lives; claiming it again`)
+    yield* carryOn(yield* claim(n, at, load))
+  }).pipe(
+    Effect.retry({ while: (e) => e._tag === "TransportError", schedule: Schedule.spaced(Duration.millis(n.hostOptions.heartbeatMs)) }),
+    Effect.catch((e) => Effect.logWarning(`${formatAddress(at)} not claimed again`, e))
+  )
+
+/**
+ * Holds the group's entry while any member is hosted: renewed with the members still here
+ * (what re-placement spawns again if this node dies), released when the last one has left,
+ * claimed again if it was declared dead while they are here.
+ */
+const keepGroup = <R>(n: NodeContext<R>, c: Claim.Claim, group: GroupSpec, entries: ReadonlyArray<Hosted>): Effect.Effect<void, never, R> => {
+  const here = () => entries.filter((e) => n.hosted.get(formatAddress(e.address)) === e)
+  const load = () => ({ group: { ...group, members: here().map((e) => ({ kind: e.address.kind, id: e.address.id })) } })
+  const allLeft = Effect.forEach(entries, (e) => Deferred.await(e.ended), { discard: true })
+  const after = Effect.suspend(() =>
+    c.held()
+      ? c.release(entries.some((e) => e.failed) ? "failed" : "stopped")
+      : here().length > 0
+        ? claimAgainIfDead(n, c.address, load(), (next) => keepGroup(n, next, group, entries))
+        : Effect.void
+  )
+  return Effect.raceFirst(c.renew(load, n.hostOptions.heartbeatMs), allLeft).pipe(Effect.andThen(after))
+}
+
+const spawnGroup = <R>(n: NodeContext<R>): NodeHandle["spawnGroup"] =>
+  Effect.fn("Node.spawnGroup")(function* (group: GroupSpec, supervision?: SupervisionPolicy) {
+    const members = yield* Effect.forEach(group.members, (m) => resolve(n, m.kind, m.id))
+    const at = yield* Effect.try({ try: () => groupAddress(group.name), catch: (e) => e as InvalidAddress })
+    for (const [, member] of members) {
+      const key = formatAddress(member)
+      if (n.hosted.has(key) || n.spawning.has(key)) return yield* Effect.fail(new AlreadyHosted({ ...member, node: n.options.name }))
+    }
+    const [groupClaim, ...claims] = yield* claimAll(n, [[at, { group }], ...members.map(([, m]) => [m, undefined] as const)])
+    const entries =
+      group.strategy === "one-for-all"
+        ? yield* hostAll(n, group.name, members, claims, supervision ?? members[0]?.[0].supervision ?? defaultSupervision)
+        : yield* Effect.forEach(members, ([type, m], i) => hostOne(n, type, m, claims[i]!, group.name))
+    yield* runIn(n, keepGroup(n, groupClaim!, group, entries))
+    yield* serving(entries)
+    return members.map(([, m]) => ({ kind: m.kind, id: m.id, node: n.options.name, alreadyRunning: false }))
+  })
+
+const stop = <R>(n: NodeContext<R>): NodeHandle["stop"] =>
+  Effect.fn("Node.stop")(function* (kind: string, id: string) {
+    const h = n.hosted.get(`${kind}/${id}`)
+    if (h === undefined) return false
+    yield* Deferred.succeed(h.control.drain, undefined)
+    yield* Deferred.await(h.ended)
+    return true
+  })
+
+const list = <R>(n: NodeContext<R>) =>
+  [...n.hosted.values()].map((h): HostedActor => ({
+    kind: h.address.kind,
+    id: h.address.id,
+    restarts: h.restarts,
+    ...(h.group !== undefined ? { group: h.group } : {})
+  }))
+
+/** The node's load in its registry entry: actors hosted (the node actor aside), types, devices, draining. */
+const nodeLoad = <R>(n: NodeContext<R>): NodeLoad => ({
+  actors: [...n.hosted.keys()].filter((k) => k !== `node/${n.options.name}`).length,
+  types: [...n.catalogue.keys()],
+  devices: n.options.devices ?? [],
+  draining: n.state.draining
+})
+
+/** The node actor (`NodeProtocol`), beating its load. */
+const nodeType = <R>(n: NodeContext<R>) =>
+  Actor.make({
+    kind: "node",
+    protocol: NodeProtocol,
+    state: { schema: Schema.Struct({}), initial: () => ({}) },
+    concurrency: 4,
+    behaviour: (ctx) =>
+      Effect.sync(() => {
+        const beat = setInterval(() => ctx.reportLoad(nodeLoad(n)), n.hostOptions.heartbeatMs)
+        ctx.reportLoad(nodeLoad(n))
+        return { beat }
+      }).pipe(
+        Effect.tap(({ beat }) => Effect.addFinalizer(() => Effect.sync(() => clearInterval(beat)))),
+        Effect.as({
+          Spawn: ({ kind, id }) => spawn(n)(kind, id),
+          SpawnGroup: (group) => spawnGroup(n)(group),
+          Stop: ({ kind, id }) => (kind === "node" ? Effect.succeed({ stopped: false }) : stop(n)(kind, id).pipe(Effect.map((stopped) => ({ stopped })))),
+          List: () => Effect.succeed(list(n))
+        })
+      )
+  })
+
+// The node actor, hosted again when its entry was declared dead while this process lives.
+const hostNode =
+  <R>(n: NodeContext<R>, type: Actor.ActorType<any, any, R>) =>
+  (c: Claim.Claim): Effect.Effect<void, never, R> =>
+    Effect.gen(function* () {
+      const at = address("node", n.options.name)
+      const entry = yield* hostOne(n, type, at, c)
+      yield* serving([entry])
+      yield* runIn(n, Deferred.await(entry.ended).pipe(Effect.andThen(claimAgainIfDead(n, at, undefined, hostNode(n, type)))))
+    })
+
+/** Liveness, re-placement and service discovery over the node's view of the registry. */
+const watchOver = <R>(n: NodeContext<R>) =>
+  Effect.gen(function* () {
+    const { system, options, deadAfterMs } = n
+    const view = yield* viewRegistry(system)
+    const self = `node/${options.name}`
+    yield* monitorLiveness(system, view, { deadAfterMs, self, selfEveryMs: n.hostOptions.heartbeatMs, ...(options.onDead ? { onDead: options.onDead } : {}) })
+    yield* replaceDead(system, view, { node: options.name, types: n.catalogue, deadAfterMs, spawn: spawn(n), spawnGroup: (group) => spawnGroup(n)(group), accepting: () => !n.state.draining })
+    yield* serveDiscovery(system.nats.nc, {
+      id: nuid.next(),
+      version: options.version ?? "0.1.0",
+      description: `Gyre node ${options.name} of run ${system.run}`,
+      metadata: { "gyre.node": options.name, "gyre.run": system.run, "gyre.types": [...n.catalogue.keys()].join(",") },
+      started: new Date(),
+      endpoints: () => [...n.hosted.values()].map((h) => h.stats)
+    })
+  })
+
+/** Stops admitting spawns, drains every actor (the node actor last) and waits for them. */
+const drain = <R>(n: NodeContext<R>) =>
+  Effect.gen(function* () {
+    n.state.draining = true
+    const others = [...n.hosted.values()].filter((h) => formatAddress(h.address) !== `node/${n.options.name}`)
+    yield* Effect.forEach(others, (h) => stop(n)(h.address.kind, h.address.id), { concurrency: "unbounded", discard: true })
+    yield* stop(n)("node", n.options.name)
+  })
+
 /** Starts a node in the current scope; closing the scope stops its actors abruptly (no drain). */
 export const startNode = <R>(
   options: NodeOptions<R>
 ): Effect.Effect<NodeHandle, TransportError | Claim.AddressClaimed | MetricsServerError | ConfigError, ActorSystem | Scope.Scope | R> =>
   Effect.gen(function* () {
-    const system = yield* ActorSystem
     const settings = yield* RuntimeSettings
-    const scope = yield* Effect.scope
-    const context = yield* Effect.context<R>()
-    const catalogue = new Map<string, Actor.ActorType<any, any, R>>(options.types.map((t) => [t.kind, t]))
-    const hosted = new Map<string, Hosted>()
-    /** Spawns whose claim is being taken, so a concurrent spawn of the same address waits for it. */
-    const spawning = new Map<string, Deferred.Deferred<void, Claim.AddressClaimed | TransportError>>()
-    const deadAfterMs = options.deadAfterMs ?? settings.deadAfterMs
-    const hostOptions = {
-      node: options.name,
-      heartbeatMs: options.heartbeatMs ?? settings.heartbeatMs,
-      ackWaitMs: options.ackWaitMs ?? settings.ackWaitMs
+    const n: NodeContext<R> = {
+      options,
+      system: yield* ActorSystem,
+      deadAfterMs: options.deadAfterMs ?? settings.deadAfterMs,
+      hostOptions: { node: options.name, heartbeatMs: options.heartbeatMs ?? settings.heartbeatMs, ackWaitMs: options.ackWaitMs ?? settings.ackWaitMs },
+      scope: yield* Effect.scope,
+      context: yield* Effect.context<R>(),
+      catalogue: new Map(options.types.map((t) => [t.kind, t])),
+      hosted: new Map(),
+      spawning: new Map(),
+      state: { draining: false }
     }
-    let draining = false
     // First, so a port in use fails the node before it hosts anything.
     const metricsPort = options.metricsPort ?? settings.metricsPort
     const metricsUrl = metricsPort === undefined ? undefined : yield* serveMetrics(metricsPort)
-
-    const claim = (at: ActorAddress, load?: Readonly<Record<string, unknown>>) =>
-      Claim.acquire(system.registry, at, { holder: options.name, silentMs: deadAfterMs, whenHeld: "refuse", ...(load ? { load } : {}) })
-
-    /** Claims every address (each with its first load), or none: on a failure the claims taken so far are released. */
-    const claimAll = (ats: ReadonlyArray<readonly [ActorAddress, Readonly<Record<string, unknown>> | undefined]>) =>
-      Effect.gen(function* () {
-        const taken: Array<Claim.Claim> = []
-        for (const [at, load] of ats) {
-          taken.push(yield* claim(at, load).pipe(Effect.onError(() => Effect.forEach(taken, (c) => c.release("stopped"), { discard: true }))))
-        }
-        return taken
-      })
-
-    const admit = (at: ActorAddress, group: string | undefined, first: Claim.Claim) =>
-      Effect.gen(function* () {
-        const key = formatAddress(at)
-        const stats: EndpointStats = { name: key, subject: system.layout.ask(at), numRequests: 0, numErrors: 0, lastError: "", processingTimeNs: 0 }
-        const entry: Hosted = {
-          address: at,
-          control: { drain: yield* Deferred.make<void>(), ready: yield* Deferred.make<void>(), fenced: yield* Deferred.make<void>() },
-          ended: yield* Deferred.make<void>(),
-          stats,
-          group,
-          restarts: 0,
-          failed: false,
-          claim: first
-        }
-        hosted.set(key, entry)
-        return entry
-      })
-
-    // Every start after the first claims the address again (a new incarnation); an address
-    // taken meanwhile by another node ends the actor here, fenced.
-    const child = (type: Actor.ActorType<any, any, any>, entry: Hosted): ChildSpec<unknown, R> => {
-      const name = formatAddress(entry.address)
-      const run = (c: Claim.Claim) => {
-        entry.claim = c
-        return runIncarnation(type, entry.address, system, { ...hostOptions, stats: entry.stats, claim: c }, entry.control) as Effect.Effect<ChildEnd, unknown, R>
-      }
-      return {
-        name,
-        restart: type.restart,
-        run: (start) =>
-          start === 0
-            ? run(entry.claim)
-            : claim(entry.address).pipe(
-                Effect.matchEffect({
-                  onFailure: (e) =>
-                    e._tag === "AddressClaimed"
-                      ? Effect.logWarning(`${name}: not restarted: ${e.node} holds incarnation ${e.incarnation}`).pipe(Effect.as("fenced" as const))
-                      : Effect.fail(e),
-                  onSuccess: run
-                })
-              )
-      }
-    }
-
-    const onRestart: OnRestart = (name, start, exit) =>
-      Effect.gen(function* () {
-        const entry = hosted.get(name)
-        if (entry !== undefined) entry.restarts = start
-        if (Exit.isFailure(exit)) yield* Effect.logWarning(`${name} crashed; restart ${start}`, exit.cause)
-        else yield* Effect.logInfo(`${name} ended (${exit.value}); restart ${start}`)
-      })
-
-    // An actor ended for good: report how, and forget it.
-    const leave = (entry: Hosted, exit: Exit.Exit<ChildEnd, unknown>) =>
-      Effect.gen(function* () {
-        const at = entry.address
-        const key = formatAddress(at)
-        if (Exit.isFailure(exit) && !Cause.hasInterruptsOnly(exit.cause)) {
-          entry.failed = true
-          const error = Cause.findError(exit.cause)
-          yield* entry.claim.release("failed")
-          if (Result.isSuccess(error) && error.success instanceof Escalation) {
-            const e = error.success
-            yield* Effect.logError(`${key}: supervisor ${e.child} gave up after ${e.restarts} restarts within ${e.withinMs} ms`)
-            yield* system
-              .publishEvent(Escalated, { kind: at.kind, id: at.id, node: options.name, restarts: e.restarts, withinMs: e.withinMs, lastFailure: e.lastFailure })
-              .pipe(Effect.ignore)
-          } else yield* Effect.logError(`${key} crashed and is not restarted (restart: temporary)`, exit.cause)
-        } else if (Exit.isSuccess(exit) && exit.value === "fenced") {
-          yield* system.publishEvent(Fenced, { kind: at.kind, id: at.id, node: options.name }).pipe(Effect.ignore)
-        }
-        hosted.delete(key)
-        yield* Deferred.succeed(entry.ended, undefined)
-      })
-
-    // Serving, or given up on (a crash loop escalates instead of becoming ready).
-    const serving = (entries: ReadonlyArray<Hosted>) =>
-      Effect.forEach(entries, (e) => Effect.raceFirst(Deferred.await(e.control.ready), Deferred.await(e.ended)), { discard: true })
-
-    const run = (effect: Effect.Effect<void, never, R>) => Effect.forkIn(effect.pipe(Effect.provideContext(context)), scope)
-
-    const hostOne = (type: Actor.ActorType<any, any, R>, at: ActorAddress, first: Claim.Claim, group?: string) =>
-      Effect.gen(function* () {
-        const entry = yield* admit(at, group, first)
-        yield* run(Effect.exit(supervise(child(type, entry), type.supervision, onRestart)).pipe(Effect.flatMap((exit) => leave(entry, exit))))
-        return entry
-      })
-
-    const hostAll = (
-      name: string,
-      members: ReadonlyArray<readonly [Actor.ActorType<any, any, R>, ActorAddress]>,
-      claims: ReadonlyArray<Claim.Claim>,
-      policy: SupervisionPolicy
-    ) =>
-      Effect.gen(function* () {
-        const entries = yield* Effect.forEach(members, ([, at], i) => admit(at, name, claims[i]!))
-        const byName = new Map(entries.map((e) => [formatAddress(e.address), e]))
-        const children = members.map(([type], i) => child(type, entries[i]!))
-        const restartAll: OnRestart = (c, start, exit) =>
-          onRestart(c, start, exit).pipe(Effect.tap(() => Effect.sync(() => entries.forEach((e) => (e.restarts = start)))))
-        const group = superviseGroup(name, children, policy, restartAll, (c, exit) => leave(byName.get(c)!, exit))
-        yield* run(
-          Effect.exit(group).pipe(
-            // What is still hosted when the group ends failed with it (an escalation).
-            Effect.flatMap((exit) => Effect.forEach(entries.filter((e) => hosted.get(formatAddress(e.address)) === e), (e) => leave(e, exit as Exit.Exit<never, unknown>), { discard: true }))
-          )
-        )
-        return entries
-      })
-
-    const resolve = (kind: string, id: string) =>
-      Effect.gen(function* () {
-        if (draining) return yield* Effect.fail(new NodeDraining({ node: options.name }))
-        const at = yield* Effect.try({ try: () => address(kind, id), catch: (e) => e as InvalidAddress })
-        const type = catalogue.get(kind)
-        if (type === undefined) return yield* Effect.fail(new UnknownActorKind({ kind, node: options.name, known: [...catalogue.keys()] }))
-        return [type, at] as const
-      })
-
-    const spawn: NodeHandle["spawn"] = (kind, id) =>
-      Effect.gen(function* () {
-        const [type, at] = yield* resolve(kind, id)
-        const key = formatAddress(at)
-        const pending = spawning.get(key)
-        if (hosted.has(key) || pending !== undefined) {
-          if (pending !== undefined) yield* Deferred.await(pending)
-          return { kind, id, node: options.name, alreadyRunning: true }
-        }
-        const done = yield* Deferred.make<void, Claim.AddressClaimed | TransportError>()
-        spawning.set(key, done)
-        const exit = yield* Effect.exit(claim(at).pipe(Effect.flatMap((c) => hostOne(type, at, c))))
-        spawning.delete(key)
-        yield* Deferred.done(done, Exit.asVoid(exit))
-        if (Exit.isFailure(exit)) return yield* Effect.failCause(exit.cause)
-        yield* serving([exit.value])
-        return { kind, id, node: options.name, alreadyRunning: false }
-      })
-
-    /**
-     * Claims `at` again when liveness marked its entry dead while this node lives (its event
-     * loop stalled past deadAfterMs) and carries on with the new claim; not when someone else
-     * holds the entry now (another process of this node's name, a re-placement).
-     */
-    const claimAgainIfDead = (
-      at: ActorAddress,
-      load: Readonly<Record<string, unknown>> | undefined,
-      carryOn: (c: Claim.Claim) => Effect.Effect<void, never, R>
-    ): Effect.Effect<void, never, R> =>
-      Effect.gen(function* () {
-        const { entry } = yield* readEntry(system.registry, formatAddress(at))
-        if (draining || entry?.status !== "dead") return
-        yield* Effect.logWarning(`${formatAddress(at)} was declared dead while this node lives; claiming it again`)
-        yield* carryOn(yield* claim(at, load))
-      }).pipe(
-        Effect.retry({ while: (e) => e._tag === "TransportError", schedule: Schedule.spaced(Duration.millis(hostOptions.heartbeatMs)) }),
-        Effect.catch((e) => Effect.logWarning(`${formatAddress(at)} not claimed again`, e))
-      )
-
-    /**
-     * Holds the group's entry while any member is hosted: renewed with the members still here
-     * (what re-placement spawns again if this node dies), released when the last one has left,
-     * claimed again if it was declared dead while they are here.
-     */
-    const keepGroup = (c: Claim.Claim, group: GroupSpec, entries: ReadonlyArray<Hosted>): Effect.Effect<void, never, R> => {
-      const here = () => entries.filter((e) => hosted.get(formatAddress(e.address)) === e)
-      const load = () => ({ group: { ...group, members: here().map((e) => ({ kind: e.address.kind, id: e.address.id })) } })
-      const allLeft = Effect.forEach(entries, (e) => Deferred.await(e.ended), { discard: true })
-      const after = Effect.suspend(() =>
-        c.held()
-          ? c.release(entries.some((e) => e.failed) ? "failed" : "stopped")
-          : here().length > 0
-            ? claimAgainIfDead(c.address, load(), (next) => keepGroup(next, group, entries))
-            : Effect.void
-      )
-      return Effect.raceFirst(c.renew(load, hostOptions.heartbeatMs), allLeft).pipe(Effect.andThen(after))
-    }
-
-    const spawnGroup: NodeHandle["spawnGroup"] = (group, supervision) =>
-      Effect.gen(function* () {
-        const members = yield* Effect.forEach(group.members, (m) => resolve(m.kind, m.id))
-        const at = yield* Effect.try({ try: () => groupAddress(group.name), catch: (e) => e as InvalidAddress })
-        for (const [, member] of members) {
-          const key = formatAddress(member)
-          if (hosted.has(key) || spawning.has(key)) return yield* Effect.fail(new AlreadyHosted({ ...member, node: options.name }))
-        }
-        const [groupClaim, ...claims] = yield* claimAll([[at, { group }], ...members.map(([, m]) => [m, undefined] as const)])
-        const entries =
-          group.strategy === "one-for-all"
-            ? yield* hostAll(group.name, members, claims, supervision ?? members[0]?.[0].supervision ?? defaultSupervision)
-            : yield* Effect.forEach(members, ([type, m], i) => hostOne(type, m, claims[i]!, group.name))
-        yield* run(keepGroup(groupClaim!, group, entries))
-        yield* serving(entries)
-        return members.map(([, m]) => ({ kind: m.kind, id: m.id, node: options.name, alreadyRunning: false }))
-      })
-
-    const stop: NodeHandle["stop"] = (kind, id) =>
-      Effect.gen(function* () {
-        const h = hosted.get(`${kind}/${id}`)
-        if (h === undefined) return false
-        yield* Deferred.succeed(h.control.drain, undefined)
-        yield* Deferred.await(h.ended)
-        return true
-      })
-
-    const list = () =>
-      [...hosted.values()].map((h): HostedActor => ({
-        kind: h.address.kind,
-        id: h.address.id,
-        restarts: h.restarts,
-        ...(h.group !== undefined ? { group: h.group } : {})
-      }))
-
-    const nodeKey = `node/${options.name}`
-    const nodeLoad = (): NodeLoad => ({
-      actors: [...hosted.keys()].filter((k) => k !== nodeKey).length,
-      types: [...catalogue.keys()],
-      devices: options.devices ?? [],
-      draining
-    })
-    const nodeType = Actor.make({
-      kind: "node",
-      protocol: NodeProtocol,
-      state: { schema: Schema.Struct({}), initial: () => ({}) },
-      concurrency: 4,
-      behaviour: (ctx) =>
-        Effect.sync(() => {
-          const beat = setInterval(() => ctx.reportLoad(nodeLoad()), hostOptions.heartbeatMs)
-          ctx.reportLoad(nodeLoad())
-          return { beat }
-        }).pipe(
-          Effect.tap(({ beat }) => Effect.addFinalizer(() => Effect.sync(() => clearInterval(beat)))),
-          Effect.as({
-            Spawn: ({ kind, id }) => spawn(kind, id),
-            SpawnGroup: (group) => spawnGroup(group),
-            Stop: ({ kind, id }) => (kind === "node" ? Effect.succeed({ stopped: false }) : stop(kind, id).pipe(Effect.map((stopped) => ({ stopped })))),
-            List: () => Effect.succeed(list())
-          })
-        )
-    })
-    const nodeAddress = address("node", options.name)
-    // The node actor, hosted again when its entry was declared dead while this process lives.
-    const hostNode = (c: Claim.Claim): Effect.Effect<void, never, R> =>
-      Effect.gen(function* () {
-        const entry = yield* hostOne(nodeType as Actor.ActorType<any, any, R>, nodeAddress, c)
-        yield* serving([entry])
-        yield* run(Deferred.await(entry.ended).pipe(Effect.andThen(claimAgainIfDead(nodeAddress, undefined, hostNode))))
-      })
-    yield* hostNode(yield* claim(nodeAddress))
-
-    const view = yield* viewRegistry(system)
-    yield* monitorLiveness(system, view, { deadAfterMs, self: formatAddress(nodeAddress), selfEveryMs: hostOptions.heartbeatMs, ...(options.onDead ? { onDead: options.onDead } : {}) })
-    yield* replaceDead(system, view, { node: options.name, types: catalogue, deadAfterMs, spawn, spawnGroup: (group) => spawnGroup(group), accepting: () => !draining })
-    yield* serveDiscovery(system.nats.nc, {
-      id: nuid.next(),
-      version: options.version ?? "0.1.0",
-      description: `Gyre node ${options.name} of run ${system.run}`,
-      metadata: { "gyre.node": options.name, "gyre.run": system.run, "gyre.types": [...catalogue.keys()].join(",") },
-      started: new Date(),
-      endpoints: () => [...hosted.values()].map((h) => h.stats)
-    })
-
-    const drain = Effect.gen(function* () {
-      draining = true
-      const others = [...hosted.values()].filter((h) => formatAddress(h.address) !== nodeKey)
-      yield* Effect.forEach(others, (h) => stop(h.address.kind, h.address.id), { concurrency: "unbounded", discard: true })
-      yield* stop("node", options.name)
-    })
-
-    return { name: options.name, spawn, spawnGroup, stop, hosted: list, drain, metricsUrl } satisfies NodeHandle
+    yield* hostNode(n, nodeType(n) as Actor.ActorType<any, any, R>)(yield* claim(n, address("node", options.name)))
+    yield* watchOver(n)
+    return { name: options.name, spawn: spawn(n), spawnGroup: spawnGroup(n), stop: stop(n), hosted: () => list(n), drain: drain(n), metricsUrl } satisfies NodeHandle
   })
 
+/** A node hosting actors (the module comment): its handle, in the scope that started it. */
+export class ActorNode extends Context.Service<ActorNode, NodeHandle>()("gyre/runtime/ActorNode") {
+  static readonly make = startNode
+  static readonly layer = <R>(options: NodeOptions<R>) => Layer.effect(ActorNode, startNode(options))
+}

@@ -10,7 +10,8 @@
  * samples for every sequence (the engine's draw depends only on the seed and the position,
  * never on the batch), and a sample counts once a sequence's prompt is in
  * (`generation.ts`). Each token records the policy version of the weights that sampled it;
- * new weights are swapped in between steps.
+ * new weights are swapped in between steps. On a paced device (`pacer`, `pace.ts`) a step
+ * completes no earlier than a decode step and its prompt tokens take at the pace's rates.
  *
  * Contexts (`kv-pool.ts`): a generation starts from a fork of the execution's cached context
  * whose K/V is the longest prefix of its prompt, and leaves two: its prompt without the last
@@ -35,7 +36,8 @@ import { makeLanes } from "./admission.ts"
 import { acceptSample, newGeneration, type GenerateJob, type Generation } from "./generation.ts"
 import { makeKvHandoff, type KvHandoff } from "./kv-handoff.ts"
 import { makeKvPool } from "./kv-pool.ts"
-import { planStep } from "./step-plan.ts"
+import type { Pacer } from "./pace.ts"
+import { planStep, type StepInput } from "./step-plan.ts"
 
 export interface BatcherOptions {
   /** `rollout-worker/<id>`, reported in results. */
@@ -50,6 +52,14 @@ export interface BatcherOptions {
   readonly version: number
   /** Called after every step with the load figures. */
   readonly onLoad?: (load: WorkerLoad) => void
+  /** The device's pacer (`pace.ts`): each step completes no earlier than its pace allows; its counts join the load. */
+  readonly pacer?: Pacer
+}
+
+/** What a step does for the pace: a decode step when any sequence samples its next token, and the prompt tokens it prefills. */
+const stepAmounts = (inputs: ReadonlyArray<StepInput>) => {
+  const decoding = inputs.filter(({ g }) => g.pending.length - g.appended === 1)
+  return { decode: decoding.length > 0 ? 1 : 0, prefill: inputs.reduce((s, i) => s + i.take, 0) - decoding.length }
 }
 
 export interface Batcher extends KvHandoff {
@@ -109,7 +119,8 @@ export const makeBatcher = (cache: KvCache, options: BatcherOptions) =>
       processedTokens: processed,
       ...answered,
       evictedContexts: pool.contexts.evicted,
-      preemptions: lanes.preemptions
+      preemptions: lanes.preemptions,
+      ...(options.pacer?.pace === undefined ? {} : options.pacer.counts())
     })
 
     const step = Effect.gen(function* () {
@@ -124,7 +135,8 @@ export const makeBatcher = (cache: KvCache, options: BatcherOptions) =>
       }))
       const stepVersion = version
       const started = performance.now()
-      const result = yield* cache.forward(batch, "none").pipe(
+      const forward = cache.forward(batch, "none")
+      const result = yield* (options.pacer === undefined ? forward : options.pacer.paced(forward, stepAmounts(inputs))).pipe(
         Effect.map((r) => r as typeof r | undefined),
         Effect.catchTag("OutOfKvBlocks", () => lanes.makeRoom.pipe(Effect.as(undefined)))
       )

@@ -232,12 +232,14 @@ const joinRollout = (o: RoleSwitchOptions, version: number | undefined) => {
   return switching(o, "rollout", join)
 }
 
-const switchRole = (sw: Switching): Handlers["SwitchRole"] => ({ role, destinations, version }) =>
-  sw.lock.withPermit(
-    Effect.suspend(() => {
-      if (role === sw.options.state.role) return Effect.succeed(resultOf(role, performance.now()))
-      return role === "training" ? leaveRollout(sw, destinations) : joinRollout(sw.options, version)
-    })
+const switchRole = (sw: Switching): Handlers["SwitchRole"] =>
+  Effect.fn("RoleSwitch.switchRole")(({ role, destinations, version }) =>
+    sw.lock.withPermit(
+      Effect.suspend(() => {
+        if (role === sw.options.state.role) return Effect.succeed(resultOf(role, performance.now()))
+        return role === "training" ? leaveRollout(sw, destinations) : joinRollout(sw.options, version)
+      })
+    )
   )
 
 const importContexts = (o: RoleSwitchOptions): Handlers["ImportContexts"] => ({ contexts }) =>

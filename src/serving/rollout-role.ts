@@ -35,7 +35,9 @@ import { rlLayout } from "../protocols/layout.ts"
 import { fetchWeights } from "../protocols/weights.ts"
 import { RolloutWorkerProtocol, TokenChunk, WeightsUnavailable, WorkerUnavailable, type GenerateRequest, type GenerateResult, type WorkerLoad } from "../protocols/rollout.ts"
 import { INLINE_TOKENS, getArrays, openTransferStore, putArrays } from "../protocols/transfer.ts"
+import { parsePace, type Pace } from "../protocols/pace.ts"
 import { makeBatcher } from "./batcher.ts"
+import { makePacer } from "./pace.ts"
 
 /** Tokens per KV-cache block of every device and worker. */
 export const KV_BLOCK_TOKENS = 16
@@ -65,6 +67,8 @@ export interface RolloutConfig {
   readonly device?: number
   /** Output tokens an answer carries inline at most; more go through the run's transfer store (default `INLINE_TOKENS`). */
   readonly inlineTokens?: number
+  /** The device's fixed rates (`pace.ts`); none: as fast as it computes. */
+  readonly pace?: Pace
 }
 
 /**
@@ -84,7 +88,8 @@ const optionalInt = (name: string) =>
  * incarnation starts: `GYRE_CHECKPOINT` (required when an actor is spawned),
  * `GYRE_POLICY_VERSION`, `GYRE_KV_BLOCK_TOKENS`, `GYRE_KV_BLOCKS`, `GYRE_MAX_CONTEXT`,
  * `GYRE_MAX_BATCH`, `GYRE_PREFILL_CHUNK`, `GYRE_CONTEXTS_PER_EXECUTION`, `GYRE_DEVICE` (integers
- * >= 0), `GYRE_KV_DTYPE` (f32 | f16). A bad value fails the start with a `ConfigError` naming it.
+ * >= 0), `GYRE_KV_DTYPE` (f32 | f16), `GYRE_PACE` (`decode=T1,prefill=T2,train=T3`). A bad value
+ * fails the start with a `ConfigError` naming it (a bad `GYRE_PACE`: an error naming it).
  */
 export const RolloutSettings: Config.Config<RolloutConfig> = Config.all({
   checkpoint: Config.String("GYRE_CHECKPOINT").pipe(Config.withDefault("")),
@@ -96,7 +101,15 @@ export const RolloutSettings: Config.Config<RolloutConfig> = Config.all({
   prefillChunk: optionalInt("GYRE_PREFILL_CHUNK"),
   contextsPerExecution: optionalInt("GYRE_CONTEXTS_PER_EXECUTION"),
   device: optionalInt("GYRE_DEVICE"),
-  kvDtype: Config.Literals(kvDtypes, "GYRE_KV_DTYPE").pipe(Config.option, Config.map(Option.getOrUndefined))
+  kvDtype: Config.Literals(kvDtypes, "GYRE_KV_DTYPE").pipe(Config.option, Config.map(Option.getOrUndefined)),
+  pace: Config.String("GYRE_PACE").pipe(
+    Config.withDefault(""),
+    Config.map((text): Pace | undefined => {
+      const parsed = parsePace(text)
+      if (parsed !== undefined && "error" in parsed) throw new Error(`GYRE_PACE: ${parsed.error}`)
+      return parsed
+    })
+  )
 }).pipe(Config.map((c) => Object.fromEntries(Object.entries(c).filter(([, v]) => v !== undefined)) as unknown as RolloutConfig))
 
 export type RolloutHandlers = Actor.Handlers<RpcGroup.Rpcs<typeof RolloutWorkerProtocol>>
@@ -121,6 +134,7 @@ export const startRollout = Effect.fn("startRollout")(function* (
   const device = config.device ?? workerDevice(ctx.address.id, engine.devices.length)
   const { model } = yield* loadCheckpoint(config.checkpoint, { device })
   const modelConfig = model.config
+  const pacer = makePacer(config.pace, formatAddress(ctx.address))
   const cache = yield* model.cache({ blockTokens: config.blockTokens ?? KV_BLOCK_TOKENS, numBlocks: config.numBlocks ?? DEFAULT_KV_BLOCKS, kvDtype: config.kvDtype ?? "f32" })
   const batcher = yield* makeBatcher(cache, {
     worker: formatAddress(ctx.address),
@@ -129,7 +143,8 @@ export const startRollout = Effect.fn("startRollout")(function* (
     prefillChunk: config.prefillChunk ?? 256,
     contextsPerExecution: config.contextsPerExecution ?? 16,
     version: config.version ?? 0,
-    onLoad
+    onLoad,
+    pacer
   })
   const layout = rlLayout(ctx.system.run)
   const nc = ctx.system.nats.nc
@@ -204,7 +219,7 @@ export const startRollout = Effect.fn("startRollout")(function* (
     Drain: ({ finish }) => batcher.drain(finish).pipe(Effect.map((cancelled) => ({ cancelled }))),
     Status: () => Effect.sync(() => batcher.load())
   }
-  return { engine, model, device, batcher, handlers, loadWeights, store }
+  return { engine, model, device, batcher, handlers, loadWeights, store, pacer }
 })
 
 export type RolloutRole = Effect.Success<ReturnType<typeof startRollout>>

@@ -16,6 +16,7 @@ import type { EngineShape, Model } from "../engine/engine.ts"
 import type { NativeError } from "../engine/native.ts"
 import type * as Actor from "../runtime/actor.ts"
 import type { DeviceProtocol } from "../protocols/device.ts"
+import type { Pacer } from "./pace.ts"
 
 export type TrainingHandlers = Pick<
   Actor.Handlers<RpcGroup.Rpcs<typeof DeviceProtocol>>,
@@ -42,6 +43,8 @@ export interface DeviceResources {
   readonly version: () => number
   /** Runs `apply` (which makes the weights version `version`) between two engine steps of the rollout role. */
   readonly swapWeights: (apply: Effect.Effect<void, NativeError>, version: number) => Effect.Effect<void, NativeError>
+  /** The device's pacer, shared with the rollout role: the role paces its trainer's `train` calls with it (`pacedTrainer`). */
+  readonly pacer: Pacer
 }
 
 export type TrainingRoleFactory = (device: DeviceResources) => Effect.Effect<TrainingRole, unknown, Scope.Scope>

@@ -166,27 +166,28 @@ const tellProgress = (c: CoreContext, s: CoreStep) => {
 }
 
 /** Records micro-batch `index`'s gradient (once), adds what is in order, tells progress. */
-const gradientIn = (c: CoreContext) => (at: StepAttempt, index: number, device: string, stats: MicroBatchStats, delivered: Delivered) =>
-  c.stepLock.withPermit(
-    Effect.gen(function* () {
-      const s = c.state.step
-      const planned = s?.planned.get(index)
-      if (s === undefined || s.plan.step !== at.step || s.plan.attempt !== at.attempt || s.finishing || planned === undefined) return false
-      if (s.received.has(index)) return false
-      if (typeof delivered === "object" && "failed" in delivered) {
-        for (const e of planned.ref.executions) s.metrics.addError(e, `micro-batch ${index}: ${delivered.failed}`)
-      } else s.metrics.add(stats, planned.summary, planned.ref.executions)
-      s.sum.offer(index, yield* sourceOf(c, s, index, delivered))
-      s.received.add(index)
-      if (!s.devices.includes(device)) s.devices.push(device)
-      s.trainedTokens += s.planner.gradientIn(index)
-      s.clock.set(outstanding(s) > 0, Date.now())
-      yield* s.sum.drain((i) => storedGradient(c, s, i))
-      yield* tellProgress(c, s)
-      yield* finishWhenComplete(c, s)
-      return true
-    })
-  )
+const gradientIn = (c: CoreContext) =>
+  Effect.fn("Core.gradientIn")((at: StepAttempt, index: number, device: string, stats: MicroBatchStats, delivered: Delivered) =>
+    c.stepLock.withPermit(
+      Effect.gen(function* () {
+        const s = c.state.step
+        const planned = s?.planned.get(index)
+        if (s === undefined || s.plan.step !== at.step || s.plan.attempt !== at.attempt || s.finishing || planned === undefined) return false
+        if (s.received.has(index)) return false
+        if (typeof delivered === "object" && "failed" in delivered) {
+          for (const e of planned.ref.executions) s.metrics.addError(e, `micro-batch ${index}: ${delivered.failed}`)
+        } else s.metrics.add(stats, planned.summary, planned.ref.executions)
+        s.sum.offer(index, yield* sourceOf(c, s, index, delivered))
+        s.received.add(index)
+        if (!s.devices.includes(device)) s.devices.push(device)
+        s.trainedTokens += s.planner.gradientIn(index)
+        s.clock.set(outstanding(s) > 0, Date.now())
+        yield* s.sum.drain((i) => storedGradient(c, s, i))
+        yield* tellProgress(c, s)
+        yield* finishWhenComplete(c, s)
+        return true
+      })
+    ))
 
 /** Where a delivered gradient waits for its turn: the core's own goes to the store, not memory, unless it is next. */
 const sourceOf = (c: CoreContext, s: CoreStep, index: number, delivered: Delivered): Effect.Effect<GradientSource> =>
@@ -393,34 +394,36 @@ const begin = (c: CoreContext, plan: StepPlan) =>
   })
 
 /** `StartStep`: true when the attempt runs here (begun now or already), false for a step done. */
-const startStep = (c: CoreContext) => (plan: StepPlan) =>
-  c.stepLock.withPermit(
-    Effect.gen(function* () {
-      const core = c.state.step
-      if (plan.step < c.state.stepsDone) return false
-      if (core !== undefined && core.plan.step !== plan.step) return yield* refuse(c, `step ${core.plan.step} is running`)
-      if (core?.finishing === true && core.plan.attempt !== plan.attempt) return yield* refuse(c, `attempt ${core.plan.attempt} at step ${plan.step} is finishing`)
-      // A later attempt at the step (this device was its core, and was counted lost) replaces the earlier one.
-      if (core === undefined || core.plan.attempt !== plan.attempt) yield* begin(c, plan)
-      return true
-    })
-  )
+const startStep = (c: CoreContext) =>
+  Effect.fn("Core.startStep")((plan: StepPlan) =>
+    c.stepLock.withPermit(
+      Effect.gen(function* () {
+        const core = c.state.step
+        if (plan.step < c.state.stepsDone) return false
+        if (core !== undefined && core.plan.step !== plan.step) return yield* refuse(c, `step ${core.plan.step} is running`)
+        if (core?.finishing === true && core.plan.attempt !== plan.attempt) return yield* refuse(c, `attempt ${core.plan.attempt} at step ${plan.step} is finishing`)
+        // A later attempt at the step (this device was its core, and was counted lost) replaces the earlier one.
+        if (core === undefined || core.plan.attempt !== plan.attempt) yield* begin(c, plan)
+        return true
+      })
+    ))
 
 /** `TrainExecution`: planned now, or kept until its step starts here; false when refused or for a step done. */
-const trainExecution = (c: CoreContext) => (ref: StepExecutionRef) =>
-  c.stepLock.withPermit(
-    Effect.gen(function* () {
-      const core = c.state.step
-      if (ref.step < c.state.stepsDone) return false
-      if (core === undefined || ref.step > core.plan.step) {
-        const waiting = c.state.early.get(ref.step) ?? []
-        if (!waiting.some((r) => r.execution === ref.execution)) waiting.push(ref)
-        c.state.early.set(ref.step, waiting)
-        return true
-      }
-      return yield* planExecution(c, core, ref)
-    })
-  )
+const trainExecution = (c: CoreContext) =>
+  Effect.fn("Core.trainExecution")((ref: StepExecutionRef) =>
+    c.stepLock.withPermit(
+      Effect.gen(function* () {
+        const core = c.state.step
+        if (ref.step < c.state.stepsDone) return false
+        if (core === undefined || ref.step > core.plan.step) {
+          const waiting = c.state.early.get(ref.step) ?? []
+          if (!waiting.some((r) => r.execution === ref.execution)) waiting.push(ref)
+          c.state.early.set(ref.step, waiting)
+          return true
+        }
+        return yield* planExecution(c, core, ref)
+      })
+    ))
 
 /** The core's operations, as the device's training role routes them. */
 export interface CoreShape {

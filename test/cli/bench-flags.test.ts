@@ -26,6 +26,7 @@ const refused: ReadonlyArray<readonly [string, ReadonlyArray<string>, RegExp]> =
   ["elastic.ts", ["--rounds", "0"], /^bench:elastic: --rounds must be at least 1, got 0$/],
   ["elastic.ts", ["--policies", "elastic,fifo"], /^bench:elastic: --policies takes a comma-separated list of .*elastic.*, got 'elastic,fifo'$/],
   ["elastic.ts", ["--stepz", "3"], /^bench:elastic: unknown flag --stepz \(known: --steps /],
+  ["elastic.ts", ["--paced", "--pace", "decode=fast"], /^bench:elastic: --pace decode=fast: decode=fast: the rate must be a number > 0 \(per second\)$/],
   ["engine.ts", ["--presets", "tiny,huge"], /^bench:engine: --presets takes a comma-separated list of tiny, small, tiny-long, got 'tiny,huge'$/],
   ["engine.ts", ["--threads", "two"], /^bench:engine: --threads must be an integer, got 'two'$/],
   ["replay.ts", ["--steps"], /^bench:replay: --steps needs a value$/],

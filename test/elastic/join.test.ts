@@ -7,7 +7,8 @@
  * process's files (a tmpfs over them, in its own mount namespace), so it loads the run's
  * initial checkpoint from the run itself, and, being the core, writes its checkpoints on its
  * own side: the first process reads the final weights from the run's weights bucket. Else on
- * one machine, the server listening on every interface.
+ * one machine, the server listening on every interface. The run is paced (`--pace`): the
+ * joined device paces its work by the journaled configuration's pace.
  */
 import { spawn, spawnSync, execFileSync, type ChildProcess } from "node:child_process"
 import * as fs from "node:fs"
@@ -93,7 +94,7 @@ describe("joining a run from another machine", () => {
     execFileSync(process.execPath, [gyre, "engine", "init", "--preset", "tiny", "--seed", "5", "--out", path.join(first, "init")], { stdio: "ignore" })
     const run = `join-${process.pid}`
     const args = ["train", "--run", run, "--listen", `${ns?.outer ?? "0.0.0.0"}:0`, "--checkpoint", path.join(first, "init"), "--store", path.join(first, "store"), "--devices", "0"]
-    const more = ["--steps", "2", "--executions-per-step", "4", "--group-size", "2", "--slots", "2", "--horizon", "3", "--env", "TOY_TOOL_MS=30,TOY_MAX_TOKENS=16", "--heldout", "heldout-0..heldout-1", "--json"]
+    const more = ["--steps", "2", "--executions-per-step", "4", "--group-size", "2", "--slots", "2", "--horizon", "3", "--env", "TOY_TOOL_MS=30,TOY_MAX_TOKENS=16", "--heldout", "heldout-0..heldout-1", "--pace", "decode=200,train=50000", "--json"]
     const train = spawn(process.execPath, [gyre, ...args, ...more], { cwd: first, env: { ...process.env, NATS_URL: "", GYRE_AUTH_DIR: path.join(first, "auth") }, stdio: ["ignore", "pipe", "pipe"] })
     children.push(train)
     const out = lines(train.stdout!)
@@ -126,6 +127,10 @@ describe("joining a run from another machine", () => {
     expect(summary.devices).toHaveLength(1)
     expect(summary.devices[0]).toMatch(/^device\/.+\.cpu0$/)
     expect(summary.devices[0]).not.toMatch(/^device\/main\./)
+    // --pace reached it through the journaled configuration: its engine steps and micro-batches were paced.
+    expect(summary.pace).toBe("decode=200,train=50000")
+    expect(summary.pace_by_device[summary.devices[0]].paced).toBeGreaterThan(0)
+    expect(summary.paced_work).toBe(summary.pace_by_device[summary.devices[0]].paced)
     expect(summary.checkpoint).toBe(path.join(first, "store", "checkpoints", "step-2"))
     expect(fs.existsSync(path.join(summary.checkpoint, "model.safetensors"))).toBe(true)
     if (ns !== null) {

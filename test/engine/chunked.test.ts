@@ -93,15 +93,19 @@ describe("a batch longer than max_tokens trains in chunks", () => {
         const before = yield* trainer.memory()
         const peakBefore = peakRss()
         const result = yield* trainer.train(batch, { kind: "sft" })
-        return { before, after: yield* trainer.memory(), grew: peakRss() - peakBefore, result, params: trainer.paramCount }
+        return { before, after: yield* trainer.memory(), grew: peakRss() - peakBefore, result, params: trainer.paramCount, backend: engine.backend }
       })
     )
     const n = batch.length
     expect(r.result.stats.trainedTokens).toBe(n - chains)
     expect(r.before.lastBatchBytes).toBe(0)
     expect(r.after.fixedBytes).toBe(r.before.fixedBytes)
-    // the batch's store: its K/V and their gradients, 6 floats x layers x kv_dim per token
-    expect(r.after.kvBytesPerToken).toBe(6 * 4 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim)
+    // the batch's store per token and layer: its K/V and their gradients, 6 x kv_dim floats (CUDA:
+    // 4, no transposed copies), and its attention output and log-sum-exp, q_dim + heads
+    const kvDim = config.num_key_value_heads * config.head_dim
+    const qDim = config.num_attention_heads * config.head_dim
+    const floats = (r.backend === "cuda" ? 4 : 6) * kvDim + qDim + config.num_attention_heads
+    expect(r.after.kvBytesPerToken).toBe(4 * floats * config.num_hidden_layers)
     expect(r.after.lastBatchBytes).toBeGreaterThanOrEqual(n * r.after.kvBytesPerToken)
     expect(r.after.lastBatchBytes).toBeLessThan(1.1 * n * r.after.kvBytesPerToken)
     // activations for all n rows would take n / maxTokens times those of one chunk (~300 MB here)

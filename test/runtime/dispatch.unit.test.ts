@@ -9,7 +9,7 @@ import { Cause, Deferred, Effect, Exit, Fiber, Ref, Schema } from "effect"
 import { Rpc, RpcGroup } from "effect/rpc"
 import { describe, expect, it } from "vitest"
 import * as Actor from "../../src/runtime/actor.ts"
-import { makeDispatcher, type DispatchOptions } from "../../src/runtime/dispatch.ts"
+import { Dispatcher, type DispatchOptions } from "../../src/runtime/dispatch.ts"
 import type { Delivery } from "../../src/runtime/intake.ts"
 import { HandledIds } from "../../src/runtime/mailbox.ts"
 import { Headers } from "../../src/runtime/protocol.ts"
@@ -162,7 +162,7 @@ describe("dispatch", () => {
     const s = setup()
     await scoped(
       Effect.gen(function* () {
-        const d = yield* makeDispatcher(s.options)
+        const d = yield* Dispatcher.make(s.options)
         const add = s.message("ask", "Add", { n: 5 })
         const fail = s.message("ask", "Fail", { why: "no" })
         d.offer(add)
@@ -181,7 +181,7 @@ describe("dispatch", () => {
     const s = setup()
     await scoped(
       Effect.gen(function* () {
-        const d = yield* makeDispatcher(s.options)
+        const d = yield* Dispatcher.make(s.options)
         d.offer(s.message("tell", "Add", { n: 2 }, { msgId: "a" }))
         d.offer(s.message("tell", "Add", { n: 2 }, { msgId: "a" }))
         d.offer(s.message("tell", "Add", { n: 3 }, { msgId: "b" }))
@@ -204,7 +204,7 @@ describe("dispatch", () => {
     ] as const
     await scoped(
       Effect.gen(function* () {
-        const d = yield* makeDispatcher(s.options)
+        const d = yield* Dispatcher.make(s.options)
         for (const [m] of cases) d.offer(m)
         yield* Effect.sleep("10 millis")
       })
@@ -225,7 +225,7 @@ describe("dispatch", () => {
     const m = s.message("tell", "Nah", {}, { deadLetterFails: true })
     await scoped(
       Effect.gen(function* () {
-        const d = yield* makeDispatcher(s.options)
+        const d = yield* Dispatcher.make(s.options)
         d.offer(m)
         yield* Effect.sleep("10 millis")
       })
@@ -243,7 +243,7 @@ describe("dispatch", () => {
       const m = s.message(via, "Die", undefined, { deliveryCount })
       const crashed = await scoped(
         Effect.gen(function* () {
-          const d = yield* makeDispatcher(s.options)
+          const d = yield* Dispatcher.make(s.options)
           d.offer(m)
           return yield* d.crashed.pipe(Effect.timeout("2 seconds"), Effect.exit)
         })
@@ -259,7 +259,7 @@ describe("dispatch", () => {
     const asks = ["h1", "h2", "h3", "h4"].map((key) => s.message("ask", "Hold", { key }))
     await scoped(
       Effect.gen(function* () {
-        const d = yield* makeDispatcher(s.options)
+        const d = yield* Dispatcher.make(s.options)
         for (const a of asks) d.offer(a)
         yield* Effect.sleep("10 millis")
         // h1, h2 run; h3 waits; h4 finds one waiting: refused.
@@ -282,7 +282,7 @@ describe("dispatch", () => {
     const s = setup({ persistence: true })
     await scoped(
       Effect.gen(function* () {
-        const d = yield* makeDispatcher(s.options)
+        const d = yield* Dispatcher.make(s.options)
         d.offer(s.message("tell", "Add", { n: 4 }, { msgId: "a" }))
         d.offer(s.message("tell", "Fail", { why: "x" }, { msgId: "b" }))
         yield* Effect.sleep("20 millis")
@@ -298,7 +298,7 @@ describe("dispatch", () => {
     const m = s.message("tell", "Add", { n: 4 })
     const crashed = await scoped(
       Effect.gen(function* () {
-        const d = yield* makeDispatcher(s.options)
+        const d = yield* Dispatcher.make(s.options)
         d.offer(m)
         return yield* Effect.exit(Effect.timeout(d.crashed, "2 seconds"))
       })
@@ -313,7 +313,7 @@ describe("dispatch", () => {
     const slow = s.message("tell", "Hold", { key: "never" })
     const interrupted = await scoped(
       Effect.gen(function* () {
-        const d = yield* makeDispatcher(s.options)
+        const d = yield* Dispatcher.make(s.options)
         d.offer(slow)
         d.offer(waiting)
         yield* Effect.sleep("10 millis")
@@ -329,7 +329,7 @@ describe("dispatch", () => {
     const quick = t.message("tell", "Hold", { key: "k" })
     const clean = await scoped(
       Effect.gen(function* () {
-        const d = yield* makeDispatcher(t.options)
+        const d = yield* Dispatcher.make(t.options)
         d.offer(quick)
         yield* Effect.sleep("10 millis")
         const stopping = yield* Effect.forkChild(d.stop(5_000))

@@ -17,6 +17,13 @@
  *       Prefill, decode (16 sequences at contexts 512 and 4096) and training throughput;
  *       with the probe's measured bandwidth and SGEMM rate (gyre-cuda-probe), decode's
  *       fraction of memory bandwidth and training's fraction of the matmul rate.
+ *   gyre-cuda-check long --cpu LIB --cuda LIB [--checkpoint DIR] [--long TOKENS] [--quick] [--json FILE]
+ *       A long-context model (the checkpoint, tiny-long's; without one its shape with random
+ *       weights): a path at positions from 120,000 trained by the CUDA build unchunked and in
+ *       chunks against the CPU build (log-probs, loss, gradients, the K/V store's size); then
+ *       attention pairs per second of training one path of 4096 tokens and one of TOKENS
+ *       (default 131072), chunks of 4096 (--quick: 256 and TOKENS, chunks of 256):
+ *       attention_pairs_per_s_4k, attention_pairs_per_s_long, long_over_4k, long_store_bytes.
  *
  * Prints one line per check or figure and, last, one JSON line. Exit status 1 when a check
  * fails, 2 on a usage or setup error.
@@ -43,7 +50,7 @@
   X(cache_free) X(cache_stats_get) X(seq_create) X(seq_fork) X(seq_free) X(seq_pin) X(seq_unpin)           \
   X(seq_export) X(seq_import) X(forward) X(trainer_create) X(trainer_free) X(train_batch)                  \
   X(trainer_zero_grads) X(trainer_get_grads) X(trainer_set_grads) X(trainer_step)                         \
-  X(trainer_save_optimizer) X(trainer_load_optimizer)
+  X(trainer_save_optimizer) X(trainer_load_optimizer) X(trainer_memory)
 
 typedef struct api {
   const char *path;
@@ -440,6 +447,30 @@ static gyre_status train(const api *a, gyre_trainer *t, const packed *p, const g
                         p->proximal, p->versions, loss, 1, logp, stats);
 }
 
+/* The batch trained by a CUDA trainer whose chunks are about a third of it (the K/V of earlier
+ * chunks kept on the device, their dK/dV carried back) against the CPU's unchunked SFT pass
+ * (log-probs lpc, stats sc, gradients gc), and the store it reports. */
+static void chunked_checks(const api *gpu, gyre_model *mg, const model_spec *s, const packed *p,
+                           const float *lpc, const gyre_train_stats *sc, const float *gc, int64_t n_params) {
+  gyre_trainer *t;
+  TRY(gpu, trainer_create(mg, p->n / 3 + 1, &t));
+  float *lp = xmalloc(sizeof(float) * p->n), *g = xmalloc(sizeof(float) * n_params);
+  gyre_train_stats st;
+  gyre_loss_config sft = {GYRE_LOSS_SFT, 0.2f, 0.2f, 0.0f, 3, -1, 0, 1.0f};
+  TRY(gpu, train_batch(t, p->n, p->tokens, p->parents, p->positions, p->weights, NULL, NULL, NULL, NULL, &sft, 1, lp, &st));
+  check(s->name, "chunked sft token log-probs", rel_diff(lp, lpc, p->n), 1e-4);
+  check(s->name, "chunked sft loss", fabs(st.loss - sc->loss) / fabs(sc->loss), 1e-4);
+  check(s->name, "chunked sft entropy", fabs(st.entropy - sc->entropy) / fabs(sc->entropy), 1e-4);
+  TRY(gpu, trainer_get_grads(t, g, n_params));
+  check(s->name, "chunked sft gradients", rel_diff(g, gc, n_params), 1e-4);
+  gyre_trainer_memory_info mem;
+  TRY(gpu, trainer_memory(t, &mem));
+  check(s->name, "chunked store bytes (n x per token)",
+        mem.kv_bytes_per_token <= 0 || mem.last_batch_bytes != (int64_t)p->n * mem.kv_bytes_per_token, 0);
+  gpu->trainer_free(t);
+  free(lp), free(g);
+}
+
 static void training_checks(const api *cpu, const api *gpu, gyre_model *mc, gyre_model *mg, const model_spec *s,
                             int quick) {
   int64_t n_params;
@@ -463,6 +494,8 @@ static void training_checks(const api *cpu, const api *gpu, gyre_model *mc, gyre
   TRY(cpu, trainer_get_grads(tc, gc, n_params));
   TRY(gpu, trainer_get_grads(tg, gg, n_params));
   check(s->name, "sft gradients", rel_diff(gg, gc, n_params), 1e-4);
+
+  chunked_checks(gpu, mg, s, &p, lpc, &sc, gc, n_params);
 
   /* PPO on top (accumulation), behaviour / proximal log-probs near the policy's */
   for (int i = 0; i < p.n; i++) {
@@ -800,18 +833,142 @@ static int run_bench(const char *cuda_path, const char *dir, const char *probe, 
   return 0;
 }
 
+/* ---- long paths ---- */
+
+/* One chain of n tokens at positions pos0 .. pos0 + n - 1, every token but the root trained
+ * with weight 1 / n. */
+static packed make_path(int vocab, int n, int pos0) {
+  packed p;
+  memset(&p, 0, sizeof p);
+  p.n = n;
+  p.tokens = xmalloc(sizeof(int32_t) * n);
+  p.parents = xmalloc(sizeof(int32_t) * n);
+  p.positions = xmalloc(sizeof(int32_t) * n);
+  p.versions = xmalloc(sizeof(int32_t) * n);
+  p.weights = xmalloc(sizeof(float) * n);
+  p.advantages = xmalloc(sizeof(float) * n);
+  p.behaviour = xmalloc(sizeof(float) * n);
+  p.proximal = xmalloc(sizeof(float) * n);
+  for (int i = 0; i < n; i++) {
+    p.tokens[i] = (int32_t)(lcg() % (uint32_t)vocab);
+    p.parents[i] = i - 1;
+    p.positions[i] = pos0 + i;
+    p.weights[i] = i == 0 ? 0.0f : 1.0f / (float)n;
+  }
+  return p;
+}
+
+/* SFT over p (forward + backward) on a fresh trainer of max_tokens `chunk`: log-probs, stats,
+ * gradients; the trainer's memory report. */
+static void sft_pass(const api *a, gyre_model *m, const packed *p, int chunk, int64_t n_params, float *logp,
+                     gyre_train_stats *stats, float *grads, gyre_trainer_memory_info *mem) {
+  gyre_trainer *t;
+  gyre_loss_config sft = {GYRE_LOSS_SFT, 0.2f, 0.2f, 0.0f, 0, -1, 0, 1.0f};
+  TRY(a, trainer_create(m, chunk, &t));
+  TRY(a, train_batch(t, p->n, p->tokens, p->parents, p->positions, p->weights, NULL, NULL, NULL, NULL, &sft, 1, logp, stats));
+  TRY(a, trainer_get_grads(t, grads, n_params));
+  TRY(a, trainer_memory(t, mem));
+  a->trainer_free(t);
+}
+
+/* A path at positions from 120,000 (past 100k and 2^16): the CUDA build unchunked and in
+ * chunks of a quarter of it against the CPU build unchunked. */
+static void long_position_checks(const api *cpu, const api *gpu, gyre_model *mc, gyre_model *mg, const model_spec *s,
+                                 int quick) {
+  int64_t n_params;
+  TRY(cpu, param_count(&s->cfg, &n_params));
+  packed p = make_path(s->cfg.vocab_size, quick ? 300 : 2048, 120000);
+  float *lpc = xmalloc(sizeof(float) * p.n), *lpg = xmalloc(sizeof(float) * p.n);
+  float *gc = xmalloc(sizeof(float) * n_params), *gg = xmalloc(sizeof(float) * n_params);
+  gyre_train_stats sc, sg;
+  gyre_trainer_memory_info mem;
+  sft_pass(cpu, mc, &p, p.n, n_params, lpc, &sc, gc, &mem);
+  for (int chunked = 0; chunked < 2; chunked++) {
+    char name[64];
+    const char *how = chunked ? "chunked" : "unchunked";
+    sft_pass(gpu, mg, &p, chunked ? p.n / 4 : p.n, n_params, lpg, &sg, gg, &mem);
+    snprintf(name, sizeof name, "pos 120k %s log-probs", how);
+    check(s->name, name, rel_diff(lpg, lpc, p.n), 1e-4);
+    snprintf(name, sizeof name, "pos 120k %s loss", how);
+    check(s->name, name, fabs(sg.loss - sc.loss) / fabs(sc.loss), 1e-4);
+    snprintf(name, sizeof name, "pos 120k %s gradients", how);
+    check(s->name, name, rel_diff(gg, gc, n_params), 1e-4);
+  }
+  check(s->name, "pos 120k chunked store bytes", mem.last_batch_bytes != (int64_t)p.n * mem.kv_bytes_per_token, 0);
+  free(lpc), free(lpg), free(gc), free(gg);
+  free_packed(&p);
+}
+
+/* Attention pairs per second of training one path of n tokens (SFT, forward + backward) with
+ * chunks of `chunk` tokens, as bench/attention.ts counts them: n (n + 1) / 2 pairs over the
+ * pass's wall time (one warm-up pass on a 256-token path first). */
+static double path_rate(const api *gpu, gyre_model *m, int vocab, int n, int chunk, int64_t *store_bytes) {
+  gyre_trainer *t;
+  gyre_loss_config sft = {GYRE_LOSS_SFT, 0.2f, 0.2f, 0.0f, 0, -1, 0, 1.0f};
+  packed warm = make_path(vocab, 256, 0), p = make_path(vocab, n, 0);
+  TRY(gpu, trainer_create(m, chunk, &t));
+  TRY(gpu, train_batch(t, warm.n, warm.tokens, warm.parents, warm.positions, warm.weights, NULL, NULL, NULL, NULL, &sft, 1,
+                       NULL, NULL));
+  const double t0 = now();
+  TRY(gpu, train_batch(t, p.n, p.tokens, p.parents, p.positions, p.weights, NULL, NULL, NULL, NULL, &sft, 1, NULL, NULL));
+  const double seconds = now() - t0;
+  gyre_trainer_memory_info mem;
+  TRY(gpu, trainer_memory(t, &mem));
+  *store_bytes = mem.last_batch_bytes;
+  gpu->trainer_free(t);
+  free_packed(&warm), free_packed(&p);
+  return (double)n * (n + 1) / 2.0 / seconds;
+}
+
+static int run_long(const char *cpu_path, const char *cuda_path, const char *dir, int longest, int quick) {
+  api cpu, gpu;
+  api_open(&cpu, cpu_path);
+  api_open(&gpu, cuda_path);
+  if (gpu.device_count() < 1) die("%s: no CUDA device visible", cuda_path);
+  /* without a checkpoint: tiny-long's shape (2 layers, 2 query heads on 1 kv head of 32) */
+  gyre_config cfg = with_head_dim(config_of(300, 128, 320, 2, 2, 1, 1), 32);
+  cfg.max_position_embeddings = 1 << 20;
+  cfg.rope_theta = 500000.0;
+  model_spec s = {"tiny-long", dir != NULL ? read_config(dir) : cfg, dir};
+  char name[256];
+  TRY(&gpu, device_name(0, name, sizeof name));
+  json_add("{\"device\":\"%s\"", name);
+  size_t len;
+  uint8_t *bytes = model_bytes(&cpu, &s, &len);
+  gyre_model *mc, *mg;
+  TRY(&cpu, model_load(&s.cfg, bytes, len, &mc));
+  TRY(&gpu, model_load(&s.cfg, bytes, len, &mg));
+  free(bytes);
+  long_position_checks(&cpu, &gpu, mc, mg, &s, quick);
+  const int chunk = quick ? 256 : 4096, shortest = chunk;
+  if (longest > s.cfg.max_position_embeddings) longest = s.cfg.max_position_embeddings;
+  int64_t store_short, store_long;
+  const double r_short = path_rate(&gpu, mg, s.cfg.vocab_size, shortest, chunk, &store_short);
+  const double r_long = path_rate(&gpu, mg, s.cfg.vocab_size, longest, chunk, &store_long);
+  printf("attention (training, one path, chunks of %d): %d tokens %.3e pairs/s, %d tokens %.3e pairs/s (%.2f of the "
+         "former), K/V store %.1f MB\n",
+         chunk, shortest, r_short, longest, r_long, r_long / r_short, store_long / 1e6);
+  json_add(",\"short_tokens\":%d,\"attention_pairs_per_s_4k\":%.0f,\"attention_pairs_per_s_long\":%.0f,\"long_tokens\":%d,"
+           "\"long_over_4k\":%.3f,\"chunk\":%d,\"long_store_bytes\":%lld,\"failures\":%d}",
+           shortest, r_short, r_long, longest, r_long / r_short, chunk, (long long)store_long, failures);
+  cpu.model_free(mc);
+  gpu.model_free(mg);
+  return failures > 0;
+}
+
 /* ---- main ---- */
 
 static void usage(void) {
   die("usage: gyre-cuda-check compare --cpu LIB --cuda LIB [--checkpoint DIR]... [--quick] [--json FILE]\n"
-      "       gyre-cuda-check bench --cuda LIB --checkpoint DIR [--probe FILE] [--quick] [--json FILE]");
+      "       gyre-cuda-check bench --cuda LIB --checkpoint DIR [--probe FILE] [--quick] [--json FILE]\n"
+      "       gyre-cuda-check long --cpu LIB --cuda LIB [--checkpoint DIR] [--long TOKENS] [--quick] [--json FILE]");
 }
 
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (argc < 2) usage();
   const char *cpu = NULL, *cuda = NULL, *dirs[MAX_DIRS], *out = NULL, *probe = NULL;
-  int quick = 0, n_dirs = 0;
+  int quick = 0, n_dirs = 0, longest = 131072;
   for (int i = 2; i < argc; i++) {
     const char *flag = argv[i];
     if (strcmp(flag, "--quick") == 0) {
@@ -825,11 +982,14 @@ int main(int argc, char **argv) {
     else if (strcmp(flag, "--checkpoint") == 0 && n_dirs < MAX_DIRS) dirs[n_dirs++] = value;
     else if (strcmp(flag, "--json") == 0) out = value;
     else if (strcmp(flag, "--probe") == 0) probe = value;
+    else if (strcmp(flag, "--long") == 0 && atoi(value) > 0) longest = atoi(value);
     else usage();
   }
   int rc;
   if (strcmp(argv[1], "compare") == 0 && cpu != NULL && cuda != NULL) rc = run_compare(cpu, cuda, dirs, n_dirs, quick);
   else if (strcmp(argv[1], "bench") == 0 && cuda != NULL && n_dirs == 1) rc = run_bench(cuda, dirs[0], probe, quick);
+  else if (strcmp(argv[1], "long") == 0 && cpu != NULL && cuda != NULL && n_dirs <= 1)
+    rc = run_long(cpu, cuda, n_dirs == 1 ? dirs[0] : NULL, longest, quick);
   else usage();
   printf("%s\n", json);
   if (out != NULL) {

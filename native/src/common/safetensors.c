@@ -129,175 +129,184 @@ static int ends_with(const char *s, const char *suffix) {
 
 #define BAD(...) gyre_fail(GYRE_ERR_BAD_CHECKPOINT, "safetensors: " __VA_ARGS__)
 
+/* One tensor entry of the header: {"dtype", "shape", "data_offsets"}. */
+typedef struct entry {
+  char dtype[32];
+  int64_t shape[4], offs[2];
+  int rank, n_offs;
+} entry;
+
+/* What decoding one file tracks: the layout's groups, where each expected tensor was found
+ * (found_begin[g * n_tensors + t], -1 until found), and every tensor's data span (overlaps). */
+typedef struct decoding {
+  const param_layout *lay;
+  int32_t n_groups;
+  const char *const *prefixes;
+  int64_t data_len;
+  int64_t *found_begin; /* [n_groups * lay->n_tensors] */
+  span *spans;          /* [n_spans], grown by doubling */
+  int32_t n_spans, spans_cap;
+  const char *meta_key;
+  char *meta_value;
+  size_t meta_cap;
+} decoding;
+
+/* The header's length from the first 8 bytes (u64 little-endian), checked against len. */
+static gyre_status header_length(const uint8_t *buf, size_t len, uint64_t *header_len) {
+  if (buf == NULL) return BAD("buffer is NULL");
+  if (len < 8) return BAD("truncated: %zu bytes, shorter than the 8-byte header size", len);
+  uint64_t n = 0;
+  for (int k = 7; k >= 0; k--) n = n << 8 | buf[k];
+  if (n > len - 8)
+    return BAD("truncated: header claims %llu bytes but only %zu follow", (unsigned long long)n, len - 8);
+  *header_len = n;
+  return GYRE_OK;
+}
+
+/* "__metadata__": {str: str}; the value of meta_key, when asked for, into meta_value. */
+static gyre_status read_metadata(json *j, decoding *d) {
+  if (!eat(j, '{')) return BAD("__metadata__ is not an object");
+  if (!eat(j, '}')) do {
+      char mk[128], mv[256];
+      if (!string(j, mk, sizeof mk) || !eat(j, ':') || !string(j, mv, sizeof mv))
+        return BAD("__metadata__ must map strings to strings");
+      if (d->meta_key != NULL && d->meta_value != NULL && strcmp(mk, d->meta_key) == 0)
+        snprintf(d->meta_value, d->meta_cap, "%s", mv);
+    } while (eat(j, ','));
+  if (!eat(j, '}')) return BAD("malformed __metadata__");
+  return GYRE_OK;
+}
+
+/* A tensor entry's fields (others skipped), complete and within the data section. */
+static gyre_status read_entry(json *j, const decoding *d, const char *key, entry *e) {
+  *e = (entry){.rank = -1, .n_offs = -1};
+  if (!eat(j, '{')) return BAD("entry '%s' is not an object", key);
+  if (!eat(j, '}')) do {
+      char field[32];
+      if (!string(j, field, sizeof field) || !eat(j, ':')) return BAD("malformed entry '%s'", key);
+      int ok;
+      if (strcmp(field, "dtype") == 0) ok = string(j, e->dtype, sizeof e->dtype);
+      else if (strcmp(field, "shape") == 0) ok = int_array(j, e->shape, 4, &e->rank);
+      else if (strcmp(field, "data_offsets") == 0) ok = int_array(j, e->offs, 2, &e->n_offs);
+      else ok = skip(j, 0);
+      if (!ok) return BAD("malformed field '%s' of '%s'", field, key);
+    } while (eat(j, ','));
+  if (!eat(j, '}')) return BAD("malformed entry '%s'", key);
+  if (e->n_offs != 2 || e->rank < 0 || e->rank > 4 || e->dtype[0] == '\0')
+    return BAD("tensor '%s' lacks dtype, shape or data_offsets", key);
+  if (e->offs[1] < e->offs[0])
+    return BAD("tensor '%s' has data_offsets [%lld, %lld] with end before begin", key, (long long)e->offs[0],
+               (long long)e->offs[1]);
+  if (e->offs[1] > d->data_len)
+    return BAD("truncated: tensor '%s' needs data bytes [%lld, %lld) but the data section has %lld bytes", key,
+               (long long)e->offs[0], (long long)e->offs[1], (long long)d->data_len);
+  return GYRE_OK;
+}
+
+static gyre_status add_span(decoding *d, int64_t begin, int64_t end) {
+  if (d->n_spans == d->spans_cap) {
+    d->spans_cap = d->spans_cap ? 2 * d->spans_cap : 64;
+    span *grown = realloc(d->spans, sizeof(span) * (size_t)d->spans_cap);
+    if (grown == NULL) return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "safetensors: out of memory");
+    d->spans = grown;
+  }
+  d->spans[d->n_spans++] = (span){begin, end};
+  return GYRE_OK;
+}
+
+/* The index of `key` among the expected tensors (group prefix + layout name), -1 if none. */
+static int32_t match_tensor(const decoding *d, const char *key) {
+  for (int32_t g = 0; g < d->n_groups; g++) {
+    size_t pl = strlen(d->prefixes[g]);
+    if (strncmp(key, d->prefixes[g], pl) != 0) continue;
+    for (int32_t t = 0; t < d->lay->n_tensors; t++)
+      if (strcmp(key + pl, d->lay->tensors[t].name) == 0) return g * d->lay->n_tensors + t;
+  }
+  return -1;
+}
+
+static int64_t numel_of(const param_tensor *p) { return p->rank == 1 ? p->shape[0] : p->shape[0] * p->shape[1]; }
+
+/* A tensor entry placed: ignored when the layout documents it so, else dtype, shape and size
+ * checked against the layout and its data offset kept (once). */
+static gyre_status place_tensor(decoding *d, const char *key, const entry *e) {
+  gyre_status st = add_span(d, e->offs[0], e->offs[1]);
+  if (st != GYRE_OK) return st;
+  int32_t match = match_tensor(d, key);
+  if (match < 0) {
+    if (ends_with(key, "rotary_emb.inv_freq") || (d->lay->d.tied && ends_with(key, "lm_head.weight")))
+      return GYRE_OK; /* ignored, documented in gyre.h */
+    return BAD("unexpected tensor '%s' for this config", key);
+  }
+  const param_tensor *p = &d->lay->tensors[match % d->lay->n_tensors];
+  if (strcmp(e->dtype, "F32") != 0) return BAD("tensor '%s' has dtype %s; only F32 is supported", key, e->dtype);
+  int shape_ok = e->rank == p->rank && e->shape[0] == p->shape[0] && (p->rank == 1 || e->shape[1] == p->shape[1]);
+  if (!shape_ok)
+    return p->rank == 1 ? BAD("tensor '%s' has the wrong shape; expected [%lld]", key, (long long)p->shape[0])
+                        : BAD("tensor '%s' has the wrong shape; expected [%lld, %lld]", key, (long long)p->shape[0],
+                              (long long)p->shape[1]);
+  int64_t numel = numel_of(p);
+  if (e->offs[1] - e->offs[0] != numel * 4)
+    return BAD("tensor '%s' spans %lld bytes, expected %lld", key, (long long)(e->offs[1] - e->offs[0]),
+               (long long)(numel * 4));
+  if (d->found_begin[match] >= 0) return BAD("tensor '%s' appears twice", key);
+  d->found_begin[match] = e->offs[0];
+  return GYRE_OK;
+}
+
+/* The JSON header: the metadata and every tensor entry, placed. */
+static gyre_status read_header(json *j, decoding *d, const uint8_t *buf) {
+  char key[256];
+  if (!eat(j, '{')) return BAD("header is not a JSON object");
+  if (!eat(j, '}')) do {
+      if (!string(j, key, sizeof key) || !eat(j, ':'))
+        return BAD("malformed JSON header near byte %ld", (long)(j->p - (const char *)buf));
+      entry e;
+      gyre_status st = strcmp(key, "__metadata__") == 0 ? read_metadata(j, d) : read_entry(j, d, key, &e);
+      if (st == GYRE_OK && strcmp(key, "__metadata__") != 0) st = place_tensor(d, key, &e);
+      if (st != GYRE_OK) return st;
+    } while (eat(j, ','));
+  if (!eat(j, '}')) return BAD("malformed JSON header (expected '}')");
+  return GYRE_OK;
+}
+
+/* Every expected tensor found and no two overlapping: their data copied into the flats. */
+static gyre_status copy_tensors(decoding *d, float *const *flats, const uint8_t *data) {
+  const param_layout *lay = d->lay;
+  int32_t n_expected = d->n_groups * lay->n_tensors;
+  for (int32_t k = 0; k < n_expected; k++)
+    if (d->found_begin[k] < 0)
+      return BAD("missing tensor '%s%s'", d->prefixes[k / lay->n_tensors], lay->tensors[k % lay->n_tensors].name);
+  qsort(d->spans, (size_t)d->n_spans, sizeof(span), span_cmp);
+  for (int32_t k = 1; k < d->n_spans; k++)
+    if (d->spans[k].begin < d->spans[k - 1].end)
+      return BAD("tensors overlap at data byte %lld", (long long)d->spans[k].begin);
+  for (int32_t k = 0; k < n_expected; k++) {
+    const param_tensor *p = &lay->tensors[k % lay->n_tensors];
+    memcpy(flats[k / lay->n_tensors] + p->offset, data + d->found_begin[k], (size_t)numel_of(p) * 4);
+  }
+  return GYRE_OK;
+}
+
 gyre_status st_decode(const param_layout *lay, int32_t n_groups, const char *const *prefixes,
                       float *const *flats, const uint8_t *buf, size_t len, const char *meta_key,
                       char *meta_value, size_t meta_cap) {
   if (meta_value != NULL && meta_cap > 0) meta_value[0] = '\0';
-  if (buf == NULL) return BAD("buffer is NULL");
-  if (len < 8) return BAD("truncated: %zu bytes, shorter than the 8-byte header size", len);
   uint64_t header_len = 0;
-  for (int k = 7; k >= 0; k--) header_len = header_len << 8 | buf[k];
-  if (header_len > len - 8)
-    return BAD("truncated: header claims %llu bytes but only %zu follow",
-               (unsigned long long)header_len, len - 8);
+  gyre_status st = header_length(buf, len, &header_len);
+  if (st != GYRE_OK) return st;
   const uint8_t *data = buf + 8 + header_len;
-  int64_t data_len = (int64_t)(len - 8 - header_len);
-
   int32_t n_expected = n_groups * lay->n_tensors;
-  int64_t *found_begin = malloc(sizeof(int64_t) * (size_t)n_expected);
-  span *spans = NULL;
-  int32_t n_spans = 0, spans_cap = 0;
-  gyre_status st = GYRE_OK;
-  if (found_begin == NULL) return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "safetensors: out of memory");
-  for (int32_t k = 0; k < n_expected; k++) found_begin[k] = -1;
-
+  decoding d = {.lay = lay, .n_groups = n_groups, .prefixes = prefixes, .data_len = (int64_t)(len - 8 - header_len),
+                .meta_key = meta_key, .meta_value = meta_value, .meta_cap = meta_cap};
+  d.found_begin = malloc(sizeof(int64_t) * (size_t)n_expected);
+  if (d.found_begin == NULL) return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "safetensors: out of memory");
+  for (int32_t k = 0; k < n_expected; k++) d.found_begin[k] = -1;
   json j = {(const char *)buf + 8, (const char *)data};
-  char key[256], dtype[32];
-  if (!eat(&j, '{')) {
-    st = BAD("header is not a JSON object");
-    goto done;
-  }
-  if (!eat(&j, '}')) do {
-      if (!string(&j, key, sizeof key) || !eat(&j, ':')) {
-        st = BAD("malformed JSON header near byte %ld", (long)(j.p - (const char *)buf));
-        goto done;
-      }
-      if (strcmp(key, "__metadata__") == 0) {
-        if (!eat(&j, '{')) {
-          st = BAD("__metadata__ is not an object");
-          goto done;
-        }
-        if (!eat(&j, '}')) do {
-            char mk[128], mv[256];
-            if (!string(&j, mk, sizeof mk) || !eat(&j, ':') || !string(&j, mv, sizeof mv)) {
-              st = BAD("__metadata__ must map strings to strings");
-              goto done;
-            }
-            if (meta_key != NULL && meta_value != NULL && strcmp(mk, meta_key) == 0)
-              snprintf(meta_value, meta_cap, "%s", mv);
-          } while (eat(&j, ','));
-        if (!eat(&j, '}')) {
-          st = BAD("malformed __metadata__");
-          goto done;
-        }
-        continue;
-      }
-      /* a tensor entry */
-      int64_t shape[4] = {0}, offs[2] = {0};
-      int rank = -1, n_offs = -1;
-      dtype[0] = '\0';
-      if (!eat(&j, '{')) {
-        st = BAD("entry '%s' is not an object", key);
-        goto done;
-      }
-      if (!eat(&j, '}')) do {
-          char field[32];
-          if (!string(&j, field, sizeof field) || !eat(&j, ':')) {
-            st = BAD("malformed entry '%s'", key);
-            goto done;
-          }
-          int ok;
-          if (strcmp(field, "dtype") == 0) ok = string(&j, dtype, sizeof dtype);
-          else if (strcmp(field, "shape") == 0) ok = int_array(&j, shape, 4, &rank);
-          else if (strcmp(field, "data_offsets") == 0) ok = int_array(&j, offs, 2, &n_offs);
-          else ok = skip(&j, 0);
-          if (!ok) {
-            st = BAD("malformed field '%s' of '%s'", field, key);
-            goto done;
-          }
-        } while (eat(&j, ','));
-      if (!eat(&j, '}')) {
-        st = BAD("malformed entry '%s'", key);
-        goto done;
-      }
-      if (n_offs != 2 || rank < 0 || rank > 4 || dtype[0] == '\0') {
-        st = BAD("tensor '%s' lacks dtype, shape or data_offsets", key);
-        goto done;
-      }
-      if (offs[1] < offs[0]) {
-        st = BAD("tensor '%s' has data_offsets [%lld, %lld] with end before begin", key,
-                 (long long)offs[0], (long long)offs[1]);
-        goto done;
-      }
-      if (offs[1] > data_len) {
-        st = BAD("truncated: tensor '%s' needs data bytes [%lld, %lld) but the data section has %lld bytes",
-                 key, (long long)offs[0], (long long)offs[1], (long long)data_len);
-        goto done;
-      }
-      if (n_spans == spans_cap) {
-        spans_cap = spans_cap ? 2 * spans_cap : 64;
-        span *grown = realloc(spans, sizeof(span) * (size_t)spans_cap);
-        if (grown == NULL) {
-          st = gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "safetensors: out of memory");
-          goto done;
-        }
-        spans = grown;
-      }
-      spans[n_spans++] = (span){offs[0], offs[1]};
-      /* match it against the layout */
-      int32_t match = -1;
-      for (int32_t g = 0; g < n_groups && match < 0; g++) {
-        size_t pl = strlen(prefixes[g]);
-        if (strncmp(key, prefixes[g], pl) != 0) continue;
-        for (int32_t t = 0; t < lay->n_tensors; t++)
-          if (strcmp(key + pl, lay->tensors[t].name) == 0) {
-            match = g * lay->n_tensors + t;
-            break;
-          }
-      }
-      if (match < 0) {
-        if (ends_with(key, "rotary_emb.inv_freq") || (lay->d.tied && ends_with(key, "lm_head.weight")))
-          continue; /* ignored, documented in gyre.h */
-        st = BAD("unexpected tensor '%s' for this config", key);
-        goto done;
-      }
-      const param_tensor *p = &lay->tensors[match % lay->n_tensors];
-      if (strcmp(dtype, "F32") != 0) {
-        st = BAD("tensor '%s' has dtype %s; only F32 is supported", key, dtype);
-        goto done;
-      }
-      int shape_ok = rank == p->rank && shape[0] == p->shape[0] && (p->rank == 1 || shape[1] == p->shape[1]);
-      if (!shape_ok) {
-        st = p->rank == 1 ? BAD("tensor '%s' has the wrong shape; expected [%lld]", key, (long long)p->shape[0])
-                          : BAD("tensor '%s' has the wrong shape; expected [%lld, %lld]", key,
-                                (long long)p->shape[0], (long long)p->shape[1]);
-        goto done;
-      }
-      int64_t numel = p->rank == 1 ? p->shape[0] : p->shape[0] * p->shape[1];
-      if (offs[1] - offs[0] != numel * 4) {
-        st = BAD("tensor '%s' spans %lld bytes, expected %lld", key, (long long)(offs[1] - offs[0]),
-                 (long long)(numel * 4));
-        goto done;
-      }
-      if (found_begin[match] >= 0) {
-        st = BAD("tensor '%s' appears twice", key);
-        goto done;
-      }
-      found_begin[match] = offs[0];
-    } while (eat(&j, ','));
-  if (!eat(&j, '}')) {
-    st = BAD("malformed JSON header (expected '}')");
-    goto done;
-  }
-  for (int32_t k = 0; k < n_expected; k++)
-    if (found_begin[k] < 0) {
-      st = BAD("missing tensor '%s%s'", prefixes[k / lay->n_tensors], lay->tensors[k % lay->n_tensors].name);
-      goto done;
-    }
-  qsort(spans, (size_t)n_spans, sizeof(span), span_cmp);
-  for (int32_t k = 1; k < n_spans; k++)
-    if (spans[k].begin < spans[k - 1].end) {
-      st = BAD("tensors overlap at data byte %lld", (long long)spans[k].begin);
-      goto done;
-    }
-  for (int32_t k = 0; k < n_expected; k++) {
-    const param_tensor *p = &lay->tensors[k % lay->n_tensors];
-    int64_t numel = p->rank == 1 ? p->shape[0] : p->shape[0] * p->shape[1];
-    memcpy(flats[k / lay->n_tensors] + p->offset, data + found_begin[k], (size_t)numel * 4);
-  }
-done:
-  free(found_begin);
-  free(spans);
+  st = read_header(&j, &d, buf);
+  if (st == GYRE_OK) st = copy_tensors(&d, flats, data);
+  free(d.found_begin);
+  free(d.spans);
   return st;
 }
 

@@ -7,8 +7,11 @@
  * logits gradient and loss coefficients. A batch's K/V store (forest_kv of attention.h:
  * every layer's K and V of every token) exists for max_tokens tokens from creation; a
  * longer batch gets its own for its length, with the gradients carried back to earlier
- * chunks' tokens, released when the batch is done. The backward mirrors layer_forward step
- * by step, chunk by chunk from the last (backend.h).
+ * chunks' tokens and every layer's attention output and log-sum-exp of every token (so the
+ * backward's recomputed forward of a chunk reuses them instead of attending again: each
+ * chunk's attention forward runs once, as in an unchunked pass), released when the batch is
+ * done. The backward mirrors layer_forward step by step, chunk by chunk from the last
+ * (backend.h).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -26,6 +29,7 @@ typedef struct batch_kv {
   size_t bytes;
   float *base;
   forest_kv *layers;
+  float **saved;    /* per layer: [cap][q_dim] attention outputs, then [cap][H] their lse (carried only) */
   int32_t *kchunks; /* cap / 16 + 1 */
 } batch_kv;
 
@@ -48,15 +52,16 @@ struct be_trainer {
 };
 
 /* Floats of one layer's store for cap tokens: K | V rows, K and V columns, and with
- * `carried` the gradients sent back. */
+ * `carried` the gradients sent back and the attention outputs saved. */
 static size_t store_layer_floats(const dims *d, int cap, int carried) {
   size_t rows = (size_t)cap * 2 * d->kv_dim;
-  return rows + 2 * forest_transposed_floats(d, cap) + (carried ? rows : 0);
+  return rows + 2 * forest_transposed_floats(d, cap) + (carried ? rows + (size_t)cap * (d->q_dim + d->H) : 0);
 }
 
 static void store_free(batch_kv *st) {
   free(st->base);
   free(st->layers);
+  free(st->saved);
   free(st->kchunks);
   memset(st, 0, sizeof *st);
 }
@@ -68,8 +73,9 @@ static gyre_status store_alloc(batch_kv *st, const dims *d, int cap, int carried
   st->bytes = sizeof(float) * per_layer * d->L + sizeof(int32_t) * ((size_t)cap / 16 + 1);
   st->base = aligned_calloc(sizeof(float) * per_layer * d->L);
   st->layers = calloc((size_t)d->L, sizeof(forest_kv));
+  st->saved = calloc((size_t)d->L, sizeof(float *));
   st->kchunks = malloc(sizeof(int32_t) * ((size_t)cap / 16 + 1));
-  if (st->base == NULL || st->layers == NULL || st->kchunks == NULL) {
+  if (st->base == NULL || st->layers == NULL || st->saved == NULL || st->kchunks == NULL) {
     store_free(st);
     return gyre_fail(GYRE_ERR_OUT_OF_MEMORY, "cpu: cannot allocate %zu MB of K/V store for %d tokens",
                      sizeof(float) * per_layer * d->L >> 20, cap);
@@ -77,6 +83,7 @@ static gyre_status store_alloc(batch_kv *st, const dims *d, int cap, int carried
   for (int l = 0; l < d->L; l++) {
     float *at = st->base + (size_t)l * per_layer;
     st->layers[l] = (forest_kv){at, at + rows, at + rows + cols, carried ? at + rows + 2 * cols : NULL, forest_ld(cap)};
+    st->saved[l] = carried ? at + 2 * rows + 2 * cols : NULL;
   }
   return GYRE_OK;
 }
@@ -139,7 +146,7 @@ void be_trainer_memory(const be_trainer *t, int64_t *fixed, int64_t *kv_per_toke
   const dims *d = &t->m->d;
   *fixed = (int64_t)(sizeof(float) * (t->arena_floats + 3 * (size_t)t->m->lay->n_params) +
                      sizeof(int32_t) * forest_tile_ints(t->Tm) + t->fixed.bytes);
-  *kv_per_token = (int64_t)(sizeof(float) * 6 * (size_t)d->kv_dim * d->L);
+  *kv_per_token = (int64_t)(sizeof(float) * (6 * (size_t)d->kv_dim + d->q_dim + d->H) * d->L);
   *last_batch = (int64_t)t->batch.bytes;
 }
 
@@ -180,25 +187,38 @@ typedef struct chunk_ctx {
   be_trainer *t;
   const train_batch *b;
   int s, e;
+  int again; /* the backward's recomputed forward: the chunk's K/V and attention outputs are stored */
 } chunk_ctx;
 
 static void attend_forest(void *ctx, int layer, const layer_io *io) {
   chunk_ctx *c = ctx;
   const dims *d = &c->t->m->d;
-  const forest_kv *kv = &c->t->store->layers[layer];
+  const batch_kv *st = c->t->store;
+  const forest_kv *kv = &st->layers[layer];
+  float *att = st->saved[layer], *lse = att != NULL ? att + (size_t)st->cap * d->q_dim : NULL;
+  size_t T = (size_t)(c->e - c->s);
+  if (c->again && att != NULL) {
+    memcpy(io->att, att + (size_t)c->s * d->q_dim, sizeof(float) * T * d->q_dim);
+    memcpy(io->lse, lse + (size_t)c->s * d->H, sizeof(float) * T * d->H);
+    return;
+  }
   forest_kv_put(kv, io->qkv, c->s, c->e, d);
   forest_attention_forward(io->att, io->lse, io->qkv, kv, c->b->forest, c->s, c->e, d, c->t->scratch, c->t->scratch_floats,
                            c->t->tiles);
+  if (att == NULL) return;
+  memcpy(att + (size_t)c->s * d->q_dim, io->att, sizeof(float) * T * d->q_dim);
+  memcpy(lse + (size_t)c->s * d->H, io->lse, sizeof(float) * T * d->H);
 }
 
-gyre_status be_train_forward(be_trainer *t, const train_batch *b, int32_t s, int32_t e, float *logp_host,
-                             float *entropy_host) {
+/* The forward of the chunk [s, e) (again: the backward's recomputation, see chunk_ctx). */
+static void chunk_forward(be_trainer *t, const train_batch *b, int32_t s, int32_t e, int again, float *logp_host,
+                          float *entropy_host) {
   const train_acts *acts = &t->acts;
   const be_model *m = t->m;
   const dims *d = &m->d;
   const forest *f = b->forest;
   int T = e - s;
-  chunk_ctx ctx = {t, b, s, e};
+  chunk_ctx ctx = {t, b, s, e, again};
   embed_forward(acts->io[0].x_in, b->tokens + s, m->w + m->lay->embed, T, d->D);
   rope_cs(acts->rope_cs, b->positions + s, T, m->inv_freq, d->hd, m->rope_scale);
   for (int l = 0; l < d->L; l++) layer_forward(m, l, T, acts->rope_cs, &acts->io[l], attend_forest, &ctx);
@@ -213,6 +233,11 @@ gyre_status be_train_forward(be_trainer *t, const train_batch *b, int32_t s, int
     }
   t->live_s = s;
   t->live_e = e;
+}
+
+gyre_status be_train_forward(be_trainer *t, const train_batch *b, int32_t s, int32_t e, float *logp_host,
+                             float *entropy_host) {
+  chunk_forward(t, b, s, e, 0, logp_host, entropy_host);
   return GYRE_OK;
 }
 
@@ -224,7 +249,7 @@ gyre_status be_train_backward(be_trainer *t, const train_batch *b, int32_t s, in
   const float *w = m->w;
   float *g = t->grads;
   int T = e - s, D = d->D, F = d->F;
-  if (t->live_s != s || t->live_e != e) GYRE_CHECK(be_train_forward(t, b, s, e, NULL, NULL)); /* recompute */
+  if (t->live_s != s || t->live_e != e) chunk_forward(t, b, s, e, 1, NULL, NULL); /* recompute */
   logits_backward(t->dlogits, acts->logits, acts->lse_rows, T, s, f->child_off, f->children, b->tokens, dlogp_host, d->V,
                   t->coef);
   gemm(d->V, D, T, t->dlogits, d->V, 1, acts->hf, D, 0, g + m->lay->lm_head, D, 1);
