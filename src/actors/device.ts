@@ -32,29 +32,27 @@
  * the load carries its counts (`pacedWork`, `paceOverruns`).
  *
  * `gyre node --load src/actors/device.ts --spawn device/<node>.0` hosts one configured from the
- * environment (`deviceConfigFromEnv`: the rollout role's variables, `GYRE_GATEWAY`, `GYRE_SCHEDULER`).
+ * environment (`DeviceSettings`, a `Config`: the rollout role's variables, `GYRE_GATEWAY`, `GYRE_SCHEDULER`).
  */
-import { Effect, Schema } from "effect"
+import { Config, Effect, Option, Schema } from "effect"
 import type { EngineShape } from "../engine/engine.ts"
 import type { RpcGroup } from "effect/rpc"
 import * as Actor from "../runtime/actor.ts"
-import { formatAddress, parseAddress } from "../runtime/names.ts"
-import { refOf } from "../runtime/system.ts"
-import { DEVICE_KIND, DeviceProtocol, DeviceRefused } from "../protocols/device.ts"
-import { GatewayProtocol } from "../protocols/gateway.ts"
-import { SchedulerProtocol } from "../protocols/scheduler.ts"
+import { formatAddress } from "../runtime/names.ts"
+import { DeviceProtocol, DeviceRefused } from "../protocols/device.ts"
+import { Device as DeviceKind, Gateway, Scheduler, type GatewayRef, type SchedulerRef } from "../protocols/topology.ts"
 import { WeightsUnavailable, type WorkerLoad } from "../protocols/rollout.ts"
 import { RoleSwitch, deviceLoad, type RoleState } from "../serving/role-switch.ts"
-import { KV_BLOCK_TOKENS, rolloutConfigFromEnv, startRollout, type RolloutConfig } from "../serving/rollout-role.ts"
+import { KV_BLOCK_TOKENS, RolloutSettings, startRollout, type RolloutConfig } from "../serving/rollout-role.ts"
 import type { TrainingRole, TrainingRoleFactory } from "../serving/training-role.ts"
 
 export interface DeviceConfig extends RolloutConfig {
   /** The gateway told where moved contexts went (default `gateway/main`). */
-  readonly gateway?: string
+  readonly gateway?: GatewayRef
   /** Builds the training role over the device's model; without it the device only serves rollouts. */
   readonly training?: TrainingRoleFactory
   /** The run's scheduler (`scheduler/main`): told `DeviceJoined` once the device serves; none: not announced. */
-  readonly scheduler?: string
+  readonly scheduler?: SchedulerRef
   /** Host threads of the device's model (none: the engine's default, every core). */
   readonly threads?: number
 }
@@ -67,23 +65,34 @@ export interface DeviceConfig extends RolloutConfig {
 export const cpuDeviceThreads = (engine: EngineShape, devices: number): Effect.Effect<number | undefined> =>
   engine.backend === "cpu" ? engine.threads.pipe(Effect.map((cores) => Math.max(1, Math.floor(cores / Math.max(1, devices))))) : Effect.succeed(undefined)
 
-/** The configuration from the environment: the rollout role's variables, and `GYRE_GATEWAY`. */
-export const deviceConfigFromEnv = (): DeviceConfig => ({
-  ...rolloutConfigFromEnv(),
-  ...(process.env.GYRE_GATEWAY ? { gateway: process.env.GYRE_GATEWAY } : {}),
-  ...(process.env.GYRE_SCHEDULER ? { scheduler: process.env.GYRE_SCHEDULER } : {})
-})
+/** An optional `kind/id` setting naming an actor of `kind` (a ConfigError names the variable when it is not one). */
+const refSetting = <R>(name: string, kind: string, ref: (key: string) => R) =>
+  Config.schema(Schema.String.check(Schema.isPattern(new RegExp(`^${kind}/[A-Za-z0-9_-]+(\\.[A-Za-z0-9_-]+)*$`))), name).pipe(
+    Config.option,
+    Config.map((o) => ({ ref: Option.isSome(o) ? ref(o.value) : undefined }))
+  )
 
-/** The device actor type for a configuration (or a function reading it when an incarnation starts). */
-export const device = (configured: DeviceConfig | (() => DeviceConfig)) =>
-  Actor.make({
-    kind: DEVICE_KIND,
-    protocol: DeviceProtocol,
+/** The configuration from the `ConfigProvider`: the rollout role's settings (`RolloutSettings`), `GYRE_GATEWAY`, `GYRE_SCHEDULER`. */
+export const DeviceSettings: Config.Config<DeviceConfig> = Config.all({
+  rollout: RolloutSettings,
+  gateway: refSetting("GYRE_GATEWAY", Gateway.kind, Gateway.refOfKey),
+  scheduler: refSetting("GYRE_SCHEDULER", Scheduler.kind, Scheduler.refOfKey)
+}).pipe(
+  Config.map(({ rollout, gateway, scheduler }) => ({
+    ...rollout,
+    ...(gateway.ref === undefined ? {} : { gateway: gateway.ref }),
+    ...(scheduler.ref === undefined ? {} : { scheduler: scheduler.ref })
+  }))
+)
+
+/** The device actor type for a configuration (or a `Config` read when an incarnation starts). */
+export const device = (configured: DeviceConfig | Config.Config<DeviceConfig>) =>
+  DeviceKind.implement({
     state: { schema: Schema.Struct({}), initial: () => ({}) },
     concurrency: 1024,
     behaviour: (ctx) =>
       Effect.gen(function* () {
-        const config = typeof configured === "function" ? configured() : configured
+        const config = Config.isConfig(configured) ? yield* configured : configured
         const self = formatAddress(ctx.address)
         const state: RoleState = { role: "rollout", switching: false }
         let training: TrainingRole | undefined
@@ -94,7 +103,7 @@ export const device = (configured: DeviceConfig | (() => DeviceConfig)) =>
         const roles = yield* RoleSwitch.make({
           system: ctx.system,
           self,
-          gateway: refOf(GatewayProtocol, parseAddress(config.gateway ?? "gateway/main")),
+          gateway: config.gateway ?? Gateway.ref("main"),
           rollout,
           training,
           state,
@@ -104,8 +113,7 @@ export const device = (configured: DeviceConfig | (() => DeviceConfig)) =>
         })
         if (config.scheduler !== undefined) {
           // Durable and deduplicated per incarnation: a restarted device joins again, a redelivered tell once.
-          const scheduler = refOf(SchedulerProtocol, parseAddress(config.scheduler))
-          yield* ctx.system.tell(scheduler, "DeviceJoined", { device: self }, { msgId: `joined-${self}-${ctx.incarnation}`, sender: self })
+          yield* ctx.system.tell(config.scheduler, "DeviceJoined", { device: self }, { msgId: `joined-${self}-${ctx.incarnation}`, sender: self })
         }
         const refused = (reason: string) => new DeviceRefused({ device: self, reason })
         /** A step request, for the training role while the device is in it. */
@@ -135,4 +143,4 @@ export const device = (configured: DeviceConfig | (() => DeviceConfig)) =>
   })
 
 /** A device configured from the environment when it starts (for `gyre node --load`). */
-export const Device = device(deviceConfigFromEnv)
+export const Device = device(DeviceSettings)

@@ -11,27 +11,27 @@
  * drain lets running generations finish.
  *
  * `gyre serve` hosts these. `gyre node --load src/actors/rollout-worker.ts --spawn
- * rollout-worker/<node>.cpu0` hosts one configured from the environment (`rolloutConfigFromEnv`).
+ * rollout-worker/<node>.cpu0` hosts one configured from the environment (`RolloutSettings`, a `Config`).
  * A device actor (`device.ts`) runs the same role and can also switch to training.
  */
-import { Effect, Schema } from "effect"
+import { Config, Effect, Schema } from "effect"
 import * as Actor from "../runtime/actor.ts"
 import { RolloutWorkerProtocol } from "../protocols/rollout.ts"
-import { rolloutConfigFromEnv, startRollout, type RolloutConfig } from "../serving/rollout-role.ts"
+import { RolloutSettings, startRollout, type RolloutConfig } from "../serving/rollout-role.ts"
 
-/** The rollout-worker actor type for a configuration (or a function reading it when an incarnation starts). */
-export const rolloutWorker = (config: RolloutConfig | (() => RolloutConfig)) =>
+/** The rollout-worker actor type for a configuration (or a `Config` read when an incarnation starts). */
+export const rolloutWorker = (config: RolloutConfig | Config.Config<RolloutConfig>) =>
   Actor.make({
     kind: "rollout-worker",
     protocol: RolloutWorkerProtocol,
     state: { schema: Schema.Struct({}), initial: () => ({}) },
     concurrency: 1024,
     behaviour: (ctx) =>
-      Effect.sync(() => (typeof config === "function" ? config() : config)).pipe(
+      (Config.isConfig(config) ? config : Effect.succeed(config)).pipe(
         Effect.flatMap((c) => startRollout(ctx, c, (load) => ctx.reportLoad(load))),
         Effect.map((role) => role.handlers)
       )
   })
 
 /** A rollout worker configured from the environment when it starts (for `gyre node --load`). */
-export const RolloutWorker = rolloutWorker(rolloutConfigFromEnv)
+export const RolloutWorker = rolloutWorker(RolloutSettings)

@@ -21,13 +21,14 @@
  * design fixes, runner `n mod runners` for execution `n`).
  */
 import { Cause, Duration, Effect, FiberSet, Schedule, Schema } from "effect"
-import * as Actor from "../runtime/actor.ts"
-import { address, formatAddress, parseAddress } from "../runtime/names.ts"
+import { cappedDelayMs } from "../common/retry.ts"
+import { formatAddress } from "../runtime/names.ts"
 import type { NodeHandle } from "../runtime/node.ts"
 import * as Lease from "../runtime/lease.ts"
 import { watchRegistry } from "../runtime/registry.ts"
-import { refOf, type ActorSystemShape } from "../runtime/system.ts"
-import { SCHEDULER_KIND, SchedulerProtocol } from "../protocols/scheduler.ts"
+import type { ActorSystemShape } from "../runtime/system.ts"
+import { SCHEDULER_KIND } from "../protocols/scheduler.ts"
+import { Scheduler, type HarnessRunnerRef } from "../protocols/topology.ts"
 import type { RunConfig } from "../protocols/run.ts"
 import { Book } from "../scheduling/book.ts"
 import { makeDriver, policyOf, runClock } from "../scheduling/driver.ts"
@@ -38,16 +39,16 @@ import { journalRunConfig, readRecords, recordWriter } from "../scheduling/recor
 import { replayRecords } from "../scheduling/takeover.ts"
 
 export const SCHEDULER_ID = "main"
-export const schedulerAddress = address(SCHEDULER_KIND, SCHEDULER_ID)
-export const schedulerRef = refOf(SchedulerProtocol, schedulerAddress)
+export const schedulerAddress = Scheduler.address(SCHEDULER_ID)
+export const schedulerRef = Scheduler.ref(SCHEDULER_ID)
 
 export interface SchedulerOptions {
   /** The run as asked for; a run configuration already in the journal wins (a standby, a resume). */
   readonly config: RunConfig
   /** The suite's `train` split, in suite order (the plan draws tasks from it). */
   readonly trainTasks: ReadonlyArray<string>
-  /** Harness runners (`harness-runner/<id>`); execution `n` runs on runner `n mod count`. */
-  readonly runners: ReadonlyArray<string>
+  /** Harness runners; execution `n` runs on runner `n mod count`. */
+  readonly runners: ReadonlyArray<HarnessRunnerRef>
   /** Lease time to live: a dead leader's standby takes over after it (default 5 s). */
   readonly leaseTtlMs?: number
   /** How long one `RunExecution` ask waits before the outcome is looked up and the runner asked again (default 60 s). */
@@ -79,12 +80,9 @@ export class InvalidSchedulerOptions extends Schema.TaggedError<InvalidScheduler
 export const makeScheduler = (options: SchedulerOptions) => {
   if (options.trainTasks.length === 0) throw new InvalidSchedulerOptions({ reason: "the suite has no train task" })
   if (options.runners.length === 0) throw new InvalidSchedulerOptions({ reason: "no harness runner" })
-  options.runners.forEach(parseAddress)
   let leadership: Lease.Lease | undefined
 
-  const type = Actor.make({
-    kind: SCHEDULER_KIND,
-    protocol: SchedulerProtocol,
+  const type = Scheduler.implement({
     state: { schema: Schema.Struct({}), initial: () => ({}) },
     // The lease, not re-placement, decides where the scheduler runs.
     restart: "temporary",
@@ -155,7 +153,7 @@ export const makeScheduler = (options: SchedulerOptions) => {
         const now = Date.now()
         endings = [...endings.filter((t) => now - t < ENDINGS_WINDOW_MS), now]
         if (endings.length >= ENDINGS_GIVEN_UP) return yield* new SchedulerStopped({ node: node.name, term })
-        const backoffMs = Math.min(10_000, 1000 * 2 ** (endings.length - 1))
+        const backoffMs = cappedDelayMs(1000, 10_000, endings.length)
         yield* Effect.logWarning(`scheduler/main ended while ${node.name} led it (term ${term}); standing by again in ${backoffMs} ms`)
         yield* Effect.sleep(Duration.millis(backoffMs))
       }

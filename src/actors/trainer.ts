@@ -39,15 +39,14 @@
  * The core's step is `src/training/core-step.ts`, the claim loop `src/training/claims.ts`.
  */
 import { Effect, Semaphore, type Scope } from "effect"
-import type { RpcGroup } from "effect/rpc"
 import type { EngineShape, Model } from "../engine/engine.ts"
 import type { PackedBatch } from "../common/packed-batch.ts"
 import type { Trainer } from "../engine/trainer.ts"
-import { DeviceRefused, TrainingProtocol, type MicroBatchRef } from "../protocols/device.ts"
+import { DeviceRefused, type MicroBatchRef } from "../protocols/device.ts"
 import type { RunConfig } from "../protocols/run.ts"
 import type * as Actor from "../runtime/actor.ts"
-import { formatAddress, parseAddress } from "../runtime/names.ts"
-import { refOf } from "../runtime/system.ts"
+import { formatAddress } from "../runtime/names.ts"
+import { Device } from "../protocols/topology.ts"
 import { transient } from "../common/retry.ts"
 import { makeClaims } from "../training/claims.ts"
 import { Core, type ModelWeights } from "../training/core-step.ts"
@@ -57,7 +56,7 @@ import { openMicroBatchStore } from "../training/microbatch-store.ts"
 import { microBatchStats, noStats, type MicroBatchStats } from "../training/step-metrics.ts"
 import { stepLoss } from "../training/step-planner.ts"
 import { fetchFlatWeights } from "../serving/rollout-role.ts"
-import type { TrainingRoleFactory } from "../serving/training-role.ts"
+import type { TrainingHandlers, TrainingRole, TrainingRoleFactory } from "../serving/training-role.ts"
 import { pacedTrainer } from "../serving/pace.ts"
 
 export interface TrainingRoleOptions {
@@ -72,13 +71,7 @@ export interface TrainingRoleOptions {
   readonly onClaim?: (claim: { readonly step: number; readonly index: number; readonly deliveryCount: number }) => Effect.Effect<void>
 }
 
-export type TrainingHandlers = Actor.Handlers<RpcGroup.Rpcs<typeof TrainingProtocol>>
-
-export interface TrainingRole {
-  readonly handlers: TrainingHandlers
-  readonly leave: Effect.Effect<void>
-  readonly step: () => number
-}
+export type { TrainingRole } from "../serving/training-role.ts"
 
 export const makeTrainingRole = (
   ctx: Pick<Actor.ActorContext<unknown>, "address" | "system">,
@@ -141,7 +134,7 @@ export const makeTrainingRole = (
             const stats = "failed" in trained ? noStats : trained.stats
             if (ref.core === me) return yield* core.gradientIn(ref, ref.index, me, stats, "failed" in trained ? trained : trained.gradient)
             if (!("failed" in trained)) yield* gradients.put(ref, ref.index, trained.gradient)
-            const coreRef = refOf(TrainingProtocol, parseAddress(ref.core))
+            const coreRef = Device.refOfKey(ref.core)
             const ready = { step: ref.step, attempt: ref.attempt, index: ref.index, device: me, stats, ...("failed" in trained ? { failed: trained.failed } : {}) }
             yield* system.tell(coreRef, "GradientReady", ready, { msgId: `grad-${ref.step}-${ref.attempt}-${ref.index}`, sender: me })
             return true

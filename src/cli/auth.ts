@@ -14,7 +14,7 @@
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { Effect } from "effect"
-import { defaultUsers, rolesOfKind, type Role } from "../protocols/roles.ts"
+import { defaultUsers, rolesOfKind, type NatsRole } from "../protocols/roles.ts"
 import { readAuthDir, userWithRoles, writeAuthDir, type TlsFiles } from "../runtime/auth.ts"
 import { natsOptionsFromEnv, type NatsOptions } from "../runtime/nats.ts"
 import { UsageError, parseFlags, type Command } from "./args.ts"
@@ -51,7 +51,7 @@ const initDir = (dir: string, run: string, replace: boolean, tls?: TlsFiles) =>
   })
 
 /** The roles hosting `kinds` need (their union). */
-export const rolesOfKinds = (kinds: ReadonlyArray<string>): ReadonlyArray<Role> => {
+export const rolesOfKinds = (kinds: ReadonlyArray<string>): ReadonlyArray<NatsRole> => {
   const roles = [...new Set(kinds.filter((k) => k !== "node").flatMap(rolesOfKind))]
   return roles.length > 0 ? roles : ["actor-host"]
 }

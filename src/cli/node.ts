@@ -33,7 +33,7 @@ import { pathToFileURL } from "node:url"
 import * as os from "node:os"
 import { Effect, Fiber, Layer, Schedule } from "effect"
 import { cpuDeviceThreads, device } from "../actors/device.ts"
-import { makeScheduler, schedulerAddress } from "../actors/scheduler.ts"
+import { makeScheduler, schedulerRef } from "../actors/scheduler.ts"
 import { trainingRoleFor } from "../actors/trainer.ts"
 import { Engine } from "../engine/engine.ts"
 import { loadSuite, trainTaskIds } from "../harness/suites.ts"
@@ -125,7 +125,7 @@ const trainingDevices = (system: ActorSystemShape, count: number, kv: ReturnType
       numBlocks: kv.kvBlocks ?? config.kvBlocks,
       pace: pace ?? config.pace,
       maxBatch: 64,
-      scheduler: formatAddress(schedulerAddress),
+      scheduler: schedulerRef,
       training: trainingRoleFor(config),
       threads
     })

@@ -16,19 +16,19 @@
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
-import { Deferred, Duration, Effect, Fiber, Schedule, Schema } from "effect"
+import { Deferred, Duration, Effect, Fiber, Schedule } from "effect"
 import { cpuDeviceThreads, device } from "../actors/device.ts"
 import { gateway } from "../actors/gateway.ts"
 import { makeHarnessRunner } from "../actors/harness-runner.ts"
-import { makeScheduler, schedulerAddress } from "../actors/scheduler.ts"
+import { makeScheduler, schedulerRef } from "../actors/scheduler.ts"
 import { trainingRoleFor } from "../actors/trainer.ts"
 import { Engine } from "../engine/engine.ts"
 import { runSampling, type RunConfig } from "../protocols/run.ts"
-import { GatewayProtocol } from "../protocols/gateway.ts"
-import { StepMetrics } from "../protocols/scheduler.ts"
-import { address, formatAddress } from "../runtime/names.ts"
+import type { StepMetrics } from "../protocols/scheduler.ts"
+import { Events, Gateway, HarnessRunner, RunTopology, Scheduler, hostedIds, implement, spawnPlan } from "../protocols/topology.ts"
+import { on, subscribeEvents } from "../runtime/channel.ts"
 import { startNode } from "../runtime/node.ts"
-import { ActorSystem, refOf, type ActorSystemShape } from "../runtime/system.ts"
+import { ActorSystem, type ActorSystemShape } from "../runtime/system.ts"
 import { journalRunConfig, runDoneJournaled } from "../scheduling/records.ts"
 import { devicePaceCounts } from "./pace.ts"
 import { finalCheckpoint } from "./shared-checkpoint.ts"
@@ -61,10 +61,8 @@ export interface HostedRun {
   readonly runS: number
 }
 
-/** The harness runners of a hosted run (the scheduler runs execution `n` on runner `n mod count`). */
-export const RUN_RUNNERS: ReadonlyArray<string> = ["harness-runner/main"]
-
-const decodeMetrics = Schema.decodeUnknownOption(Schema.fromJsonString(StepMetrics))
+/** The harness runners of a hosted run, as its topology spawns them (the scheduler runs execution `n` on runner `n mod count`). */
+export const RUN_RUNNERS = hostedIds(RunTopology, "harness-runner").map(HarnessRunner.ref)
 
 /** Hosts the run until the scheduler journals `run-done`. */
 export const hostRun = (o: HostRunOptions) =>
@@ -79,40 +77,31 @@ export const hostRun = (o: HostRunOptions) =>
       yield* Effect.addFinalizer(() => Effect.sync(() => fs.rmSync(workspaces, { recursive: true, force: true })))
       const { executions_per_step: B, max_staleness } = o.config.policyConfig
       const chat = yield* Effect.promise(() => chatFormatFor("train", o.config.checkpoint, o.config.toolFormat))
-      const scheduler = o.scheduler === false ? undefined : makeScheduler({ config: o.config, trainTasks: o.trainTasks, runners: RUN_RUNNERS })
+      const scheduler = makeScheduler({ config: o.config, trainTasks: o.trainTasks, runners: RUN_RUNNERS })
       yield* journalRunConfig(system, o.config)
-      const node = yield* startNode({
-        name: "main",
-        types: [
-          device({ checkpoint: o.config.checkpoint, kvDtype: o.config.kvDtype, numBlocks: o.config.kvBlocks, pace: o.config.pace, maxBatch: 64, scheduler: formatAddress(schedulerAddress), training: trainingRoleFor(o.config), threads }),
-          gateway({ port: 0, chat, sampling: runSampling(o.config) }),
-          makeHarnessRunner({
-            suitesDir: o.suitesDir,
-            gateway: address("gateway", "main"),
-            capacity: B * (max_staleness + 1),
-            maxQueued: 4 * o.config.policyConfig.executions_per_step,
-            evaluationRetries: 2,
-            workspaceRoot: workspaces
-          }),
-          ...(scheduler === undefined ? [] : [scheduler.type])
-        ]
+      // One implementation per kind the topology hosts (the compiler asks for a new kind's); the scheduler stands by for its lease.
+      const types = implement(RunTopology, {
+        device: device({ checkpoint: o.config.checkpoint, kvDtype: o.config.kvDtype, numBlocks: o.config.kvBlocks, pace: o.config.pace, maxBatch: 64, scheduler: schedulerRef, training: trainingRoleFor(o.config), threads }),
+        gateway: gateway({ port: 0, chat, sampling: runSampling(o.config) }),
+        "harness-runner": makeHarnessRunner({
+          suitesDir: o.suitesDir,
+          gateway: Gateway.address("main"),
+          capacity: B * (max_staleness + 1),
+          maxQueued: 4 * o.config.policyConfig.executions_per_step,
+          evaluationRetries: 2,
+          workspaceRoot: workspaces
+        }),
+        scheduler: scheduler.type
       })
+      const node = yield* startNode({ name: "main", types: types.filter((t) => o.scheduler !== false || t.kind !== Scheduler.kind) })
       const done = yield* Deferred.make<void>()
-      const subscription = system.nats.nc.subscribe(`gyre.${system.run}.sys.>`, {
-        callback: (err, msg) => {
-          if (err !== null) return
-          if (msg.subject.endsWith(".sys.run-done")) Effect.runFork(Deferred.succeed(done, undefined))
-          if (!msg.subject.endsWith(".sys.step")) return
-          const metrics = decodeMetrics(msg.string())
-          if (metrics._tag === "Some") o.onProgress({ metrics: metrics.value, elapsedS: (Date.now() - started) / 1000 })
-        }
-      })
-      yield* Effect.addFinalizer(() => Effect.sync(() => subscription.unsubscribe()))
-      yield* node.spawn("gateway", "main")
-      yield* node.spawn("harness-runner", "main")
-      for (let i = 0; i < o.devices; i++) yield* node.spawn("device", `main.${backend}${i}`)
+      yield* subscribeEvents(system.nats, system.run, [
+        on(Events.runDone, () => Effect.runFork(Deferred.succeed(done, undefined))),
+        on(Events.step, (metrics) => o.onProgress({ metrics, elapsedS: (Date.now() - started) / 1000 }))
+      ])
+      for (const { kind, id } of spawnPlan(RunTopology, Array.from({ length: o.devices }, (_, i) => `main.${backend}${i}`))) yield* node.spawn(kind, id)
       if (o.devices === 0) yield* Effect.logInfo(`no device on this node: run ${system.run} starts when other nodes' devices join it on ${system.nats.servers} (gyre node --devices K --run ${system.run})`)
-      const candidate = scheduler === undefined ? undefined : yield* Effect.forkScoped(scheduler.standBy(node, system))
+      const candidate = o.scheduler === false ? undefined : yield* Effect.forkScoped(scheduler.standBy(node, system))
       // run-done is core NATS, at most once: one published while this connection was down is
       // missed, so the journal is asked too, every few seconds.
       const journaled = runDoneJournaled(system).pipe(
@@ -122,7 +111,7 @@ export const hostRun = (o: HostRunOptions) =>
       yield* Effect.raceFirst(Deferred.await(done), journaled)
       const runS = (Date.now() - started) / 1000
       // The gateway's counts of the run's calls (tokens prefilled again after evictions are not in the journal).
-      const calls = yield* system.ask(refOf(GatewayProtocol, address("gateway", "main")), "Status", undefined, { timeoutMs: 5000 }).pipe(
+      const calls = yield* system.ask(Gateway.ref("main"), "Status", undefined, { timeoutMs: 5000 }).pipe(
         Effect.map((status) => status.totals),
         Effect.orElseSucceed(() => undefined)
       )

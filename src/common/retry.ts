@@ -9,7 +9,16 @@
  */
 import { Duration, Effect, Schedule } from "effect"
 
-const backoff = Schedule.min([Schedule.exponential(Duration.millis(100), 2), Schedule.spaced(Duration.seconds(3))])
+/**
+ * The one capped exponential backoff: `first`, doubling, never more than `cap` between tries
+ * (every retry of the runtime and the RL parts that backs off uses it).
+ */
+export const cappedBackoff = (first: Duration.Input, cap: Duration.Input) => Schedule.min([Schedule.exponential(first, 2), Schedule.spaced(cap)])
+
+/** The delay before try `attempt` (1 = the first retry) of `cappedBackoff(firstMs, capMs)`, for waits counted by hand. */
+export const cappedDelayMs = (firstMs: number, capMs: number, attempt: number): number => Math.min(capMs, firstMs * 2 ** Math.max(0, attempt - 1))
+
+const backoff = cappedBackoff(Duration.millis(100), Duration.seconds(3))
 
 /**
  * `effect`, retried until it succeeds; each failure is logged with `what`, as a warning unless

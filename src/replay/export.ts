@@ -30,6 +30,7 @@ import { ExecutionOutcome } from "../tree/outcome.ts"
 import { LineWriter } from "./lines.ts"
 import { readEntries } from "./read.ts"
 import { StepCollector, type StepLog } from "./trees.ts"
+import type { RecordedFinish } from "../tree/record.ts"
 
 export const EXPORT_FORMAT = 1
 
@@ -46,7 +47,8 @@ export interface ExportedCall {
   readonly output: ReadonlyArray<number>
   readonly logprobs: ReadonlyArray<number>
   readonly versions: ReadonlyArray<number>
-  readonly finishReason: string
+  /** Empty when the call's record is not in the export. */
+  readonly finishReason: RecordedFinish | ""
   readonly startedAt: number
   readonly finishedAt: number
 }

@@ -76,7 +76,7 @@ export const exportedTrees = (dir: string, executions: ReadonlySet<string>): Map
     const call = plainCall(c.callId, c.role as Role, c.prompt, c.output, {
       logprobs: Float32Array.from(c.logprobs),
       versions: Int32Array.from(c.versions),
-      finishReason: c.finishReason,
+      ...(c.finishReason === "" ? {} : { finishReason: c.finishReason }),
       startedAt: c.startedAt,
       finishedAt: c.finishedAt
     })

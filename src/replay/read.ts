@@ -11,16 +11,12 @@ import * as os from "node:os"
 import * as path from "node:path"
 import { Effect, Layer, Schema, Stream } from "effect"
 import type { RpcGroup } from "effect/rpc"
-import { DEVICE_KIND, DeviceProtocol } from "../protocols/device.ts"
-import { GatewayProtocol } from "../protocols/gateway.ts"
-import { HarnessRunnerProtocol } from "../protocols/harness.ts"
-import { RolloutWorkerProtocol } from "../protocols/rollout.ts"
-import { PolicyRecord, SCHEDULER_KIND, SchedulerProtocol, StepMetrics } from "../protocols/scheduler.ts"
+import type { PolicyRecord, StepMetrics } from "../protocols/scheduler.ts"
+import { Events, RunTopology, protocolsOf } from "../protocols/topology.ts"
 import { TransportError, messageOf } from "../runtime/errors.ts"
 import { readJournal, type JournalEntry, type JournalSource } from "../runtime/journal.ts"
 import { layout } from "../runtime/names.ts"
 import { Nats, type NatsShape } from "../runtime/nats.ts"
-import { NodeProtocol } from "../runtime/node.ts"
 import type { StartAt } from "../runtime/stream-reader.ts"
 import { runDoneJournaled } from "../scheduling/records.ts"
 
@@ -36,15 +32,8 @@ export class StoreUnreadable extends Schema.TaggedError<StoreUnreadable>()("Stor
   message: Schema.String
 }) {}
 
-/** Every actor kind's protocol, to decode tells and asks as the actors saw them. */
-export const runProtocols: Readonly<Record<string, RpcGroup.RpcGroup<any>>> = {
-  [SCHEDULER_KIND]: SchedulerProtocol,
-  [DEVICE_KIND]: DeviceProtocol,
-  gateway: GatewayProtocol,
-  "harness-runner": HarnessRunnerProtocol,
-  "rollout-worker": RolloutWorkerProtocol,
-  node: NodeProtocol
-}
+/** Every actor kind's protocol (the run's topology's, and the node's), to decode tells and asks as the actors saw them. */
+export const runProtocols: Readonly<Record<string, RpcGroup.RpcGroup<any>>> = protocolsOf(RunTopology)
 
 /** Copies a stopped store's JetStream directory to a temporary one (removed when the scope closes). */
 const copyStore = (dir: string) =>
@@ -101,9 +90,6 @@ export const openRun = (nats: NatsShape, run: string): Effect.Effect<JournalSour
 
 // ---- typed entries ------------------------------------------------------------------------
 
-const decodeRecord = Schema.decodeUnknownExit(Schema.toCodecJson(PolicyRecord))
-const decodeMetrics = Schema.decodeUnknownExit(StepMetrics)
-
 /** A journal entry with its policy record or step metrics decoded (`error` says when that failed). */
 export interface Entry extends JournalEntry {
   /** The policy record of a `sys.policy` entry. */
@@ -116,12 +102,12 @@ export interface Entry extends JournalEntry {
 const typed = (entry: JournalEntry): Entry => {
   if (entry.via !== "event" || entry.error !== undefined) return entry
   const e = entry as { -readonly [K in keyof Entry]: Entry[K] }
-  if (entry.name === "policy") {
-    const r = decodeRecord(entry.payload)
+  if (entry.name === Events.policy.name) {
+    const r = Events.policy.decode(entry.payload)
     if (r._tag === "Success") e.record = r.value
     else e.error = `policy record: ${String(r.cause)}`
-  } else if (entry.name === "step") {
-    const m = decodeMetrics(entry.payload)
+  } else if (entry.name === Events.step.name) {
+    const m = Events.step.decode(entry.payload)
     if (m._tag === "Success") e.metrics = m.value
     else e.error = `step metrics: ${String(m.cause)}`
   }

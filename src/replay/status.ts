@@ -18,6 +18,7 @@ import { layout } from "../runtime/names.ts"
 import { readLast, readStored } from "../runtime/stream-reader.ts"
 import { RunConfig } from "../protocols/run.ts"
 import { rlLayout } from "../protocols/layout.ts"
+import { Events } from "../protocols/topology.ts"
 import { type PolicyRecord, StepMetrics, SCHEDULER_KIND } from "../protocols/scheduler.ts"
 import type { SwitchResult } from "../protocols/device.ts"
 import { ExecutionOutcome } from "../tree/outcome.ts"
@@ -73,8 +74,8 @@ export interface RunLog {
   readonly ended: boolean
 }
 
-const decodeMetrics = Schema.decodeUnknownExit(StepMetrics)
-const decodeConfig = Schema.decodeUnknownExit(Schema.toCodecJson(RunConfig))
+const decodeMetrics = Events.step.decode
+const decodeConfig = Events.runConfig.decode
 const decodeOutcome = Schema.decodeUnknownExit(Schema.fromJsonString(ExecutionOutcome))
 
 /** Reads the run's journal as it is now (one pass). */
@@ -385,12 +386,12 @@ export const runListings = (nats: NatsShape): Effect.Effect<Array<RunListing>, T
     return yield* Effect.forEach(runs, (run) =>
       Effect.gen(function* () {
         const names = layout(run)
-        const configMsg = yield* readLast(nats, names.journalStream, names.sys("run-config"))
+        const configMsg = yield* readLast(nats, names.journalStream, Events.runConfig.subject(run))
         const c = configMsg === undefined ? undefined : decodeConfig(configMsg.json())
         const config = c?._tag === "Success" ? c.value : undefined
-        const lastStep = yield* readLast(nats, names.journalStream, names.sys("step"))
+        const lastStep = yield* readLast(nats, names.journalStream, Events.step.subject(run))
         const m = lastStep === undefined ? undefined : decodeMetrics(lastStep.json())
-        const ended = (yield* readLast(nats, names.journalStream, names.sys("run-done"))) !== undefined
+        const ended = (yield* readLast(nats, names.journalStream, Events.runDone.subject(run))) !== undefined
         return {
           run,
           policy: config?.policy,

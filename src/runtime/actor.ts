@@ -32,6 +32,7 @@
  * ```
  */
 import { Duration, Schedule, type Effect, type Ref, type Schema, type Scope } from "effect"
+import { cappedBackoff } from "../common/retry.ts"
 import type { Rpc, RpcGroup } from "effect/rpc"
 import { checkKind, type ActorAddress } from "./names.ts"
 import { spread, type Placement } from "./placement.ts"
@@ -152,10 +153,7 @@ export interface ActorDefinition<R extends Rpc.Any, S, Req> {
 }
 
 /** 100 ms, doubling, at most 5 s. */
-export const defaultRedelivery: Schedule.Schedule<unknown> = Schedule.min([
-  Schedule.exponential(Duration.millis(100), 2),
-  Schedule.spaced(Duration.seconds(5))
-])
+export const defaultRedelivery: Schedule.Schedule<unknown> = cappedBackoff(Duration.millis(100), Duration.seconds(5))
 
 /** The services an actor type requires of its node (its behaviour's requirements; the scope is the incarnation's). */
 export type Requirements<Req> = Exclude<Req, Scope.Scope>

@@ -22,7 +22,8 @@
  * Holder names must be unique among contenders. Nodes' liveness monitors leave `lease/` keys
  * alone: a lease keeps its own time-to-live.
  */
-import { Duration, Effect, Schedule, type Scope } from "effect"
+import { Duration, Effect, type Scope } from "effect"
+import { cappedBackoff } from "../common/retry.ts"
 import * as Claim from "./claim.ts"
 import type { TransportError } from "./errors.ts"
 import { address, type InvalidAddress } from "./names.ts"
@@ -45,7 +46,7 @@ export interface Lease {
   readonly lost: Effect.Effect<void>
 }
 
-const retryEvery = Schedule.min([Schedule.exponential(Duration.millis(100)), Schedule.spaced(Duration.seconds(2))])
+const retryEvery = cappedBackoff(Duration.millis(100), Duration.seconds(2))
 
 /** Waits until `holder` holds the lease `name`; held until lost or until the scope closes. */
 export const acquire = Effect.fn("Lease.acquire")(function* (

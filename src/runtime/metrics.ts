@@ -1,7 +1,7 @@
 /**
  * The runtime's metrics (effect `Metric`s) and their Prometheus endpoint.
  *
- * Per actor (attributes `actor` = `kind/id`, `node`):
+ * Per actor (attributes `actor` = `kind/id`, its `kind`, `node`):
  * - `gyre_messages_handled_total{via, outcome}`: messages through the dispatch; outcome `ok`,
  *   `error` (the handler's typed failure), `crash` (a defect), `rejected` (dead-lettered before a
  *   handler ran), `duplicate` (an id already handled), `overloaded` (an ask refused: its queue
@@ -12,11 +12,24 @@
  * - `gyre_mailbox_depth` (messages waiting) and `gyre_handlers_running`, gauges read from the
  *   mailbox when the metrics are read (nothing to update per message).
  *
+ * Per channel (`channelCounter`, attributes `channel`, `direction` in|out): messages and bytes
+ * through the system's tells, asks and system events (`gyre_channel_messages_total`,
+ * `gyre_channel_bytes_total`; a tell's or ask's channel is `tell.<kind>` / `ask.<kind>`).
+ *
+ * Per process, read when scraped (`processMetrics`, the names a Prometheus user expects):
+ * `process_cpu_seconds_total` (and `_user_`/`_system_`), `process_resident_memory_bytes`,
+ * `process_start_time_seconds`, `process_open_fds`, `nodejs_heap_size_used_bytes`,
+ * `nodejs_heap_size_total_bytes`, `nodejs_external_memory_bytes`, `nodejs_eventloop_lag_seconds`
+ * (mean) / `_p99_seconds` / `_max_seconds` (since the endpoint started), `nodejs_gc_runs_total`,
+ * `nodejs_gc_duration_seconds_total`, `nodejs_active_handles`.
+ *
  * `serveMetrics` answers `GET /metrics` on 127.0.0.1 with every metric of the process's
  * registry in the Prometheus text format (plain `node:http`).
  */
+import * as fs from "node:fs"
 import * as http from "node:http"
 import type { AddressInfo } from "node:net"
+import { PerformanceObserver, monitorEventLoopDelay } from "node:perf_hooks"
 import { Context, Effect, Metric, Schema, Scope } from "effect"
 import * as PrometheusMetrics from "effect/observability/PrometheusMetrics"
 
@@ -39,7 +52,7 @@ export interface ActorMetrics {
  * attribute set is built up front, so an update is a map lookup and an add.
  */
 export const actorMetrics = (actor: string, node: string, context: Context.Context<never>): ActorMetrics => {
-  const attributes = { actor, node }
+  const attributes = { actor, kind: actor.slice(0, actor.indexOf("/")), node }
   const counters: Record<string, Metric.Counter<number>> = {}
   const histograms: Record<string, Metric.Histogram<number>> = {}
   const handledCounter = (via: Via, outcome: HandledOutcome) =>
@@ -74,6 +87,88 @@ export const actorMetrics = (actor: string, node: string, context: Context.Conte
   }
 }
 
+/** Messages and bytes through one channel in one direction (cached per pair: an update is a lookup and two adds). */
+export const channelCounter = (context: Context.Context<never>) => {
+  const cache = new Map<string, (bytes: number) => void>()
+  return (channel: string, direction: "in" | "out"): ((bytes: number) => void) => {
+    const key = `${direction} ${channel}`
+    let count = cache.get(key)
+    if (count === undefined) {
+      const attributes = { channel, direction }
+      const messages = Metric.counter("gyre_channel_messages_total", { description: "messages through a channel", attributes, incremental: true })
+      const bytes = Metric.counter("gyre_channel_bytes_total", { description: "payload bytes through a channel", attributes, incremental: true })
+      count = (n) => {
+        messages.updateUnsafe(1, context)
+        bytes.updateUnsafe(n, context)
+      }
+      cache.set(key, count)
+    }
+    return count
+  }
+}
+
+const startedS = Math.round(Date.now() / 1000 - process.uptime())
+
+/** The open file descriptors (Linux `/proc/self/fd`; 0 where it is not). */
+const openFds = () => {
+  try {
+    return fs.readdirSync("/proc/self/fd").length
+  } catch {
+    return 0
+  }
+}
+
+/**
+ * Registers the process metrics (module doc) in `context`'s registry, read when scraped, for the
+ * lifetime of the scope: an event-loop delay histogram and a GC observer
+ * run while it lasts.
+ */
+export const processMetrics = Effect.fn("Metrics.process")(function* () {
+  const context = yield* Effect.context<never>()
+  const lag = monitorEventLoopDelay({ resolution: 10 })
+  const gc = { runs: 0, seconds: 0 }
+  const observer = new PerformanceObserver((list) => {
+    for (const e of list.getEntries()) {
+      gc.runs++
+      gc.seconds += e.duration / 1000
+    }
+  })
+  const gauge = (name: string, description: string, read: () => number) =>
+    Metric.registerUnsafe(Metric.gauge(name, { description }), context, { get: () => ({ value: read() }), update: () => {}, modify: () => {} })
+  const counter = (name: string, description: string, read: () => number) =>
+    Metric.registerUnsafe(Metric.counter(name, { description, incremental: true }), context, { get: () => ({ count: read(), incremental: true }), update: () => {}, modify: () => {} })
+  const seconds = (ns: number) => (Number.isFinite(ns) ? ns / 1e9 : 0)
+  yield* Effect.acquireRelease(
+    Effect.sync(() => {
+      lag.enable()
+      observer.observe({ entryTypes: ["gc"] })
+      return [
+        counter("process_cpu_seconds_total", "user and system CPU time of the process", () => { const u = process.cpuUsage(); return (u.user + u.system) / 1e6 }),
+        counter("process_cpu_user_seconds_total", "user CPU time of the process", () => process.cpuUsage().user / 1e6),
+        counter("process_cpu_system_seconds_total", "system CPU time of the process", () => process.cpuUsage().system / 1e6),
+        gauge("process_resident_memory_bytes", "resident set size", () => process.memoryUsage.rss()),
+        gauge("process_start_time_seconds", "start of the process, Unix seconds", () => startedS),
+        gauge("process_open_fds", "open file descriptors", openFds),
+        gauge("nodejs_heap_size_used_bytes", "V8 heap in use", () => process.memoryUsage().heapUsed),
+        gauge("nodejs_heap_size_total_bytes", "V8 heap allocated", () => process.memoryUsage().heapTotal),
+        gauge("nodejs_external_memory_bytes", "memory of C++ objects bound to JavaScript (buffers)", () => process.memoryUsage().external),
+        gauge("nodejs_eventloop_lag_seconds", "mean event-loop delay", () => seconds(lag.mean)),
+        gauge("nodejs_eventloop_lag_p99_seconds", "99th percentile event-loop delay", () => seconds(lag.percentile(99))),
+        gauge("nodejs_eventloop_lag_max_seconds", "largest event-loop delay", () => seconds(lag.max)),
+        counter("nodejs_gc_runs_total", "garbage collections", () => gc.runs),
+        counter("nodejs_gc_duration_seconds_total", "time spent in garbage collection", () => gc.seconds),
+        gauge("nodejs_active_handles", "active handles and requests keeping the event loop alive", () => process.getActiveResourcesInfo().length)
+      ]
+    }),
+    (registrations) =>
+      Effect.sync(() => {
+        registrations.forEach((r) => r.remove())
+        observer.disconnect()
+        lag.disable()
+      })
+  )
+})
+
 export class MetricsServerError extends Schema.TaggedError<MetricsServerError>()("MetricsServerError", {
   port: Schema.Number,
   message: Schema.String
@@ -86,6 +181,7 @@ export class MetricsServerError extends Schema.TaggedError<MetricsServerError>()
 export const serveMetrics = (port: number): Effect.Effect<string, MetricsServerError, Scope.Scope> =>
   Effect.gen(function* () {
     const context = yield* Effect.context<never>()
+    yield* processMetrics()
     const server = yield* Effect.acquireRelease(
       Effect.callback<http.Server, MetricsServerError>((resume) => {
         const s = http.createServer((req, res) => {

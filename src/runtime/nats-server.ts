@@ -20,7 +20,8 @@ import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { fileURLToPath } from "node:url"
-import { Duration, Effect, Ref, Schedule, Schema, Scope } from "effect"
+import { Duration, Effect, Ref, Schema, Scope } from "effect"
+import { cappedBackoff } from "../common/retry.ts"
 import { guard } from "./child-watchdog.ts"
 
 export class NatsServerError extends Schema.TaggedError<NatsServerError>()("NatsServerError", {
@@ -255,7 +256,7 @@ export const startEmbeddedServer = (
       child = c
       restarts += 1
       yield* Effect.logInfo(`nats-server restarted on ${url} (store ${storeDir}), pid ${c.pid}`)
-    }).pipe(Effect.retry(Schedule.min([Schedule.exponential("200 millis"), Schedule.spaced("2 seconds")])))
+    }).pipe(Effect.retry(cappedBackoff("200 millis", "2 seconds")))
     const supervise = Effect.gen(function* () {
       while (true) {
         const how = yield* exited(child)

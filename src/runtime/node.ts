@@ -26,6 +26,7 @@ import * as Claim from "./claim.ts"
 import { RuntimeSettings } from "./config.ts"
 import { serveDiscovery, type EndpointStats } from "./discovery.ts"
 import { Escalation, TransportError } from "./errors.ts"
+import { Escalated, Fenced } from "./events.ts"
 import { runIncarnation, type IncarnationControl } from "./host.ts"
 import { serveMetrics, type MetricsServerError } from "./metrics.ts"
 import { address, formatAddress, InvalidAddress, type ActorAddress } from "./names.ts"
@@ -226,10 +227,10 @@ const leave = <R>(n: NodeContext<R>, entry: Hosted, exit: Exit.Exit<ChildEnd, un
       if (Result.isSuccess(error) && error.success instanceof Escalation) {
         const e = error.success
         yield* Effect.logError(`${key}: supervisor ${e.child} gave up after ${e.restarts} restarts within ${e.withinMs} ms`)
-        yield* n.system.publishEvent("escalated", { kind: at.kind, id: at.id, node, restarts: e.restarts, withinMs: e.withinMs, lastFailure: e.lastFailure }).pipe(Effect.ignore)
+        yield* n.system.publishEvent(Escalated, { kind: at.kind, id: at.id, node, restarts: e.restarts, withinMs: e.withinMs, lastFailure: e.lastFailure }).pipe(Effect.ignore)
       } else yield* Effect.logError(`${key} crashed and is not restarted (restart: temporary)`, exit.cause)
     } else if (Exit.isSuccess(exit) && exit.value === "fenced") {
-      yield* n.system.publishEvent("fenced", { kind: at.kind, id: at.id, node }).pipe(Effect.ignore)
+      yield* n.system.publishEvent(Fenced, { kind: at.kind, id: at.id, node }).pipe(Effect.ignore)
     }
     n.hosted.delete(key)
     yield* Deferred.succeed(entry.ended, undefined)

@@ -24,6 +24,7 @@
  */
 import { Duration, Effect, Schedule, Schema, type Scope } from "effect"
 import type { AnyActorType } from "./actor.ts"
+import { Placed, PlacedEvent } from "./events.ts"
 import { address, type ActorAddress } from "./names.ts"
 import { encodeJson } from "./protocol.ts"
 import type { RegistryEntry, RegistryView } from "./registry.ts"
@@ -87,16 +88,7 @@ export const choose = (policy: Placement, kinds: ReadonlyArray<string>, candidat
   }
 }
 
-/** The `placed` system event. */
-export const PlacedEvent = Schema.Struct({
-  kind: Schema.String,
-  id: Schema.String,
-  from: Schema.String,
-  to: Schema.String,
-  incarnation: Schema.Number,
-  by: Schema.String
-})
-export type PlacedEvent = typeof PlacedEvent.Type
+export { PlacedEvent }
 
 const decodeNodeLoad = Schema.decodeUnknownOption(NodeLoad)
 
@@ -166,7 +158,7 @@ export const replaceDead = (system: ActorSystemShape, view: RegistryView, option
         candidates[candidates.indexOf(chosen)] = { ...chosen, actors: chosen.actors + what.kinds.length }
         const event: PlacedEvent = { kind: dead.kind, id: dead.id, from: dead.node, to, incarnation: dead.incarnation, by: options.node }
         yield* Effect.logInfo(`${key}: placed again on ${to} (was on ${dead.node})`)
-        yield* system.publishEvent("placed", event).pipe(Effect.catchCause((c) => Effect.logWarning("placed event not published", c)))
+        yield* system.publishEvent(Placed, event).pipe(Effect.catchCause((c) => Effect.logWarning("placed event not published", c)))
       })
 
     /**

@@ -21,7 +21,9 @@
  */
 import { KvWatchInclude, type KV } from "@nats-io/kv"
 import { Deferred, Duration, Effect, Schedule, Schema, type Scope } from "effect"
+import { cappedBackoff } from "../common/retry.ts"
 import { TransportError, messageOf } from "./errors.ts"
+import { Dead, DeadEvent } from "./events.ts"
 import { encodeJson } from "./protocol.ts"
 import type { ActorSystemShape } from "./system.ts"
 
@@ -39,15 +41,7 @@ export const RegistryEntry = Schema.Struct({
 })
 export type RegistryEntry = typeof RegistryEntry.Type
 
-/** The `dead` system event. */
-export const DeadEvent = Schema.Struct({
-  kind: Schema.String,
-  id: Schema.String,
-  node: Schema.String,
-  incarnation: Schema.Number,
-  silentForMs: Schema.Number
-})
-export type DeadEvent = typeof DeadEvent.Type
+export { DeadEvent }
 
 /** An entry as stored: undefined when absent, deleted or unreadable; revision 0 when the key never existed. */
 export interface StoredEntry {
@@ -111,7 +105,7 @@ export interface WatchOptions {
   readonly backoff?: Schedule.Schedule<unknown, unknown>
 }
 
-const defaultBackoff = Schedule.min([Schedule.exponential(Duration.millis(100), 2), Schedule.spaced(Duration.seconds(2))]).pipe(Schedule.jittered)
+const defaultBackoff = cappedBackoff(Duration.millis(100), Duration.seconds(2)).pipe(Schedule.jittered)
 
 type Report = (key: string, entry: RegistryEntry | undefined, revision: number, present: boolean) => void
 
@@ -328,7 +322,7 @@ export const monitorLiveness = (system: ActorSystemShape, view: RegistryView, op
           incarnation: s.entry.incarnation,
           silentForMs: Math.round(silentFor)
         }
-        yield* system.publishEvent("dead", event).pipe(Effect.catchCause((c) => Effect.logWarning("dead event not published", c)))
+        yield* system.publishEvent(Dead, event).pipe(Effect.catchCause((c) => Effect.logWarning("dead event not published", c)))
         if (options.onDead) yield* options.onDead(event)
       }
     })

@@ -21,6 +21,8 @@ import type { KV } from "@nats-io/kv"
 import { Context, Duration, Effect, Layer, Schedule, Tracer } from "effect"
 import type { Rpc, RpcGroup } from "effect/rpc"
 import { ActorOverloaded, ActorUnavailable, AskTimeout, RequestRejected, TransportError, messageOf, type AskError } from "./errors.ts"
+import type { EventChannel } from "./channel.ts"
+import { channelCounter } from "./metrics.ts"
 import { Nats, type NatsShape } from "./nats.ts"
 import { formatAddress, layout, type ActorAddress, type Layout } from "./names.ts"
 import { makeReplies, type ReplyOutcome } from "./replies.ts"
@@ -61,6 +63,12 @@ export interface AskOptions {
   readonly resendMs?: number
 }
 
+export interface EventOptions {
+  readonly msgId?: string
+  /** The subject's last journal sequence must be this (0: none yet), or the publish fails. */
+  readonly expectLastSeq?: number
+}
+
 export interface SystemOptions {
   readonly run: string
   /** How long the journal keeps messages (0 = forever). */
@@ -87,8 +95,11 @@ export interface ActorSystemShape {
     payload: Rpc.Payload<RequestOf<R, Tag>>,
     options?: AskOptions
   ) => Effect.Effect<Rpc.Success<RequestOf<R, Tag>>, Rpc.Error<RequestOf<R, Tag>> | AskError>
-  /** Publishes a system event (`gyre.<run>.sys.<name>`) to the journal. */
-  readonly publishEvent: (name: string, event: unknown) => Effect.Effect<void, TransportError>
+  /**
+   * Publishes a system event (`gyre.<run>.sys.<name>`, `channel.ts`) to the journal: its journal
+   * sequence. `msgId` deduplicates; `expectLastSeq` fences (the subject's last sequence must be it).
+   */
+  readonly publishEvent: <A>(channel: EventChannel<A>, event: A, options?: EventOptions) => Effect.Effect<{ readonly seq: number }, TransportError>
   /**
    * Queues a copy of an answered ask for the journal. Copies are written in batches (every
    * 2 ms, on the journal connection) so they cost the request path no socket write of its
@@ -187,6 +198,7 @@ const make = (options: SystemOptions) =>
       num_replicas: nats.replicas
     })
     const replies = yield* makeReplies(nats.nc)
+    const counted = channelCounter(yield* Effect.context<never>())
     const registry = yield* openBucket(nats, names.registryBucket)
     const state = yield* openBucket(nats, names.stateBucket)
 
@@ -211,6 +223,7 @@ const make = (options: SystemOptions) =>
         const msgID = tellOptions?.msgId ?? nuid.next()
         const headers = requestHeaders(tag, undefined, tellOptions, traceparent)
         const data = encodePayload(rpc, payload)
+        counted(`tell.${ref.address.kind}`, "out")(data.length)
         return Effect.tryPromise({
           try: () => nats.js.publish(names.tell(ref.address), data, { msgID, headers }),
           catch: (e) => new TransportError({ operation: `tell ${actor} ${tag}`, message: messageOf(e) })
@@ -227,6 +240,7 @@ const make = (options: SystemOptions) =>
         const resendMs = askOptions?.resendMs ?? defaultAskResendMs
         const headers = requestHeaders(tag, askOptions?.msgId ?? nuid.next(), askOptions, traceparent)
         const data = encodePayload(rpc, payload)
+        counted(`ask.${ref.address.kind}`, "out")(data.length)
         const subject = names.ask(ref.address)
         // One callback from the reply to the decoded answer: no step between.
         return Effect.callback<unknown, unknown>((resume) => {
@@ -251,11 +265,23 @@ const make = (options: SystemOptions) =>
       }, "Actor.ask", "client", actor, tag)
     }) as ActorSystemShape["ask"]
 
-    const publishEvent = (name: string, event: unknown) =>
-      Effect.tryPromise({
-        try: () => nats.js.publish(names.sys(name), JSON.stringify(event)),
-        catch: (e) => new TransportError({ operation: `publish event ${name}`, message: messageOf(e) })
-      }).pipe(Effect.asVoid)
+    // A value its own schema refuses is a bug of the publisher: a defect, not a transport failure to retry.
+    const publishEvent = <A>(channel: EventChannel<A>, event: A, o: EventOptions = {}) =>
+      Effect.try({ try: () => channel.encode(event), catch: (e) => e }).pipe(
+        Effect.orDie,
+        Effect.tap((data) => Effect.sync(() => counted(`sys.${channel.name}`, "out")(data.length))),
+        Effect.flatMap((data) =>
+          Effect.tryPromise({
+            try: () =>
+              nats.js.publish(channel.subject(options.run), data, {
+                ...(o.msgId === undefined ? {} : { msgID: o.msgId }),
+                ...(o.expectLastSeq === undefined ? {} : { expect: { lastSubjectSequence: o.expectLastSeq } })
+              }),
+            catch: (e) => new TransportError({ operation: `publish event ${channel.name}`, message: messageOf(e) })
+          })
+        ),
+        Effect.map((ack) => ({ seq: ack.seq }))
+      )
 
     // One interval while copies come (stopped by the first tick that finds none): an ask adds
     // its copy to an array and arms nothing.

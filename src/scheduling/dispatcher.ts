@@ -20,9 +20,8 @@
  */
 import { Effect, Schema } from "effect"
 import type { ActorUnavailable, AskTimeout, TransportError } from "../runtime/errors.ts"
-import { parseAddress, type ActorAddress } from "../runtime/names.ts"
-import { refOf, type ActorSystemShape } from "../runtime/system.ts"
-import { HarnessRunnerProtocol } from "../protocols/harness.ts"
+import type { ActorSystemShape } from "../runtime/system.ts"
+import type { HarnessRunnerRef } from "../protocols/topology.ts"
 import type { PlannedExecution, RunConfig } from "../protocols/run.ts"
 import { rlLayout } from "../protocols/layout.ts"
 import { readExecution } from "../protocols/trajectories.ts"
@@ -87,8 +86,8 @@ export class Dispatcher {
 export interface RunnerOptions {
   readonly system: ActorSystemShape
   readonly config: RunConfig
-  /** Harness runners (`harness-runner/<id>`); execution `n` goes to runner `n mod count`. */
-  readonly runners: ReadonlyArray<string>
+  /** Harness runners; execution `n` goes to runner `n mod count`. */
+  readonly runners: ReadonlyArray<HarnessRunnerRef>
   /** How long one `RunExecution` ask waits before the outcome is looked up and the runner asked again. */
   readonly reaskMs: number
 }
@@ -113,10 +112,10 @@ const notRun = (config: RunConfig, plan: PlannedExecution, reason: string): Exec
 
 /** Runs planned executions on the harness runners: the outcome and the unique tokens of its tree. */
 export const runOnRunner = (options: RunnerOptions) => {
-  const runners: ReadonlyArray<ActorAddress> = options.runners.map(parseAddress)
+  const runners = options.runners
   const { system, config } = options
   return Effect.fn("Scheduler.runExecution")(function* (plan: PlannedExecution) {
-    const runner = refOf(HarnessRunnerProtocol, runners[plan.n % runners.length]!)
+    const runner = runners[plan.n % runners.length]!
     const request = {
       task: { suite: config.suite, task: plan.task },
       execution: plan.execution,

@@ -18,12 +18,13 @@
  * the leader took its own record for another's and stopped, and the run stalled).
  */
 import { Effect, Schema, Stream } from "effect"
-import { TransportError, messageOf } from "../runtime/errors.ts"
+import type { TransportError } from "../runtime/errors.ts"
 import { readLast, readStored } from "../runtime/stream-reader.ts"
 import type { ActorSystemShape } from "../runtime/system.ts"
 import type { JournalSource } from "../runtime/journal.ts"
-import { PolicyRecord } from "../protocols/scheduler.ts"
-import { RunConfig } from "../protocols/run.ts"
+import type { PolicyRecord } from "../protocols/scheduler.ts"
+import type { RunConfig } from "../protocols/run.ts"
+import { Events } from "../protocols/topology.ts"
 import type { RunAudit } from "./audit.ts"
 
 /** Another scheduler wrote a record after the last one this one knows: it no longer leads. */
@@ -48,15 +49,12 @@ export interface RunSummary extends RunAudit {
   readonly wallS: number
 }
 
-const RecordJson = Schema.toCodecJson(PolicyRecord)
-const encodeRecord = Schema.encodeSync(RecordJson)
-const decodeRecord = Schema.decodeUnknownExit(RecordJson)
-const decodeConfig = Schema.decodeUnknownExit(Schema.fromJsonString(Schema.toCodecJson(RunConfig)))
+const decodeConfig = Schema.decodeUnknownExit(Schema.fromJsonString(Events.runConfig.codec))
 
 const subjects = (system: JournalSource) => ({
-  config: system.layout.sys("run-config"),
-  policy: system.layout.sys("policy"),
-  done: system.layout.sys("run-done")
+  config: Events.runConfig.subject(system.run),
+  policy: Events.policy.subject(system.run),
+  done: Events.runDone.subject(system.run)
 })
 
 export interface StoredRecord {
@@ -68,7 +66,7 @@ export interface StoredRecord {
 export const readRecords = (system: JournalSource): Effect.Effect<Array<StoredRecord>, TransportError | JournalDiverged> =>
   readStored(system.nats, system.layout.journalStream, undefined, subjects(system).policy).pipe(
     Stream.mapEffect((m) => {
-      const decoded = decodeRecord(m.json())
+      const decoded = Events.policy.decode(m.json())
       return decoded._tag === "Success"
         ? Effect.succeed({ seq: m.seq, record: decoded.value })
         : Effect.fail(new JournalDiverged({ index: -1, reason: `record at journal sequence ${m.seq} does not decode: ${String(decoded.cause)}` }))
@@ -77,12 +75,6 @@ export const readRecords = (system: JournalSource): Effect.Effect<Array<StoredRe
     Effect.map((chunk) => [...chunk])
   )
 
-const publish = (system: ActorSystemShape, subject: string, value: unknown, options: { msgID: string; expect?: { lastSubjectSequence: number } }) =>
-  Effect.tryPromise({
-    try: () => system.nats.js.publish(subject, JSON.stringify(value), options),
-    catch: (e) => new TransportError({ operation: `publish ${subject}`, message: messageOf(e) })
-  })
-
 /** Writes records after the one at journal sequence `lastSeq` (0: none yet), fenced as the module says. */
 export const recordWriter = (system: ActorSystemShape, lastSeq: number) => {
   const subject = subjects(system).policy
@@ -90,10 +82,7 @@ export const recordWriter = (system: ActorSystemShape, lastSeq: number) => {
   return Effect.fn("Scheduler.journal")(function* (record: PolicyRecord) {
     const expected = last
     const msgID = `policy-${record.term}-${record.index}`
-    const ack: { readonly seq: number } = yield* publish(system, subject, encodeRecord(record), {
-      msgID,
-      expect: { lastSubjectSequence: expected }
-    }).pipe(
+    const ack: { readonly seq: number } = yield* system.publishEvent(Events.policy, record, { msgId: msgID, expectLastSeq: expected }).pipe(
       Effect.catchTag("TransportError", (e) =>
         readLast(system.nats, system.layout.journalStream, subject).pipe(
           Effect.flatMap((m): Effect.Effect<{ readonly seq: number }, TransportError | JournalFenced> => {
@@ -124,14 +113,10 @@ export const readRunConfig = (system: JournalSource) =>
 
 /** The run's configuration as journaled: the one already there, else `config`, written now. */
 export const journalRunConfig = Effect.fn("Scheduler.runConfig")(function* (system: ActorSystemShape, config: RunConfig) {
-  const subject = subjects(system).config
   const read = readRunConfig(system)
   const journaled = yield* read
   if (journaled !== undefined) return journaled
-  const written = yield* publish(system, subject, Schema.encodeSync(Schema.toCodecJson(RunConfig))(config), {
-    msgID: "run-config",
-    expect: { lastSubjectSequence: 0 }
-  }).pipe(Effect.as(config), Effect.result)
+  const written = yield* system.publishEvent(Events.runConfig, config, { msgId: "run-config", expectLastSeq: 0 }).pipe(Effect.as(config), Effect.result)
   if (written._tag === "Success") return written.success
   // Another leader wrote it between our read and our write: theirs is the run's.
   const theirs = yield* read
@@ -143,4 +128,4 @@ export const runDoneJournaled = (system: JournalSource) =>
   readLast(system.nats, system.layout.journalStream, subjects(system).done).pipe(Effect.map((m) => m !== undefined))
 
 export const journalRunDone = (system: ActorSystemShape, summary: RunSummary) =>
-  publish(system, subjects(system).done, summary, { msgID: "run-done" }).pipe(Effect.asVoid)
+  system.publishEvent(Events.runDone, summary, { msgId: "run-done" }).pipe(Effect.asVoid)

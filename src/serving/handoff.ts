@@ -16,9 +16,9 @@
 import type { ObjectStore } from "@nats-io/obj"
 import { nuid } from "@nats-io/transport-node"
 import { Effect } from "effect"
-import { parseAddress } from "../runtime/names.ts"
-import { refOf, type ActorSystemShape } from "../runtime/system.ts"
-import { DeviceProtocol, type ContextHandoff } from "../protocols/device.ts"
+import type { ActorSystemShape } from "../runtime/system.ts"
+import type { ContextHandoff } from "../protocols/device.ts"
+import { Device } from "../protocols/topology.ts"
 import { bytesOf, deleteObject, getBytes, putParts } from "../protocols/transfer.ts"
 import type { Batcher } from "./batcher.ts"
 import type { ExportedContext } from "./kv-handoff.ts"
@@ -124,7 +124,7 @@ export const sendContexts = Effect.fn("sendContexts")(function* (
     )
   const handoffs = yield* Effect.forEach(contexts, put, { concurrency: 8 })
   const stored = handoffs.filter((h): h is ContextHandoff => h !== undefined)
-  const ref = refOf(DeviceProtocol, parseAddress(to))
+  const ref = Device.refOfKey(to)
   const failed = new Set(contexts.filter((_, i) => handoffs[i] === undefined).map((c) => c.exported.request))
   yield* Effect.forEach(
     asks(stored),

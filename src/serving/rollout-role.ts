@@ -21,9 +21,9 @@
  *   (`promptObject`) is read from there; an answer of more than `inlineTokens` output tokens
  *   goes back the same way (`outputObject`, deleted by the gateway once read).
  *
- * The configuration comes from the caller or from the environment (`rolloutConfigFromEnv`).
+ * The configuration comes from the caller or from the `ConfigProvider` (`RolloutSettings`).
  */
-import { Effect, Schema } from "effect"
+import { Config, Effect, Option, Schema } from "effect"
 import type { RpcGroup } from "effect/rpc"
 import { loadCheckpoint } from "../engine/checkpoint.ts"
 import { type KvDtype, kvDtypes } from "../engine/config.ts"
@@ -80,53 +80,37 @@ export const workerDevice = (id: string, deviceCount: number): number => {
   return index === null || deviceCount < 1 ? 0 : Number(index[1]) % deviceCount
 }
 
-const intFromEnv = (name: string): number | undefined => {
-  const raw = process.env[name]
-  if (raw === undefined || raw === "") return undefined
-  const n = Number(raw)
-  if (!Number.isSafeInteger(n) || n < 0) throw new Error(`${name} must be a non-negative integer, got '${raw}'`)
-  return n
-}
-
-const paceFromEnv = (): { pace?: Pace } => {
-  const parsed = parsePace(process.env.GYRE_PACE ?? "")
-  if (parsed !== undefined && "error" in parsed) throw new Error(`GYRE_PACE: ${parsed.error}`)
-  return parsed === undefined ? {} : { pace: parsed }
-}
-
-const kvDtypeFromEnv = (): { kvDtype?: KvDtype } => {
-  const raw = process.env.GYRE_KV_DTYPE
-  if (raw === undefined || raw === "") return {}
-  const dtype = kvDtypes.find((d) => d === raw)
-  if (dtype === undefined) throw new Error(`GYRE_KV_DTYPE must be one of ${kvDtypes.join(", ")}, got '${raw}'`)
-  return { kvDtype: dtype }
-}
+const optionalInt = (name: string) =>
+  Config.schema(Schema.Int.pipe(Schema.check(Schema.isGreaterThanOrEqualTo(0))), name).pipe(Config.option, Config.map(Option.getOrUndefined))
 
 /**
- * The configuration from the environment: `GYRE_CHECKPOINT` (required when an actor is
- * spawned), `GYRE_POLICY_VERSION`, `GYRE_KV_BLOCK_TOKENS`, `GYRE_KV_BLOCKS`, `GYRE_MAX_CONTEXT`,
- * `GYRE_MAX_BATCH`, `GYRE_PREFILL_CHUNK`, `GYRE_CONTEXTS_PER_EXECUTION`, `GYRE_DEVICE`,
- * `GYRE_KV_DTYPE` (f32 | f16), `GYRE_PACE` (`decode=T1,prefill=T2,train=T3`).
+ * The configuration from the `ConfigProvider` (the environment by default), read when an
+ * incarnation starts: `GYRE_CHECKPOINT` (required when an actor is spawned),
+ * `GYRE_POLICY_VERSION`, `GYRE_KV_BLOCK_TOKENS`, `GYRE_KV_BLOCKS`, `GYRE_MAX_CONTEXT`,
+ * `GYRE_MAX_BATCH`, `GYRE_PREFILL_CHUNK`, `GYRE_CONTEXTS_PER_EXECUTION`, `GYRE_DEVICE` (integers
+ * >= 0), `GYRE_KV_DTYPE` (f32 | f16), `GYRE_PACE` (`decode=T1,prefill=T2,train=T3`). A bad value
+ * fails the start with a `ConfigError` naming it (a bad `GYRE_PACE`: an error naming it).
  */
-export const rolloutConfigFromEnv = (): RolloutConfig => {
-  const optional = (key: keyof RolloutConfig, env: string) => {
-    const v = intFromEnv(env)
-    return v === undefined ? {} : { [key]: v }
-  }
-  return {
-    checkpoint: process.env.GYRE_CHECKPOINT ?? "",
-    ...optional("version", "GYRE_POLICY_VERSION"),
-    ...optional("blockTokens", "GYRE_KV_BLOCK_TOKENS"),
-    ...optional("numBlocks", "GYRE_KV_BLOCKS"),
-    ...optional("maxContext", "GYRE_MAX_CONTEXT"),
-    ...optional("maxBatch", "GYRE_MAX_BATCH"),
-    ...optional("prefillChunk", "GYRE_PREFILL_CHUNK"),
-    ...optional("contextsPerExecution", "GYRE_CONTEXTS_PER_EXECUTION"),
-    ...optional("device", "GYRE_DEVICE"),
-    ...kvDtypeFromEnv(),
-    ...paceFromEnv()
-  }
-}
+export const RolloutSettings: Config.Config<RolloutConfig> = Config.all({
+  checkpoint: Config.String("GYRE_CHECKPOINT").pipe(Config.withDefault("")),
+  version: optionalInt("GYRE_POLICY_VERSION"),
+  blockTokens: optionalInt("GYRE_KV_BLOCK_TOKENS"),
+  numBlocks: optionalInt("GYRE_KV_BLOCKS"),
+  maxContext: optionalInt("GYRE_MAX_CONTEXT"),
+  maxBatch: optionalInt("GYRE_MAX_BATCH"),
+  prefillChunk: optionalInt("GYRE_PREFILL_CHUNK"),
+  contextsPerExecution: optionalInt("GYRE_CONTEXTS_PER_EXECUTION"),
+  device: optionalInt("GYRE_DEVICE"),
+  kvDtype: Config.Literals(kvDtypes, "GYRE_KV_DTYPE").pipe(Config.option, Config.map(Option.getOrUndefined)),
+  pace: Config.String("GYRE_PACE").pipe(
+    Config.withDefault(""),
+    Config.map((text): Pace | undefined => {
+      const parsed = parsePace(text)
+      if (parsed !== undefined && "error" in parsed) throw new Error(`GYRE_PACE: ${parsed.error}`)
+      return parsed
+    })
+  )
+}).pipe(Config.map((c) => Object.fromEntries(Object.entries(c).filter(([, v]) => v !== undefined)) as unknown as RolloutConfig))
 
 export type RolloutHandlers = Actor.Handlers<RpcGroup.Rpcs<typeof RolloutWorkerProtocol>>
 

@@ -11,7 +11,7 @@
  * its own when the core deletes the step's consumer (the step is done).
  */
 import { Cause, Duration, Effect, Fiber, Schedule, Semaphore, type Scope } from "effect"
-import { parseAddress } from "../runtime/names.ts"
+import { Device } from "../protocols/topology.ts"
 import type { ActorSystemShape } from "../runtime/system.ts"
 import type { StepAttempt } from "./gradients.ts"
 import { claimLoop, type Claim } from "./microbatch-queue.ts"
@@ -42,7 +42,7 @@ export const makeClaims = Effect.fn("makeClaims")(function* (options: ClaimsOpti
   let claiming: Claiming | undefined
 
   const runClaims = (c: Claiming) =>
-    claimLoop(system, { step: c.step, ackWaitMs: options.ackWaitMs, device: parseAddress(me), stop: () => c.stop }, (claim) =>
+    claimLoop(system, { step: c.step, ackWaitMs: options.ackWaitMs, device: Device.refOfKey(me).address, stop: () => c.stop }, (claim) =>
       c.handling.withPermit(Effect.suspend(() => (c.stop ? claim.handBack : options.deliver(claim))))
     ).pipe(
       Effect.tapError((e) => Effect.logWarning(`${me}: claiming step ${c.step} failed, retrying: ${String(e)}`)),

@@ -33,6 +33,7 @@ import type { Trainer } from "../engine/trainer.ts"
 import { DeviceRefused, type MicroBatchRef, type StepExecutionRef, type StepPlan } from "../protocols/device.ts"
 import type { RunConfig } from "../protocols/run.ts"
 import { SCHEDULER_KIND, SchedulerProtocol } from "../protocols/scheduler.ts"
+import { Events } from "../protocols/topology.ts"
 import { readExecution } from "../protocols/trajectories.ts"
 import { fetchOptimizer, publishWeights } from "../protocols/weights.ts"
 import { address } from "../runtime/names.ts"
@@ -346,7 +347,7 @@ const finish = (c: CoreContext, s: CoreStep) =>
         }),
         plan: s.plan
       }
-      yield* system.publishEvent("step", metrics).pipe(persistently(`journaling step ${step}'s metrics`))
+      yield* system.publishEvent(Events.step, metrics).pipe(persistently(`journaling step ${step}'s metrics`))
       yield* system.tell(c.scheduler, "StepDone", { step, version, metrics }, { msgId: `step-${step}-done`, sender: me }).pipe(persistently(`telling StepDone ${step}`))
       c.state.stepsDone = version
       c.state.step = undefined

@@ -38,6 +38,10 @@ export type Sampling = typeof Sampling.Type
 export const untempered: Sampling = { temperature: 1, topP: 1 }
 
 /** The delta-encoded record of one model call (see the module comment). */
+/** How a recorded call ended: the OpenAI finish reasons the gateway answers, or `cancelled`. */
+export const RecordedFinish = Schema.Literals(["stop", "length", "tool_calls", "cancelled"])
+export type RecordedFinish = typeof RecordedFinish.Type
+
 export const CallRecord = Schema.Struct({
   run: Schema.String,
   task: Schema.String,
@@ -58,8 +62,8 @@ export const CallRecord = Schema.Struct({
   versions: Int32ArrayFromBase64,
   /** What the output tokens were drawn with (absent: records written before it, `untempered`). */
   sampling: Schema.optional(Sampling),
-  /** As the serving engine reported it: "stop", "length", "tool_calls", "cancelled", ... */
-  finishReason: Schema.String,
+  /** How the call ended, as the gateway answered it (or `cancelled`: the client went away). */
+  finishReason: RecordedFinish,
   /** Milliseconds since the epoch, as the gateway saw the request start and end. */
   startedAt: Schema.Number,
   finishedAt: Schema.Number,
@@ -80,7 +84,7 @@ export interface ModelCall {
   readonly logprobs: Float32Array
   readonly versions: Int32Array
   readonly sampling: Sampling
-  readonly finishReason: string
+  readonly finishReason: RecordedFinish
   readonly startedAt: number
   readonly finishedAt: number
   readonly toolCalls: Readonly<Record<string, string>>

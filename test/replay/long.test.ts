@@ -21,6 +21,7 @@ import { packedBatchDigest } from "../../src/common/packed-batch.ts"
 import { TrainingProtocol, type StepExecutionRef, type StepPlan } from "../../src/protocols/device.ts"
 import { ensureTrajectoryStream, rlLayout } from "../../src/protocols/layout.ts"
 import { RunConfig, executionName } from "../../src/protocols/run.ts"
+import { Events } from "../../src/protocols/topology.ts"
 import { openRun } from "../../src/replay/read.ts"
 import { verified, verifyRun } from "../../src/replay/verify.ts"
 import { address } from "../../src/runtime/names.ts"
@@ -84,7 +85,7 @@ describe("replay of long executions", () => {
       Effect.gen(function* () {
         const system = yield* ActorSystem
         const config: RunConfig = { ...runConfig(RUN, join(out, "ckpt"), { executions: 3, microBatchTokens: 4096 }), groupSize: 3 }
-        yield* system.publishEvent("run-config", Schema.encodeSync(Schema.toCodecJson(RunConfig))(config))
+        yield* system.publishEvent(Events.runConfig, config)
         yield* ensureTrajectoryStream(system)
         const names = rlLayout(RUN)
         const plan: StepPlan = { step: 0, attempt: 0, version: 0, executions: 3, groupSizes: [3], cells: ["device/core"] }
@@ -130,7 +131,7 @@ describe("replay of long executions", () => {
           reduceMs: 0,
           publishMs: 0
         })
-        yield* system.publishEvent("step", { ...metrics, plan })
+        yield* system.publishEvent(Events.step, { ...metrics, plan })
         trees.clear()
         const url = system.nats.servers
         const exported = yield* capped([gyre, "replay", RUN, "--export", out, "--json"], url)

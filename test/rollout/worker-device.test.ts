@@ -2,14 +2,14 @@
  * Which engine device a rollout worker runs on: the number ending its id modulo the device
  * count (so `gyre serve --devices N` puts worker i on device i mod count), or GYRE_DEVICE.
  */
-import { afterEach, describe, expect, it } from "vitest"
-import { rolloutConfigFromEnv, workerDevice } from "../../src/serving/rollout-role.ts"
+import { ConfigProvider, Effect } from "effect"
+import { describe, expect, it } from "vitest"
+import { DeviceSettings } from "../../src/actors/device.ts"
+import { RolloutSettings, workerDevice } from "../../src/serving/rollout-role.ts"
 
-const saved = process.env.GYRE_DEVICE
-afterEach(() => {
-  if (saved === undefined) delete process.env.GYRE_DEVICE
-  else process.env.GYRE_DEVICE = saved
-})
+/** The settings as read from `env` (the ConfigProvider of the environment, given). */
+const read = (env: Record<string, string>) =>
+  Effect.runSync(Effect.exit(RolloutSettings.parse(ConfigProvider.fromEnv({ env }))))
 
 describe("rollout worker device", () => {
   it("is the index ending the worker's id, modulo the device count", () => {
@@ -19,12 +19,21 @@ describe("rollout worker device", () => {
     expect(workerDevice("main", 4)).toBe(0) // no index
   })
 
-  it("comes from GYRE_DEVICE when set", () => {
-    process.env.GYRE_DEVICE = "3"
-    expect(rolloutConfigFromEnv().device).toBe(3)
-    delete process.env.GYRE_DEVICE
-    expect(rolloutConfigFromEnv().device).toBeUndefined()
-    process.env.GYRE_DEVICE = "gpu1"
-    expect(() => rolloutConfigFromEnv()).toThrow(/GYRE_DEVICE must be a non-negative integer/)
+  it("comes from GYRE_DEVICE when set (read through Config)", () => {
+    const three = read({ GYRE_DEVICE: "3", GYRE_CHECKPOINT: "ckpt" })
+    expect(three._tag === "Success" && three.value).toEqual({ checkpoint: "ckpt", device: 3 })
+    const unset = read({})
+    expect(unset._tag === "Success" && unset.value).toEqual({ checkpoint: "" })
+    const bad = read({ GYRE_DEVICE: "gpu1" })
+    expect(bad._tag).toBe("Failure")
+    expect(String(bad._tag === "Failure" ? bad.cause : "")).toMatch(/GYRE_DEVICE/)
+  })
+
+  it("a device's gateway and scheduler are typed references read through Config", () => {
+    const ok = Effect.runSync(Effect.exit(DeviceSettings.parse(ConfigProvider.fromEnv({ env: { GYRE_GATEWAY: "gateway/g2", GYRE_DEVICE: "1" } }))))
+    expect(ok._tag === "Success" && [ok.value.gateway?.address, ok.value.scheduler, ok.value.device]).toEqual([{ kind: "gateway", id: "g2" }, undefined, 1])
+    const wrongKind = Effect.runSync(Effect.exit(DeviceSettings.parse(ConfigProvider.fromEnv({ env: { GYRE_SCHEDULER: "device/x" } }))))
+    expect(wrongKind._tag).toBe("Failure")
+    expect(String(wrongKind._tag === "Failure" ? wrongKind.cause : "")).toMatch(/GYRE_SCHEDULER/)
   })
 })

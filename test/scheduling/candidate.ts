@@ -6,11 +6,14 @@
  */
 import { Effect, Layer } from "effect"
 import { makeScheduler, type SchedulerOptions } from "../../src/actors/scheduler.ts"
+import { HarnessRunner } from "../../src/protocols/topology.ts"
 import { Nats } from "../../src/runtime/nats.ts"
 import { startNode } from "../../src/runtime/node.ts"
 import { ActorSystem } from "../../src/runtime/system.ts"
 
-const { name, run, options } = JSON.parse(process.env.GYRE_TEST_CANDIDATE ?? "{}") as { name: string; run: string; options: SchedulerOptions }
+const { name, run, options: json } = JSON.parse(process.env.GYRE_TEST_CANDIDATE ?? "{}") as { name: string; run: string; options: SchedulerOptions }
+// The runners' references came as JSON (their addresses): typed again here.
+const options: SchedulerOptions = { ...json, runners: json.runners.map((r) => HarnessRunner.ref(r.address.id)) }
 
 const program = Effect.gen(function* () {
   const system = yield* ActorSystem

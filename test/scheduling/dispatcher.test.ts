@@ -13,6 +13,7 @@ import { ActorSystem } from "../../src/runtime/system.ts"
 import { withSystem } from "../runtime/harness.ts"
 import { runnerRef, startRunner } from "../harness/helpers.ts"
 import { runConfig } from "./run.ts"
+import { HarnessRunner } from "../../src/protocols/topology.ts"
 
 const plan = (n: number) => ({ execution: `b0-x${n}`, n, batch: 0, task: "t", group: 0 })
 
@@ -29,7 +30,7 @@ describe("dispatcher: running an execution on its harness runner", () => {
       const system = yield* ActorSystem
       const { log } = yield* startRunner({})
       const config = { ...runConfig("reask"), suite: "behaviours", env: { MODE: "nap", NAP_S: "1.5", ARTIFACT: "0.6" } }
-      const run = runOnRunner({ system, config, runners: ["harness-runner/r1"], reaskMs: 300 })
+      const run = runOnRunner({ system, config, runners: [HarnessRunner.ref("r1")], reaskMs: 300 })
       const started = Date.now()
       const ran = yield* run(plan(3))
       const wallMs = Date.now() - started
@@ -53,7 +54,7 @@ describe("dispatcher: running an execution on its harness runner", () => {
       // The first ask, answered to an asker that is gone: the same id, its reply dropped here.
       const request = { task: { suite: "behaviours", task: "t" }, execution: "b0-x5", timeoutMs: null, keepWorkspace: "never" as const, env: config.env }
       yield* system.ask(runnerRef, "RunExecution", request, { msgId: "run-b0-x5", timeoutMs: 20_000 })
-      const ran = yield* runOnRunner({ system, config, runners: ["harness-runner/r1"], reaskMs: 5000 })(plan(5))
+      const ran = yield* runOnRunner({ system, config, runners: [HarnessRunner.ref("r1")], reaskMs: 5000 })(plan(5))
       const status = yield* system.ask(runnerRef, "Status", undefined)
       return { ran, status, opened: log.opened.length }
     }))
@@ -68,10 +69,10 @@ describe("dispatcher: running an execution on its harness runner", () => {
       const names = rlLayout("norunner")
       const { node } = yield* startRunner({})
       const config = { ...runConfig("norunner"), suite: "behaviours", env: { MODE: "ok", ARTIFACT: "0.9" } }
-      const first = yield* runOnRunner({ system, config, runners: ["harness-runner/r1"], reaskMs: 5000 })(plan(7))
+      const first = yield* runOnRunner({ system, config, runners: [HarnessRunner.ref("r1")], reaskMs: 5000 })(plan(7))
       yield* node.stop("harness-runner", "r1")
       // The runner is gone: asking finds no responder, and the stream has the outcome.
-      const again = yield* runOnRunner({ system, config, runners: ["harness-runner/r1"], reaskMs: 5000 })(plan(7))
+      const again = yield* runOnRunner({ system, config, runners: [HarnessRunner.ref("r1")], reaskMs: 5000 })(plan(7))
       const stored = yield* Effect.promise(() => system.nats.jsm.streams.getMessage(names.trajectoryStream, { last_by_subj: names.outcomes("b0-x7") }))
       return { first, again, stored: stored?.json() }
     }))

@@ -23,6 +23,7 @@ import { WeightsUnavailable } from "../../src/protocols/rollout.ts"
 import { ensureTrajectoryStream, rlLayout } from "../../src/protocols/layout.ts"
 import { parseExecutionName } from "../../src/protocols/run.ts"
 import type { StepMetrics } from "../../src/protocols/scheduler.ts"
+import { Events } from "../../src/protocols/topology.ts"
 import type { Role } from "../../src/policy/vocabulary.ts"
 import { DeltaEncoder } from "../../src/tree/encoder.ts"
 import type { ExecutionOutcome } from "../../src/tree/outcome.ts"
@@ -147,7 +148,7 @@ export const fakeDevice = (script: Script, seen: Observed) =>
             const updating = Date.now()
             yield* Effect.sleep(Duration.millis(script.updateMs))
             const metrics = metricsOf(s.plan, tokens, key, executions, { computeMs, reduceMs: Date.now() - updating })
-            yield* system.publishEvent("step", metrics)
+            yield* system.publishEvent(Events.step, metrics)
             yield* tellScheduler(schedulerRef, "StepDone", { step: s.plan.step, version: s.plan.step + 1, metrics }, { msgId: `done-${s.plan.step}` })
           })
 

@@ -16,6 +16,7 @@ import { startNode } from "../../src/runtime/node.ts"
 import { readLast } from "../../src/runtime/stream-reader.ts"
 import { ActorSystem, type ActorSystemShape } from "../../src/runtime/system.ts"
 import { fakeDevice, fakeRunner, type Observed, type Script } from "./fakes.ts"
+import { HarnessRunner } from "../../src/protocols/topology.ts"
 
 export const trainTasks = Array.from({ length: 8 }, (_, i) => `t${i}`)
 
@@ -64,7 +65,7 @@ export const startFakes = (seen: Observed, options: { readonly devices?: number;
   })
 
 /** The schedulers' options of a run on the fakes: runner r0, lease 1.5 s. */
-export const schedulerOptions = (config: RunConfig): SchedulerOptions => ({ config, trainTasks, runners: ["harness-runner/r0"], leaseTtlMs: 1500 })
+export const schedulerOptions = (config: RunConfig): SchedulerOptions => ({ config, trainTasks, runners: [HarnessRunner.ref("r0")], leaseTtlMs: 1500 })
 
 /** A scheduler candidate standing by on a node of its own (in the current scope); its node. */
 export const standingBy = (options: SchedulerOptions, node = "s1") =>
