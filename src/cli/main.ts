@@ -68,9 +68,27 @@ process.stdout.on("error", (e: NodeJS.ErrnoException) => {
   else process.exit(0)
 })
 
+/**
+ * A run that has ended (`train`, `demo`, `eval`: their summary printed, their scopes closed) exits
+ * even when something it started left a handle open (a timer, a socket of a connection that
+ * reconnected): after `LINGER_MS` the process exits with the command's code, naming the kinds of
+ * handles still open on stderr. Other commands (readers writing to a slow pipe) end as Node does.
+ */
+const LINGER_MS = 5_000
+const runs = new Set(["train", "demo", "eval"])
+const exitIfLingering = () => {
+  if (!runs.has(process.argv[2] ?? "")) return
+  setTimeout(() => {
+    const open = process.getActiveResourcesInfo().filter((r) => r !== "Timeout" && r !== "TTYWrap")
+    process.stderr.write(`gyre ${process.argv[2]}: ended, exiting with handles still open (${open.join(", ") || "timers"})\n`)
+    process.exit()
+  }, LINGER_MS).unref()
+}
+
 main(process.argv.slice(2)).then(
   (code) => {
     process.exitCode = code
+    exitIfLingering()
   },
   (error: unknown) => {
     if (error instanceof UsageError) {
@@ -83,5 +101,6 @@ main(process.argv.slice(2)).then(
       if (process.env.GYRE_DEBUG) console.error(error)
       process.exitCode = 1
     }
+    exitIfLingering()
   }
 )
