@@ -2,8 +2,8 @@ import { defineConfig } from "vitest/config"
 
 export default defineConfig({
   test: {
-    // `*.chaos.ts`: faults whose timing makes them flaky under a loaded CI; `npm run test:chaos` sets
-    // GYRE_CHAOS_FAULTS and runs them.
+    // `*.chaos.ts`: run-level faults during `gyre train` (minutes, timing-dependent under load);
+    // `npm run test:chaos` sets GYRE_CHAOS_FAULTS and runs them.
     include: ["test/**/*.test.ts", ...(process.env.GYRE_CHAOS_FAULTS === undefined ? [] : ["test/**/*.chaos.ts"])],
     testTimeout: 60_000,
     hookTimeout: 60_000,

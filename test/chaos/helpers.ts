@@ -69,7 +69,7 @@ export interface FaultRecord {
   readonly recovered: boolean
   readonly recoveryS: number
   readonly executionsLost: number
-  /** Run-level faults (`train-faults.test.ts`): executions trained in more than one step. */
+  /** Run-level faults (`train-faults.chaos.ts`): executions trained in more than one step. */
   readonly trainedTwice?: number
   /** Running executions the scheduler asked for again (at each `CellLost`). */
   readonly executionsRedispatched?: number

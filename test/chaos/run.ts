@@ -12,7 +12,7 @@
  * 10,000 per schema and 10,000 requests (about 6 minutes and 22 s on 2 cores); each appends its cases sent and
  * crashes to `$GYRE_CHAOS_FUZZ`, summed in `fuzz_cases` and `crashes` (`notes` names a fuzzer
  * that reported nothing). `trained_twice` is the sum over the
- * run-level faults during `gyre train` (test/chaos/train-faults.test.ts: kill -9 of a second
+ * run-level faults during `gyre train` (test/chaos/train-faults.chaos.ts: kill -9 of a second
  * node, as a training satellite, as the training core, of the nats-server and of the scheduler
  * alone; test/chaos/cluster.test.ts: kill -9 of one server of a 3-server cluster, the run's
  * streams at R3; test/chaos/proxy.test.ts: a TCP proxy that delays and cuts the second node's
@@ -66,7 +66,7 @@ const quantile = (q: number) => (recoveries.length === 0 ? null : Number(recover
 const runFaults = faults.filter((f) => f.trainedTwice !== undefined)
 const notes = [
   ...(["subjects", "http"].filter((f) => !fuzz.some((r) => r.fuzzer === f)).map((f) => `the ${f} fuzzer reported nothing (its test failed or did not run): fuzz_cases counts without it`)),
-  ...(runFaults.length === 0 ? ["no run-level fault during gyre train ran (test/chaos/train-faults.test.ts, cluster.test.ts, proxy.test.ts): trained_twice null"] : []),
+  ...(runFaults.length === 0 ? ["no run-level fault during gyre train ran (test/chaos/train-faults.chaos.ts, cluster.test.ts, proxy.test.ts): trained_twice null"] : []),
   ...(failed > 0 ? [`${failed} of ${rounds} vitest rounds failed`] : [])
 ]
 console.log(

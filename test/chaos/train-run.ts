@@ -1,6 +1,6 @@
 /**
  * A short `gyre train` run with a fault injected, for the run-level chaos tests
- * (`train-faults.test.ts`, `cluster.test.ts`, `proxy.test.ts`): tiny knobs (STEPS steps of EXECUTIONS
+ * (`train-faults.chaos.ts`, `cluster.test.ts`, `proxy.test.ts`): tiny knobs (STEPS steps of EXECUTIONS
  * executions, group size 2, tiny preset), on a NATS of the test's choosing (an embedded
  * server of its own by default), with `gyre node` processes joined (by default `other`,
  * one device). After step 0's progress line and a seeded delay (`GYRE_CHAOS_SEED`, default 13)
