@@ -114,9 +114,11 @@ describe("micro-batch queue", () => {
         Effect.gen(function* () {
           const at = Date.now()
           const read = yield* store.get(c.microBatch)
-          deliveries.push({ count: c.deliveryCount, at, intact: packedBatchDigest(read) === packedBatchDigest(batch) && read.length === tokens })
+          const entry = { count: c.deliveryCount, at, intact: packedBatchDigest(read) === packedBatchDigest(batch) && read.length === tokens }
+          // Recorded once its answer is settled: the 3rd is counted only after the server confirmed its ack.
           if (c.deliveryCount === 1) yield* c.handBack
           else if (c.deliveryCount >= 3) yield* c.ack
+          deliveries.push(entry)
         }).pipe(Effect.orDie)
       const loop = yield* Effect.forkChild(claimLoop(system, { step: 3, ackWaitMs, device, stop: () => deliveries.length >= 3 }, handle))
       yield* eventually(Effect.sync(() => (deliveries.length >= 3 ? true : undefined)), 20_000)
