@@ -20,7 +20,7 @@ import type { RpcGroup } from "effect/rpc"
 import * as Actor from "../runtime/actor.ts"
 import { makeCallRecorder } from "../gateway/call-recorder.ts"
 import { CallRouter } from "../gateway/call-router.ts"
-import { chatTurns, type Generate } from "../gateway/chat-turn.ts"
+import { ChatTurns, type Generate } from "../gateway/chat-turn.ts"
 import { OpenAiRoutes } from "../gateway/endpoints.ts"
 import { openAiErrors, serveHttp, type HttpLimits } from "../gateway/http.ts"
 import { messagesErrorFormat, messagesRoutes } from "../gateway/messages-route.ts"
@@ -123,7 +123,7 @@ export const gateway = (config: GatewayConfig = {}) =>
           })
 
         const chat = config.chat ?? gyreChat
-        const turns = chatTurns({ chat, defaultMaxTokens: config.defaultMaxTokens ?? 512, maxContextTokens: config.maxContextTokens, generate, sampling: config.sampling })
+        const turns = ChatTurns.make({ chat, defaultMaxTokens: config.defaultMaxTokens ?? 512, maxContextTokens: config.maxContextTokens, generate, sampling: config.sampling })
         const openAi = OpenAiRoutes.make({ model, servingSince: Math.floor(Date.now() / 1000), maxContextTokens: config.maxContextTokens, generate, turns, chat })
         const responses = responsesRoutes({ model, turns })
         const messages = messagesRoutes({ model, turns })

@@ -38,7 +38,7 @@ import {
 } from "../openai/openai.ts"
 import { promptWithin, type PromptPiece } from "../openai/prompt.ts"
 import type { StepTokens } from "../protocols/rollout.ts"
-import type { ChatTurns, GatewayCall, Generate, TurnAnswer, TurnDelta, TurnRequest } from "./chat-turn.ts"
+import type { ChatTurnsShape, GatewayCall, Generate, TurnAnswer, TurnDelta, TurnRequest } from "./chat-turn.ts"
 import { eventStream, sendJson, withBody, type EventStream, type Methods } from "./http.ts"
 import type { Session } from "./sessions.ts"
 
@@ -50,7 +50,7 @@ export interface EndpointsOptions {
   readonly maxContextTokens?: number | undefined
   readonly generate: Generate
   /** Chat turns over the model's tokenizer and chat template. */
-  readonly turns: ChatTurns
+  readonly turns: ChatTurnsShape
   /** The model's chat format (its eos ids and bos for plain completions). */
   readonly chat: { readonly eosIds: ReadonlyArray<number>; readonly bos: number | undefined }
 }
@@ -142,7 +142,7 @@ const chatStream = (stream: EventStream, a: Answering, logprobsOf: ((step: StepT
 }
 
 /** The text a streamed completion has shown so far, and the chunks that show more. */
-const completionStream = (stream: EventStream, a: Answering, stops: ReadonlyArray<string>, tokenizer: ChatTurns["tokenizer"]) => {
+const completionStream = (stream: EventStream, a: Answering, stops: ReadonlyArray<string>, tokenizer: ChatTurnsShape["tokenizer"]) => {
   const seen: Array<number> = []
   const shown = { text: "" }
   const chunk = (text: string, finish: FinishReason | null) => completion(a.id, a.created, a.model, text, finish, undefined)
@@ -167,7 +167,7 @@ const completionStream = (stream: EventStream, a: Answering, stops: ReadonlyArra
 /** What the handlers share: the options and the model's tokenizer. */
 interface Endpoints {
   readonly options: EndpointsOptions
-  readonly tokenizer: ChatTurns["tokenizer"]
+  readonly tokenizer: ChatTurnsShape["tokenizer"]
 }
 
 const logprobsOf = (e: Endpoints, tokens: ArrayLike<number>, logprobs: ArrayLike<number>): Array<TokenLogprob> =>

@@ -30,7 +30,7 @@ import {
   type StopReason
 } from "../openai/anthropic.ts"
 import { apiError, decodeBody } from "../openai/openai.ts"
-import type { ChatTurns, GatewayCall, TurnAnswer, TurnDelta, TurnRequest } from "./chat-turn.ts"
+import type { ChatTurnsShape, GatewayCall, TurnAnswer, TurnDelta, TurnRequest } from "./chat-turn.ts"
 import { unknownModel } from "./endpoints.ts"
 import { eventStream, sendJson, withBody, type ErrorFormat, type Methods } from "./http.ts"
 import type { Session } from "./sessions.ts"
@@ -109,7 +109,7 @@ const stopReasonOf = (answer: TurnAnswer): StopReason =>
   answer.toolCalls.length > 0 ? "tool_use" : answer.stopSequence !== null ? "stop_sequence" : answer.finishReason === "length" ? "max_tokens" : "end_turn"
 
 /** The routes of the Messages API. */
-export const messagesRoutes = (options: { readonly model: string; readonly turns: ChatTurns }) => {
+export const messagesRoutes = (options: { readonly model: string; readonly turns: ChatTurnsShape }) => {
   const { model, turns } = options
 
   /** The chat turn of a request (its prompt fields). */

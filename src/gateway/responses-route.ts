@@ -33,7 +33,7 @@ import {
   type OutputText,
   type ResponseStatus
 } from "../openai/responses.ts"
-import type { ChatTurns, GatewayCall, TurnAnswer, TurnDelta } from "./chat-turn.ts"
+import type { ChatTurnsShape, GatewayCall, TurnAnswer, TurnDelta } from "./chat-turn.ts"
 import { unknownModel } from "./endpoints.ts"
 import { eventStream, sendJson, withBody, type Methods } from "./http.ts"
 import type { Session } from "./sessions.ts"
@@ -159,7 +159,7 @@ const outputWriter = (sink: Sink, custom: ReadonlySet<string>, sealed: boolean) 
 }
 
 /** The routes of the Responses API. */
-export const responsesRoutes = (options: { readonly model: string; readonly turns: ChatTurns }) => {
+export const responsesRoutes = (options: { readonly model: string; readonly turns: ChatTurnsShape }) => {
   const { model, turns } = options
   const { tokenizer } = turns
 
