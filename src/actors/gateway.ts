@@ -23,8 +23,8 @@ import { CallRouter } from "../gateway/call-router.ts"
 import { ChatTurns, type Generate } from "../gateway/chat-turn.ts"
 import { OpenAiRoutes } from "../gateway/endpoints.ts"
 import { openAiErrors, serveHttp, type HttpLimits } from "../gateway/http.ts"
-import { messagesErrorFormat, messagesRoutes } from "../gateway/messages-route.ts"
-import { responsesRoutes } from "../gateway/responses-route.ts"
+import { MessagesRoutes, messagesErrorFormat } from "../gateway/messages-route.ts"
+import { ResponsesRoutes } from "../gateway/responses-route.ts"
 import { recentCalls } from "../gateway/recent-calls.ts"
 import { makeSessions, roleOf } from "../gateway/sessions.ts"
 import { watchWorkers } from "../gateway/worker-directory.ts"
@@ -125,8 +125,8 @@ export const gateway = (config: GatewayConfig = {}) =>
         const chat = config.chat ?? gyreChat
         const turns = ChatTurns.make({ chat, defaultMaxTokens: config.defaultMaxTokens ?? 512, maxContextTokens: config.maxContextTokens, generate, sampling: config.sampling })
         const openAi = OpenAiRoutes.make({ model, servingSince: Math.floor(Date.now() / 1000), maxContextTokens: config.maxContextTokens, generate, turns, chat })
-        const responses = responsesRoutes({ model, turns })
-        const messages = messagesRoutes({ model, turns })
+        const responses = ResponsesRoutes.make({ model, turns })
+        const messages = MessagesRoutes.make({ model, turns })
 
         // HTTP server: requests run as fibers of this incarnation, drained when it stops.
         const host = config.host ?? "127.0.0.1"
@@ -136,7 +136,7 @@ export const gateway = (config: GatewayConfig = {}) =>
           ...(config.limits === undefined ? {} : { limits: config.limits }),
           probes: readiness(system, directory),
           authenticate: sessions.authenticate,
-          routeOf: (path) => openAi.route(path) ?? responses(path) ?? messages(path),
+          routeOf: (path) => openAi.route(path) ?? responses.route(path) ?? messages.route(path),
           errorFormatOf: messagesErrorFormat(openAiErrors)
         })
         const baseUrl = `http://${config.advertiseHost ?? host}:${server.port}/v1`

@@ -323,9 +323,18 @@ export const responsesUsage = (promptTokens: number, outputTokens: number, cache
 
 export type ResponseStatus = "in_progress" | "completed" | "incomplete" | "failed"
 
+/** What every response object of one request repeats: its id, creation time (Unix seconds), model, the request and its tools as sent. */
+export interface ResponseBase {
+  readonly id: string
+  readonly createdAt: number
+  readonly model: string
+  readonly req: ResponsesRequest
+  readonly tools: ReadonlyArray<unknown>
+}
+
 /** The response object: the request's settings as used, its output, status and usage. */
 export const responseObject = (
-  base: { readonly id: string; readonly createdAt: number; readonly model: string; readonly req: ResponsesRequest; readonly tools: ReadonlyArray<unknown> },
+  base: ResponseBase,
   state: {
     readonly status: ResponseStatus
     readonly output: ReadonlyArray<OutputItem>
