@@ -32,13 +32,13 @@
 import type { ObjectStore } from "@nats-io/obj"
 import { nuid, type Msg } from "@nats-io/transport-node"
 import { Context, Deferred, Effect, Fiber, Layer, Schema } from "effect"
-import { parseAddress } from "../runtime/names.ts"
-import { refOf, type ActorSystemShape } from "../runtime/system.ts"
+import type { ActorSystemShape } from "../runtime/system.ts"
 import { digestOf } from "../tree/hash.ts"
 import { rlLayout } from "../protocols/layout.ts"
+import { rolloutServerRef } from "../protocols/topology.ts"
 import { deleteObject, getArrays, putArrays, type TokensRef } from "../protocols/transfer.ts"
 import { apiError, type ApiError } from "../openai/openai.ts"
-import { RolloutWorkerProtocol, TokenChunk, type ContextTooLong, type FinishReason, type GenerateResult, type SamplingParams, type StepTokens } from "../protocols/rollout.ts"
+import { TokenChunk, type ContextTooLong, type FinishReason, type GenerateResult, type SamplingParams, type StepTokens } from "../protocols/rollout.ts"
 import type { WorkerDirectory } from "./worker-directory.ts"
 
 /** One of an execution's last calls: its request id, its sequence (prompt ++ output), the worker that holds it. */
@@ -139,7 +139,7 @@ const commonPrefix = (a: Int32Array, b: Int32Array): number => {
 }
 
 /** A worker by registry key: `rollout-worker/<id>`, or `device/<id>` (a device serves the same requests). */
-const workerRef = (key: string) => refOf(RolloutWorkerProtocol, parseAddress(key))
+const workerRef = rolloutServerRef
 
 /** The router's own figures: this gateway's requests in flight and the routes it keeps, per worker. */
 interface RouterState {
