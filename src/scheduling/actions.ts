@@ -25,7 +25,7 @@ import type { StepPlan } from "../protocols/device.ts"
 import { SchedulerProtocol, type PolicyRecord } from "../protocols/scheduler.ts"
 import { Device, type DeviceRef } from "../protocols/topology.ts"
 import type { PlannedExecution } from "../protocols/run.ts"
-import type { Role } from "../policy/vocabulary.ts"
+import type { CellRole } from "../policy/vocabulary.ts"
 import type { ExecutionOutcome } from "../tree/outcome.ts"
 import type { Book, Finished, StepView } from "./book.ts"
 import { readOutcome, type Ran, type Running } from "./dispatcher.ts"
@@ -136,7 +136,7 @@ const execution = (sc: ShellContext, r: Running) => {
   )
 }
 
-const switchRole = (sc: ShellContext, cell: number, role: Role, index: number) => {
+const switchRole = (sc: ShellContext, cell: number, role: CellRole, index: number) => {
   const { book, system, deviceTimeoutMs } = sc.options
   const payload = role === "training" ? { role, destinations: book.cells.destinations(cell) } : { role, destinations: [], version: book.requested }
   return fork(
