@@ -32,13 +32,14 @@ import type { RpcGroup } from "effect/rpc"
 import { errorLine } from "../common/error-line.ts"
 import { cappedBackoff } from "../common/retry.ts"
 import * as Actor from "../runtime/actor.ts"
-import { messageOf, TransportError } from "../runtime/errors.ts"
+import { publish } from "../runtime/channel-io.ts"
 import { formatAddress, type ActorAddress } from "../runtime/names.ts"
 import { refOf, type ActorRef } from "../runtime/system.ts"
 import { ExecutionOutcome } from "../tree/outcome.ts"
 import { GatewayProtocol, apiKeyDigest, newApiKey } from "../protocols/gateway.ts"
 import { ForbiddenEnvironment, HarnessRunnerProtocol, UnknownTask, type RunExecution } from "../protocols/harness.ts"
-import { ensureTrajectoryStream, rlLayout } from "../protocols/layout.ts"
+import { ensureTrajectoryStream } from "../protocols/layout.ts"
+import { Outcomes } from "../protocols/topology.ts"
 import { markExecutionStart } from "../protocols/trajectories.ts"
 import { baseEnv, FORBIDDEN_ENV, gatewayEnv } from "../harness/environment.ts"
 import { chownTree, harnessUser, runAsFromEnv } from "../harness/harness-user.ts"
@@ -151,14 +152,8 @@ const open = (r: Runner, key: string, taskName: string, execution: string) =>
 const storedOrDie = <A, E, R>(effect: Effect.Effect<A, E, R>): Effect.Effect<A, never, R> =>
   effect.pipe(Effect.retry({ times: 9, schedule: cappedBackoff(Duration.millis(100), Duration.seconds(30)) }), Effect.orDie)
 
-const publish = (r: Runner, outcome: ExecutionOutcome) =>
-  Effect.tryPromise({
-    try: () =>
-      r.ctx.system.nats.js.publish(rlLayout(r.ctx.system.run).outcomes(outcome.execution), JSON.stringify(Schema.encodeSync(ExecutionOutcome)(outcome)), {
-        msgID: `outcome-${outcome.execution}`
-      }),
-    catch: (e) => new TransportError({ operation: `publish outcome of ${outcome.execution}`, message: messageOf(e) })
-  }).pipe(storedOrDie)
+const publishOutcome = (r: Runner, outcome: ExecutionOutcome) =>
+  publish(r.ctx.system, Outcomes, outcome.execution, outcome, { msgId: `outcome-${outcome.execution}` }).pipe(storedOrDie)
 
 /** The execution's directory, afresh: the task's workspace template and an empty home, owned by the harness user. */
 const prepareDirectory = (r: Runner, dir: string, workspace: string, task: Task) =>
@@ -224,7 +219,7 @@ const execute = Effect.fnUntraced(function* (r: Runner, req: RunExecution, suite
     : { ended: "finished" as const, harnessFailed: true, evaluation: { evaluation: "failed", score: null, attempts: 0, detail: `not run: ${opened.reason}` } satisfies Evaluation }
   const { evaluation } = ran
   const outcome: ExecutionOutcome = { run: r.ctx.system.run, task: taskName, execution: req.execution, ended: ran.ended, ...evaluation }
-  yield* publish(r, outcome)
+  yield* publishOutcome(r, outcome)
   if (!keeps(r.s.config, req, ran.harnessFailed || evaluation.evaluation === "failed")) yield* Effect.promise(() => fs.rm(dir, { recursive: true, force: true }))
   const dropped = evaluation.evaluation === "failed"
   yield* count(r, (c) => ({ running: c.running - 1, finished: c.finished + (dropped ? 0 : 1), dropped: c.dropped + (dropped ? 1 : 0) }))
