@@ -175,9 +175,19 @@ export const makeTrainingRole: (
   const d: TrainingDeps = { system, me, options, trainerLock, ...(yield* openStores(system, options.model.paramCount)) }
   const { model, trainer, config, weights } = options
   const core = yield* Core.make({
-    system, me, config, model, trainer, trainerLock, gradients: d.gradients, batches: d.batches, weights, ackWaitMs, scope,
+    system,
+    me,
+    config,
+    model,
+    trainer,
+    trainerLock,
+    gradients: d.gradients,
+    batches: d.batches,
+    weights,
     ensureVersion: (version) => ensureVersion(d, version),
-    compute: (ref, batch) => compute(d, ref, batch)
+    compute: (ref, batch) => compute(d, ref, batch),
+    ackWaitMs,
+    scope
   })
   const claims = yield* makeClaims({ system, me, ackWaitMs, scope, deliver: deliver(d, core) })
   return { handlers: handlersOf(me, core, claims), leave: claims.leave, step: claims.step }
