@@ -18,13 +18,14 @@ import { WorkerUnavailable, type FinishReason } from "../protocols/rollout.ts"
 import { resultOf, type Generation } from "./generation.ts"
 import type { KvPool } from "./kv-pool.ts"
 
-/** The two lanes and the admission state (`pressure`: a generation was preempted and none has ended since: admit only into an empty batch). */
+/** The two lanes of generations and the admission state. */
 interface LanesState {
   readonly pool: KvPool
   readonly worker: string
   readonly maxBatch: number
   readonly waiting: Array<Generation>
   readonly running: Array<Generation>
+  /** A generation was preempted and none has ended since: admit only into an empty batch. */
   pressure: boolean
   preemptions: number
 }
@@ -104,6 +105,7 @@ const cancelAll = (s: LanesState) =>
     for (const g of s.running.splice(0)) answer(s, g, "cancelled")
   })
 
+/** The lanes of one batcher over its pool (the module comment). */
 export const makeLanes = (pool: KvPool, options: { readonly worker: string; readonly maxBatch: number }) => {
   const s: LanesState = { pool, worker: options.worker, maxBatch: options.maxBatch, waiting: [], running: [], pressure: false, preemptions: 0 }
   return {
