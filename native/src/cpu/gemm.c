@@ -396,7 +396,7 @@ static inline __attribute__((always_inline)) void few_step(int MB, const float *
 }
 
 /* few_step over k in [k0, k1) (multiples of VL), two at a time; with pf, each pair asks for the
- * lines from byte k es + ahead of pf[j] on (ahead may be negative: the address stays in W). */
+ * lines from byte k es + ahead of pf[j] on (k es + ahead >= 0, inside pf[j]'s row). */
 static inline __attribute__((always_inline)) void few_span(int MB, const float *const *ar, const char *const *wr, int k0,
                                                            int k1, const char *const *pf, ptrdiff_t ahead, int dt,
                                                            vf acc[FEW_BLOCK][FEW_BLOCK]) {
@@ -423,15 +423,15 @@ static inline __attribute__((always_inline)) void few_block(int MB, int nn, int 
                                                             float *c, int ldc, int accumulate, int dt) {
   const ptrdiff_t es = (ptrdiff_t)w_size(dt), row = (ptrdiff_t)K * es;
   int kv = K / VL * VL;
-  /* own rows' lines ahead up to ks (a multiple of 2 VL), then the next block's; rows shorter than
-   * FEW_AHEAD ask for none */
-  if (row < FEW_AHEAD) stream = 0;
+  /* own rows' lines FEW_AHEAD ahead while they last (k < ks, a multiple of 2 VL), then the next
+   * block's from their start; rows too short for that ask for none */
+  if (row < FEW_AHEAD + 2 * VL * es) stream = 0;
   int ks = stream ? (int)((row - FEW_AHEAD) / es) / (2 * VL) * (2 * VL) : kv;
   vf acc[FEW_BLOCK][FEW_BLOCK];
   for (int i = 0; i < FEW_BLOCK; i++)
     for (int j = 0; j < FEW_BLOCK; j++) acc[i][j] = (vf){0};
   few_span(MB, ar, wr, 0, ks, stream ? wr : NULL, FEW_AHEAD, dt, acc);
-  few_span(MB, ar, wr, ks, kv, stream ? nx : NULL, FEW_AHEAD - row, dt, acc);
+  few_span(MB, ar, wr, ks, kv, stream ? nx : NULL, -ks * es, dt, acc);
   float sums[FEW_BLOCK * FEW_BLOCK];
   block_sums(MB, acc, sums);
   for (int i = 0; i < MB; i++) {
@@ -444,23 +444,24 @@ static inline __attribute__((always_inline)) void few_block(int MB, int nn, int 
   }
 }
 
-/* Output columns [n0, n0 + FEW_BLOCK) of gemm_few_rows, every row, W of dtype dt. */
+/* Output columns [n0, n0 + FEW_BLOCK) of gemm_few_rows, every row, W of dtype dt; the rows of the
+ * block read next (nnext of them from nw, ldw apart; nw NULL: none) are asked for ahead. */
 static inline __attribute__((always_inline)) void few_columns(int nb, int M, int N, int K, const float *a, int lda,
                                                               const char *w, int ldw, float *c, int ldc, int accumulate,
-                                                              int dt) {
-  int n0 = nb * FEW_BLOCK, nn = N - n0 < FEW_BLOCK ? N - n0 : FEW_BLOCK, next = n0 + FEW_BLOCK < N;
+                                                              const char *nw, int nnext, int dt) {
+  int n0 = nb * FEW_BLOCK, nn = N - n0 < FEW_BLOCK ? N - n0 : FEW_BLOCK;
   size_t es = w_size(dt);
   const char *wr[FEW_BLOCK], *nx[FEW_BLOCK];
   for (int j = 0; j < FEW_BLOCK; j++) {
     wr[j] = w + (size_t)(n0 + (j < nn ? j : 0)) * ldw * es;
-    nx[j] = next ? w + (size_t)(n0 + FEW_BLOCK + (n0 + FEW_BLOCK + j < N ? j : 0)) * ldw * es : NULL;
+    nx[j] = nw != NULL ? nw + (size_t)(j < nnext ? j : 0) * ldw * es : NULL;
   }
   for (int m0 = 0; m0 < M; m0 += FEW_BLOCK) {
     int mm = M - m0 < FEW_BLOCK ? M - m0 : FEW_BLOCK;
     const float *ar[FEW_BLOCK];
     for (int i = 0; i < FEW_BLOCK; i++) ar[i] = a + (size_t)(m0 + (i < mm ? i : 0)) * lda;
     float *cb = c + (size_t)m0 * ldc + n0;
-    const char *const *ahead = next ? nx : NULL;
+    const char *const *ahead = nw != NULL ? nx : NULL;
     int stream = m0 == 0; /* later rows find W in cache */
     switch (mm) {
       case 1: few_block(1, nn, K, ar, wr, stream, ahead, cb, ldc, accumulate, dt); break;
@@ -472,49 +473,81 @@ static inline __attribute__((always_inline)) void few_columns(int nb, int M, int
 }
 
 /* few_columns for each weight dtype (the dtype a constant in each). */
-typedef void (*few_columns_fn)(int, int, int, int, const float *, int, const char *, int, float *, int, int);
+typedef void (*few_columns_fn)(int, int, int, int, const float *, int, const char *, int, float *, int, int, const char *,
+                               int);
 #define FEW_COLUMNS_OF(name, dt)                                                                                   \
   static void name(int nb, int M, int N, int K, const float *a, int lda, const char *w, int ldw, float *c, int ldc, \
-                   int accumulate) {                                                                               \
-    few_columns(nb, M, N, K, a, lda, w, ldw, c, ldc, accumulate, dt);                                              \
+                   int accumulate, const char *nw, int nnext) {                                                    \
+    few_columns(nb, M, N, K, a, lda, w, ldw, c, ldc, accumulate, nw, nnext, dt);                                   \
   }
 FEW_COLUMNS_OF(few_columns_f32, GYRE_F32)
 FEW_COLUMNS_OF(few_columns_bf16, GYRE_BF16)
 FEW_COLUMNS_OF(few_columns_f16, GYRE_F16)
 #undef FEW_COLUMNS_OF
 
-/* Blocks of output columns a thread takes at a time: taken in turn (dynamic), so a thread that
- * starts late (a passive OpenMP thread's wake-up) or is preempted on a shared machine leaves its
- * blocks to the other, where an even split had one wait for the other's half. */
-#define FEW_CHUNK 8
+/* The blocks of gemm_few_rows over W's parts: part p holds blocks [first[p], first[p + 1]) and
+ * C's columns from off[p]. */
+typedef struct few_plan {
+  few_columns_fn run;
+  const w_parts *wp;
+  int first[GEMM_MAX_PARTS + 1], off[GEMM_MAX_PARTS];
+  int M, K, lda, ldw, ldc, accumulate;
+  const float *a;
+  float *c;
+} few_plan;
 
-/* Block g of gemm_few_rows over W's parts: part p holds blocks [first[p], first[p + 1]) and C's
- * columns from off[p]. */
-static inline void few_part_block(few_columns_fn run, int g, const int *first, const int *off, int M, int K,
-                                  const float *a, int lda, const w_parts *wp, int ldw, float *c, int ldc, int accumulate) {
+static inline int part_of(const few_plan *f, int g) {
   int p = 0;
-  while (g >= first[p + 1]) p++;
-  run(g - first[p], M, wp->rows[p], K, a, lda, wp->w[p], ldw, c + off[p], ldc, accumulate);
+  while (g >= f->first[p + 1]) p++;
+  return p;
 }
+
+/* Block g, asking ahead for block `next` (-1: none), which may be in another part. */
+static void few_part_block(const few_plan *f, int g, int next) {
+  int p = part_of(f, g), nrows = 0;
+  const char *nw = NULL;
+  if (next >= 0) {
+    int q = part_of(f, next), r0 = (next - f->first[q]) * FEW_BLOCK;
+    nw = (const char *)f->wp->w[q] + (size_t)r0 * f->ldw * w_size(f->wp->dtype);
+    nrows = f->wp->rows[q] - r0;
+  }
+  f->run(g - f->first[p], f->M, f->wp->rows[p], f->K, f->a, f->lda, f->wp->w[p], f->ldw, f->c + f->off[p], f->ldc,
+         f->accumulate, nw, nrows);
+}
+
+/* Blocks a thread takes at a time, in turn: a thread that starts late (a passive OpenMP thread's
+ * wake-up) or is preempted on a shared machine leaves its chunks to the others, where an even split
+ * had one wait for the other's half. A thread takes its next chunk as it starts one, so the last
+ * block of each asks ahead for the next one's first. */
+#define FEW_CHUNK 8
 
 /* C[M, sum of rows] (+)= A . W^T, W stacked from wp's parts. One thread runs the blocks in place:
  * entering an OpenMP region costs more than a tiny model's matmul of a few rows. */
 static void gemm_few_rows(int M, int K, const float *a, int lda, const w_parts *wp, int ldw, float *c, int ldc,
                           int accumulate, int threads) {
-  few_columns_fn run = wp->dtype == GYRE_BF16 ? few_columns_bf16 : wp->dtype == GYRE_F16 ? few_columns_f16 : few_columns_f32;
-  int first[GEMM_MAX_PARTS + 1], off[GEMM_MAX_PARTS];
-  first[0] = off[0] = 0;
+  few_plan f = {.wp = wp, .M = M, .K = K, .lda = lda, .ldw = ldw, .ldc = ldc, .accumulate = accumulate, .a = a, .c = c};
+  f.run = wp->dtype == GYRE_BF16 ? few_columns_bf16 : wp->dtype == GYRE_F16 ? few_columns_f16 : few_columns_f32;
+  f.first[0] = f.off[0] = 0;
   for (int p = 0; p < wp->n; p++) {
-    first[p + 1] = first[p] + (wp->rows[p] + FEW_BLOCK - 1) / FEW_BLOCK;
-    if (p + 1 < wp->n) off[p + 1] = off[p] + wp->rows[p];
+    f.first[p + 1] = f.first[p] + (wp->rows[p] + FEW_BLOCK - 1) / FEW_BLOCK;
+    if (p + 1 < wp->n) f.off[p + 1] = f.off[p] + wp->rows[p];
   }
-  const int blocks = first[wp->n];
+  const int blocks = f.first[wp->n], chunks = (blocks + FEW_CHUNK - 1) / FEW_CHUNK;
   if (threads == 1) {
-    for (int g = 0; g < blocks; g++) few_part_block(run, g, first, off, M, K, a, lda, wp, ldw, c, ldc, accumulate);
+    for (int g = 0; g < blocks; g++) few_part_block(&f, g, g + 1 < blocks ? g + 1 : -1);
     return;
   }
-#pragma omp parallel for num_threads(threads) schedule(dynamic, FEW_CHUNK)
-  for (int g = 0; g < blocks; g++) few_part_block(run, g, first, off, M, K, a, lda, wp, ldw, c, ldc, accumulate);
+  int taken = 0; /* chunks handed out */
+#pragma omp parallel num_threads(threads)
+  {
+    int mine = __atomic_fetch_add(&taken, 1, __ATOMIC_RELAXED);
+    while (mine < chunks) {
+      int after = __atomic_fetch_add(&taken, 1, __ATOMIC_RELAXED), end = (mine + 1) * FEW_CHUNK;
+      if (end > blocks) end = blocks;
+      for (int g = mine * FEW_CHUNK; g < end; g++) few_part_block(&f, g, g + 1 < end ? g + 1 : after < chunks ? after * FEW_CHUNK : -1);
+      mine = after;
+    }
+  }
 }
 
 /* How many A blocks an M-row product is cut into: enough that each fits the packing buffer (MC
