@@ -41,7 +41,10 @@
  *   does not make slower or faster;
  * - training comparable to the rollout tail: one PPO epoch (a second one runs on the core
  *   alone, serial work no policy overlaps), `train` paced so that a step's micro-batches take
- *   a few cells about as long as its batch's longest execution;
+ *   a few cells about as long as its batch's longest execution; micro-batches of 512 tokens, so
+ *   that a step's ~3,600 tree tokens make more micro-batches than there are cells (a cell claims
+ *   a whole micro-batch: with 4,096 a step was 2 micro-batches and a third or fourth training
+ *   cell had nothing to do — the simulator models that limit, `micro_batch_tokens`);
  * - 4 slots a cell (the batch of 8 and the next one open at once need every cell in rollout),
  *   and async with `--rollout-cells` (half the devices) in rollout.
  * The JSON line adds `pace`, `pace_overruns` and `paced_work` (over every run), and
@@ -100,7 +103,8 @@ const f = benchFlags(BENCH, "the same suite, seed, checkpoint and steps under ea
   horizon: { kind: "integer", doc: "turns of a toy task (TOY_STEPS; default 24; --paced: the tail suite's base horizon, 2)" },
   "executions-per-step": { kind: "integer", doc: "executions in a batch", default: 8 },
   "group-size": { kind: "integer", doc: "executions of one task in a batch", default: 4 },
-  slots: { kind: "integer", doc: "concurrent executions a cell serves in rollout (default 8; --paced: 4)" }
+  slots: { kind: "integer", doc: "concurrent executions a cell serves in rollout (default 8; --paced: 4)" },
+  "micro-batch-tokens": { kind: "integer", doc: "tokens per micro-batch (gyre train's; default 4096; --paced: 512, so that a step has a micro-batch for each of its cells)" }
 })
 const paced = f.paced
 const steps = atLeast(BENCH, "steps", f.steps ?? (paced ? 2 : 8), 1)
@@ -113,7 +117,8 @@ const knobs = {
   horizon: String(atLeast(BENCH, "horizon", f.horizon ?? (paced ? 2 : 24), 1)),
   "executions-per-step": String(atLeast(BENCH, "executions-per-step", f["executions-per-step"], 1)),
   "group-size": String(atLeast(BENCH, "group-size", f["group-size"], 1)),
-  slots: String(atLeast(BENCH, "slots", f.slots ?? (paced ? 4 : 8), 1))
+  slots: String(atLeast(BENCH, "slots", f.slots ?? (paced ? 4 : 8), 1)),
+  "micro-batch-tokens": String(atLeast(BENCH, "micro-batch-tokens", f["micro-batch-tokens"] ?? (paced ? 512 : 4096), 1))
 }
 
 /** `--pace`'s value, or one line and exit 2. */

@@ -1,7 +1,7 @@
 /**
  * `npm run bench:xlong`: extremely long executions end to end. Executions of the `long` suite
- * (task train-0; full scale: 300+ calls, over 1,000,000 distinct tokens, contexts to ~430k
- * tokens; random tiny-long weights unless `--checkpoint`) run through the whole loop as a one-step `gyre train` run: the run host of
+ * (task train-0; full scale: 300+ calls, over 1,000,000 distinct tokens, contexts to ~59k
+ * tokens in a 65,536-token window (`--env LONG_WINDOW=524288`: the suite's own, to ~430k); random tiny-long weights unless `--checkpoint`) run through the whole loop as a one-step `gyre train` run: the run host of
  * `src/cli/run-host.ts` in this process (gateway, harness runner, scheduler) on an embedded
  * nats-server, its devices in `gyre node --devices 1` child processes (rollout, then training:
  * one AdamW step, the weights published). Not a test: a table per stage, then one JSON line.
@@ -14,7 +14,11 @@
  *   message): `full_resends`;
  * - the harness's per-call usage, through the scorer's details: `cached_fraction` (prompt tokens
  *   served from a device's KV cache over the calls that continue a history, i.e. outside
- *   compactions), `refusals` (calls answered with a 4xx) and the first refusal's message;
+ *   compactions: each call's new tool output is prefilled, so with ~3k new tokens a call it is at
+ *   most ~1 - 3k / the mean context), `refusals` (calls answered with a 4xx) and the first
+ *   refusal's message; `cached_fraction_seen`: the gateway's cached prompt tokens over the prompt
+ *   tokens the execution had already sent or received (each call's shared prefix with an earlier
+ *   call: `total_tokens - unique_tokens`), i.e. how much of what a cache could serve it served;
  * - the trees rebuilt from the trajectory stream (`executionStats`): calls, tokens, dedup, bytes;
  * - the step's metrics and the journal's audit: trained tokens (the loss's), executions trained
  *   twice; `reprefill_tokens`: tokens prefilled again at role switches (the audit) and after
@@ -60,7 +64,7 @@ const f = benchFlags(BENCH, "extremely long executions of the long suite through
   devices: { kind: "integer", doc: "device processes (each `gyre node --devices 1`)", default: 1 },
   env: { kind: "string", doc: "more suite knobs, KEY=VALUE,... (LONG_WINDOW, LONG_CALLS, LONG_TOOL_TOKENS, ...)", default: "" },
   "micro-batch-tokens": { kind: "integer", doc: "the trainer's micro-batch budget (gyre train --micro-batch-tokens)", default: 4096 },
-  "kv-blocks": { kind: "integer", doc: "KV-cache blocks of 16 tokens per device (default: 1.25 x the suite's window, at least gyre train's default)" },
+  "kv-blocks": { kind: "integer", doc: "KV-cache blocks of 16 tokens per device (default: 2.5 x the suite's window, at least gyre train's default)" },
   "kv-dtype": { kind: "string", doc: "how the devices' KV caches store K and V", default: "f32", choices: ["f32", "f16"] },
   mode: { kind: "string", doc: "exact tree training or bounded dedup sampling", default: "exact", choices: ["exact", "sampled"] },
   checkpoint: { kind: "string", doc: "initial weights (default: random tiny-long)" },
@@ -79,9 +83,18 @@ const suiteEnv = (): Record<string, string> => {
   }
   return env
 }
+/**
+ * The window unless `--env LONG_WINDOW=...` sets it: the suite's (524,288 x scale^2), at most
+ * 65,536. Training attention costs each token its context (pairs ~ unique tokens x mean context):
+ * contexts to ~430k at full scale make it ~7x the 64k window's, hours on 2 cores.
+ */
+const BENCH_WINDOW = 65_536
 const ENV = suiteEnv()
 const LONG = (() => {
   try {
+    const suite = configFrom(ENV)
+    if (ENV.LONG_WINDOW !== undefined || suite.window <= BENCH_WINDOW) return suite
+    ENV.LONG_WINDOW = String(BENCH_WINDOW)
     return configFrom(ENV)
   } catch (e) {
     return refuse(BENCH, (e as Error).message)
@@ -131,8 +144,12 @@ const [
   import("./results.ts")
 ])
 
-/** Room for the longest context the script keeps and its branches' cached contexts. */
-const KV_BLOCKS = atLeast(BENCH, "kv-blocks", f["kv-blocks"] ?? Math.max(DEFAULT_KV_BLOCKS, Math.ceil((1.25 * (LONG.window + LONG.outputTokens)) / KV_BLOCK_TOKENS)), 1)
+/**
+ * Room for the longest context the script keeps and a subagent's beside it: a subagent forked
+ * near the window grows its own context while the parent's waits, so 1.25 windows evicted the
+ * parent's (LRU) and it was prefilled again when the subagent returned.
+ */
+const KV_BLOCKS = atLeast(BENCH, "kv-blocks", f["kv-blocks"] ?? Math.max(DEFAULT_KV_BLOCKS, Math.ceil((2.5 * (LONG.window + LONG.outputTokens)) / KV_BLOCK_TOKENS)), 1)
 const MB = 1024 * 1024
 const RUN = `xlong-${Date.now().toString(36)}`
 const sum = (xs: ReadonlyArray<number>) => xs.reduce((a, b) => a + b, 0)
@@ -480,6 +497,8 @@ const summaryOf = (r: Figures) => {
   const continued = sum(details.map((d) => d.continued_prompt_tokens ?? 0))
   const m = r.observed.metrics
   const unique = sum(r.stats.map((s) => s.stats.uniqueTokens))
+  // Prompt tokens the execution had already sent or received (each call's shared prefix with an earlier one): total - unique.
+  const seen = sum(r.stats.map((s) => s.stats.totalTokens)) - unique
   return {
     calls: sum(r.stats.map((s) => s.stats.calls)),
     total_tokens: sum(r.stats.map((s) => s.stats.totalTokens)),
@@ -491,6 +510,7 @@ const summaryOf = (r: Figures) => {
     full_resends: r.wire.fullResends,
     reprefill_tokens: r.audit.reprefillTokens + (r.observed.gateway?.reprefillTokens ?? 0),
     cached_fraction: continued === 0 ? null : round(sum(details.map((d) => d.continued_cached_tokens ?? 0)) / continued, 4),
+    cached_fraction_seen: seen <= 0 || r.observed.gateway === undefined ? null : round(r.observed.gateway.cachedTokens / seen, 4),
     dedup_ratio: unique === 0 ? null : round(sum(r.stats.map((s) => s.stats.totalTokens)) / unique, 2),
     tree_bytes_per_token: unique === 0 ? null : round(sum(r.stats.map((s) => s.bytes)) / unique, 2),
     trained_tokens: m?.tokensTrained ?? 0,
@@ -519,7 +539,7 @@ const report = (r: Figures) => {
   row("setup", r.setupS, "ok", `checkpoint, embedded nats-server, ${DEVICES} device process(es) started`)
   const rolled = o.rolloutS !== undefined
   const gw = o.gateway
-  row("rollout", o.rolloutS, rolled && j.refusals === 0 ? "ok" : "FAILED", `${j.calls} calls, ${j.unique_tokens} distinct / ${j.total_tokens} tokens (dedup ${j.dedup_ratio}), longest context ${j.max_context_tokens}; cached ${j.cached_fraction} outside compactions; ${j.full_resends} full resends on the wire (${r.wire.fullResendTokens} tokens; the gateway counted ${gw?.fullResends ?? "?"}), ${r.wire.generates} Generate asks; ${gw?.reprefillTokens ?? "?"} evicted tokens prefilled again; ${j.refusals} refused${first === undefined ? "" : ` (first: ${first})`}; scores ${r.stats.map((s) => s.outcome?.score ?? "-").join(" ")}`)
+  row("rollout", o.rolloutS, rolled && j.refusals === 0 ? "ok" : "FAILED", `${j.calls} calls, ${j.unique_tokens} distinct / ${j.total_tokens} tokens (dedup ${j.dedup_ratio}), longest context ${j.max_context_tokens}; cached ${j.cached_fraction} outside compactions, ${j.cached_fraction_seen} of the prompt tokens seen before; ${j.full_resends} full resends on the wire (${r.wire.fullResendTokens} tokens; the gateway counted ${gw?.fullResends ?? "?"}), ${r.wire.generates} Generate asks; ${gw?.reprefillTokens ?? "?"} evicted tokens prefilled again; ${j.refusals} refused${first === undefined ? "" : ` (first: ${first})`}; scores ${r.stats.map((s) => s.outcome?.score ?? "-").join(" ")}`)
   row("record", o.rolloutS, r.malformed === 0 && sum(r.stats.map((s) => s.rejected)) === 0 ? "ok" : "FAILED", `${r.stored.records} call records, max ${j.record_max_bytes} B, mean ${j.record_mean_bytes} B (target max <= 65536); ${r.malformed} malformed, ${sum(r.stats.map((s) => s.rejected))} rejected; tree ${j.tree_bytes_per_token} B/token`)
   const generated = sum(r.stats.map((s) => s.stats.generatedTokens))
   const trainedAll = m !== undefined && (f.mode === "exact" ? m.tokensTrained === generated : m.tokensTrained > 0)

@@ -9,7 +9,8 @@
 #      playwright-core (scripts/apt-packages.sh; never a downloaded browser), and openssl, with
 #      which the TLS test makes its certificates
 # Called by `npm test`, `npm run demo` and the benches, so the README's two commands work
-# on a machine that has only Node and npm.
+# on a machine that has only Node and npm. `--run-only` (the demo's) stops after step 3: what a
+# run needs, without the tests' torch, Chromium and openssl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,6 +23,13 @@ bash scripts/nats-server.sh >/dev/null
 
 if [ -f native/Makefile ]; then
   make -s -C native >&2
+fi
+
+if [ "${1:-}" = "--run-only" ]; then
+  exit 0
+elif [ -n "${1:-}" ]; then
+  echo "bootstrap: unknown argument '$1' (expected --run-only or nothing)" >&2
+  exit 2
 fi
 
 bash scripts/python-torch.sh

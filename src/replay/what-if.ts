@@ -23,7 +23,9 @@ const mean = (xs: ReadonlyArray<number>) => (xs.length === 0 ? 0 : xs.reduce((a,
 /** The simulator's view of a live run: its measured executions and costs, on `cells` cells. */
 export const runScenario = (audit: RunAudit, config: Pick<RunConfig, "policyConfig">, cells: number): Scenario => {
   const trainedTokens = audit.executions.reduce((a, e) => a + e.tokens, 0)
-  const cellSeconds = audit.steps.reduce((a, s) => a + (s.computeMs / 1000) * Math.max(1, s.devices.length), 0)
+  // A step's cells beyond its micro-batches had nothing to claim: they do not count as training.
+  const cellSeconds = audit.steps.reduce((a, s) => a + (s.computeMs / 1000) * Math.max(1, Math.min(s.devices.length, s.microBatches)), 0)
+  const microBatches = audit.steps.reduce((a, s) => a + s.microBatches, 0)
   const p = config.policyConfig
   return parseScenario(
     {
@@ -36,6 +38,7 @@ export const runScenario = (audit: RunAudit, config: Pick<RunConfig, "policyConf
       switch_to_rollout_s: mean(audit.switchMs.rollout.length > 0 ? audit.switchMs.rollout : audit.switchMs.rolloutCore) / 1000,
       weight_sync_s: mean(audit.weightSyncS),
       step_update_s: mean(audit.steps.map((s) => s.reduceMs + s.publishMs)) / 1000,
+      ...(microBatches === 0 ? {} : { micro_batch_tokens: Math.max(1, trainedTokens / microBatches) }),
       steps: Math.max(1, audit.stepsDone),
       executions_per_step: p.executions_per_step,
       max_staleness: p.max_staleness,

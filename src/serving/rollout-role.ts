@@ -141,7 +141,7 @@ export const startRollout = Effect.fn("startRollout")(function* (
     maxContext: config.maxContext ?? modelConfig.max_position_embeddings,
     maxBatch: config.maxBatch ?? 32,
     prefillChunk: config.prefillChunk ?? 256,
-    contextsPerExecution: config.contextsPerExecution ?? 16,
+    contextsPerExecution: config.contextsPerExecution ?? 64,
     version: config.version ?? 0,
     onLoad,
     pacer

@@ -42,6 +42,12 @@ export const Scenario = Schema.Struct({
    * saving and publishing the weights), on the step's core. Absent: 0.
    */
   step_update_s: Schema.optionalKey(NonNegative),
+  /**
+   * Tokens of one micro-batch, in the executions' token units: a step's training splits into
+   * ceil(step tokens / micro_batch_tokens) micro-batches and no more cells than that train it at
+   * once (a cell claims a whole micro-batch). Absent: training divides among any number of cells.
+   */
+  micro_batch_tokens: Schema.optionalKey(Positive),
   steps: Int(1),
   executions_per_step: Int(1),
   max_staleness: Int(0),

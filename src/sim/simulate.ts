@@ -13,7 +13,8 @@
  *   order (paused ones first) and hold a slot for `duration_s`; when a cell leaves rollout its
  *   executions move to free slots elsewhere, and any that do not fit pause, keeping progress;
  * - training is a fluid: the step's cells train its finished executions' tokens at
- *   `train_tokens_per_s_per_cell` each; with nothing left to train they wait for data; the
+ *   `train_tokens_per_s_per_cell` each, at most as many cells as the step has micro-batches
+ *   (`micro_batch_tokens`; a cell claims whole ones); with nothing left to train they wait for data; the
  *   step's core (it holds the optimizer state and the accumulated gradients) leaves the step
  *   last and rejoins it first;
  * - a step whose batch has finished and is all trained ends `step_update_s` later (its update on
@@ -28,6 +29,12 @@ import type { Policy } from "../policy/policy.ts"
 import type { PolicyAction, PolicyEvent } from "../policy/vocabulary.ts"
 import { KeyHeap } from "../common/heap.ts"
 import { policyConfigOf, type Executions, type Scenario } from "./scenario.ts"
+
+/** Micro-batches of each step: ceil(its executions' tokens / `microBatchTokens`), at least 1. */
+const stepParallelism = (tokens: Float64Array, B: number, steps: number, microBatchTokens: number | undefined): ReadonlyArray<number> =>
+  Array.from({ length: steps }, (_, k) =>
+    microBatchTokens === undefined ? Infinity : Math.max(1, Math.ceil(tokens.subarray(k * B, (k + 1) * B).reduce((a, t) => a + t, 0) / microBatchTokens))
+  )
 
 export class PolicyViolation extends Error {
   readonly _tag = "PolicyViolation"
@@ -91,6 +98,8 @@ class Simulation<S> {
   private readonly B: number
   private readonly steps: number
   private readonly rate: number
+  /** Cells that can train step k at once: its micro-batches (Infinity without `micro_batch_tokens`). */
+  private readonly parallel: ReadonlyArray<number>
   private readonly update: number
   private readonly n: number
   private readonly dur: Float64Array
@@ -164,6 +173,7 @@ class Simulation<S> {
     this.B = scenario.executions_per_step
     this.steps = scenario.steps
     this.rate = scenario.train_tokens_per_s_per_cell
+    this.parallel = stepParallelism(executions.tokens, this.B, this.steps, scenario.micro_batch_tokens)
     this.update = scenario.step_update_s ?? 0
     this.n = this.steps * this.B
     this.dur = executions.durations
@@ -363,7 +373,7 @@ class Simulation<S> {
 
   private setRate(): void {
     this.advance()
-    this.trainRate = this.members * this.rate
+    this.trainRate = Math.min(this.members, this.parallel[this.trainStep] ?? Infinity) * this.rate
     this.reschedule()
   }
 

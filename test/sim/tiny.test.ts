@@ -24,6 +24,14 @@ describe("tiny scenarios, by hand", () => {
     expect(makespan(tiny(1), colocate)).toBeCloseTo(65, 9)
   })
 
+  it("colocate with one micro-batch a step: the second cell has nothing to claim, training takes one cell's time", () => {
+    // As above, but each step's 200 tokens are one micro-batch: train at 10/s 21-41 | switch back
+    // 41-43, version 1 arrives 44 | e2 44-54, e3 44-64 | switch 64-65 | train 65-85.
+    expect(makespan(parseScenario({ ...tinyScenario, max_staleness: 0, micro_batch_tokens: 200 }), colocate)).toBeCloseTo(85, 9)
+    // Two micro-batches of 100 tokens: both cells train, as without the field.
+    expect(makespan(parseScenario({ ...tinyScenario, max_staleness: 0, micro_batch_tokens: 100 }), colocate)).toBeCloseTo(65, 9)
+  })
+
   it("async 1+1, on-policy: one slot rolls out, one cell trains", () => {
     // cell 1 switches 0-1 | e0 0-10, e1 10-30 | step 0 30-50 (200 tokens at 10/s) | version 1
     // at 53 | e2 53-63, e3 63-83 | step 1 83-103.
