@@ -48,7 +48,7 @@ import { formatAddress, parseAddress } from "../runtime/names.ts"
 import { repoRoot } from "../runtime/nats-server.ts"
 import { startNode } from "../runtime/node.ts"
 import { ActorSystem } from "../runtime/system.ts"
-import { UsageError, parseConfigured, type Command } from "./args.ts"
+import { UsageError, parseConfigured, type Command, type Flags } from "./args.ts"
 import { checkListen, checkPort } from "./checks.ts"
 import { checkKvFlags, nodeKvFlags } from "./kv.ts"
 import { checkPaceFlag, nodePaceFlag } from "./pace.ts"
@@ -135,74 +135,90 @@ const trainingDevices = (system: ActorSystemShape, count: number, kv: ReturnType
 /** One status line on stdout. */
 const status = (line: Record<string, unknown>) => Effect.sync(() => void process.stdout.write(`${JSON.stringify(line)}\n`))
 
+type NodeFlags = Flags<typeof flags>
+
+/** The flags, checked before anything starts (a bad one is a `UsageError`), and the actor types of `--load`. */
+const checkedFlags = async (f: NodeFlags) => {
+  const spawns = list(f.spawn).map((a) => {
+    try {
+      return parseAddress(a)
+    } catch (e) {
+      throw new UsageError(`gyre node: --spawn ${a}: ${(e as Error).message}`)
+    }
+  })
+  if (f.devices < 0) throw new UsageError(`gyre node: --devices must be at least 0, got ${f.devices}`)
+  if (f["metrics-port"] !== undefined) await checkPort("node", "127.0.0.1", f["metrics-port"], "--metrics-port")
+  const kv = checkKvFlags("node", f)
+  // Actors of --load modules read their configuration from the environment (GYRE_KV_BLOCKS, GYRE_KV_DTYPE, GYRE_PACE).
+  if (kv.kvBlocks !== undefined) process.env.GYRE_KV_BLOCKS = String(kv.kvBlocks)
+  if (kv.kvDtype !== undefined) process.env.GYRE_KV_DTYPE = kv.kvDtype
+  const pace = checkPaceFlag("node", f.pace)
+  if (pace !== undefined) process.env.GYRE_PACE = f.pace!
+  const types = await loadActorTypes(list(f.load))
+  const kinds = [...types.map((t) => t.kind), ...(f.devices > 0 ? [DEVICE_KIND] : []), ...(f.scheduler ? [SCHEDULER_KIND] : [])]
+  for (const a of spawns) {
+    if (!kinds.includes(a.kind)) throw new UsageError(`gyre node: --spawn ${formatAddress(a)}: no actor type '${a.kind}' on this node (its types: ${kinds.join(", ") || "none"}; --load a module that exports it)`)
+  }
+  const listen = f.listen === undefined ? undefined : await checkListen("node", f.listen)
+  return { spawns, kv, pace, types, kinds, listen }
+}
+
+type Checked = Awaited<ReturnType<typeof checkedFlags>>
+
+/** The `ready` status line: where this node serves, what it hosts, its metrics URL and how another machine joins. */
+const readyLine = (f: NodeFlags, system: ActorSystemShape, hosted: ReadonlyArray<{ readonly kind: string }>, metricsUrl: string | undefined, join: unknown) => ({
+  event: "ready",
+  node: f.name,
+  run: f.run,
+  nats: system.nats.servers,
+  embedded: system.nats.embedded,
+  ...(system.nats.server !== undefined ? { natsPid: system.nats.server.pid, store: system.nats.server.storeDir } : {}),
+  types: hosted.map((t) => t.kind),
+  ...(metricsUrl !== undefined ? { metrics: metricsUrl } : {}),
+  ...(join !== undefined ? { join } : {})
+})
+
+/** Hosts the node's actors until SIGTERM or SIGINT, then drains (the module comment). */
+const serveNode = (f: NodeFlags, c: Checked, auth: { readonly dir: string } | undefined) =>
+  Effect.gen(function* () {
+    const system = yield* ActorSystem
+    const join = c.listen === undefined || system.nats.server === undefined ? undefined : yield* joinOf({ urls: system.nats.server.urls, host: c.listen.host, run: f.run, auth })
+    if (join !== undefined) yield* Effect.logInfo(joinLines(join).join("\n"))
+    const devices = f.devices > 0 ? yield* trainingDevices(system, f.devices, c.kv, c.pace) : undefined
+    const scheduler = f.scheduler ? yield* schedulerCandidate(system, f.suites) : undefined
+    const hosted = [...c.types, ...(devices === undefined ? [] : [devices.type]), ...(scheduler === undefined ? [] : [scheduler.type])]
+    const node = yield* startNode({
+      name: f.name,
+      types: hosted,
+      devices: list(f["device-ids"]),
+      ...(f["heartbeat-ms"] !== undefined ? { heartbeatMs: f["heartbeat-ms"] } : {}),
+      ...(f["dead-after-ms"] !== undefined ? { deadAfterMs: f["dead-after-ms"] } : {}),
+      ...(f["ack-wait-ms"] !== undefined ? { ackWaitMs: f["ack-wait-ms"] } : {}),
+      ...(f["metrics-port"] !== undefined ? { metricsPort: f["metrics-port"] } : {})
+    })
+    for (const a of c.spawns) yield* node.spawn(a.kind, a.id)
+    if (devices !== undefined) for (let i = 0; i < f.devices; i++) yield* node.spawn(DEVICE_KIND, `${f.name}.${devices.backend}${i}`)
+    const candidate = scheduler === undefined ? undefined : yield* Effect.forkScoped(scheduler.standBy(node, system))
+    yield* status(readyLine(f, system, hosted, node.metricsUrl, join))
+    yield* Effect.logInfo(`node ${f.name} serving run ${f.run} on ${system.nats.servers}`)
+    // the candidate goes first: a scheduler stopped by the drain under it would read as one that gave up
+    yield* serveUntilStopped(system.nats, Effect.andThen(candidate === undefined ? Effect.void : Fiber.interrupt(candidate), node.drain))
+    yield* status({ event: "drained", node: f.name })
+  })
+
 export const command: Command<typeof flags> = {
   summary: "host actors on this machine (embedded nats-server unless NATS_URL is set)",
   configured: true,
   flags,
   run: async (argv) => {
     const f = parseConfigured("node", flags, argv)
-    const spawns = list(f.spawn).map((a) => {
-      try {
-        return parseAddress(a)
-      } catch (e) {
-        throw new UsageError(`gyre node: --spawn ${a}: ${(e as Error).message}`)
-      }
-    })
-    if (f.devices < 0) throw new UsageError(`gyre node: --devices must be at least 0, got ${f.devices}`)
-    if (f["metrics-port"] !== undefined) await checkPort("node", "127.0.0.1", f["metrics-port"], "--metrics-port")
-    const kv = checkKvFlags("node", f)
-    // Actors of --load modules read their configuration from the environment (GYRE_KV_BLOCKS, GYRE_KV_DTYPE, GYRE_PACE).
-    if (kv.kvBlocks !== undefined) process.env.GYRE_KV_BLOCKS = String(kv.kvBlocks)
-    if (kv.kvDtype !== undefined) process.env.GYRE_KV_DTYPE = kv.kvDtype
-    const pace = checkPaceFlag("node", f.pace)
-    if (pace !== undefined) process.env.GYRE_PACE = f.pace!
-    const types = await loadActorTypes(list(f.load))
-    const kinds = [...types.map((t) => t.kind), ...(f.devices > 0 ? [DEVICE_KIND] : []), ...(f.scheduler ? [SCHEDULER_KIND] : [])]
-    for (const a of spawns) {
-      if (!kinds.includes(a.kind)) throw new UsageError(`gyre node: --spawn ${formatAddress(a)}: no actor type '${a.kind}' on this node (its types: ${kinds.join(", ") || "none"}; --load a module that exports it)`)
-    }
-    const listen = f.listen === undefined ? undefined : await checkListen("node", f.listen)
-    const nats = await Effect.runPromise(embeddedNats({ name: `gyre-node-${f.name}`, run: f.run, node: f.name, kinds, store: f.store, listen }))
-    const program = Effect.gen(function* () {
-      const system = yield* ActorSystem
-      const join = listen === undefined || system.nats.server === undefined ? undefined : yield* joinOf({ urls: system.nats.server.urls, host: listen.host, run: f.run, auth: nats.auth })
-      if (join !== undefined) yield* Effect.logInfo(joinLines(join).join("\n"))
-      const devices = f.devices > 0 ? yield* trainingDevices(system, f.devices, kv, pace) : undefined
-      const scheduler = f.scheduler ? yield* schedulerCandidate(system, f.suites) : undefined
-      const hosted = [...types, ...(devices === undefined ? [] : [devices.type]), ...(scheduler === undefined ? [] : [scheduler.type])]
-      const node = yield* startNode({
-        name: f.name,
-        types: hosted,
-        devices: list(f["device-ids"]),
-        ...(f["heartbeat-ms"] !== undefined ? { heartbeatMs: f["heartbeat-ms"] } : {}),
-        ...(f["dead-after-ms"] !== undefined ? { deadAfterMs: f["dead-after-ms"] } : {}),
-        ...(f["ack-wait-ms"] !== undefined ? { ackWaitMs: f["ack-wait-ms"] } : {}),
-        ...(f["metrics-port"] !== undefined ? { metricsPort: f["metrics-port"] } : {})
-      })
-      for (const a of spawns) yield* node.spawn(a.kind, a.id)
-      if (devices !== undefined) for (let i = 0; i < f.devices; i++) yield* node.spawn(DEVICE_KIND, `${f.name}.${devices.backend}${i}`)
-      const candidate = scheduler === undefined ? undefined : yield* Effect.forkScoped(scheduler.standBy(node, system))
-      yield* status({
-        event: "ready",
-        node: f.name,
-        run: f.run,
-        nats: system.nats.servers,
-        embedded: system.nats.embedded,
-        ...(system.nats.server !== undefined ? { natsPid: system.nats.server.pid, store: system.nats.server.storeDir } : {}),
-        types: hosted.map((t) => t.kind),
-        ...(node.metricsUrl !== undefined ? { metrics: node.metricsUrl } : {}),
-        ...(join !== undefined ? { join } : {})
-      })
-      yield* Effect.logInfo(`node ${f.name} serving run ${f.run} on ${system.nats.servers}`)
-      // the candidate goes first: a scheduler stopped by the drain under it would read as one that gave up
-      yield* serveUntilStopped(system.nats, Effect.andThen(candidate === undefined ? Effect.void : Fiber.interrupt(candidate), node.drain))
-      yield* status({ event: "drained", node: f.name })
-    })
+    const checked = await checkedFlags(f)
+    const nats = await Effect.runPromise(embeddedNats({ name: `gyre-node-${f.name}`, run: f.run, node: f.name, kinds: checked.kinds, store: f.store, listen: checked.listen }))
     const layer = Layer.merge(ActorSystem.layer({ run: f.run }), Engine.layer).pipe(
       Layer.provideMerge(Nats.layer(nats)),
       Layer.provideMerge(observabilityLayer(`gyre-node-${f.name}`))
     )
-    await Effect.runPromise(Effect.scoped(program).pipe(Effect.provide(layer)))
+    await Effect.runPromise(Effect.scoped(serveNode(f, checked, nats.auth)).pipe(Effect.provide(layer)))
     return 0
   }
 }

@@ -218,14 +218,22 @@ const openToOthers = (place: RunPlace, initial: string, log: (line: string) => v
     if (place.listen !== undefined || place.external !== undefined) yield* publishInitialCheckpoint(connection, place.run, initial)
   })
 
-/** The run itself, on the connection and engine provided (the module doc's steps 1-5). */
-const trainRun = (f: TrainFlags, command: string, place: RunPlace) =>
+/** Where the run's lines go: `log` (nothing with --quiet or --json), and the progress display (none then either). */
+const outputOf = (f: TrainFlags, run: string) => {
+  const quiet = f.quiet || f.json
+  const log = quiet ? () => undefined : (line: string) => console.log(line)
+  const progress = quiet ? undefined : new RunProgress({ tty: process.stdout.isTTY === true, write: log, ...(f.devices === 0 ? { noDevices: noDevicesHint(run) } : {}) }, f["executions-per-step"])
+  return { quiet, log, progress }
+}
+
+/**
+ * Step 1: the initial weights and the run's configuration (the journal's when resuming), its
+ * tool format checked against the checkpoint's template; the run opened to other machines.
+ */
+const prepareRun = (f: TrainFlags, command: string, place: RunPlace, out: ReturnType<typeof outputOf>, clock: PhaseClock) =>
   Effect.gen(function* () {
     const { run, store } = place
-    const quiet = f.quiet || f.json
-    const log = quiet ? () => undefined : (line: string) => console.log(line)
-    const progress = quiet ? undefined : new RunProgress({ tty: process.stdout.isTTY === true, write: log, ...(f.devices === 0 ? { noDevices: noDevicesHint(run) } : {}) }, f["executions-per-step"])
-    const clock = phaseClock()
+    const { log, progress } = out
     const warm = { suite: f.suite, env: suiteEnv(f), tasks: f["demo-tasks"], steps: f["sft-steps"], lr: f["sft-lr"], seed: f.seed, fresh: false, log, ...(progress ? { onStep: progress.warmStart(f["sft-steps"]) } : {}) }
     const resumed = f.resume === undefined ? undefined : yield* resumedConfig(command, run, store)
     const initial = resumed?.checkpoint ?? f.checkpoint ?? (yield* warmStartedCheckpoint(warm))
@@ -235,7 +243,18 @@ const trainRun = (f: TrainFlags, command: string, place: RunPlace) =>
     yield* Effect.tryPromise({ try: () => chatFormatFor(command, initial, config.toolFormat), catch: (e) => e })
     if (resumed !== undefined) log(`resuming ${run}: ${resumed.policy}, ${resumed.policyConfig.steps} steps (the journal's configuration)`)
     // The join lines go to stderr when stdout is kept for the JSON line: another machine needs them either way.
-    yield* openToOthers(place, initial, quiet ? (line) => console.error(line) : log)
+    yield* openToOthers(place, initial, out.quiet ? (line) => console.error(line) : log)
+    return { resumed, initial, config }
+  })
+
+/** The run itself, on the connection and engine provided (the module doc's steps 1-5). */
+const trainRun = (f: TrainFlags, command: string, place: RunPlace) =>
+  Effect.gen(function* () {
+    const { run, store } = place
+    const out = outputOf(f, run)
+    const { log, progress } = out
+    const clock = phaseClock()
+    const { resumed, initial, config } = yield* prepareRun(f, command, place, out, clock)
     const trainTasks = trainTaskIds(yield* loadSuite(f.suites, config.suite))
     const heldout = parseTaskList(f.heldout)
     // A resumed run scores under names of its own (the stopped run's evaluations are in the store).
@@ -263,35 +282,54 @@ const trainRun = (f: TrainFlags, command: string, place: RunPlace) =>
     fs.mkdirSync(path.dirname(report), { recursive: true })
     fs.writeFileSync(report, renderReport([yield* buildReport(result.system)]))
     clock.lap("report")
-    return {
-      run,
-      policy: result.config.policy,
-      steps: audit.stepsDone,
-      wall_s: clock.total(),
-      run_s: round(result.runS, 1),
-      phases_s: clock.laps,
-      heldout_before: round(before.meanScore),
-      heldout_after: round(after.meanScore),
-      heldout_tasks: heldout.length,
-      heldout_gain: round(gain.gain),
-      heldout_gain_ci95: gain.ci95 === null ? null : round(gain.ci95),
-      train_scores: audit.steps.map((s) => round(s.meanScore)),
-      devices: audit.cells,
-      switches: audit.switches,
-      // at role switches (the journal) and after evictions from a full KV pool (this process's gateway)
-      reprefill_tokens: audit.reprefillTokens + (result.calls?.reprefillTokens ?? 0),
-      kv_handoff_bytes: audit.kvHandoffBytes,
-      stale_dropped: audit.staleDropped,
-      executions_lost: audit.executionsLost,
-      trained_twice: audit.trainedTwice,
-      training_errors: trainingErrors(audit.steps).length,
-      ...paceSummary(result.config.pace, result.pace),
-      store: place.external ?? store,
-      warm_start_checkpoint: initial,
-      checkpoint: result.checkpoint,
-      report
-    }
+    return summaryOf({ place, clock, result, audit, before, after, gain, heldoutTasks: heldout.length, initial, report })
   })
+
+/** What a run's summary is counted from. */
+interface RunFigures {
+  readonly place: RunPlace
+  readonly clock: PhaseClock
+  readonly result: Effect.Success<ReturnType<typeof hostRun>>
+  readonly audit: Effect.Success<ReturnType<typeof auditRun>>
+  readonly before: { readonly meanScore: number }
+  readonly after: { readonly meanScore: number }
+  readonly gain: ReturnType<typeof heldoutGain>
+  readonly heldoutTasks: number
+  readonly initial: string
+  readonly report: string
+}
+
+/** The run's summary: the JSON line's object (step 4). */
+const summaryOf = ({ place, clock, result, audit, before, after, gain, heldoutTasks, initial, report }: RunFigures) => ({
+  run: place.run,
+  policy: result.config.policy,
+  steps: audit.stepsDone,
+  wall_s: clock.total(),
+  run_s: round(result.runS, 1),
+  phases_s: clock.laps,
+  heldout_before: round(before.meanScore),
+  heldout_after: round(after.meanScore),
+  heldout_tasks: heldoutTasks,
+  heldout_gain: round(gain.gain),
+  heldout_gain_ci95: gain.ci95 === null ? null : round(gain.ci95),
+  train_scores: audit.steps.map((s) => round(s.meanScore)),
+  devices: audit.cells,
+  switches: audit.switches,
+  // at role switches (the journal) and after evictions from a full KV pool (this process's gateway)
+  reprefill_tokens: audit.reprefillTokens + (result.calls?.reprefillTokens ?? 0),
+  kv_handoff_bytes: audit.kvHandoffBytes,
+  stale_dropped: audit.staleDropped,
+  executions_lost: audit.executionsLost,
+  trained_twice: audit.trainedTwice,
+  training_errors: trainingErrors(audit.steps).length,
+  ...paceSummary(result.config.pace, result.pace),
+  store: place.external ?? place.store,
+  warm_start_checkpoint: initial,
+  checkpoint: result.checkpoint,
+  report
+})
+
+type PhaseClock = ReturnType<typeof phaseClock>
 
 /** Seconds of each phase of a run, in order, and in all. */
 const phaseClock = () => {

@@ -16,10 +16,10 @@
  * and name, the rest only arguments). Text that may still become a stop string or a tool call
  * is held back until decided (`visibleText`).
  */
-import { Effect } from "effect"
+import { Context, Effect, Layer } from "effect"
 import { type ChatFormat, gyreChat } from "../openai/chat.ts"
 import { endsInReasoning } from "../openai/reasoning.ts"
-import { TurnDeltas, readTurn, type ReadingDelta } from "../openai/turn-reader.ts"
+import { TurnDeltas, readTurn, type ReadingDelta, type TurnReaderOptions } from "../openai/turn-reader.ts"
 import type { ChatMessage, ToolDefinition } from "../openai/messages.ts"
 import { apiError, contextLengthExceeded, type ApiError, type FinishReason } from "../openai/openai.ts"
 import type { SamplingParams, StepTokens } from "../protocols/rollout.ts"
@@ -116,118 +116,198 @@ const firstStop = (text: string, stops: ReadonlyArray<string>): string | null =>
   return best?.stop ?? null
 }
 
+/** What a model's turns share: the options, the chat format, its tokenizer and end-of-turn ids. */
+interface Turns {
+  readonly options: ChatTurnsOptions
+  readonly chat: ChatFormat
+  readonly tokenizer: ChatFormat["tokenizer"]
+  readonly endOfTurn: ReadonlyArray<ReadonlyArray<number>>
+}
+
+/** The prompt ids of a request, within the context limit (counted without blocking the event loop for long: `../openai/prompt.ts`). */
+const render = (t: Turns, call: GatewayCall, req: TurnRequest): Effect.Effect<Int32Array, ApiError> =>
+  t.chat.prompt(req.messages, req.tools, call.session.turns, t.options.maxContextTokens).pipe(
+    Effect.mapError((e) => contextLengthExceeded(e.limit, e.tokens, req.param, e.atLeast))
+  )
+
+/** A request's sampling (the run's, else the request's, else the defaults), stopping at `stop` (token sequences). */
+const sampling = (
+  t: Turns,
+  req: Pick<TurnRequest, "maxTokens" | "temperature" | "topP" | "seed">,
+  stop: ReadonlyArray<ArrayLike<number>>
+): SamplingParams => ({
+  maxTokens: req.maxTokens ?? t.options.defaultMaxTokens,
+  temperature: t.options.sampling?.temperature ?? req.temperature ?? 1,
+  topP: t.options.sampling?.topP ?? req.topP ?? 1,
+  seed: req.seed ?? null,
+  stop: stop.map((s) => Int32Array.from(s))
+})
+
+/** A turn's sampling: it stops at the end of the turn (unless `ignoreEos`), the request's stop strings and `more`. */
+const turnSampling = (t: Turns, req: TurnRequest, more: ReadonlyArray<ArrayLike<number>>) =>
+  sampling(t, req, [...(req.ignoreEos === true ? [] : t.endOfTurn), ...req.stops.map((s) => t.tokenizer.encode(s)), ...more])
+
+/** The text the turn must start with for its tool choice (a call's start; with a name, up to its arguments). */
+const forcedStart = (chat: ChatFormat, req: TurnRequest, withTools: boolean): string => {
+  if (!withTools || chat.callStart === undefined) return ""
+  if (req.toolChoice === "required") return chat.callStart()
+  return typeof req.toolChoice === "object" ? chat.callStart(req.toolChoice.name) : ""
+}
+
+/** The calls a turn answers with: only the named function's (a named tool choice), only the first without parallel calls. */
+const admitted = <C extends { readonly name: string }>(req: TurnRequest, calls: ReadonlyArray<C>): ReadonlyArray<C> => {
+  const choice = req.toolChoice
+  const named = typeof choice === "object" ? calls.filter((c) => c.name === choice.name) : calls
+  return req.parallelToolCalls ? named : named.slice(0, 1)
+}
+
+/** A turn's prompt: the rendered request, then the start its tool choice forces (`forcedIds`, the text `forced`). */
+interface TurnPrompt {
+  readonly prompt: Int32Array
+  readonly forced: string
+  readonly forcedIds: Int32Array
+  /** Tools are offered and calls read (there are tools, and the choice is not `none`). */
+  readonly withTools: boolean
+}
+
+const promptOf = Effect.fn("ChatTurns.prompt")(function* (t: Turns, call: GatewayCall, req: TurnRequest) {
+  const choice = req.toolChoice
+  if (typeof choice === "object" && !req.tools.some((tool) => tool.function.name === choice.name)) {
+    return yield* Effect.fail(apiError(400, `The tool choice names function '${choice.name}', which is not among the request's tools.`, { param: "tool_choice" }))
+  }
+  const withTools = req.tools.length > 0 && choice !== "none"
+  const forced = forcedStart(t.chat, req, withTools)
+  const forcedIds = Int32Array.from(t.tokenizer.encode(forced))
+  const rendered = yield* render(t, call, req)
+  const prompt = new Int32Array(rendered.length + forcedIds.length)
+  prompt.set(rendered)
+  prompt.set(forcedIds, rendered.length)
+  return { prompt, forced, forcedIds, withTools } satisfies TurnPrompt
+})
+
+/** One turn being generated: its readings as deltas, then its answer, recorded and remembered for the execution. */
+class TurnInProgress {
+  private readonly reader: TurnReaderOptions
+  private readonly deltas: TurnDeltas
+  private readonly seen: Array<number> = []
+  private last: ReadingDelta | undefined
+  answer: Omit<TurnAnswer, "result"> | undefined
+
+  constructor(
+    private readonly t: Turns,
+    private readonly call: GatewayCall,
+    private readonly req: TurnRequest,
+    private readonly p: TurnPrompt,
+    toolCallId: () => string
+  ) {
+    const { tokenizer } = t
+    this.reader = {
+      tokenizer,
+      stops: req.stops,
+      markers: t.chat.markers,
+      format: p.withTools ? t.chat.toolFormat : undefined,
+      tools: req.tools,
+      prefix: p.forced,
+      inReasoning: endsInReasoning(tokenizer.decode(p.prompt.subarray(Math.max(0, p.prompt.length - 16))))
+    }
+    this.deltas = new TurnDeltas(toolCallId)
+  }
+
+  /** Without parallel calls, generation ends with the first call's closing text, where the format has one. */
+  get closer(): ReadonlyArray<ArrayLike<number>> {
+    const format = this.reader.format
+    return this.p.withTools && !this.req.parallelToolCalls && format?.closer !== undefined ? [this.t.tokenizer.encode(format.closer)] : []
+  }
+
+  private read(output: ArrayLike<number>, final: boolean) {
+    const r = readTurn(output, final, this.reader)
+    return { ...r, calls: admitted(this.req, r.calls) }
+  }
+
+  /** Each generated step's delta to `onDelta`. */
+  streamTo(onDelta: (delta: TurnDelta) => void) {
+    return (step: StepTokens) => {
+      this.seen.push(...step.tokens)
+      const d = this.deltas.next(this.read(this.seen, false))
+      onDelta({ content: d.content, reasoning: d.reasoning, toolCalls: d.calls, step, promptTokens: this.p.prompt.length })
+    }
+  }
+
+  /** The turn's answer from the call's result (`Finish`): it is remembered for the execution, and recorded with what this returns. */
+  finish(r: CallResult): ReturnType<Finish> {
+    const { tokenizer } = this.t
+    const reading = this.read(r.output, true)
+    this.last = this.deltas.next(reading)
+    const ids = this.deltas.ids
+    const toolCalls = reading.calls.map((c, i) => ({ id: ids[i]!, name: c.name, arguments: c.arguments }))
+    const finishReason: FinishReason = toolCalls.length > 0 ? "tool_calls" : r.finishReason === "length" ? "length" : "stop"
+    const stopSequence = this.req.stops.length === 0 ? null : firstStop(tokenizer.decode(r.output, { skipSpecial: true }), this.req.stops)
+    const content = toolCalls.length > 0 && reading.content.trim() === "" ? null : reading.content
+    this.answer = { content, reasoning: reading.reasoning === "" ? null : reading.reasoning, toolCalls, finishReason, stopSequence }
+    const turn = new Int32Array(this.p.forcedIds.length + r.output.length)
+    turn.set(this.p.forcedIds)
+    turn.set(r.output, this.p.forcedIds.length)
+    this.call.session.turns.remember(turn, toolCalls.map((c) => c.id), content ?? "")
+    return { finishReason, toolCalls: Object.fromEntries(toolCalls.map((c, i) => [c.id, reading.calls[i]!.raw])) }
+  }
+
+  /** The last delta: what the final reading shows beyond the streamed ones. */
+  lastDelta(): TurnDelta {
+    const last = this.last!
+    return { content: last.content, reasoning: last.reasoning, toolCalls: last.calls, step: undefined, promptTokens: this.p.prompt.length }
+  }
+}
+
+const run = Effect.fn("ChatTurns.run")(function* (
+  t: Turns,
+  call: GatewayCall,
+  callId: string,
+  req: TurnRequest,
+  onDelta: ((delta: TurnDelta) => void) | undefined,
+  toolCallId: () => string
+) {
+  const p = yield* promptOf(t, call, req)
+  const turn = new TurnInProgress(t, call, req, p, toolCallId)
+  const onTokens = onDelta === undefined ? undefined : turn.streamTo(onDelta)
+  const result = yield* t.options.generate(call, callId, p.prompt, turnSampling(t, req, turn.closer), onTokens, (r) => turn.finish(r))
+  // the last delta goes out once the call is recorded
+  onDelta?.(turn.lastDelta())
+  return { ...turn.answer!, result } satisfies TurnAnswer
+})
+
 /** Rendering and running turns over a model's chat format. */
-export const chatTurns = (options: ChatTurnsOptions) => {
-  const chatFormat = options.chat ?? gyreChat
-  const { tokenizer } = chatFormat
-  const endOfTurn = chatFormat.stopIds.map((id) => [id])
-
-  /** The prompt ids of a request, within the context limit (counted without blocking the event loop for long: `../openai/prompt.ts`). */
-  const render = (call: GatewayCall, req: TurnRequest): Effect.Effect<Int32Array, ApiError> =>
-    chatFormat.prompt(req.messages, req.tools, call.session.turns, options.maxContextTokens).pipe(
-      Effect.mapError((e) => contextLengthExceeded(e.limit, e.tokens, req.param, e.atLeast))
-    )
-
-  /** A request's sampling (the run's, else the request's, else the defaults), stopping at `stop` (token sequences). */
-  const sampling = (
-    req: Pick<TurnRequest, "maxTokens" | "temperature" | "topP" | "seed">,
-    stop: ReadonlyArray<ArrayLike<number>>
-  ): SamplingParams => ({
-    maxTokens: req.maxTokens ?? options.defaultMaxTokens,
-    temperature: options.sampling?.temperature ?? req.temperature ?? 1,
-    topP: options.sampling?.topP ?? req.topP ?? 1,
-    seed: req.seed ?? null,
-    stop: stop.map((s) => Int32Array.from(s))
-  })
-  const samplingOf = (req: TurnRequest, more: ReadonlyArray<ArrayLike<number>> = []) =>
-    sampling(req, [...(req.ignoreEos === true ? [] : endOfTurn), ...req.stops.map((s) => tokenizer.encode(s)), ...more])
-
-  /** The text the turn must start with for its tool choice (a call's start; with a name, up to its arguments). */
-  const forcedStart = (req: TurnRequest, withTools: boolean): string => {
-    if (!withTools || chatFormat.callStart === undefined) return ""
-    if (req.toolChoice === "required") return chatFormat.callStart()
-    return typeof req.toolChoice === "object" ? chatFormat.callStart(req.toolChoice.name) : ""
-  }
-
-  /** The calls a turn answers with: only the named function's (a named tool choice), only the first without parallel calls. */
-  const admitted = <C extends { readonly name: string }>(req: TurnRequest, calls: ReadonlyArray<C>): ReadonlyArray<C> => {
-    const choice = req.toolChoice
-    const named = typeof choice === "object" ? calls.filter((c) => c.name === choice.name) : calls
-    return req.parallelToolCalls ? named : named.slice(0, 1)
-  }
-
+export interface ChatTurnsShape {
+  /** The prompt ids of a request, within the context limit. */
+  readonly render: (call: GatewayCall, req: TurnRequest) => Effect.Effect<Int32Array, ApiError>
   /**
    * Generates, records and remembers one turn; `toolCallId` names each tool call it makes
    * (default: ids of the kind the model's chat template accepts).
    */
-  const run = (
+  readonly run: (
     call: GatewayCall,
     callId: string,
     req: TurnRequest,
     onDelta: ((delta: TurnDelta) => void) | undefined,
-    toolCallId: () => string = chatFormat.toolFormat.newCallId
-  ): Effect.Effect<TurnAnswer, ApiError> =>
-    Effect.gen(function* () {
-      const choice = req.toolChoice
-      if (typeof choice === "object" && !req.tools.some((t) => t.function.name === choice.name)) {
-        return yield* Effect.fail(apiError(400, `The tool choice names function '${choice.name}', which is not among the request's tools.`, { param: "tool_choice" }))
-      }
-      const withTools = req.tools.length > 0 && choice !== "none"
-      const forced = forcedStart(req, withTools)
-      const forcedIds = Int32Array.from(tokenizer.encode(forced))
-      const rendered = yield* render(call, req)
-      const prompt = new Int32Array(rendered.length + forcedIds.length)
-      prompt.set(rendered)
-      prompt.set(forcedIds, rendered.length)
-      const format = withTools ? chatFormat.toolFormat : undefined
-      const reader = {
-        tokenizer,
-        stops: req.stops,
-        markers: chatFormat.markers,
-        format,
-        tools: req.tools,
-        prefix: forced,
-        inReasoning: endsInReasoning(tokenizer.decode(prompt.subarray(Math.max(0, prompt.length - 16))))
-      }
-      const read = (output: ArrayLike<number>, final: boolean) => {
-        const r = readTurn(output, final, reader)
-        return { ...r, calls: admitted(req, r.calls) }
-      }
-      const deltas = new TurnDeltas(toolCallId)
-      const seen: Array<number> = []
-      const onTokens =
-        onDelta === undefined
-          ? undefined
-          : (step: StepTokens) => {
-              seen.push(...step.tokens)
-              const d = deltas.next(read(seen, false))
-              onDelta({ content: d.content, reasoning: d.reasoning, toolCalls: d.calls, step, promptTokens: prompt.length })
-            }
-      // Without parallel calls, generation ends with the first call's closing text, where the format has one.
-      const closer = withTools && !req.parallelToolCalls && format?.closer !== undefined ? [tokenizer.encode(format.closer)] : []
-      let answer: Omit<TurnAnswer, "result"> | undefined
-      let last: ReadingDelta | undefined
-      const result = yield* options.generate(call, callId, prompt, samplingOf(req, closer), onTokens, (r) => {
-        const reading = read(r.output, true)
-        last = deltas.next(reading)
-        const ids = deltas.ids
-        const toolCalls = reading.calls.map((c, i) => ({ id: ids[i]!, name: c.name, arguments: c.arguments }))
-        const finishReason: FinishReason = toolCalls.length > 0 ? "tool_calls" : r.finishReason === "length" ? "length" : "stop"
-        const stopSequence = req.stops.length === 0 ? null : firstStop(tokenizer.decode(r.output, { skipSpecial: true }), req.stops)
-        const content = toolCalls.length > 0 && reading.content.trim() === "" ? null : reading.content
-        answer = { content, reasoning: reading.reasoning === "" ? null : reading.reasoning, toolCalls, finishReason, stopSequence }
-        const turn = new Int32Array(forcedIds.length + r.output.length)
-        turn.set(forcedIds)
-        turn.set(r.output, forcedIds.length)
-        call.session.turns.remember(turn, toolCalls.map((c) => c.id), content ?? "")
-        return { finishReason, toolCalls: Object.fromEntries(toolCalls.map((c, i) => [c.id, reading.calls[i]!.raw])) }
-      })
-      // the last delta goes out once the call is recorded
-      onDelta?.({ content: last!.content, reasoning: last!.reasoning, toolCalls: last!.calls, step: undefined, promptTokens: prompt.length })
-      return { ...answer!, result }
-    })
-
-  return { render, run, sampling, tokenizer }
+    toolCallId?: () => string
+  ) => Effect.Effect<TurnAnswer, ApiError>
+  /** A request's sampling (the run's, else the request's, else the defaults), stopping at `stop` (token sequences). */
+  readonly sampling: (req: Pick<TurnRequest, "maxTokens" | "temperature" | "topP" | "seed">, stop: ReadonlyArray<ArrayLike<number>>) => SamplingParams
+  readonly tokenizer: ChatFormat["tokenizer"]
 }
 
-export type ChatTurns = ReturnType<typeof chatTurns>
+const makeChatTurns = (options: ChatTurnsOptions): ChatTurnsShape => {
+  const chat = options.chat ?? gyreChat
+  const t: Turns = { options, chat, tokenizer: chat.tokenizer, endOfTurn: chat.stopIds.map((id) => [id]) }
+  return {
+    render: (call, req) => render(t, call, req),
+    run: (call, callId, req, onDelta, toolCallId = chat.toolFormat.newCallId) => run(t, call, callId, req, onDelta, toolCallId),
+    sampling: (req, stop) => sampling(t, req, stop),
+    tokenizer: t.tokenizer
+  }
+}
+
+/** The chat turns of one model (its chat format, the gateway's `generate`). */
+export class ChatTurns extends Context.Service<ChatTurns, ChatTurnsShape>()("gyre/gateway/ChatTurns") {
+  static readonly make = makeChatTurns
+  static readonly layer = (options: ChatTurnsOptions) => Layer.succeed(ChatTurns, makeChatTurns(options))
+}

@@ -16,7 +16,7 @@
  */
 import { nuid } from "@nats-io/transport-node"
 import { Context, Effect, Layer } from "effect"
-import { tokenText, visibleText } from "../openai/chat.ts"
+import { visibleText } from "../openai/chat.ts"
 import {
   ChatCompletionRequest,
   CompletionRequest,
@@ -38,9 +38,10 @@ import {
 } from "../openai/openai.ts"
 import { promptWithin, type PromptPiece } from "../openai/prompt.ts"
 import type { StepTokens } from "../protocols/rollout.ts"
-import type { ChatTurns, GatewayCall, Generate, TurnAnswer, TurnDelta, TurnRequest } from "./chat-turn.ts"
+import type { ChatTurnsShape, GatewayCall, Generate, TurnAnswer, TurnDelta, TurnRequest } from "./chat-turn.ts"
 import { eventStream, sendJson, withBody, type EventStream, type Methods } from "./http.ts"
 import type { Session } from "./sessions.ts"
+import { served, tokenLogprobs } from "./turn-output.ts"
 
 export interface EndpointsOptions {
   readonly model: string
@@ -50,17 +51,13 @@ export interface EndpointsOptions {
   readonly maxContextTokens?: number | undefined
   readonly generate: Generate
   /** Chat turns over the model's tokenizer and chat template. */
-  readonly turns: ChatTurns
+  readonly turns: ChatTurnsShape
   /** The model's chat format (its eos ids and bos for plain completions). */
   readonly chat: { readonly eosIds: ReadonlyArray<number>; readonly bos: number | undefined }
 }
 
 export const stopsOf = (stop: string | ReadonlyArray<string> | null | undefined): Array<string> =>
   (stop === null || stop === undefined ? [] : typeof stop === "string" ? [stop] : stop).filter((s) => s !== "")
-
-/** The 404 of a model this gateway does not serve. */
-export const unknownModel = (name: string, model: string) =>
-  apiError(404, `The model '${name}' does not exist. This gateway serves '${model}'.`, { param: "model", code: "model_not_found" })
 
 /** A streamed tool call in chat's form: id, type and name in its first delta, arguments in each. */
 const toolCallDelta = (c: TurnDelta["toolCalls"][number]): ToolCallDelta => ({
@@ -142,7 +139,7 @@ const chatStream = (stream: EventStream, a: Answering, logprobsOf: ((step: StepT
 }
 
 /** The text a streamed completion has shown so far, and the chunks that show more. */
-const completionStream = (stream: EventStream, a: Answering, stops: ReadonlyArray<string>, tokenizer: ChatTurns["tokenizer"]) => {
+const completionStream = (stream: EventStream, a: Answering, stops: ReadonlyArray<string>, tokenizer: ChatTurnsShape["tokenizer"]) => {
   const seen: Array<number> = []
   const shown = { text: "" }
   const chunk = (text: string, finish: FinishReason | null) => completion(a.id, a.created, a.model, text, finish, undefined)
@@ -167,16 +164,10 @@ const completionStream = (stream: EventStream, a: Answering, stops: ReadonlyArra
 /** What the handlers share: the options and the model's tokenizer. */
 interface Endpoints {
   readonly options: EndpointsOptions
-  readonly tokenizer: ChatTurns["tokenizer"]
+  readonly tokenizer: ChatTurnsShape["tokenizer"]
 }
 
-const logprobsOf = (e: Endpoints, tokens: ArrayLike<number>, logprobs: ArrayLike<number>): Array<TokenLogprob> =>
-  Array.from(tokens, (t, i) => ({ token: tokenText(t, e.tokenizer), logprob: logprobs[i]!, bytes: e.tokenizer.tokenBytes(t), top_logprobs: [] }))
-
 const answering = (e: Endpoints, call: GatewayCall, prefix: string): Answering => ({ id: `${prefix}-${nuid.next()}`, created: Math.floor(call.startedAt / 1000), model: e.options.model })
-
-/** The request's model, or the 404 of another. */
-const served = (e: Endpoints, name: string) => (name === e.options.model ? Effect.void : Effect.fail(unknownModel(name, e.options.model)))
 
 /** A chat answer as one completion object. */
 const chatAnswer = (e: Endpoints, a: Answering, answer: TurnAnswer, usage: Usage, wantLogprobs: boolean) => {
@@ -188,18 +179,18 @@ const chatAnswer = (e: Endpoints, a: Answering, answer: TurnAnswer, usage: Usage
     ...(toolCalls.length > 0 ? { tool_calls: toolCalls } : {})
   }
   const { result } = answer
-  return chatCompletion(a.id, a.created, a.model, choice, answer.finishReason, usage, wantLogprobs ? logprobsOf(e, result.output, result.logprobs) : null)
+  return chatCompletion(a.id, a.created, a.model, choice, answer.finishReason, usage, wantLogprobs ? tokenLogprobs(e.tokenizer, result.output, result.logprobs) : null)
 }
 
 const chat = (e: Endpoints) =>
   Effect.fn("OpenAi.chat")(function* (call: GatewayCall, body: unknown) {
     const req = yield* decodeBody(ChatCompletionRequest, body)
-    yield* served(e, req.model)
+    yield* served(e.options.model, req.model)
     yield* unsupported(req)
     const turn = turnOf(req, yield* decodeMessages(body))
     const a = answering(e, call, "chatcmpl")
     const wantLogprobs = req.logprobs === true
-    const stream = req.stream === true ? chatStream(eventStream(call.res), a, wantLogprobs ? (s) => logprobsOf(e, s.tokens, s.logprobs) : undefined) : undefined
+    const stream = req.stream === true ? chatStream(eventStream(call.res), a, wantLogprobs ? (s) => tokenLogprobs(e.tokenizer, s.tokens, s.logprobs) : undefined) : undefined
     const answer = yield* e.options.turns.run(call, a.id, turn, stream?.onDelta)
     const { result, finishReason } = answer
     const usage = usageOf(result.promptTokens, result.output.length, result.cachedTokens)
@@ -230,7 +221,7 @@ const completions = (e: Endpoints) => {
   return Effect.fn("OpenAi.completions")(function* (call: GatewayCall, body: unknown) {
     const { tokenizer, options } = e
     const req = yield* decodeBody(CompletionRequest, body)
-    yield* served(e, req.model)
+    yield* served(e.options.model, req.model)
     const prompt = yield* promptOf(req.prompt)
     const stops = stopsOf(req.stop)
     const sampling = options.turns.sampling({ maxTokens: req.max_tokens, temperature: req.temperature, topP: req.top_p, seed: req.seed }, [
@@ -265,7 +256,7 @@ const makeOpenAiRoutes = (options: EndpointsOptions): OpenAiRoutesShape => {
     if (Object.hasOwn(routes, path)) return routes[path]
     if (!path.startsWith("/v1/models/")) return undefined
     const name = path.slice("/v1/models/".length)
-    return { GET: (call) => served(e, name).pipe(Effect.andThen(Effect.sync(() => sendJson(call.res, 200, modelList(model, servingSince).data[0])))) }
+    return { GET: (call) => served(e.options.model, name).pipe(Effect.andThen(Effect.sync(() => sendJson(call.res, 200, modelList(model, servingSince).data[0])))) }
   }
   return { route, ...handlers }
 }

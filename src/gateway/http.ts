@@ -251,15 +251,12 @@ const clientErrorResponse = (code: string | undefined) => {
   return `HTTP/1.1 ${status} ${text}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`
 }
 
-/** Listens until the scope closes; `errors` counts the requests answered with an error, `defects` those that hit a bug (500). */
-export const serveHttp = Effect.fn("Gateway.serveHttp")(function* <S>(options: HttpServerOptions<S>) {
-  const limits: HttpLimits = { ...(yield* HttpLimitsConfig), ...options.limits }
-  const state: ServerState = { errors: 0, defects: 0 }
-  const budget = byteBudget(limits.maxBufferedBytes)
-  const handle = dispatch(options, limits, budget, state)
-  const fork = yield* FiberSet.makeRuntime<never, void, never>()
-  const logError = (what: string) => (e: unknown) => Effect.runFork(Effect.logWarning(`gateway http: ${what}: ${e instanceof Error ? e.message : String(e)}`))
-  let open = 0
+/** Logs a socket, response or server error as a warning (never thrown). */
+const logError = (what: string) => (e: unknown) => Effect.runFork(Effect.logWarning(`gateway http: ${what}: ${e instanceof Error ? e.message : String(e)}`))
+
+/** The node server over `handle` (each request forked as a fiber); `open` counts the responses not yet closed. */
+const nodeServer = (limits: HttpLimits, state: ServerState, handle: (req: http.IncomingMessage, res: http.ServerResponse) => Effect.Effect<void>, fork: (effect: Effect.Effect<void>) => unknown) => {
+  const counts = { open: 0 }
   const server = http.createServer(
     {
       headersTimeout: limits.headersTimeoutMs,
@@ -267,8 +264,8 @@ export const serveHttp = Effect.fn("Gateway.serveHttp")(function* <S>(options: H
       connectionsCheckingInterval: 1000
     },
     (req, res) => {
-      open++
-      res.once("close", () => open--)
+      counts.open++
+      res.once("close", () => counts.open--)
       req.on("error", () => {}) // reported to the body reader; never an uncaught 'error' event
       res.on("error", logError("response"))
       try {
@@ -288,10 +285,15 @@ export const serveHttp = Effect.fn("Gateway.serveHttp")(function* <S>(options: H
     else socket.destroy()
   })
   server.on("connection", (socket) => socket.on("error", () => {}))
-  const port = yield* Effect.acquireRelease(
+  return { server, counts }
+}
+
+/** Listens on `host:port` until the scope closes, then stops accepting, waits up to 30 s for the open responses and closes every connection; the port. */
+const listen = (server: http.Server, counts: { readonly open: number }, host: string, port: number) =>
+  Effect.acquireRelease(
     Effect.callback<number, TransportError>((resume) => {
-      server.once("error", (e) => resume(Effect.fail(new TransportError({ operation: `listen on ${options.host}:${options.port}`, message: e.message }))))
-      server.listen(options.port, options.host, () => {
+      server.once("error", (e) => resume(Effect.fail(new TransportError({ operation: `listen on ${host}:${port}`, message: e.message }))))
+      server.listen(port, host, () => {
         server.on("error", logError("server"))
         resume(Effect.succeed((server.address() as AddressInfo).port))
       })
@@ -301,10 +303,19 @@ export const serveHttp = Effect.fn("Gateway.serveHttp")(function* <S>(options: H
         server.close()
         server.closeIdleConnections()
         const deadline = Date.now() + 30_000
-        while (open > 0 && Date.now() < deadline) yield* Effect.sleep("50 millis")
+        while (counts.open > 0 && Date.now() < deadline) yield* Effect.sleep("50 millis")
         server.closeAllConnections()
       })
   )
+
+/** Listens until the scope closes; `errors` counts the requests answered with an error, `defects` those that hit a bug (500). */
+export const serveHttp = Effect.fn("Gateway.serveHttp")(function* <S>(options: HttpServerOptions<S>) {
+  const limits: HttpLimits = { ...(yield* HttpLimitsConfig), ...options.limits }
+  const state: ServerState = { errors: 0, defects: 0 }
+  const handle = dispatch(options, limits, byteBudget(limits.maxBufferedBytes), state)
+  const fork = yield* FiberSet.makeRuntime<never, void, never>()
+  const { server, counts } = nodeServer(limits, state, handle, fork)
+  const port = yield* listen(server, counts, options.host, options.port)
   return {
     port,
     get errors() {

@@ -13,7 +13,7 @@
  * would (the same tokens the context check counts) and answers `{"input_tokens": n}`.
  */
 import { nuid } from "@nats-io/transport-node"
-import { Effect } from "effect"
+import { Context, Effect, Layer } from "effect"
 import type * as http from "node:http"
 import {
   CountTokensRequest,
@@ -29,11 +29,11 @@ import {
   type ContentBlock,
   type StopReason
 } from "../openai/anthropic.ts"
-import { apiError, decodeBody } from "../openai/openai.ts"
-import type { ChatTurns, GatewayCall, TurnAnswer, TurnDelta, TurnRequest } from "./chat-turn.ts"
-import { unknownModel } from "./endpoints.ts"
-import { eventStream, sendJson, withBody, type ErrorFormat, type Methods } from "./http.ts"
+import { apiError, decodeBody, type ApiError } from "../openai/openai.ts"
+import type { ChatTurnsShape, GatewayCall, TurnAnswer, TurnDelta, TurnRequest } from "./chat-turn.ts"
+import { sendJson, withBody, type ErrorFormat, type Methods } from "./http.ts"
 import type { Session } from "./sessions.ts"
+import { served, turnOutput, writeTurn, type DeltaWriter, type Sink, type VisibleDelta } from "./turn-output.ts"
 
 /** Anthropic's error shape, mid-stream as an `error` event. */
 export const anthropicErrors: ErrorFormat = {
@@ -47,17 +47,15 @@ export const messagesErrorFormat =
   (path: string, req: http.IncomingMessage): ErrorFormat =>
     path === "/v1/messages" || path.startsWith("/v1/messages/") || (path.startsWith("/v1/models") && req.headers["anthropic-version"] !== undefined) ? anthropicErrors : fallback
 
-type Sink = ((type: string, data: Record<string, unknown>) => void) | undefined
-
 /**
  * Builds a message's content blocks from a turn's deltas, and sends their events to `sink`
  * (streamed calls); a block is stopped when the next one starts, the last when the turn ends.
  */
-const contentWriter = (sink: Sink) => {
+const contentWriter = (sink: Sink | undefined): DeltaWriter & { readonly finish: (answer: TurnAnswer) => ReadonlyArray<ContentBlock> } => {
   const blocks: Array<ContentBlock> = []
   let open: { readonly kind: ContentBlock["type"]; readonly index: number } | undefined
   const calls = new Map<number, number>()
-  const send = (type: string, data: Record<string, unknown>) => sink?.(type, { type, ...data })
+  const send = (type: string, data: Record<string, unknown>) => sink?.(type, data)
   const close = () => {
     if (open === undefined) return
     if (open.kind === "thinking") send("content_block_delta", { index: open.index, delta: { type: "signature_delta", signature: THINKING_SIGNATURE } })
@@ -88,7 +86,7 @@ const contentWriter = (sink: Sink) => {
     if (d.arguments !== "") send("content_block_delta", { index, delta: { type: "input_json_delta", partial_json: d.arguments } })
   }
   return {
-    delta: (d: Pick<TurnDelta, "content" | "reasoning" | "toolCalls">) => {
+    delta: (d: VisibleDelta) => {
       text("thinking", d.reasoning)
       text("text", d.content)
       d.toolCalls.forEach(toolUse)
@@ -108,72 +106,81 @@ const contentWriter = (sink: Sink) => {
 const stopReasonOf = (answer: TurnAnswer): StopReason =>
   answer.toolCalls.length > 0 ? "tool_use" : answer.stopSequence !== null ? "stop_sequence" : answer.finishReason === "length" ? "max_tokens" : "end_turn"
 
-/** The routes of the Messages API. */
-export const messagesRoutes = (options: { readonly model: string; readonly turns: ChatTurns }) => {
-  const { model, turns } = options
+/** What the Messages handlers share: the served model and its chat turns. */
+interface MessagesApi {
+  readonly model: string
+  readonly turns: ChatTurnsShape
+}
 
-  /** The chat turn of a request (its prompt fields). */
-  const turnOf = (req: CountTokensRequest, body: unknown) =>
-    Effect.gen(function* () {
-      if (req.model !== model) return yield* Effect.fail(unknownModel(req.model, model))
-      const messages = yield* requestMessages(req, body)
-      const tools = yield* requestTools(req, body)
-      const { choice, parallel } = yield* toolChoiceOf(req, tools)
-      return { messages, tools, toolChoice: choice, parallelToolCalls: parallel, stops: [], param: "messages" } satisfies TurnRequest
+/** The chat turn of a request (its prompt fields). */
+const turnOf = Effect.fn("Messages.turnOf")(function* (m: MessagesApi, req: CountTokensRequest, body: unknown) {
+  yield* served(m.model, req.model)
+  const messages = yield* requestMessages(req, body)
+  const tools = yield* requestTools(req, body)
+  const { choice, parallel } = yield* toolChoiceOf(req, tools)
+  return { messages, tools, toolChoice: choice, parallelToolCalls: parallel, stops: [], param: "messages" } satisfies TurnRequest
+})
+
+const create = (m: MessagesApi) =>
+  Effect.fn("Messages.create")(function* (call: GatewayCall, body: unknown) {
+    const { model } = m
+    const req = yield* decodeBody(MessagesRequest, body)
+    if (req.top_k !== null && req.top_k !== undefined) return yield* Effect.fail(apiError(400, "top_k is not supported: the workers sample with temperature and top_p.", { param: "top_k" }))
+    const base = yield* turnOf(m, req, body)
+    const turn: TurnRequest = { ...base, stops: (req.stop_sequences ?? []).filter((s) => s !== ""), maxTokens: req.max_tokens, temperature: req.temperature, topP: req.top_p }
+    const id = `msg_${nuid.next()}`
+    const prompt = { tokens: 0 }
+    const out = turnOutput(
+      call,
+      req.stream === true,
+      (type, data) => ({ type, ...data }),
+      () => [
+        ["message_start", { message: message(id, model, [], { reason: null, sequence: null }, messagesUsage(prompt.tokens, 0, 0)) }],
+        ["ping", {}]
+      ]
+    )
+    const writer = contentWriter(out.sink)
+    const answer = yield* writeTurn(m.turns, call, id, turn, writer, out.sink !== undefined, (d) => {
+      prompt.tokens = d.promptTokens
     })
+    const content = writer.finish(answer)
+    const { result } = answer
+    const usage = messagesUsage(result.promptTokens, result.output.length, result.cachedTokens)
+    const stop = { reason: stopReasonOf(answer), sequence: answer.stopSequence }
+    out.end(message(id, model, content, stop, usage), [
+      ["message_delta", { delta: { stop_reason: stop.reason, stop_sequence: stop.sequence }, usage }],
+      ["message_stop", {}]
+    ])
+  })
 
-  const create = (call: GatewayCall, body: unknown) =>
-    Effect.gen(function* () {
-      const req = yield* decodeBody(MessagesRequest, body)
-      if (req.top_k !== null && req.top_k !== undefined) return yield* Effect.fail(apiError(400, "top_k is not supported: the workers sample with temperature and top_p.", { param: "top_k" }))
-      const base = yield* turnOf(req, body)
-      const turn: TurnRequest = { ...base, stops: (req.stop_sequences ?? []).filter((s) => s !== ""), maxTokens: req.max_tokens, temperature: req.temperature, topP: req.top_p }
-      const id = `msg_${nuid.next()}`
-      const stream = req.stream === true ? eventStream(call.res, { doneMarker: false }) : undefined
-      let promptTokens = 0
-      const sink: Sink =
-        stream === undefined
-          ? undefined
-          : (type, data) => {
-              if (!stream.started) {
-                stream.send({ type: "message_start", message: message(id, model, [], { reason: null, sequence: null }, messagesUsage(promptTokens, 0, 0)) }, "message_start")
-                stream.send({ type: "ping" }, "ping")
-              }
-              stream.send(data, type)
-            }
-      const writer = contentWriter(sink)
-      const answer = yield* turns.run(
-        call,
-        id,
-        turn,
-        stream === undefined
-          ? undefined
-          : (d) => {
-              promptTokens = d.promptTokens
-              writer.delta(d)
-            }
-      )
-      if (stream === undefined) writer.delta({ content: answer.content ?? "", reasoning: answer.reasoning ?? "", toolCalls: answer.toolCalls.map((c, index) => ({ index, ...c })) })
-      const content = writer.finish(answer)
-      const { result } = answer
-      const usage = messagesUsage(result.promptTokens, result.output.length, result.cachedTokens)
-      const stop = { reason: stopReasonOf(answer), sequence: answer.stopSequence }
-      if (stream === undefined) return sendJson(call.res, 200, message(id, model, content, stop, usage))
-      sink!("message_delta", { type: "message_delta", delta: { stop_reason: stop.reason, stop_sequence: stop.sequence }, usage })
-      sink!("message_stop", { type: "message_stop" })
-      stream.end()
-    })
+const countTokens = (m: MessagesApi) =>
+  Effect.fn("Messages.countTokens")(function* (call: GatewayCall, body: unknown) {
+    const req = yield* decodeBody(CountTokensRequest, body)
+    const prompt = yield* m.turns.render(call, yield* turnOf(m, req, body))
+    sendJson(call.res, 200, { input_tokens: prompt.length })
+  })
 
-  const countTokens = (call: GatewayCall, body: unknown) =>
-    Effect.gen(function* () {
-      const req = yield* decodeBody(CountTokensRequest, body)
-      const prompt = yield* turns.render(call, yield* turnOf(req, body))
-      sendJson(call.res, 200, { input_tokens: prompt.length })
-    })
+/** The Messages API's routes: its handlers by path. */
+export interface MessagesRoutesShape {
+  /** The handlers of `path` by HTTP method; undefined for a path this API does not have. */
+  readonly route: (path: string) => Methods<Session> | undefined
+  /** POST /v1/messages with its JSON body. */
+  readonly create: (call: GatewayCall, body: unknown) => Effect.Effect<void, ApiError>
+  /** POST /v1/messages/count_tokens with its JSON body. */
+  readonly countTokens: (call: GatewayCall, body: unknown) => Effect.Effect<void, ApiError>
+}
 
+const makeMessagesRoutes = (options: MessagesApi): MessagesRoutesShape => {
+  const handlers = { create: create(options), countTokens: countTokens(options) }
   const routes: Record<string, Methods<Session>> = {
-    "/v1/messages": { POST: withBody(create) },
-    "/v1/messages/count_tokens": { POST: withBody(countTokens) }
+    "/v1/messages": { POST: withBody(handlers.create) },
+    "/v1/messages/count_tokens": { POST: withBody(handlers.countTokens) }
   }
-  return (path: string): Methods<Session> | undefined => (Object.hasOwn(routes, path) ? routes[path] : undefined)
+  return { route: (path) => (Object.hasOwn(routes, path) ? routes[path] : undefined), ...handlers }
+}
+
+/** The Messages API's routes over one model's chat turns. */
+export class MessagesRoutes extends Context.Service<MessagesRoutes, MessagesRoutesShape>()("gyre/gateway/MessagesRoutes") {
+  static readonly make = makeMessagesRoutes
+  static readonly layer = (options: MessagesApi) => Layer.succeed(MessagesRoutes, makeMessagesRoutes(options))
 }

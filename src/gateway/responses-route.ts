@@ -17,8 +17,7 @@
  * Also `GET`/`DELETE /v1/responses/<id>`: always a 404, nothing is stored.
  */
 import { nuid } from "@nats-io/transport-node"
-import { Effect } from "effect"
-import { tokenText } from "../openai/chat.ts"
+import { Context, Effect, Layer } from "effect"
 import { apiError, decodeBody, type ApiError } from "../openai/openai.ts"
 import {
   ResponsesRequest,
@@ -31,12 +30,13 @@ import {
   toolChoiceOf,
   type OutputItem,
   type OutputText,
+  type ResponseBase,
   type ResponseStatus
 } from "../openai/responses.ts"
-import type { ChatTurns, GatewayCall, TurnAnswer, TurnDelta } from "./chat-turn.ts"
-import { unknownModel } from "./endpoints.ts"
-import { eventStream, sendJson, withBody, type Methods } from "./http.ts"
+import type { ChatTurnsShape, GatewayCall, TurnAnswer, TurnDelta, TurnRequest, TurnToolCall } from "./chat-turn.ts"
+import { withBody, type Methods } from "./http.ts"
 import type { Session } from "./sessions.ts"
+import { served, tokenLogprobs, turnOutput, writeTurn, type DeltaWriter, type Sink, type VisibleDelta } from "./turn-output.ts"
 
 /** `include` values: the two that change the output, and those of built-in tools (never called here). */
 const INCLUDES = new Set([
@@ -65,171 +65,200 @@ const checkStateless = (req: ResponsesRequest): ApiError | undefined => {
   return undefined
 }
 
-type Sink = ((type: string, payload: Record<string, unknown>) => void) | undefined
+type ItemKind = "message" | "reasoning"
 
 /** Builds a response's output items from a turn's deltas, and sends their events to `sink` (streamed calls). */
-const outputWriter = (sink: Sink, custom: ReadonlySet<string>, sealed: boolean) => {
-  const items: Array<OutputItem> = []
-  let open: { kind: "message" | "reasoning"; index: number; text: string } | undefined
-  const calls = new Map<number, { index: number; name: string; arguments: string }>()
-  const send = (type: string, payload: Record<string, unknown>) => sink?.(type, payload)
+class OutputWriter implements DeltaWriter {
+  private readonly items: Array<OutputItem> = []
+  /** The message or reasoning item whose text is being written. */
+  private open: { kind: ItemKind; index: number; text: string } | undefined
+  /** Each tool call's item (index -1: a custom tool's, added when the turn ends) and arguments so far, by the call's index. */
+  private readonly calls = new Map<number, { index: number; name: string; arguments: string }>()
 
-  const close = (status: "completed" | "incomplete", logprobs?: ReadonlyArray<unknown>) => {
-    if (open === undefined) return
-    const { kind, index, text } = open
-    const id = items[index]!.id
+  constructor(
+    private readonly sink: Sink | undefined,
+    private readonly custom: ReadonlySet<string>,
+    private readonly sealed: boolean
+  ) {}
+
+  private send(type: string, payload: Record<string, unknown>) {
+    this.sink?.(type, payload)
+  }
+
+  private close(status: "completed" | "incomplete", logprobs?: ReadonlyArray<unknown>) {
+    if (this.open === undefined) return
+    const { kind, index, text } = this.open
+    const id = this.items[index]!.id
     const at = { item_id: id, output_index: index, content_index: 0 }
     if (kind === "message") {
       const part: OutputText = { type: "output_text", text, annotations: [], ...(logprobs === undefined ? {} : { logprobs }) }
-      send("response.output_text.done", { ...at, text, logprobs: logprobs ?? [] })
-      send("response.content_part.done", { ...at, part })
-      items[index] = { type: "message", id, status, role: "assistant", content: [part] }
+      this.send("response.output_text.done", { ...at, text, logprobs: logprobs ?? [] })
+      this.send("response.content_part.done", { ...at, part })
+      this.items[index] = { type: "message", id, status, role: "assistant", content: [part] }
     } else {
-      send("response.reasoning_text.done", { ...at, text })
+      this.send("response.reasoning_text.done", { ...at, text })
       const part = { type: "reasoning_text" as const, text }
-      send("response.content_part.done", { ...at, part })
-      items[index] = { type: "reasoning", id, summary: [], content: [part], ...(sealed ? { encrypted_content: sealReasoning(text) } : {}) }
+      this.send("response.content_part.done", { ...at, part })
+      this.items[index] = { type: "reasoning", id, summary: [], content: [part], ...(this.sealed ? { encrypted_content: sealReasoning(text) } : {}) }
     }
-    send("response.output_item.done", { output_index: index, item: items[index] })
-    open = undefined
-  }
-  const add = (item: OutputItem) => {
-    items.push(item)
-    send("response.output_item.added", { output_index: items.length - 1, item })
-    return items.length - 1
-  }
-  const text = (kind: "message" | "reasoning", delta: string) => {
-    if (delta === "") return
-    if (open?.kind !== kind) {
-      close("completed")
-      const index =
-        kind === "message"
-          ? add({ type: "message", id: `msg_${nuid.next()}`, status: "in_progress", role: "assistant", content: [] })
-          : add({ type: "reasoning", id: `rs_${nuid.next()}`, summary: [], content: [] })
-      open = { kind, index, text: "" }
-      const part = kind === "message" ? { type: "output_text", text: "", annotations: [] } : { type: "reasoning_text", text: "" }
-      send("response.content_part.added", { item_id: items[index]!.id, output_index: index, content_index: 0, part })
-    }
-    open!.text += delta
-    const at = { item_id: items[open!.index]!.id, output_index: open!.index, content_index: 0 }
-    send(kind === "message" ? "response.output_text.delta" : "response.reasoning_text.delta", { ...at, delta, ...(kind === "message" ? { logprobs: [] } : {}) })
-  }
-  const toolCall = (d: TurnDelta["toolCalls"][number]) => {
-    let c = calls.get(d.index)
-    if (c === undefined) {
-      close("completed")
-      const name = d.name ?? ""
-      if (custom.has(name)) return void calls.set(d.index, { index: -1, name, arguments: d.arguments })
-      c = { index: add({ type: "function_call", id: `fc_${nuid.next()}`, call_id: d.id ?? "", name, arguments: "", status: "in_progress" }), name, arguments: "" }
-      calls.set(d.index, c)
-    }
-    c.arguments += d.arguments
-    if (c.index >= 0 && d.arguments !== "") send("response.function_call_arguments.delta", { item_id: items[c.index]!.id, output_index: c.index, delta: d.arguments })
+    this.send("response.output_item.done", { output_index: index, item: this.items[index] })
+    this.open = undefined
   }
 
-  return {
-    delta: (d: Pick<TurnDelta, "content" | "reasoning" | "toolCalls">) => {
-      text("reasoning", d.reasoning)
-      text("message", d.content)
-      d.toolCalls.forEach(toolCall)
-    },
-    /** Closes every item with the answer's final values; the output. */
-    finish: (answer: TurnAnswer, logprobs: ReadonlyArray<unknown> | undefined): ReadonlyArray<OutputItem> => {
-      close(answer.finishReason === "length" ? "incomplete" : "completed", logprobs)
-      answer.toolCalls.forEach((call, i) => {
-        if (!calls.has(i)) toolCall({ index: i, id: call.id, name: call.name, arguments: call.arguments })
-        const c = calls.get(i)
-        if (c !== undefined && c.index >= 0) {
-          const item = items[c.index]!
-          send("response.function_call_arguments.done", { item_id: item.id, output_index: c.index, name: call.name, arguments: call.arguments })
-          items[c.index] = { type: "function_call", id: item.id, call_id: call.id, name: call.name, arguments: call.arguments, status: "completed" }
-          return send("response.output_item.done", { output_index: c.index, item: items[c.index] })
-        }
-        const input = customInput(call.arguments)
-        const index = add({ type: "custom_tool_call", id: `ctc_${nuid.next()}`, call_id: call.id, name: call.name, input: "", status: "in_progress" })
-        const id = items[index]!.id
-        send("response.custom_tool_call_input.delta", { item_id: id, output_index: index, delta: input })
-        send("response.custom_tool_call_input.done", { item_id: id, output_index: index, input })
-        items[index] = { type: "custom_tool_call", id, call_id: call.id, name: call.name, input, status: "completed" }
-        send("response.output_item.done", { output_index: index, item: items[index] })
-      })
-      return items
+  private add(item: OutputItem) {
+    this.items.push(item)
+    this.send("response.output_item.added", { output_index: this.items.length - 1, item })
+    return this.items.length - 1
+  }
+
+  /** Opens a `kind` item with its one empty content part. */
+  private openItem(kind: ItemKind) {
+    this.close("completed")
+    const index =
+      kind === "message"
+        ? this.add({ type: "message", id: `msg_${nuid.next()}`, status: "in_progress", role: "assistant", content: [] })
+        : this.add({ type: "reasoning", id: `rs_${nuid.next()}`, summary: [], content: [] })
+    this.open = { kind, index, text: "" }
+    const part = kind === "message" ? { type: "output_text", text: "", annotations: [] } : { type: "reasoning_text", text: "" }
+    this.send("response.content_part.added", { item_id: this.items[index]!.id, output_index: index, content_index: 0, part })
+    return this.open
+  }
+
+  private text(kind: ItemKind, delta: string) {
+    if (delta === "") return
+    const open = this.open?.kind === kind ? this.open : this.openItem(kind)
+    open.text += delta
+    const at = { item_id: this.items[open.index]!.id, output_index: open.index, content_index: 0 }
+    this.send(kind === "message" ? "response.output_text.delta" : "response.reasoning_text.delta", { ...at, delta, ...(kind === "message" ? { logprobs: [] } : {}) })
+  }
+
+  private toolCall(d: TurnDelta["toolCalls"][number]) {
+    let c = this.calls.get(d.index)
+    if (c === undefined) {
+      this.close("completed")
+      const name = d.name ?? ""
+      if (this.custom.has(name)) return void this.calls.set(d.index, { index: -1, name, arguments: d.arguments })
+      c = { index: this.add({ type: "function_call", id: `fc_${nuid.next()}`, call_id: d.id ?? "", name, arguments: "", status: "in_progress" }), name, arguments: "" }
+      this.calls.set(d.index, c)
     }
+    c.arguments += d.arguments
+    if (c.index >= 0 && d.arguments !== "") this.send("response.function_call_arguments.delta", { item_id: this.items[c.index]!.id, output_index: c.index, delta: d.arguments })
+  }
+
+  delta(d: VisibleDelta) {
+    this.text("reasoning", d.reasoning)
+    this.text("message", d.content)
+    d.toolCalls.forEach((c) => this.toolCall(c))
+  }
+
+  /** Completes the `i`th call's item with the answer's final arguments; a custom tool's call is added whole. */
+  private finishCall(call: TurnToolCall, i: number) {
+    if (!this.calls.has(i)) this.toolCall({ index: i, id: call.id, name: call.name, arguments: call.arguments })
+    const c = this.calls.get(i)
+    if (c !== undefined && c.index >= 0) {
+      const item = this.items[c.index]!
+      this.send("response.function_call_arguments.done", { item_id: item.id, output_index: c.index, name: call.name, arguments: call.arguments })
+      this.items[c.index] = { type: "function_call", id: item.id, call_id: call.id, name: call.name, arguments: call.arguments, status: "completed" }
+      return this.send("response.output_item.done", { output_index: c.index, item: this.items[c.index] })
+    }
+    const input = customInput(call.arguments)
+    const index = this.add({ type: "custom_tool_call", id: `ctc_${nuid.next()}`, call_id: call.id, name: call.name, input: "", status: "in_progress" })
+    const id = this.items[index]!.id
+    this.send("response.custom_tool_call_input.delta", { item_id: id, output_index: index, delta: input })
+    this.send("response.custom_tool_call_input.done", { item_id: id, output_index: index, input })
+    this.items[index] = { type: "custom_tool_call", id, call_id: call.id, name: call.name, input, status: "completed" }
+    this.send("response.output_item.done", { output_index: index, item: this.items[index] })
+  }
+
+  /** Closes every item with the answer's final values; the output. */
+  finish(answer: TurnAnswer, logprobs: ReadonlyArray<unknown> | undefined): ReadonlyArray<OutputItem> {
+    this.close(answer.finishReason === "length" ? "incomplete" : "completed", logprobs)
+    answer.toolCalls.forEach((call, i) => this.finishCall(call, i))
+    return this.items
   }
 }
 
-/** The routes of the Responses API. */
-export const responsesRoutes = (options: { readonly model: string; readonly turns: ChatTurns }) => {
-  const { model, turns } = options
-  const { tokenizer } = turns
+/** What the Responses handlers share: the served model and its chat turns. */
+interface ResponsesApi {
+  readonly model: string
+  readonly turns: ChatTurnsShape
+}
 
-  const create = (call: GatewayCall, body: unknown) =>
-    Effect.gen(function* () {
-      const req = yield* decodeBody(ResponsesRequest, body)
-      if (req.model !== model) return yield* Effect.fail(unknownModel(req.model, model))
-      const refused = checkStateless(req)
-      if (refused !== undefined) return yield* Effect.fail(refused)
-      const messages = yield* inputMessages(req, body)
-      const tools = yield* modelTools(body, req)
-      const { tools: shown, choice } = yield* toolChoiceOf(req.tool_choice, tools)
-      const turn = {
-        messages,
-        tools: shown,
-        toolChoice: choice,
-        parallelToolCalls: req.parallel_tool_calls ?? true,
-        stops: [],
-        maxTokens: req.max_output_tokens,
-        temperature: req.temperature,
-        topP: req.top_p,
-        seed: req.seed,
-        param: "input"
-      }
-      const include = new Set(req.include ?? [])
-      const base = { id: `resp_${nuid.next()}`, createdAt: Math.floor(call.startedAt / 1000), model, req, tools: (body as { tools?: ReadonlyArray<unknown> }).tools ?? [] }
-      const stream = req.stream === true ? eventStream(call.res, { doneMarker: false }) : undefined
-      let sequence = 0
-      const sink: Sink =
-        stream === undefined
-          ? undefined
-          : (type, payload) => {
-              if (!stream.started) {
-                for (const first of ["response.created", "response.in_progress"]) {
-                  stream.send({ type: first, sequence_number: sequence++, response: responseObject(base, { status: "in_progress", output: [], usage: null }) }, first)
-                }
-              }
-              stream.send({ type, sequence_number: sequence++, ...payload }, type)
-            }
-      const writer = outputWriter(sink, tools.custom, include.has("reasoning.encrypted_content"))
-      const answer = yield* turns.run(call, base.id, turn, stream === undefined ? undefined : writer.delta).pipe(
-        Effect.tapError((e) =>
-          Effect.sync(() => {
-            if (stream === undefined || !stream.started) return
-            const failed = responseObject(base, { status: "failed", output: [], usage: null, error: { code: e.code ?? (e.status >= 500 ? "server_error" : "invalid_request"), message: e.message } })
-            sink!("response.failed", { response: failed })
-            stream.end()
-          })
-        )
-      )
-      if (stream === undefined) writer.delta({ content: answer.content ?? "", reasoning: answer.reasoning ?? "", toolCalls: answer.toolCalls.map((c, index) => ({ index, ...c })) })
-      const { result } = answer
-      const logprobs = include.has("message.output_text.logprobs")
-        ? Array.from(result.output, (t, i) => ({ token: tokenText(t, tokenizer), logprob: result.logprobs[i]!, bytes: tokenizer.tokenBytes(t), top_logprobs: [] }))
-        : undefined
-      const output = writer.finish(answer, logprobs)
-      const status: ResponseStatus = answer.finishReason === "length" ? "incomplete" : "completed"
-      const done = responseObject(base, { status, output, usage: responsesUsage(result.promptTokens, result.output.length, result.cachedTokens) })
-      if (stream === undefined) return sendJson(call.res, 200, done)
-      sink!(status === "completed" ? "response.completed" : "response.incomplete", { response: done })
-      stream.end()
-    })
-
-  const notStored = (id: string) => () => Effect.fail(apiError(404, `No response with id '${id}': this gateway stores no responses.`, { param: "response_id", code: "not_found" }))
-  return (path: string): Methods<Session> | undefined => {
-    if (path === "/v1/responses") return { POST: withBody(create) }
-    if (path.startsWith("/v1/responses/")) {
-      const id = path.slice("/v1/responses/".length).slice(0, 200)
-      return { GET: notStored(id), DELETE: notStored(id) }
-    }
-    return undefined
+/** A request as a chat turn, and the names of its custom tools. */
+const turnOf = Effect.fn("Responses.turnOf")(function* (r: ResponsesApi, req: ResponsesRequest, body: unknown) {
+  yield* served(r.model, req.model)
+  const refused = checkStateless(req)
+  if (refused !== undefined) return yield* Effect.fail(refused)
+  const messages = yield* inputMessages(req, body)
+  const tools = yield* modelTools(body, req)
+  const { tools: shown, choice } = yield* toolChoiceOf(req.tool_choice, tools)
+  const turn: TurnRequest = {
+    messages,
+    tools: shown,
+    toolChoice: choice,
+    parallelToolCalls: req.parallel_tool_calls ?? true,
+    stops: [],
+    maxTokens: req.max_output_tokens,
+    temperature: req.temperature,
+    topP: req.top_p,
+    seed: req.seed,
+    param: "input"
   }
+  return { turn, custom: tools.custom }
+})
+
+/** The response of a call that failed once its stream started. */
+const failedResponse = (base: ResponseBase, e: ApiError) =>
+  responseObject(base, { status: "failed", output: [], usage: null, error: { code: e.code ?? (e.status >= 500 ? "server_error" : "invalid_request"), message: e.message } })
+
+const create = (r: ResponsesApi) =>
+  Effect.fn("Responses.create")(function* (call: GatewayCall, body: unknown) {
+    const req = yield* decodeBody(ResponsesRequest, body)
+    const { turn, custom } = yield* turnOf(r, req, body)
+    const include = new Set(req.include ?? [])
+    const base: ResponseBase = { id: `resp_${nuid.next()}`, createdAt: Math.floor(call.startedAt / 1000), model: r.model, req, tools: (body as { tools?: ReadonlyArray<unknown> }).tools ?? [] }
+    let sequence = 0
+    const out = turnOutput(
+      call,
+      req.stream === true,
+      (type, payload) => ({ type, sequence_number: sequence++, ...payload }),
+      () => ["response.created", "response.in_progress"].map((type) => [type, { response: responseObject(base, { status: "in_progress", output: [], usage: null }) }] as const)
+    )
+    const writer = new OutputWriter(out.sink, custom, include.has("reasoning.encrypted_content"))
+    const answer = yield* writeTurn(r.turns, call, base.id, turn, writer, out.sink !== undefined).pipe(
+      Effect.tapError((e) => Effect.sync(() => out.endStarted([["response.failed", { response: failedResponse(base, e) }]])))
+    )
+    const { result } = answer
+    const logprobs = include.has("message.output_text.logprobs") ? tokenLogprobs(r.turns.tokenizer, result.output, result.logprobs) : undefined
+    const output = writer.finish(answer, logprobs)
+    const status: ResponseStatus = answer.finishReason === "length" ? "incomplete" : "completed"
+    const done = responseObject(base, { status, output, usage: responsesUsage(result.promptTokens, result.output.length, result.cachedTokens) })
+    out.end(done, [[status === "completed" ? "response.completed" : "response.incomplete", { response: done }]])
+  })
+
+/** The Responses API's routes: its handlers by path. */
+export interface ResponsesRoutesShape {
+  /** The handlers of `path` by HTTP method; undefined for a path this API does not have. */
+  readonly route: (path: string) => Methods<Session> | undefined
+  /** POST /v1/responses with its JSON body. */
+  readonly create: (call: GatewayCall, body: unknown) => Effect.Effect<void, ApiError>
+}
+
+const notStored = (id: string) => () => Effect.fail(apiError(404, `No response with id '${id}': this gateway stores no responses.`, { param: "response_id", code: "not_found" }))
+
+const makeResponsesRoutes = (options: ResponsesApi): ResponsesRoutesShape => {
+  const handlers = { create: create(options) }
+  const route = (path: string): Methods<Session> | undefined => {
+    if (path === "/v1/responses") return { POST: withBody(handlers.create) }
+    if (!path.startsWith("/v1/responses/")) return undefined
+    const id = path.slice("/v1/responses/".length).slice(0, 200)
+    return { GET: notStored(id), DELETE: notStored(id) }
+  }
+  return { route, ...handlers }
+}
+
+/** The Responses API's routes over one model's chat turns. */
+export class ResponsesRoutes extends Context.Service<ResponsesRoutes, ResponsesRoutesShape>()("gyre/gateway/ResponsesRoutes") {
+  static readonly make = makeResponsesRoutes
+  static readonly layer = (options: ResponsesApi) => Layer.succeed(ResponsesRoutes, makeResponsesRoutes(options))
 }

@@ -11,8 +11,9 @@
  * killed even when this process dies with SIGKILL. With `uid`/`gid` the command runs as that
  * user (a runner running as root gives harnesses an unprivileged uid).
  */
-import { spawn } from "node:child_process"
+import { spawn, type ChildProcessByStdio } from "node:child_process"
 import { writeFile } from "node:fs/promises"
+import type { Readable } from "node:stream"
 import { guard } from "../runtime/child-watchdog.ts"
 
 export interface GroupCommand {
@@ -87,18 +88,29 @@ const signalGroup = (pid: number, signal: NodeJS.Signals) => {
 /** How long to wait for the pipes to close after the group was killed (a process that left the group may hold them). */
 const CLOSE_WAIT_MS = 1000
 
-/** Runs `cmd` to the end (or its limit); never rejects. Aborting `signal` kills the group at once. */
-export const runInGroup = (cmd: GroupCommand, signal?: AbortSignal): Promise<GroupResult> =>
-  new Promise((resolve) => {
-    const started = Date.now()
-    const out = new CappedText(Math.max(1, Math.floor(cmd.outputCapBytes / 2)))
-    const err = new CappedText(Math.max(1, Math.floor(cmd.outputCapBytes / 2)))
-    let timedOut = false
-    let startError: string | undefined
-    let exit: { code: number | null; signal: string | null } | undefined
-    const timers: Array<ReturnType<typeof setTimeout>> = []
+/** One command's run: its group's limits and signals, its kept output, and its end reported once to `done`. */
+class GroupRun {
+  private readonly started = Date.now()
+  private readonly out: CappedText
+  private readonly err: CappedText
+  private readonly child: ChildProcessByStdio<null, Readable, Readable>
+  private readonly release: () => void
+  private readonly timers: Array<ReturnType<typeof setTimeout>> = []
+  private readonly onAbort = () => this.stop(0)
+  private timedOut = false
+  private startError: string | undefined
+  private exit: { code: number | null; signal: string | null } | undefined
+  private finished = false
 
-    const child = spawn(cmd.command[0]!, cmd.command.slice(1), {
+  constructor(
+    cmd: GroupCommand,
+    private readonly signal: AbortSignal | undefined,
+    private readonly done: (result: GroupResult) => void
+  ) {
+    const half = Math.max(1, Math.floor(cmd.outputCapBytes / 2))
+    this.out = new CappedText(half)
+    this.err = new CappedText(half)
+    this.child = spawn(cmd.command[0]!, cmd.command.slice(1), {
       cwd: cmd.cwd,
       env: cmd.env,
       detached: true,
@@ -106,64 +118,74 @@ export const runInGroup = (cmd: GroupCommand, signal?: AbortSignal): Promise<Gro
       ...(cmd.uid !== undefined ? { uid: cmd.uid } : {}),
       ...(cmd.gid !== undefined ? { gid: cmd.gid } : {})
     })
-    const release = child.pid !== undefined ? guard(child.pid, true) : () => undefined
-    child.stdout.on("data", (d: Buffer) => out.push(d))
-    child.stderr.on("data", (d: Buffer) => err.push(d))
-
-    let finished = false
-    const finish = () => {
-      if (finished) return
-      finished = true
-      release()
-      timers.forEach(clearTimeout)
-      signal?.removeEventListener("abort", onAbort)
-      resolve({
-        exitCode: exit?.code ?? null,
-        signal: exit?.signal ?? null,
-        timedOut,
-        startError,
-        durationMs: Date.now() - started,
-        stdout: out.text(),
-        stderr: err.text(),
-        outputBytes: out.total + err.total
-      })
-    }
-    const stop = (graceMs: number) => {
-      if (child.pid === undefined) return
-      signalGroup(child.pid, "SIGTERM")
-      timers.push(setTimeout(() => signalGroup(child.pid!, "SIGKILL"), graceMs))
-    }
-    const onAbort = () => stop(0)
-    signal?.addEventListener("abort", onAbort)
-    if (signal?.aborted) onAbort()
-    timers.push(
+    this.release = this.child.pid !== undefined ? guard(this.child.pid, true) : () => undefined
+    this.child.stdout.on("data", (d: Buffer) => this.out.push(d))
+    this.child.stderr.on("data", (d: Buffer) => this.err.push(d))
+    signal?.addEventListener("abort", this.onAbort)
+    if (signal?.aborted) this.onAbort()
+    this.timers.push(
       setTimeout(() => {
-        timedOut = true
-        stop(cmd.graceMs)
+        this.timedOut = true
+        this.stop(cmd.graceMs)
       }, cmd.timeoutMs)
     )
+    this.watch()
+  }
 
+  private watch() {
+    const child = this.child
     child.on("error", (e) => {
       // The command could not be started: no exit and no close will follow.
-      startError = e.message
-      finish()
+      this.startError = e.message
+      this.finish()
     })
     child.on("exit", (code, sig) => {
-      exit = { code, signal: sig }
-      timers.forEach(clearTimeout)
+      this.exit = { code, signal: sig }
+      this.timers.forEach(clearTimeout)
       signalGroup(child.pid!, "SIGKILL")
-      timers.push(
+      this.timers.push(
         setTimeout(() => {
           child.stdout.destroy()
           child.stderr.destroy()
-          finish()
+          this.finish()
         }, CLOSE_WAIT_MS)
       )
     })
     child.on("close", () => {
-      if (exit !== undefined && startError === undefined) finish()
+      if (this.exit !== undefined && this.startError === undefined) this.finish()
     })
-  })
+  }
+
+  /** SIGTERM to the group, SIGKILL after `graceMs`. */
+  private stop(graceMs: number) {
+    const pid = this.child.pid
+    if (pid === undefined) return
+    signalGroup(pid, "SIGTERM")
+    this.timers.push(setTimeout(() => signalGroup(pid, "SIGKILL"), graceMs))
+  }
+
+  private finish() {
+    if (this.finished) return
+    this.finished = true
+    this.release()
+    this.timers.forEach(clearTimeout)
+    this.signal?.removeEventListener("abort", this.onAbort)
+    this.done({
+      exitCode: this.exit?.code ?? null,
+      signal: this.exit?.signal ?? null,
+      timedOut: this.timedOut,
+      startError: this.startError,
+      durationMs: Date.now() - this.started,
+      stdout: this.out.text(),
+      stderr: this.err.text(),
+      outputBytes: this.out.total + this.err.total
+    })
+  }
+}
+
+/** Runs `cmd` to the end (or its limit); never rejects. Aborting `signal` kills the group at once. */
+export const runInGroup = (cmd: GroupCommand, signal?: AbortSignal): Promise<GroupResult> =>
+  new Promise((resolve) => void new GroupRun(cmd, signal, resolve))
 
 /** One line for logs and outcome details: how the command ended. */
 export const describeEnd = (r: GroupResult): string =>

@@ -124,72 +124,89 @@ interface PendingTurn {
 /** The arguments of a custom tool's call as the model sees them: `{"input": <text>}`. */
 export const customArguments = (input: string) => JSON.stringify({ input })
 
+/** Chat messages gathered from input items: a maximal run of assistant-side items is one assistant turn. */
+class InputMessages {
+  readonly messages: Array<ChatMessage> = []
+  private turn: PendingTurn | undefined
+
+  /** The assistant turn being gathered (a new one after any other message). */
+  pending(): PendingTurn {
+    return (this.turn ??= { content: "", reasoning: "", toolCalls: [] })
+  }
+
+  /** Ends the assistant turn being gathered, if any. */
+  flush() {
+    const turn = this.turn
+    if (turn !== undefined) {
+      this.messages.push({
+        role: "assistant",
+        content: turn.content === "" ? null : turn.content,
+        ...(turn.reasoning === "" ? {} : { reasoning_content: turn.reasoning }),
+        ...(turn.toolCalls.length > 0 ? { tool_calls: turn.toolCalls } : {})
+      })
+    }
+    this.turn = undefined
+  }
+
+  /** A message of its own after the assistant turn being gathered. */
+  push(message: ChatMessage) {
+    this.flush()
+    this.messages.push(message)
+  }
+}
+
+/** Reads input item `i` (of type `type`, as sent: `raw`) into `into`. */
+const readItem = (into: InputMessages, type: keyof typeof itemSchemas, raw: unknown, i: number): Effect.Effect<void, ApiError> =>
+  Effect.gen(function* () {
+    const param = `input[${i}]`
+    const at = ["input", i]
+    switch (type) {
+      case "message": {
+        const m = yield* decodeBody(itemSchemas.message, raw, at)
+        const text = yield* textOfContent(m.content, `${param}.content`)
+        if (m.role === "assistant") into.pending().content += text
+        else into.push({ role: m.role, content: text })
+        return
+      }
+      case "function_call": {
+        const c = yield* decodeBody(itemSchemas.function_call, raw, at)
+        return void into.pending().toolCalls.push({ id: c.call_id, type: "function", function: { name: c.name, arguments: c.arguments } })
+      }
+      case "custom_tool_call": {
+        const c = yield* decodeBody(itemSchemas.custom_tool_call, raw, at)
+        return void into.pending().toolCalls.push({ id: c.call_id, type: "function", function: { name: c.name, arguments: customArguments(c.input) } })
+      }
+      case "function_call_output":
+      case "custom_tool_call_output": {
+        const o = yield* decodeBody(itemSchemas.function_call_output, raw, at)
+        return into.push({ role: "tool", content: yield* textOfContent(o.output, `${param}.output`), tool_call_id: o.call_id })
+      }
+      case "reasoning": {
+        into.pending().reasoning += reasoningTextOf(yield* decodeBody(itemSchemas.reasoning, raw, at))
+        return
+      }
+    }
+  })
+
 /** The chat messages of a request's instructions and input. */
 export const inputMessages = (req: ResponsesRequest, body: unknown): Effect.Effect<Array<ChatMessage>, ApiError> =>
   Effect.gen(function* () {
-    const messages: Array<ChatMessage> = []
-    if (req.instructions !== null && req.instructions !== undefined && req.instructions !== "") messages.push({ role: "system", content: req.instructions })
+    const into = new InputMessages()
+    if (req.instructions !== null && req.instructions !== undefined && req.instructions !== "") into.messages.push({ role: "system", content: req.instructions })
     if (typeof req.input === "string") {
-      messages.push({ role: "user", content: req.input })
-      return messages
+      into.messages.push({ role: "user", content: req.input })
+      return into.messages
     }
-    let turn: PendingTurn | undefined
-    const flush = () => {
-      if (turn !== undefined) {
-        messages.push({
-          role: "assistant",
-          content: turn.content === "" ? null : turn.content,
-          ...(turn.reasoning === "" ? {} : { reasoning_content: turn.reasoning }),
-          ...(turn.toolCalls.length > 0 ? { tool_calls: turn.toolCalls } : {})
-        })
-      }
-      turn = undefined
-    }
-    const pending = () => (turn ??= { content: "", reasoning: "", toolCalls: [] })
     const raw = (body as { readonly input: ReadonlyArray<unknown> }).input
     for (const [i, item] of req.input.entries()) {
       const type = item.type ?? "message"
-      const param = `input[${i}]`
       if (BUILT_IN_ITEMS.has(type)) continue
-      if (type === "item_reference") return yield* Effect.fail(apiError(400, "Item references need stored responses; this gateway stores none: send the items themselves.", { param }))
-      if (!Object.hasOwn(itemSchemas, type)) return yield* Effect.fail(apiError(400, `Unknown input item type '${type}'.`, { param: `${param}.type` }))
-      const at = ["input", i]
-      switch (type as keyof typeof itemSchemas) {
-        case "message": {
-          const m = yield* decodeBody(itemSchemas.message, raw[i], at)
-          const text = yield* textOfContent(m.content, `${param}.content`)
-          if (m.role === "assistant") pending().content += text
-          else {
-            flush()
-            messages.push({ role: m.role, content: text })
-          }
-          break
-        }
-        case "function_call": {
-          const c = yield* decodeBody(itemSchemas.function_call, raw[i], at)
-          pending().toolCalls.push({ id: c.call_id, type: "function", function: { name: c.name, arguments: c.arguments } })
-          break
-        }
-        case "custom_tool_call": {
-          const c = yield* decodeBody(itemSchemas.custom_tool_call, raw[i], at)
-          pending().toolCalls.push({ id: c.call_id, type: "function", function: { name: c.name, arguments: customArguments(c.input) } })
-          break
-        }
-        case "function_call_output":
-        case "custom_tool_call_output": {
-          const o = yield* decodeBody(itemSchemas.function_call_output, raw[i], at)
-          flush()
-          messages.push({ role: "tool", content: yield* textOfContent(o.output, `${param}.output`), tool_call_id: o.call_id })
-          break
-        }
-        case "reasoning": {
-          pending().reasoning += reasoningTextOf(yield* decodeBody(itemSchemas.reasoning, raw[i], at))
-          break
-        }
-      }
+      if (type === "item_reference") return yield* Effect.fail(apiError(400, "Item references need stored responses; this gateway stores none: send the items themselves.", { param: `input[${i}]` }))
+      if (!Object.hasOwn(itemSchemas, type)) return yield* Effect.fail(apiError(400, `Unknown input item type '${type}'.`, { param: `input[${i}].type` }))
+      yield* readItem(into, type as keyof typeof itemSchemas, raw[i], i)
     }
-    flush()
-    return messages
+    into.flush()
+    return into.messages
   })
 
 /** The tools the model sees, and which of them are custom (free-form) tools. */
@@ -323,9 +340,18 @@ export const responsesUsage = (promptTokens: number, outputTokens: number, cache
 
 export type ResponseStatus = "in_progress" | "completed" | "incomplete" | "failed"
 
+/** What every response object of one request repeats: its id, creation time (Unix seconds), model, the request and its tools as sent. */
+export interface ResponseBase {
+  readonly id: string
+  readonly createdAt: number
+  readonly model: string
+  readonly req: ResponsesRequest
+  readonly tools: ReadonlyArray<unknown>
+}
+
 /** The response object: the request's settings as used, its output, status and usage. */
 export const responseObject = (
-  base: { readonly id: string; readonly createdAt: number; readonly model: string; readonly req: ResponsesRequest; readonly tools: ReadonlyArray<unknown> },
+  base: ResponseBase,
   state: {
     readonly status: ResponseStatus
     readonly output: ReadonlyArray<OutputItem>

@@ -5,7 +5,7 @@
 import { Deferred, Effect, Exit } from "effect"
 import { describe, expect, it } from "vitest"
 import type { CallResult } from "../../src/gateway/call-router.ts"
-import { chatTurns, type GatewayCall, type Generate } from "../../src/gateway/chat-turn.ts"
+import { ChatTurns, type GatewayCall, type Generate } from "../../src/gateway/chat-turn.ts"
 import { OpenAiRoutes, type OpenAiRoutesShape } from "../../src/gateway/endpoints.ts"
 import { makeSessions } from "../../src/gateway/sessions.ts"
 import { gyreChat } from "../../src/openai/chat.ts"
@@ -79,7 +79,7 @@ const scripted = (text: string, finishReason: CallResult["finishReason"] = "stop
 
 const setup = (text: string, finishReason?: CallResult["finishReason"], maxContextTokens?: number) => {
   const { asked, generate } = scripted(text, finishReason)
-  const turns = chatTurns({ chat: gyreChat, defaultMaxTokens: 32, maxContextTokens, generate })
+  const turns = ChatTurns.make({ chat: gyreChat, defaultMaxTokens: 32, maxContextTokens, generate })
   const route = OpenAiRoutes.make({ model: MODEL, servingSince: 1_700_000_000, maxContextTokens, generate, turns, chat: gyreChat })
   return { asked, route }
 }
