@@ -69,7 +69,7 @@ export class KvCache {
     )
   }
 
-  private seqCall(fn: "seq_create" | "seq_fork" | "seq_import", args: ReadonlyArray<unknown>, async = false) {
+  private seqCall(fn: "seq_create" | "seq_fork" | "seq_fork_prefix" | "seq_import", args: ReadonlyArray<unknown>, async = false) {
     const out = [0]
     const call = async ? this.lib.run(fn, [...args, out]) : this.lib.runSync(fn, [...args, out])
     return call.pipe(Effect.map(() => out[0]!))
@@ -83,6 +83,14 @@ export class KvCache {
   /** A new sequence sharing all of `parent`'s tokens (blocks shared until they diverge). */
   fork(parent: number): Effect.Effect<number, NativeError> {
     return this.seqCall("seq_fork", [this.ptr, parent])
+  }
+
+  /**
+   * A new sequence sharing `parent`'s first `length` tokens (0 < length <= its length): the
+   * blocks holding them, copy-on-write, so appending to it leaves `parent`'s K/V intact.
+   */
+  forkPrefix(parent: number, length: number): Effect.Effect<number, NativeError> {
+    return this.seqCall("seq_fork_prefix", [this.ptr, parent, length])
   }
 
   free(seq: number): Effect.Effect<void, NativeError> {

@@ -162,6 +162,7 @@ const prototypes = {
   cache_free: "void gyre_cache_free(gyre_cache *c)",
   seq_create: "int32_t gyre_seq_create(gyre_cache *c, _Out_ int32_t *seq)",
   seq_fork: "int32_t gyre_seq_fork(gyre_cache *c, int32_t parent, _Out_ int32_t *child)",
+  seq_fork_prefix: "int32_t gyre_seq_fork_prefix(gyre_cache *c, int32_t parent, int32_t length, _Out_ int32_t *child)",
   seq_free: "int32_t gyre_seq_free(gyre_cache *c, int32_t seq)",
   seq_length: "int32_t gyre_seq_length(const gyre_cache *c, int32_t seq, _Out_ int32_t *len)",
   seq_blocks: "int32_t gyre_seq_blocks(const gyre_cache *c, int32_t seq, _Out_ int32_t *blocks)",
