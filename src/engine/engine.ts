@@ -137,7 +137,7 @@ export class Model {
   cache(options: { readonly blockTokens: number; readonly numBlocks: number; readonly kvDtype?: KvDtype }): Effect.Effect<KvCache, NativeError, Scope.Scope> {
     const dtype = kvDtypes.indexOf(options.kvDtype ?? "f32")
     return acquire(this.lib, "cache_create", [this.ptr, options.blockTokens, options.numBlocks, dtype], "cache_free").pipe(
-      Effect.map((ptr) => new KvCache(this.lib, ptr, this.config))
+      Effect.map((ptr) => new KvCache(this.lib, ptr, this.config, options.blockTokens))
     )
   }
 

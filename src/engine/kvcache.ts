@@ -49,7 +49,9 @@ export class KvCache {
     /** Its model's queue. */
     readonly lib: NativeCalls,
     readonly ptr: unknown,
-    readonly config: LlamaConfig
+    readonly config: LlamaConfig,
+    /** Tokens per block. */
+    readonly blockTokens: number
   ) {}
 
   stats(): Effect.Effect<CacheStats, NativeError> {
