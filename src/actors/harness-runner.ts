@@ -27,17 +27,19 @@
  */
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
-import { Context, Deferred, Duration, Effect, Layer, Ref, Schedule, Schema, Semaphore } from "effect"
+import { Context, Deferred, Duration, Effect, Layer, Ref, Schema, Semaphore } from "effect"
 import type { RpcGroup } from "effect/rpc"
 import { errorLine } from "../common/error-line.ts"
+import { cappedBackoff } from "../common/retry.ts"
 import * as Actor from "../runtime/actor.ts"
-import { messageOf, TransportError } from "../runtime/errors.ts"
+import { publish } from "../runtime/channel-io.ts"
 import { formatAddress, type ActorAddress } from "../runtime/names.ts"
 import { refOf, type ActorRef } from "../runtime/system.ts"
 import { ExecutionOutcome } from "../tree/outcome.ts"
 import { GatewayProtocol, apiKeyDigest, newApiKey } from "../protocols/gateway.ts"
 import { ForbiddenEnvironment, HarnessRunnerProtocol, UnknownTask, type RunExecution } from "../protocols/harness.ts"
-import { ensureTrajectoryStream, rlLayout } from "../protocols/layout.ts"
+import { ensureTrajectoryStream } from "../protocols/layout.ts"
+import { Outcomes } from "../protocols/topology.ts"
 import { markExecutionStart } from "../protocols/trajectories.ts"
 import { baseEnv, FORBIDDEN_ENV, gatewayEnv } from "../harness/environment.ts"
 import { chownTree, harnessUser, runAsFromEnv } from "../harness/harness-user.ts"
@@ -141,23 +143,17 @@ const open = (r: Runner, key: string, taskName: string, execution: string) =>
   r.ctx.system
     .ask(r.s.gateway, "OpenExecution", { keyDigest: apiKeyDigest(key), task: taskName, execution, defaultRole: "main" }, { timeoutMs: r.s.gatewayTimeoutMs })
     .pipe(
-      Effect.retry({ times: 2, schedule: Schedule.exponential(Duration.millis(200)) }),
+      Effect.retry({ times: 2, schedule: cappedBackoff(Duration.millis(200), Duration.seconds(1)) }),
       Effect.map((a) => ({ ok: true as const, baseUrl: a.baseUrl })),
       Effect.catch((e) => Effect.succeed({ ok: false as const, reason: `gateway ${formatAddress(r.s.config.gateway)}: ${errorLine(e)}` }))
     )
 
-const publish = (r: Runner, outcome: ExecutionOutcome) =>
-  Effect.tryPromise({
-    try: () =>
-      r.ctx.system.nats.js.publish(rlLayout(r.ctx.system.run).outcomes(outcome.execution), JSON.stringify(Schema.encodeSync(ExecutionOutcome)(outcome)), {
-        msgID: `outcome-${outcome.execution}`
-      }),
-    catch: (e) => new TransportError({ operation: `publish outcome of ${outcome.execution}`, message: messageOf(e) })
-  }).pipe(
-    // Stored or nothing: after a minute of failures the actor crashes and the request comes back.
-    Effect.retry({ times: 9, schedule: Schedule.exponential(Duration.millis(100)) }),
-    Effect.orDie
-  )
+/** Stored or nothing: after about a minute of failures (100 ms doubling, 9 tries) the actor crashes and the request comes back. */
+const storedOrDie = <A, E, R>(effect: Effect.Effect<A, E, R>): Effect.Effect<A, never, R> =>
+  effect.pipe(Effect.retry({ times: 9, schedule: cappedBackoff(Duration.millis(100), Duration.seconds(30)) }), Effect.orDie)
+
+const publishOutcome = (r: Runner, outcome: ExecutionOutcome) =>
+  publish(r.ctx.system, Outcomes, outcome.execution, outcome, { msgId: `outcome-${outcome.execution}` }).pipe(storedOrDie)
 
 /** The execution's directory, afresh: the task's workspace template and an empty home, owned by the harness user. */
 const prepareDirectory = (r: Runner, dir: string, workspace: string, task: Task) =>
@@ -216,17 +212,14 @@ const execute = Effect.fnUntraced(function* (r: Runner, req: RunExecution, suite
   const env = environmentOf(req, suite, task, dir, workspace)
   const key = newApiKey()
   // Before any call of this run of it is recorded (a run again after a runner died starts the execution afresh).
-  yield* markExecutionStart(r.ctx.system, req.execution, `${formatAddress(r.ctx.address)}#${r.ctx.incarnation}`).pipe(
-    Effect.retry({ times: 9, schedule: Schedule.exponential(Duration.millis(100)) }),
-    Effect.orDie
-  )
+  yield* markExecutionStart(r.ctx.system, req.execution, `${formatAddress(r.ctx.address)}#${r.ctx.incarnation}`).pipe(storedOrDie)
   const opened = yield* open(r, key, taskName, req.execution)
   const ran = opened.ok
     ? yield* runAndScore(r, req, suite, dir, workspace, env, { baseUrl: opened.baseUrl, key })
     : { ended: "finished" as const, harnessFailed: true, evaluation: { evaluation: "failed", score: null, attempts: 0, detail: `not run: ${opened.reason}` } satisfies Evaluation }
   const { evaluation } = ran
   const outcome: ExecutionOutcome = { run: r.ctx.system.run, task: taskName, execution: req.execution, ended: ran.ended, ...evaluation }
-  yield* publish(r, outcome)
+  yield* publishOutcome(r, outcome)
   if (!keeps(r.s.config, req, ran.harnessFailed || evaluation.evaluation === "failed")) yield* Effect.promise(() => fs.rm(dir, { recursive: true, force: true }))
   const dropped = evaluation.evaluation === "failed"
   yield* count(r, (c) => ({ running: c.running - 1, finished: c.finished + (dropped ? 0 : 1), dropped: c.dropped + (dropped ? 1 : 0) }))

@@ -10,11 +10,10 @@
  * paced and overruns), and `paceSummary` makes the summary's figures of them.
  */
 import { Effect } from "effect"
-import { DeviceProtocol } from "../protocols/device.ts"
 import { formatPace, parsePace, type Pace } from "../protocols/pace.ts"
+import { Device } from "../protocols/topology.ts"
 import { TransportError, messageOf } from "../runtime/errors.ts"
-import { parseAddress } from "../runtime/names.ts"
-import { refOf, type ActorSystemShape } from "../runtime/system.ts"
+import type { ActorSystemShape } from "../runtime/system.ts"
 import { UsageError } from "./args.ts"
 
 const paceDoc =
@@ -44,14 +43,14 @@ export const devicePaceCounts = (system: ActorSystemShape) =>
     const keys = yield* Effect.tryPromise({
       try: async () => {
         const out: Array<string> = []
-        for await (const key of await system.registry.keys()) if (key.startsWith("device/")) out.push(key)
+        for await (const key of await system.registry.keys()) if (key.startsWith(`${Device.kind}/`)) out.push(key)
         return out.sort()
       },
       catch: (e) => new TransportError({ operation: "registry keys", message: messageOf(e) })
     })
     const counts: Array<DevicePace> = []
     for (const key of keys) {
-      const status = yield* system.ask(refOf(DeviceProtocol, parseAddress(key)), "Status", undefined, { timeoutMs: 5000 }).pipe(Effect.option)
+      const status = yield* system.ask(Device.refOfKey(key), "Status", undefined, { timeoutMs: 5000 }).pipe(Effect.option)
       if (status._tag === "Some") counts.push({ device: key, pacedWork: status.value.pacedWork ?? 0, paceOverruns: status.value.paceOverruns ?? 0 })
     }
     return counts

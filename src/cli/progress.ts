@@ -8,17 +8,16 @@
  * `plainEveryMs`), so CI logs stay readable.
  *
  * The run's figures come from its log as it is written: the policy records and step metrics
- * on `gyre.<run>.sys.>` (a core NATS subscription, folded by `RunView`), and the running step's
+ * (the `policy` and `step` event channels, heard on core NATS and folded by `RunView`), and the running step's
  * micro-batch queue, read once a second.
  */
 import cliProgress from "cli-progress"
-import { Effect, Schema } from "effect"
-import { PolicyRecord, StepMetrics } from "../protocols/scheduler.ts"
+import { Effect } from "effect"
+import type { PolicyRecord, StepMetrics } from "../protocols/scheduler.ts"
+import { Events } from "../protocols/topology.ts"
 import { microBatchCounts, RunView, type MicroBatchCounts } from "../replay/status.ts"
+import { on, subscribeEvents } from "../runtime/channel.ts"
 import type { NatsShape } from "../runtime/nats.ts"
-
-const decodeRecord = Schema.decodeUnknownOption(Schema.fromJsonString(Schema.toCodecJson(PolicyRecord)))
-const decodeMetrics = Schema.decodeUnknownOption(Schema.fromJsonString(StepMetrics))
 
 export interface ProgressOptions {
   /** Shown in place of the devices until one has joined (default "devices joining"). */
@@ -74,24 +73,23 @@ export class RunProgress {
     }
   }
 
-  /** Feeds one message of `gyre.<run>.sys.>`. */
-  onMessage(subject: string, data: string) {
-    if (subject.endsWith(".sys.policy")) {
-      const r = decodeRecord(data)
-      if (r._tag === "None" || r.value.index <= this.view.index) return
-      this.pending.set(r.value.index, r.value)
-      // Records are applied in index order; one that arrives early waits for those before it.
-      for (let next = this.pending.get(this.view.index + 1); next !== undefined; next = this.pending.get(this.view.index + 1)) {
-        this.pending.delete(next.index)
-        this.view.apply(next)
-      }
-    } else if (subject.endsWith(".sys.step")) {
-      const m = decodeMetrics(data)
-      if (m._tag === "None") return
-      this.tokens += m.value.tokensTrained
-      this.lastScore = m.value.meanScore
-      this.log(stepLine(m.value, this.elapsed()))
+  /** Feeds one policy record (`gyre.<run>.sys.policy`). */
+  onPolicy(record: PolicyRecord) {
+    if (record.index <= this.view.index) return
+    this.pending.set(record.index, record)
+    // Records are applied in index order; one that arrives early waits for those before it.
+    for (let next = this.pending.get(this.view.index + 1); next !== undefined; next = this.pending.get(this.view.index + 1)) {
+      this.pending.delete(next.index)
+      this.view.apply(next)
     }
+    this.render()
+  }
+
+  /** Feeds one step's metrics (`gyre.<run>.sys.step`). */
+  onStep(m: StepMetrics) {
+    this.tokens += m.tokensTrained
+    this.lastScore = m.meanScore
+    this.log(stepLine(m, this.elapsed()))
     this.render()
   }
 
@@ -158,8 +156,8 @@ export class RunProgress {
  */
 export const followRun = (progress: RunProgress, nats: NatsShape, run: string) =>
   Effect.gen(function* () {
-    const sub = nats.nc.subscribe(`gyre.${run}.sys.>`, { callback: (err, msg) => void (err === null && progress.onMessage(msg.subject, msg.string())) })
-    yield* Effect.addFinalizer(() => Effect.sync(() => (sub.unsubscribe(), progress.stop())))
+    yield* Effect.addFinalizer(() => Effect.sync(() => progress.stop()))
+    yield* subscribeEvents(nats, run, [on(Events.policy, (r) => progress.onPolicy(r)), on(Events.step, (m) => progress.onStep(m))])
     const poll = Effect.gen(function* () {
       const step = progress.runningStep()
       progress.setMicroBatches(step === undefined ? undefined : yield* microBatchCounts(nats, run, step))

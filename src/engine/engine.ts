@@ -14,7 +14,7 @@
 import { Context, Effect, Layer, type Scope } from "effect"
 import { headDim, type KvDtype, kvDtypes, type LlamaConfig } from "./config.ts"
 import { KvCache } from "./kvcache.ts"
-import { type Backend, EngineError, type NativeCalls, type NativeError, loadNative } from "./native.ts"
+import { type Backend, type CacheHandle, EngineError, type ModelHandle, type NativeCalls, type NativeError, type NativeLibrary, type TrainerHandle, loadNative } from "./native.ts"
 import { type Dtype, dtypes } from "./safetensors.ts"
 import { Trainer } from "./trainer.ts"
 
@@ -76,7 +76,7 @@ export class Model {
   constructor(
     /** The model's queue, which its caches and trainers share. */
     readonly lib: NativeCalls,
-    readonly ptr: unknown,
+    readonly ptr: ModelHandle,
     readonly config: LlamaConfig,
     readonly paramCount: number,
     /** Index of the device holding the weights (and the model's caches and trainers). */
@@ -136,37 +136,40 @@ export class Model {
   /** A paged KV cache of `numBlocks` blocks of `blockTokens` tokens for this model, storing K and V as `kvDtype` (default F32; F16 halves the bytes). */
   cache(options: { readonly blockTokens: number; readonly numBlocks: number; readonly kvDtype?: KvDtype }): Effect.Effect<KvCache, NativeError, Scope.Scope> {
     const dtype = kvDtypes.indexOf(options.kvDtype ?? "f32")
-    return acquire(this.lib, "cache_create", [this.ptr, options.blockTokens, options.numBlocks, dtype], "cache_free").pipe(
+    return acquire<CacheHandle>(
+      (out) => this.lib.run("cache_create", [this.ptr, options.blockTokens, options.numBlocks, dtype, out]),
+      (c) => this.lib.value("cache_free", [c])
+    ).pipe(
       Effect.map((ptr) => new KvCache(this.lib, ptr, this.config, options.blockTokens))
     )
   }
 
   /** A trainer whose activations hold chunks of `maxTokens` tokens (batches of any length train chunk by chunk), updating this model's weights. */
   trainer(options: { readonly maxTokens: number }): Effect.Effect<Trainer, NativeError, Scope.Scope> {
-    return acquire(this.lib, "trainer_create", [this.ptr, options.maxTokens], "trainer_free").pipe(
+    return acquire<TrainerHandle>(
+      (out) => this.lib.run("trainer_create", [this.ptr, options.maxTokens, out]),
+      (t) => this.lib.value("trainer_free", [t])
+    ).pipe(
       Effect.map((ptr) => new Trainer(this.lib, ptr, this.config, this.paramCount, options.maxTokens))
     )
   }
 }
 
 /**
- * Creates a native handle with `create(...args, out)` (through `runCreate`, default the queue's
- * `run`) and frees it through the queue `calls` on scope close. A model's create runs with its
- * device selected; caches and trainers follow their model's device natively.
+ * Creates a native handle with `create(out)` (a create call given its out slot) and frees it
+ * with `free` on scope close. A model's create runs with its device selected; caches and
+ * trainers follow their model's device natively.
  */
-const acquire = (
-  calls: NativeCalls,
-  create: "model_create" | "model_load" | "model_create_zero" | "cache_create" | "trainer_create",
-  args: ReadonlyArray<unknown>,
-  free: "model_free" | "cache_free" | "trainer_free",
-  runCreate: NativeCalls["run"] = calls.run
-): Effect.Effect<unknown, NativeError, Scope.Scope> =>
+const acquire = <H>(
+  create: (out: Array<H | null>) => Effect.Effect<void, NativeError>,
+  free: (handle: H) => Effect.Effect<void>
+): Effect.Effect<H, NativeError, Scope.Scope> =>
   Effect.acquireRelease(
     Effect.suspend(() => {
-      const out: Array<unknown> = [null]
-      return runCreate(create, [...args, out]).pipe(Effect.map(() => out[0]))
+      const out: Array<H | null> = [null]
+      return create(out).pipe(Effect.map(() => out[0]!))
     }),
-    (ptr) => calls.value(free, [ptr])
+    free
   )
 
 /** Options of model creation. */
@@ -242,8 +245,8 @@ const make = Effect.gen(function* () {
   yield* Effect.logInfo(`engine: ${lib.backend} backend (${lib.path}), devices: ${lib.devices.join("; ")}`)
   const model = (
     config: LlamaConfig,
-    create: "model_create" | "model_load" | "model_create_zero",
-    args: ReadonlyArray<unknown>,
+    /** The model's create call on the library (with its device selected), given the config's struct and the out slot. */
+    create: (run: NativeLibrary["runOnDevice"], device: number, cfg: ReturnType<typeof cConfig>, out: Array<ModelHandle | null>) => Effect.Effect<void, NativeError>,
     options: ModelOptions & { readonly origin?: ModelOrigin }
   ) =>
     Effect.gen(function* () {
@@ -253,7 +256,7 @@ const make = Effect.gen(function* () {
       }
       const count = yield* paramCount(lib, config)
       const calls = lib.queue()
-      const ptr = yield* acquire(calls, create, [cConfig(config), ...args], "model_free", (fn, a) => lib.runOnDevice(device, fn, a))
+      const ptr = yield* acquire<ModelHandle>((out) => create(lib.runOnDevice, device, cConfig(config), out), (m) => calls.value("model_free", [m]))
       const m = new Model(calls, ptr, config, count, device, options.origin)
       if (options.threads !== undefined) yield* m.setThreads(options.threads)
       return m
@@ -261,15 +264,17 @@ const make = Effect.gen(function* () {
   return {
     backend: lib.backend,
     devices: lib.devices,
-    setThreads: (n) => lib.value<void>("set_num_threads", [n]),
-    threads: lib.value<number>("num_threads", []),
+    setThreads: (n) => lib.value("set_num_threads", [n]),
+    threads: lib.value("num_threads", []),
     layout: (config) => paramLayout(lib, config),
     createModel: (config, options = {}) =>
-      model(config, "model_create", [BigInt(options.seed ?? 0), options.initStd ?? 0.02], options),
-    loadModel: (config, safetensors, options = {}) => model(config, "model_load", [safetensors, safetensors.length], options),
+      model(config, (run, device, cfg, out) => run(device, "model_create", [cfg, BigInt(options.seed ?? 0), options.initStd ?? 0.02, out]), options),
+    loadModel: (config, safetensors, options = {}) =>
+      model(config, (run, device, cfg, out) => run(device, "model_load", [cfg, safetensors, safetensors.length, out]), options),
     readModel: (config, sources, options = {}) =>
       Effect.gen(function* () {
-        const m = yield* model(config, "model_create_zero", [dtypes[options.weightDtype ?? "F32"].code], options)
+        const dtype = dtypes[options.weightDtype ?? "F32"].code
+        const m = yield* model(config, (run, device, cfg, out) => run(device, "model_create_zero", [cfg, dtype, out]), options)
         for (const s of sources) yield* m.lib.run("model_read_tensor", [m.ptr, s.index, s.dtype, s.path, s.offset, s.bytes])
         return m
       }),
@@ -283,7 +288,7 @@ const make = Effect.gen(function* () {
         const out = new Float32Array(1)
         return lib.runSync("rope_attention_scaling", [cConfig(config), out]).pipe(Effect.map(() => out[0]!))
       }),
-    checksum: (bytes) => lib.value<bigint>("checksum", [bytes, bytes.length]).pipe(Effect.map(BigInt))
+    checksum: (bytes) => lib.value("checksum", [bytes, bytes.length]).pipe(Effect.map(BigInt))
   } satisfies EngineShape
 })
 

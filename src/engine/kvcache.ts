@@ -4,7 +4,7 @@
  */
 import { Effect } from "effect"
 import { type KvDtype, kvDtypes, type LlamaConfig } from "./config.ts"
-import { type NativeCalls, type NativeError, int32s } from "./native.ts"
+import { type CacheHandle, type NativeCalls, type NativeError, int32s } from "./native.ts"
 
 /** Sampling of a sequence's next token (temperature 0 = greedy). */
 export interface Sampling {
@@ -48,7 +48,7 @@ export class KvCache {
   constructor(
     /** Its model's queue. */
     readonly lib: NativeCalls,
-    readonly ptr: unknown,
+    readonly ptr: CacheHandle,
     readonly config: LlamaConfig,
     /** Tokens per block. */
     readonly blockTokens: number
@@ -71,20 +71,20 @@ export class KvCache {
     )
   }
 
-  private seqCall(fn: "seq_create" | "seq_fork" | "seq_fork_prefix" | "seq_import", args: ReadonlyArray<unknown>, async = false) {
+  /** The sequence id a call writes into its out slot. */
+  private seqCall(call: (out: Array<number>) => Effect.Effect<void, NativeError>) {
     const out = [0]
-    const call = async ? this.lib.run(fn, [...args, out]) : this.lib.runSync(fn, [...args, out])
-    return call.pipe(Effect.map(() => out[0]!))
+    return call(out).pipe(Effect.map(() => out[0]!))
   }
 
   /** A new, empty sequence. */
   create(): Effect.Effect<number, NativeError> {
-    return this.seqCall("seq_create", [this.ptr])
+    return this.seqCall((out) => this.lib.runSync("seq_create", [this.ptr, out]))
   }
 
   /** A new sequence sharing all of `parent`'s tokens (blocks shared until they diverge). */
   fork(parent: number): Effect.Effect<number, NativeError> {
-    return this.seqCall("seq_fork", [this.ptr, parent])
+    return this.seqCall((out) => this.lib.runSync("seq_fork", [this.ptr, parent, out]))
   }
 
   /**
@@ -92,7 +92,7 @@ export class KvCache {
    * blocks holding them, copy-on-write, so appending to it leaves `parent`'s K/V intact.
    */
   forkPrefix(parent: number, length: number): Effect.Effect<number, NativeError> {
-    return this.seqCall("seq_fork_prefix", [this.ptr, parent, length])
+    return this.seqCall((out) => this.lib.runSync("seq_fork_prefix", [this.ptr, parent, length, out]))
   }
 
   free(seq: number): Effect.Effect<void, NativeError> {
@@ -169,6 +169,6 @@ export class KvCache {
 
   /** A new sequence holding an exported one's K/V. */
   import(buffer: Uint8Array): Effect.Effect<number, NativeError> {
-    return this.seqCall("seq_import", [this.ptr, buffer, buffer.length], true)
+    return this.seqCall((out) => this.lib.run("seq_import", [this.ptr, buffer, buffer.length, out]))
   }
 }

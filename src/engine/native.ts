@@ -126,7 +126,109 @@ koffi.struct("gyre_adamw", { lr: "float", beta1: "float", beta2: "float", eps: "
 /** GYRE_ABI_VERSION of native/include/gyre.h that these prototypes and structs match. */
 const ABI_VERSION = 9
 
-const prototypes = {
+/** A native handle koffi hands back (an opaque pointer), branded by the C type it points to. */
+declare const handleOf: unique symbol
+export type Handle<T extends string> = { readonly [handleOf]: T }
+export type ModelHandle = Handle<"gyre_model">
+export type CacheHandle = Handle<"gyre_cache">
+export type TrainerHandle = Handle<"gyre_trainer">
+
+/** An `_Out_` scalar: koffi writes the value into element 0. */
+type Out<A = number> = Array<A>
+/** A C struct passed by value's fields (`gyre_config`, `gyre_adamw`, ...: koffi checks them against the struct). */
+type CStruct = { readonly [field: string]: unknown }
+/** A C struct filled by the call: a `structBuffer` (read with `readStruct`), or an object koffi fills (`_Out_`). */
+type StructOut = Buffer | Record<string, number>
+/** A `uint64_t` argument (koffi takes a number or a bigint). */
+type U64 = number | bigint
+
+/** Each native function's JavaScript arguments and result, as `prototypes` declares it in C. */
+export interface Signatures {
+  last_error: (buf: Uint8Array, cap: number) => number
+  error_message: (code: number, buf: Uint8Array, cap: number) => number
+  status_name: (status: number) => string
+  abi_version: () => number
+  backend: () => string
+  device_count: () => number
+  device_name: (device: number, buf: Uint8Array, cap: number) => number
+  set_device: (device: number) => number
+  set_num_threads: (n: number) => void
+  num_threads: () => number
+  config_check: (cfg: CStruct) => number
+  param_count: (cfg: CStruct, count: Out) => number
+  param_tensor_count: (cfg: CStruct, count: Out) => number
+  param_tensor: (cfg: CStruct, index: number, name: Uint8Array, cap: number, offset: Out, rank: Out, shape: BigInt64Array) => number
+  model_create: (cfg: CStruct, seed: U64, std: number, out: Out<ModelHandle | null>) => number
+  model_load: (cfg: CStruct, buf: Uint8Array, len: number, out: Out<ModelHandle | null>) => number
+  model_create_zero: (cfg: CStruct, weightDtype: number, out: Out<ModelHandle | null>) => number
+  model_weight_dtype: (m: ModelHandle, dtype: Out) => number
+  model_read_tensor: (m: ModelHandle, index: number, dtype: number, path: string, offset: number, nbytes: number) => number
+  model_write_tensor: (m: ModelHandle, index: number, dtype: number, out: Uint8Array, cap: number) => number
+  rope_inv_freq: (cfg: CStruct, out: Float32Array, n: number) => number
+  rope_attention_scaling: (cfg: CStruct, out: Float32Array) => number
+  model_save: (m: ModelHandle, out: Uint8Array | null, cap: number, len: Out) => number
+  model_get_weights: (m: ModelHandle, out: Float32Array, n: number) => number
+  model_set_weights: (m: ModelHandle, w: Float32Array, n: number) => number
+  model_free: (m: ModelHandle) => void
+  model_set_threads: (m: ModelHandle, n: number) => number
+  model_threads: (m: ModelHandle, n: Out) => number
+  cache_create: (m: ModelHandle, blockTokens: number, numBlocks: number, kvDtype: number, out: Out<CacheHandle | null>) => number
+  cache_stats: (c: CacheHandle, out: StructOut) => number
+  cache_free: (c: CacheHandle) => void
+  seq_create: (c: CacheHandle, seq: Out) => number
+  seq_fork: (c: CacheHandle, parent: number, child: Out) => number
+  seq_fork_prefix: (c: CacheHandle, parent: number, length: number, child: Out) => number
+  seq_free: (c: CacheHandle, seq: number) => number
+  seq_length: (c: CacheHandle, seq: number, len: Out) => number
+  seq_blocks: (c: CacheHandle, seq: number, blocks: Out) => number
+  seq_pin: (c: CacheHandle, seq: number) => number
+  seq_unpin: (c: CacheHandle, seq: number) => number
+  seq_export: (c: CacheHandle, seq: number, out: Uint8Array | null, cap: number, len: Out) => number
+  seq_import: (c: CacheHandle, buf: Uint8Array, len: number, seq: Out) => number
+  checksum: (data: Uint8Array, len: number) => U64
+  sample: (vocab: number, logits: Float32Array, params: CStruct, counter: U64, token: Out, logprob: Out) => number
+  forward: (
+    c: CacheHandle,
+    nSeqs: number,
+    seqIds: Int32Array,
+    nNew: Int32Array,
+    tokens: Int32Array,
+    logitsMode: number,
+    logits: Float32Array | null,
+    sampling: ReadonlyArray<CStruct> | null,
+    sampled: Int32Array | null,
+    sampledLogprobs: Float32Array | null
+  ) => number
+  trainer_create: (m: ModelHandle, maxTokens: number, out: Out<TrainerHandle | null>) => number
+  trainer_free: (t: TrainerHandle) => void
+  train_batch: (
+    t: TrainerHandle,
+    n: number,
+    tokens: Int32Array,
+    parents: Int32Array,
+    positions: Int32Array,
+    weights: Float32Array,
+    advantages: Float32Array,
+    behaviour: Float32Array,
+    proximal: Float32Array,
+    versions: Int32Array,
+    loss: CStruct,
+    backward: number,
+    tokenLogprobs: Float32Array,
+    stats: StructOut
+  ) => number
+  trainer_memory: (t: TrainerHandle, out: StructOut) => number
+  zero_grads: (t: TrainerHandle) => number
+  get_grads: (t: TrainerHandle, out: Float32Array, n: number) => number
+  set_grads: (t: TrainerHandle, g: Float32Array, n: number) => number
+  add_grads: (t: TrainerHandle, g: Float32Array, n: number, scale: number) => number
+  trainer_step: (t: TrainerHandle, opt: CStruct, gradNorm: Out) => number
+  step_count: (t: TrainerHandle, steps: Out<number | bigint>) => number
+  save_optimizer: (t: TrainerHandle, out: Uint8Array | null, cap: number, len: Out) => number
+  load_optimizer: (t: TrainerHandle, buf: Uint8Array, len: number) => number
+}
+
+const prototypes: { readonly [F in keyof Signatures]: string } = {
   last_error: "size_t gyre_last_error(_Out_ uint8_t *buf, size_t cap)",
   error_message: "size_t gyre_error_message(int32_t code, _Out_ uint8_t *buf, size_t cap)",
   status_name: "const char *gyre_status_name(int32_t status)",
@@ -188,19 +290,21 @@ const prototypes = {
   step_count: "int32_t gyre_trainer_step_count(const gyre_trainer *t, _Out_ int64_t *steps)",
   save_optimizer: "int32_t gyre_trainer_save_optimizer(const gyre_trainer *t, uint8_t *out, size_t cap, _Out_ size_t *len)",
   load_optimizer: "int32_t gyre_trainer_load_optimizer(gyre_trainer *t, const uint8_t *buf, size_t len)"
-} as const
+}
 
-export type FunctionName = keyof typeof prototypes
+export type FunctionName = keyof Signatures
+/** The arguments of native function `F`. */
+export type ArgsOf<F extends FunctionName> = Parameters<Signatures[F]>
 type NativeFunction = ReturnType<LibraryHandle["func"]>
 
 /** Native calls, through a queue (one model's: they never overlap) or none (functions of no handle). */
 export interface NativeCalls {
   /** Runs `fn` on the libuv pool (for long calls); fails on a non-zero status. */
-  readonly run: (fn: FunctionName, args: ReadonlyArray<unknown>) => Effect.Effect<void, NativeError>
+  readonly run: <F extends FunctionName>(fn: F, args: ArgsOf<F>) => Effect.Effect<void, NativeError>
   /** Runs `fn` on the calling thread (for quick calls); fails on a non-zero status. */
-  readonly runSync: (fn: FunctionName, args: ReadonlyArray<unknown>) => Effect.Effect<void, NativeError>
+  readonly runSync: <F extends FunctionName>(fn: F, args: ArgsOf<F>) => Effect.Effect<void, NativeError>
   /** Calls a function that cannot fail (void or a plain value). */
-  readonly value: <A>(fn: FunctionName, args: ReadonlyArray<unknown>) => Effect.Effect<A>
+  readonly value: <F extends FunctionName>(fn: F, args: ArgsOf<F>) => Effect.Effect<ReturnType<Signatures[F]>>
 }
 
 /** A loaded library: its backend, its devices' names and its functions (the unqueued calls). */
@@ -215,7 +319,7 @@ export interface NativeLibrary extends NativeCalls {
    * under the device lock, so no other creation changes the selection in between; an unknown
    * device fails with gyre_set_device's message.
    */
-  readonly runOnDevice: (device: number, fn: FunctionName, args: ReadonlyArray<unknown>) => Effect.Effect<void, NativeError>
+  readonly runOnDevice: <F extends FunctionName>(device: number, fn: F, args: ArgsOf<F>) => Effect.Effect<void, NativeError>
 }
 
 /** A zeroed buffer for a C struct written by an async call; read it with `readStruct`. */
@@ -313,12 +417,12 @@ const open = (backend: Backend): NativeLibrary => {
   /* the failure an async call's errno numbers (read in its completion, where koffi restores it) */
   const asyncMessage = (code: number) =>
     readString((buf) => fns.error_message(code, buf, buf.length)) || `(no message: errno ${code} no longer numbers a recent failure)`
-  const callSync = (fn: FunctionName, args: ReadonlyArray<unknown>) =>
+  const callSync = <F extends FunctionName>(fn: F, args: ArgsOf<F>) =>
     Effect.suspend(() => {
       const rc = fns[fn](...args) as number
       return rc === 0 ? Effect.void : fail(fn, rc, readString((buf) => fns.last_error(buf, buf.length)))
     })
-  const callAsync = (fn: FunctionName, args: ReadonlyArray<unknown>) =>
+  const callAsync = <F extends FunctionName>(fn: F, args: ArgsOf<F>) =>
     Effect.uninterruptible(
       Effect.callback<void, NativeError>((resume) => {
         const passed = args.map(offHeap)
@@ -331,7 +435,7 @@ const open = (backend: Backend): NativeLibrary => {
         })
       })
     )
-  const value = <A>(fn: FunctionName, args: ReadonlyArray<unknown>) => Effect.sync(() => fns[fn](...args) as A)
+  const value = <F extends FunctionName>(fn: F, args: ArgsOf<F>) => Effect.sync(() => fns[fn](...args) as ReturnType<Signatures[F]>)
   const queue = (): NativeCalls => {
     const lock = Semaphore.makeUnsafe(1)
     return {
@@ -341,7 +445,7 @@ const open = (backend: Backend): NativeLibrary => {
     }
   }
   const deviceLock = Semaphore.makeUnsafe(1)
-  const runOnDevice = (device: number, fn: FunctionName, args: ReadonlyArray<unknown>) =>
+  const runOnDevice = <F extends FunctionName>(device: number, fn: F, args: ArgsOf<F>) =>
     deviceLock.withPermit(callSync("set_device", [device]).pipe(Effect.andThen(callAsync(fn, args))))
   const count = fns.device_count() as number
   const devices = Array.from({ length: count }, (_, i) => readString((buf) => fns.device_name(i, buf, buf.length)))

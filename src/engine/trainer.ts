@@ -9,7 +9,7 @@
 import { Effect } from "effect"
 import type { PackedBatch } from "../common/packed-batch.ts"
 import type { LlamaConfig } from "./config.ts"
-import { type NativeCalls, type NativeError, readStruct, structBuffer } from "./native.ts"
+import { type NativeCalls, type NativeError, type TrainerHandle, readStruct, structBuffer } from "./native.ts"
 
 /**
  * SFT cross-entropy, or decoupled PPO-clip: per token w = min(pi_prox / mu, isCap) (no cap
@@ -96,7 +96,7 @@ export class Trainer {
   constructor(
     /** Its model's queue. */
     readonly lib: NativeCalls,
-    readonly ptr: unknown,
+    readonly ptr: TrainerHandle,
     readonly config: LlamaConfig,
     readonly paramCount: number,
     readonly maxTokens: number

@@ -7,33 +7,28 @@
  * a response only after every part was acknowledged; a failed publish is a 500 `record_failed`.
  */
 import { headers } from "@nats-io/transport-node"
-import { Effect, Schema } from "effect"
-import { messageOf } from "../runtime/errors.ts"
+import { Effect } from "effect"
+import { publishAll } from "../runtime/channel-io.ts"
 import type { ActorSystemShape } from "../runtime/system.ts"
-import { CallRecord, type ModelCall } from "../tree/record.ts"
+import type { ModelCall } from "../tree/record.ts"
 import { apiError } from "../openai/openai.ts"
-import { rlLayout } from "../protocols/layout.ts"
 import { CALL_HEADER, PART_HEADER, recordParts } from "../protocols/record-parts.ts"
+import { Calls } from "../protocols/topology.ts"
 import type { Session } from "./sessions.ts"
 
-const encodeRecord = Schema.encodeSync(CallRecord)
-
-/** Publishes a record's parts in order (all sent before any acknowledgement is awaited). */
-const publishParts = async (system: ActorSystemShape, subject: string, id: string, callId: string, bytes: Uint8Array): Promise<void> => {
+/** A record's messages: itself, or its parts with their headers (`record-parts.ts`). */
+const messagesOf = (id: string, callId: string, bytes: Uint8Array) => {
   const parts = recordParts(bytes)
-  if (parts.length === 1) return void (await system.nats.js.publish(subject, bytes, { msgID: id }))
-  await Promise.all(
-    parts.map((part, i) => {
-      const h = headers()
-      h.set(PART_HEADER, `${i + 1}/${parts.length}`)
-      h.set(CALL_HEADER, callId)
-      return system.nats.js.publish(subject, part, { msgID: `${id}.${i + 1}`, headers: h })
-    })
-  )
+  if (parts.length === 1) return [{ data: bytes, msgId: id }]
+  return parts.map((part, i) => {
+    const h = headers()
+    h.set(PART_HEADER, `${i + 1}/${parts.length}`)
+    h.set(CALL_HEADER, callId)
+    return { data: part, msgId: `${id}.${i + 1}`, headers: h }
+  })
 }
 
 export const makeCallRecorder = (system: ActorSystemShape) => {
-  const layout = rlLayout(system.run)
   let calls = 0
   return {
     /** Calls recorded since the gateway started. */
@@ -42,11 +37,10 @@ export const makeCallRecorder = (system: ActorSystemShape) => {
     },
     record: (session: Session, call: ModelCall) =>
       Effect.suspend(() => {
-        const data = Buffer.from(JSON.stringify(encodeRecord(session.encoder.encode(call))))
-        return Effect.tryPromise({
-          try: () => publishParts(system, layout.calls(session.execution), `${session.execution}.${call.callId}`, call.callId, data),
-          catch: (e) => apiError(500, `The call could not be recorded: ${messageOf(e)}`, { code: "record_failed" })
-        })
+        const data = Calls.encode(session.encoder.encode(call))
+        return publishAll(system, Calls, session.execution, messagesOf(`${session.execution}.${call.callId}`, call.callId, data)).pipe(
+          Effect.mapError((e) => apiError(500, `The call could not be recorded: ${e.message}`, { code: "record_failed" }))
+        )
       }).pipe(
         Effect.tap(() =>
           Effect.sync(() => {

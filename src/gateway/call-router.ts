@@ -30,15 +30,15 @@
  *   again.
  */
 import type { ObjectStore } from "@nats-io/obj"
-import { nuid, type Msg } from "@nats-io/transport-node"
+import { nuid } from "@nats-io/transport-node"
 import { Context, Deferred, Effect, Fiber, Layer, Schema } from "effect"
-import { parseAddress } from "../runtime/names.ts"
-import { refOf, type ActorSystemShape } from "../runtime/system.ts"
+import { subscribe } from "../runtime/channel-io.ts"
+import type { ActorSystemShape } from "../runtime/system.ts"
 import { digestOf } from "../tree/hash.ts"
-import { rlLayout } from "../protocols/layout.ts"
+import { Tokens, rolloutServerRef } from "../protocols/topology.ts"
 import { deleteObject, getArrays, putArrays, type TokensRef } from "../protocols/transfer.ts"
 import { apiError, type ApiError } from "../openai/openai.ts"
-import { RolloutWorkerProtocol, TokenChunk, type ContextTooLong, type FinishReason, type GenerateResult, type SamplingParams, type StepTokens } from "../protocols/rollout.ts"
+import { type ContextTooLong, type FinishReason, type GenerateResult, type SamplingParams, type StepTokens } from "../protocols/rollout.ts"
 import type { WorkerDirectory } from "./worker-directory.ts"
 
 /** One of an execution's last calls: its request id, its sequence (prompt ++ output), the worker that holds it. */
@@ -106,8 +106,6 @@ type Attempt =
   | { readonly _tag: "failed"; readonly reason: string; readonly partial: StepTokens }
   | { readonly _tag: "tooLong"; readonly tokens: number; readonly limit: number; readonly bound: "model" | "kv-pool" | undefined }
 
-const decodeChunk = Schema.decodeUnknownOption(TokenChunk)
-
 const concat = (a: Int32Array, b: ArrayLike<number>): Int32Array => {
   const out = new Int32Array(a.length + b.length)
   out.set(a)
@@ -139,7 +137,7 @@ const commonPrefix = (a: Int32Array, b: Int32Array): number => {
 }
 
 /** A worker by registry key: `rollout-worker/<id>`, or `device/<id>` (a device serves the same requests). */
-const workerRef = (key: string) => refOf(RolloutWorkerProtocol, parseAddress(key))
+const workerRef = rolloutServerRef
 
 /** The router's own figures: this gateway's requests in flight and the routes it keeps, per worker. */
 interface RouterState {
@@ -153,7 +151,6 @@ interface Routing {
   readonly directory: WorkerDirectory
   readonly store: ObjectStore
   readonly options: RouterOptions
-  readonly layout: ReturnType<typeof rlLayout>
   readonly state: RouterState
 }
 
@@ -260,23 +257,14 @@ class Gathered {
 /** Subscribes to the token stream of `request` (when the call streams): each chunk is kept in `streamed` and handed on. */
 const subscribeTokens = (r: Routing, req: CallRequest, request: string, streamed: Gathered) => {
   const onTokens = req.onTokens
-  if (onTokens === undefined) return undefined
-  const onChunk = (err: Error | null, msg: Msg) => {
-    if (err !== null) return
-    let json: unknown
-    try {
-      json = msg.json()
-    } catch {
-      return
-    }
-    const chunk = decodeChunk(json)
-    if (chunk._tag === "None" || chunk.value.done) return
-    const { tokens, logprobs } = chunk.value
-    const step = { tokens, logprobs, versions: chunk.value.versions ?? new Int32Array(tokens.length) }
+  if (onTokens === undefined) return Effect.succeed(undefined)
+  return subscribe(r.system, Tokens, request, (chunk) => {
+    if (chunk.done) return
+    const { tokens, logprobs } = chunk
+    const step = { tokens, logprobs, versions: chunk.versions ?? new Int32Array(tokens.length) }
     streamed.append(step)
     onTokens(step)
-  }
-  return r.system.nats.nc.subscribe(r.layout.tokens(request), { callback: onChunk })
+  })
 }
 
 /** An attempt's failure as an outcome: too long, or failed with what was streamed (a worker still there is asked to stop). */
@@ -297,7 +285,7 @@ const attempt = Effect.fnUntraced(function* (r: Routing, worker: string, req: Ca
   const ref = workerRef(worker)
   const request = nuid.next()
   const streamed = new Gathered()
-  const subscription = subscribeTokens(r, req, request, streamed)
+  const subscription = yield* subscribeTokens(r, req, request, streamed)
   bump(r.state.inFlight, worker, 1)
   const canceller = yield* Effect.forkChild(
     Deferred.await(req.clientGone).pipe(Effect.andThen(r.system.ask(ref, "Cancel", { request }, { timeoutMs: 5000 })), Effect.ignore)
@@ -430,7 +418,7 @@ export interface CallRouterShape {
 }
 
 const makeCallRouter = (system: ActorSystemShape, directory: WorkerDirectory, store: ObjectStore, options: RouterOptions): CallRouterShape => {
-  const r: Routing = { system, directory, store, options, layout: rlLayout(system.run), state: { inFlight: new Map(), routed: new Map() } }
+  const r: Routing = { system, directory, store, options, state: { inFlight: new Map(), routed: new Map() } }
   const release = Effect.fn("CallRouter.release")(function* (execution: string, route: Route) {
     moveRoute(r.state, route, undefined)
     yield* Effect.forEach([...route.servedBy], (worker) => releaseOn(system)(worker, execution), { concurrency: "unbounded", discard: true })

@@ -13,12 +13,12 @@
 import { Schema } from "effect"
 import { Ledger, batchComplete, decide, emptyLedger, publishOnStepDone, startStep, type Decision } from "./ledger.ts"
 import type { Policy } from "./policy.ts"
-import type { PolicyEvent, Role } from "./vocabulary.ts"
+import type { PolicyEvent, CellRole } from "./vocabulary.ts"
 
 export const ColocateState = Schema.Struct({ ledger: Ledger })
 export type ColocateState = typeof ColocateState.Type
 
-const switchAll = (d: Decision, from: Role, to: Role) => {
+const switchAll = (d: Decision, from: CellRole, to: CellRole) => {
   const l = d.ledger
   if ((from === "rollout" ? l.serving : l.trainingReady) === 0) return
   for (const c of l.cells) if (c.role === from && !c.switching) d.act({ _tag: "SwitchRole", cell: c.cell, role: to })

@@ -13,14 +13,14 @@
  * the ledger for every event).
  */
 import { Schema } from "effect"
-import { PolicyConfig, Role, type PolicyAction, type PolicyEvent } from "./vocabulary.ts"
+import { PolicyConfig, CellRole, type PolicyAction, type PolicyEvent } from "./vocabulary.ts"
 
 const Count = Schema.Int.check(Schema.isGreaterThanOrEqualTo(0))
 
 /** A cell as the policy sees it. `role` is where it is going when `switching`. */
 export const CellView = Schema.Struct({
   cell: Count,
-  role: Role,
+  role: CellRole,
   switching: Schema.Boolean,
   inStep: Schema.Boolean
 })

@@ -17,9 +17,9 @@ const Count = Schema.Int.check(Schema.isGreaterThanOrEqualTo(0))
 const Positive = Schema.Int.check(Schema.isGreaterThanOrEqualTo(1))
 const Seconds = Schema.Number.check(Schema.isFinite(), Schema.isGreaterThanOrEqualTo(0))
 
-/** The role a cell serves in. */
-export const Role = Schema.Literals(["rollout", "training"])
-export type Role = typeof Role.Type
+/** The role a cell (a device) serves in: rollout or training (a call's agent role is `AgentRole`, src/tree/role.ts). */
+export const CellRole = Schema.Literals(["rollout", "training"])
+export type CellRole = typeof CellRole.Type
 
 /**
  * What every policy knows of the run before its first event. Cells arrive as events; execution
@@ -52,7 +52,7 @@ export const ExecutionFinished = Schema.TaggedStruct("ExecutionFinished", {
   at: Seconds
 })
 /** A cell finished switching and now serves `role`. */
-export const SwitchDone = Schema.TaggedStruct("SwitchDone", { cell: Count, role: Role, at: Seconds })
+export const SwitchDone = Schema.TaggedStruct("SwitchDone", { cell: Count, role: CellRole, at: Seconds })
 /**
  * Progress of the running step: `trained_tokens` of its batch are trained so far. The simulator
  * reports it when the training cells have consumed every finished execution (they wait for data);
@@ -84,7 +84,7 @@ export const Dispatch = Schema.TaggedStruct("Dispatch", { batch: Count })
  * Move a cell to `role`. Leaving rollout: the cell stops admitting and its in-flight executions
  * move to other cells (harness-preserving switch). Leaving training: the cell leaves its step.
  */
-export const SwitchRole = Schema.TaggedStruct("SwitchRole", { cell: Count, role: Role })
+export const SwitchRole = Schema.TaggedStruct("SwitchRole", { cell: Count, role: CellRole })
 /** Start training step `step` on `cells` (all in the training role); `core` holds the optimizer. */
 export const StartStep = Schema.TaggedStruct("StartStep", { step: Count, core: Count, cells: Schema.Array(Count) })
 /** A training cell joins the running step and claims micro-steps from its queue. */

@@ -18,7 +18,7 @@ import { Rpc, RpcGroup } from "effect/rpc"
 import { ExecutionOutcome } from "../tree/outcome.ts"
 import { ExecutionId } from "./layout.ts"
 import { RolloutWorkerProtocol, WorkerLoad } from "./rollout.ts"
-import { Role } from "../policy/vocabulary.ts"
+import { CellRole } from "../policy/vocabulary.ts"
 
 const Count = Schema.Int.check(Schema.isGreaterThanOrEqualTo(0))
 
@@ -27,7 +27,7 @@ export const DEVICE_KIND = "device"
 /** A device's registry load: the rollout figures plus its role. */
 export const DeviceLoad = Schema.Struct({
   ...WorkerLoad.fields,
-  role: Role,
+  role: CellRole,
   /** A switch is under way (`role` is where it is going). */
   switching: Schema.Boolean,
   /** Step it trains in (training role), else -1. */
@@ -53,7 +53,7 @@ export const ContextHandoff = Schema.Struct({
 export type ContextHandoff = typeof ContextHandoff.Type
 
 export const SwitchResult = Schema.Struct({
-  role: Role,
+  role: CellRole,
   generationsMoved: Count,
   contextsMoved: Count,
   bytesMoved: Count,
@@ -139,7 +139,7 @@ export const TrainingProtocol = RpcGroup.make(
 export const DeviceProtocol = RolloutWorkerProtocol.add(
   Rpc.make("SwitchRole", {
     payload: {
-      role: Role,
+      role: CellRole,
       /** Leaving rollout: device keys (`device/<id>`) to hand contexts to, preferred first. */
       destinations: Schema.Array(Schema.String),
       /** Joining rollout: the newest published version to load first. */

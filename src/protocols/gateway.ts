@@ -16,7 +16,7 @@
 import { createHmac, randomBytes } from "node:crypto"
 import { Schema } from "effect"
 import { Rpc, RpcGroup } from "effect/rpc"
-import { Role } from "../tree/role.ts"
+import { AgentRole } from "../tree/role.ts"
 import { ExecutionId } from "./layout.ts"
 
 const NonNegativeInt = Schema.Int.check(Schema.isGreaterThanOrEqualTo(0))
@@ -102,8 +102,8 @@ export const GatewayProtocol = RpcGroup.make(
       keyDigest: KeyDigest,
       task: Schema.NonEmptyString,
       execution: ExecutionId,
-      /** Role of calls that do not name one in the `X-Gyre-Role` header. */
-      defaultRole: Role
+      /** Agent role of calls that do not name one in the `X-Gyre-Role` header. */
+      defaultRole: AgentRole
     },
     success: Schema.Struct({ baseUrl: Schema.String }),
     error: ExecutionConflict

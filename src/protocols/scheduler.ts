@@ -9,7 +9,7 @@
  */
 import { Schema } from "effect"
 import { Rpc, RpcGroup } from "effect/rpc"
-import { PolicyAction, PolicyEvent, Role } from "../policy/vocabulary.ts"
+import { PolicyAction, PolicyEvent, CellRole } from "../policy/vocabulary.ts"
 import { ExecutionOutcome } from "../tree/outcome.ts"
 import { ExecutionId } from "./layout.ts"
 import { StepPlan, SwitchResult } from "./device.ts"
@@ -96,7 +96,7 @@ export const SchedulerProtocol = RpcGroup.make(
     payload: { execution: ExecutionId, outcome: ExecutionOutcome, tokens: Count, durationS: Schema.Number },
     success: Schema.Struct({ accepted: Schema.Boolean })
   }),
-  Rpc.make("SwitchCompleted", { payload: { cell: Count, role: Role, result: SwitchResult }, success: Schema.Struct({ accepted: Schema.Boolean }) }),
+  Rpc.make("SwitchCompleted", { payload: { cell: Count, role: CellRole, result: SwitchResult }, success: Schema.Struct({ accepted: Schema.Boolean }) }),
   Rpc.make("WeightsLoaded", { payload: { version: Count }, success: Schema.Struct({ accepted: Schema.Boolean }) }),
   Rpc.make("StepProgress", { payload: { step: Count, trainedTokens: Count }, success: Schema.Struct({ accepted: Schema.Boolean }) }),
   Rpc.make("StepDone", { payload: { step: Count, version: Count, metrics: StepMetrics }, success: Schema.Struct({ accepted: Schema.Boolean }) }),
@@ -108,7 +108,7 @@ export const SchedulerProtocol = RpcGroup.make(
       dispatched: Count,
       started: Count,
       finished: Count,
-      cells: Schema.Array(Schema.Struct({ cell: Count, device: Schema.String, role: Role, switching: Schema.Boolean })),
+      cells: Schema.Array(Schema.Struct({ cell: Count, device: Schema.String, role: CellRole, switching: Schema.Boolean })),
       done: Schema.Boolean
     })
   })

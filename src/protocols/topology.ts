@@ -19,7 +19,9 @@ import type { ActorType } from "../runtime/actor.ts"
 import * as Channel from "../runtime/channel.ts"
 import { runtimeEvents } from "../runtime/events.ts"
 import * as Kind from "../runtime/kind.ts"
+import { InvalidAddress } from "../runtime/names.ts"
 import { NodeProtocol } from "../runtime/node.ts"
+import { refOf } from "../runtime/system.ts"
 import { CallRecord } from "../tree/record.ts"
 import { ExecutionOutcome } from "../tree/outcome.ts"
 import { DeviceProtocol, MicroBatchRef } from "./device.ts"
@@ -44,6 +46,19 @@ export type DeviceRef = ReturnType<typeof Device.ref>
 export type GatewayRef = ReturnType<typeof Gateway.ref>
 export type HarnessRunnerRef = ReturnType<typeof HarnessRunner.ref>
 export type RolloutWorkerRef = ReturnType<typeof RolloutWorker.ref>
+
+/** The kinds that answer the rollout worker's requests: rollout workers (`gyre serve`) and devices (whose protocol adds to it). */
+export const rolloutServers = [RolloutWorker, Device] as const
+
+/**
+ * A rollout server by its registry key, `rollout-worker/<id>` or `device/<id>`: a reference to
+ * its rollout requests. Throws `InvalidAddress` for a key of another kind.
+ */
+export const rolloutServerRef = (key: string): RolloutWorkerRef => {
+  const kind = rolloutServers.find((k) => key.startsWith(`${k.kind}/`))
+  if (kind === undefined) throw new InvalidAddress({ address: key, message: `'${key}' is not a ${rolloutServers.map((k) => k.kind).join(" or ")}` })
+  return refOf(RolloutWorkerProtocol, kind.address(key.slice(kind.kind.length + 1)))
+}
 
 // ---- channels -------------------------------------------------------------------------------
 

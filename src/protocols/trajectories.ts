@@ -17,7 +17,8 @@
  */
 import { Effect, Schema, Stream } from "effect"
 import { headers } from "@nats-io/transport-node"
-import { TransportError, messageOf } from "../runtime/errors.ts"
+import { publishBytes } from "../runtime/channel-io.ts"
+import type { TransportError } from "../runtime/errors.ts"
 import { readStored, type StreamMessage } from "../runtime/stream-reader.ts"
 import type { JournalSource } from "../runtime/journal.ts"
 import { DeltaDecoder } from "../tree/decoder.ts"
@@ -25,6 +26,7 @@ import { ExecutionOutcome } from "../tree/outcome.ts"
 import { CallRecordJson, type CallRecordRejected } from "../tree/record.ts"
 import { rlLayout } from "./layout.ts"
 import { RecordAssembler, partOf } from "./record-parts.ts"
+import { Calls } from "./topology.ts"
 
 export interface ExecutionTrajectory {
   readonly execution: string
@@ -52,14 +54,11 @@ const START_HEADER = "Gyre-Execution-Start"
 
 /** Marks a start of `execution` on its calls subject (see the module comment); `runner` names who starts it. */
 export const markExecutionStart = (system: JournalSource, execution: string, runner: string) =>
-  Effect.tryPromise({
-    try: () => {
-      const h = headers()
-      h.set(START_HEADER, runner)
-      return system.nats.js.publish(rlLayout(system.run).calls(execution), new Uint8Array(0), { headers: h })
-    },
-    catch: (e) => new TransportError({ operation: `mark the start of ${execution}`, message: messageOf(e) })
-  }).pipe(Effect.asVoid)
+  Effect.suspend(() => {
+    const h = headers()
+    h.set(START_HEADER, runner)
+    return publishBytes(system, Calls, execution, { data: new Uint8Array(0), headers: h })
+  })
 
 const decodeRecord = Schema.decodeUnknownExit(CallRecordJson)
 const decodeOutcome = Schema.decodeUnknownExit(Schema.fromJsonString(ExecutionOutcome))

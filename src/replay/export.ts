@@ -22,7 +22,9 @@ import * as fs from "node:fs"
 import * as path from "node:path"
 import { Effect, Schema, Stream } from "effect"
 import { rlLayout } from "../protocols/layout.ts"
+import { Calls, Outcomes } from "../protocols/topology.ts"
 import { readExecution, type ExecutionTrajectory } from "../protocols/trajectories.ts"
+import { keysOf } from "../runtime/channel-io.ts"
 import { TransportError, messageOf } from "../runtime/errors.ts"
 import type { JournalSource } from "../runtime/journal.ts"
 import { readLast } from "../runtime/stream-reader.ts"
@@ -95,21 +97,9 @@ const decodeOutcome = Schema.decodeUnknownExit(Schema.fromJsonString(ExecutionOu
 
 /** The executions with call records or an outcome on the trajectory stream, in execution order. */
 const executionsOf = (log: JournalSource) =>
-  Effect.tryPromise({
-    try: async () => {
-      const names = rlLayout(log.run)
-      const found = new Set<string>()
-      for (const prefix of [names.calls(""), names.outcomes("")]) {
-        const info = await log.nats.jsm.streams.info(names.trajectoryStream, { subjects_filter: `${prefix}>` }).catch((e) => {
-          if (/not found/i.test(messageOf(e))) return undefined
-          throw e
-        })
-        for (const subject of Object.keys(info?.state.subjects ?? {})) found.add(subject.slice(prefix.length))
-      }
-      return [...found].sort((a, b) => a.localeCompare(b, "en", { numeric: true }))
-    },
-    catch: (e) => new TransportError({ operation: `list the executions of ${log.run}`, message: messageOf(e) })
-  })
+  Effect.all([keysOf(log, Calls), keysOf(log, Outcomes)]).pipe(
+    Effect.map(([calls, outcomes]) => [...new Set([...calls, ...outcomes])].sort((a, b) => a.localeCompare(b, "en", { numeric: true })))
+  )
 
 /** Exports one execution: its calls (rebuilt from its records) and its last outcome; returns the messages that did not decode. */
 const exportExecution = (log: JournalSource, execution: string, calls: LineWriter, outcomes: LineWriter) =>

@@ -26,7 +26,7 @@ import { ppoEpochs, stepUpdate } from "../training/update.ts"
 import { DeltaDecoder } from "../tree/decoder.ts"
 import { DeltaEncoder } from "../tree/encoder.ts"
 import { plainCall } from "../tree/record.ts"
-import type { Role } from "../tree/role.ts"
+import type { AgentRole } from "../tree/role.ts"
 import type { TrajectoryTree } from "../tree/tree.ts"
 import type { ExportedCall } from "./export.ts"
 import { forEachLine } from "./lines.ts"
@@ -73,7 +73,7 @@ export const exportedTrees = (dir: string, executions: ReadonlySet<string>): Map
     if (!executions.has(c.execution)) return
     let coder = coders.get(c.execution)
     if (coder === undefined) coders.set(c.execution, (coder = { encoder: new DeltaEncoder({ run: "export", task: c.task, execution: c.execution }), decoder: new DeltaDecoder(c.execution) }))
-    const call = plainCall(c.callId, c.role as Role, c.prompt, c.output, {
+    const call = plainCall(c.callId, c.role as AgentRole, c.prompt, c.output, {
       logprobs: Float32Array.from(c.logprobs),
       versions: Int32Array.from(c.versions),
       ...(c.finishReason === "" ? {} : { finishReason: c.finishReason }),

@@ -10,9 +10,12 @@
  *   only, one JSON value a message;
  * - `objects({...})`: objects of a run's object store (bytes; `format` says what they hold).
  *
- * Every value is JSON of the codec's encoded side: `encode` then `JSON.stringify`.
+ * Every value is JSON of the codec's encoded side: `encode` then `JSON.stringify`. Subject
+ * channels are written and read through `channel-io.ts` (publish, subscribe, streams and work
+ * queues), which counts and times each channel (`metrics.ts`).
  */
 import { Effect, Exit, Schema, type Scope } from "effect"
+import { channelMetrics } from "./metrics.ts"
 import { checkRun } from "./names.ts"
 import type { NatsShape } from "./nats.ts"
 import { parseJson } from "./protocol.ts"
@@ -49,6 +52,8 @@ export interface SubjectChannel<A> extends Codec<A> {
   readonly subject: (run: string, key: string | number) => string
   /** Every subject of the channel in a run (`*` for every run). */
   readonly pattern: (run: string) => string
+  /** The stream of a run that stores it (`GYRE_<run>_<stream>`); undefined for core NATS. */
+  readonly streamOf: (run: string) => string | undefined
 }
 
 export interface ObjectChannel {
@@ -102,6 +107,7 @@ export const subjects = <A>(o: {
   doc: o.doc,
   subject: (run, key) => `${base(run)}.${o.token}.${key}`,
   pattern: (run) => `${base(run)}.${o.token}.>`,
+  streamOf: (run) => (o.stream === undefined ? undefined : `GYRE_${checkRun(run)}_${o.stream}`),
   ...codecOf(o.codec)
 })
 
@@ -120,22 +126,26 @@ export const on = <A>(channel: EventChannel<A>, handle: (value: A) => void): Eve
 
 /**
  * Hears the run's system events as they are published (core NATS: at most once, nothing from
- * before), each decoded by its channel, for the lifetime of the scope. A message that does not
- * decode as its channel says is left to the journal's readers (they report it).
+ * before), each decoded by its channel and counted (`sys.<name>`, in), for the lifetime of the
+ * scope. A message that does not decode as its channel says is counted as an error and left to
+ * the journal's readers (they report it).
  */
 export const subscribeEvents = (nats: NatsShape, run: string, handlers: ReadonlyArray<EventHandler>): Effect.Effect<void, never, Scope.Scope> =>
   Effect.acquireRelease(
-    Effect.sync(() =>
-      handlers.map(({ channel, handle }) =>
-        nats.nc.subscribe(channel.subject(run), {
+    Effect.map(Effect.context<never>(), (context) =>
+      handlers.map(({ channel, handle }) => {
+        const m = channelMetrics(context, `sys.${channel.name}`, "in")
+        return nats.nc.subscribe(channel.subject(run), {
           callback: (err, msg) => {
             if (err !== null) return
+            m.message(msg.data.length)
             const parsed = parseJson(msg.data)
             const value = parsed.ok ? channel.decode(parsed.value) : undefined
             if (value !== undefined && Exit.isSuccess(value)) handle(value.value)
+            else m.error()
           }
         })
-      )
+      })
     ),
     (subscriptions) => Effect.sync(() => subscriptions.forEach((s) => s.unsubscribe()))
   ).pipe(Effect.asVoid)

@@ -12,9 +12,13 @@
  * - `gyre_mailbox_depth` (messages waiting) and `gyre_handlers_running`, gauges read from the
  *   mailbox when the metrics are read (nothing to update per message).
  *
- * Per channel (`channelCounter`, attributes `channel`, `direction` in|out): messages and bytes
- * through the system's tells, asks and system events (`gyre_channel_messages_total`,
- * `gyre_channel_bytes_total`; a tell's or ask's channel is `tell.<kind>` / `ask.<kind>`).
+ * Per channel (`channelMetrics`, attributes `channel`, `direction` in|out):
+ * `gyre_channel_messages_total`, `gyre_channel_bytes_total` (payload), `gyre_channel_errors_total`
+ * (failed publishes, messages received that did not decode) and `gyre_channel_publish_seconds`
+ * (a histogram: until stored, or sent on core NATS). Every channel of the topology is counted
+ * where it is published and subscribed (`channel-io.ts`: channel `<name>`, e.g. `calls`,
+ * `micro-batches`, `tokens`); the system's tells, asks and system events are counted in the
+ * system (messages and bytes; channel `tell.<kind>`, `ask.<kind>`, `sys.<event>`).
  *
  * Per process, read when scraped (`processMetrics`, the names a Prometheus user expects):
  * `process_cpu_seconds_total` (and `_user_`/`_system_`), `process_resident_memory_bytes`,
@@ -87,20 +91,65 @@ export const actorMetrics = (actor: string, node: string, context: Context.Conte
   }
 }
 
+export type Direction = "in" | "out"
+
+/** Updates of one channel's metrics in one direction; every call is synchronous and cheap (hot path). */
+export interface ChannelMetrics {
+  /** One message of `bytes` payload bytes through the channel. */
+  readonly message: (bytes: number) => void
+  /** A publish that failed, or a message received that did not decode. */
+  readonly error: () => void
+  /** How long a publish took until stored (a stream) or sent (core NATS). */
+  readonly seconds: (s: number) => void
+}
+
+interface ChannelDefinitions {
+  readonly messages: Metric.Counter<number>
+  readonly bytes: Metric.Counter<number>
+  readonly errors: Metric.Counter<number>
+  readonly seconds: Metric.Histogram<number>
+}
+
+/** The metric definitions of each channel and direction, made once (an update resolves its registry from the context given). */
+const channelDefinitions = new Map<string, ChannelDefinitions>()
+
+const definitionsOf = (channel: string, direction: Direction): ChannelDefinitions => {
+  const key = `${direction} ${channel}`
+  let d = channelDefinitions.get(key)
+  if (d === undefined) {
+    const attributes = { channel, direction }
+    d = {
+      messages: Metric.counter("gyre_channel_messages_total", { description: "messages through a channel", attributes, incremental: true }),
+      bytes: Metric.counter("gyre_channel_bytes_total", { description: "payload bytes through a channel", attributes, incremental: true }),
+      errors: Metric.counter("gyre_channel_errors_total", { description: "failed publishes, and messages received that did not decode", attributes, incremental: true }),
+      seconds: Metric.histogram("gyre_channel_publish_seconds", { description: "time of a publish until stored or sent", attributes, boundaries: latencyBoundaries })
+    }
+    channelDefinitions.set(key, d)
+  }
+  return d
+}
+
+/** The metrics of `channel` in `direction`, updated in the registry of `context`. */
+export const channelMetrics = (context: Context.Context<never>, channel: string, direction: Direction): ChannelMetrics => {
+  const d = definitionsOf(channel, direction)
+  return {
+    message: (bytes) => {
+      d.messages.updateUnsafe(1, context)
+      d.bytes.updateUnsafe(bytes, context)
+    },
+    error: () => d.errors.updateUnsafe(1, context),
+    seconds: (s) => d.seconds.updateUnsafe(s, context)
+  }
+}
+
 /** Messages and bytes through one channel in one direction (cached per pair: an update is a lookup and two adds). */
 export const channelCounter = (context: Context.Context<never>) => {
   const cache = new Map<string, (bytes: number) => void>()
-  return (channel: string, direction: "in" | "out"): ((bytes: number) => void) => {
+  return (channel: string, direction: Direction): ((bytes: number) => void) => {
     const key = `${direction} ${channel}`
     let count = cache.get(key)
     if (count === undefined) {
-      const attributes = { channel, direction }
-      const messages = Metric.counter("gyre_channel_messages_total", { description: "messages through a channel", attributes, incremental: true })
-      const bytes = Metric.counter("gyre_channel_bytes_total", { description: "payload bytes through a channel", attributes, incremental: true })
-      count = (n) => {
-        messages.updateUnsafe(1, context)
-        bytes.updateUnsafe(n, context)
-      }
+      count = channelMetrics(context, channel, direction).message
       cache.set(key, count)
     }
     return count

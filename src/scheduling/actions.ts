@@ -18,14 +18,14 @@
  * `resume` starts, after a takeover, the effects of everything the book shows without its
  * completion; the receivers deduplicate (execution ids, message ids, idempotent steps).
  */
-import { Context, Deferred, Effect, FiberMap, Layer, type Scope } from "effect"
+import { Context, Deferred, Effect, FiberMap, Layer, Schema, type Scope } from "effect"
 import type { Rpc, RpcGroup } from "effect/rpc"
-import { parseAddress } from "../runtime/names.ts"
-import { refOf, type ActorRef, type ActorSystemShape } from "../runtime/system.ts"
-import { DeviceProtocol, type StepPlan } from "../protocols/device.ts"
+import type { ActorRef, ActorSystemShape } from "../runtime/system.ts"
+import type { StepPlan } from "../protocols/device.ts"
 import { SchedulerProtocol, type PolicyRecord } from "../protocols/scheduler.ts"
+import { Device, type DeviceRef } from "../protocols/topology.ts"
 import type { PlannedExecution } from "../protocols/run.ts"
-import type { Role } from "../policy/vocabulary.ts"
+import type { CellRole } from "../policy/vocabulary.ts"
 import type { ExecutionOutcome } from "../tree/outcome.ts"
 import type { Book, Finished, StepView } from "./book.ts"
 import { readOutcome, type Ran, type Running } from "./dispatcher.ts"
@@ -70,6 +70,9 @@ interface ShellContext {
   readonly state: ShellState
 }
 
+/** A device request to a cell the book no longer holds (retried until the cell's actions stop). */
+class CellGone extends Schema.TaggedError<CellGone>()("CellGone", { cell: Schema.Number }) {}
+
 const lostOutcome = (f: Finished, book: Book): ExecutionOutcome => ({
   run: book.config.run,
   task: `${book.config.suite}/${f.plan.task}`,
@@ -97,8 +100,15 @@ const whileCell = (sc: ShellContext, cell: number, effect: Effect.Effect<void>) 
 /** `effect` if `still()` holds when it starts (each retry asks again): a request the book made moot is dropped. */
 const asLongAs = <A, E>(still: () => boolean, effect: Effect.Effect<A, E>) => Effect.suspend(() => (still() ? Effect.asVoid(effect) : Effect.void))
 
-const deviceOf = (key: string) => refOf(DeviceProtocol, parseAddress(key))
-const cellDevice = (sc: ShellContext, cell: number) => deviceOf(sc.options.book.cells.get(cell)?.device ?? "device/unknown")
+/** A cell's device, or `CellGone` once the book has lost the cell (its actions stop as `gone` is signalled). */
+const cellDevice = (sc: ShellContext, cell: number): Effect.Effect<DeviceRef, CellGone> =>
+  Effect.suspend(() => {
+    const c = sc.options.book.cells.get(cell)
+    return c === undefined ? Effect.fail(new CellGone({ cell })) : Effect.succeed(Device.refOfKey(c.device))
+  })
+
+/** A device request to cell `cell`'s device. */
+const askCell = <A, E>(sc: ShellContext, cell: number, ask: (device: DeviceRef) => Effect.Effect<A, E>) => Effect.flatMap(cellDevice(sc, cell), ask)
 
 /** A durable tell to the scheduler itself (its next input), retried until journaled. */
 const tellSelf = <const Tag extends SchedulerRpcs["_tag"]>(
@@ -126,7 +136,7 @@ const execution = (sc: ShellContext, r: Running) => {
   )
 }
 
-const switchRole = (sc: ShellContext, cell: number, role: Role, index: number) => {
+const switchRole = (sc: ShellContext, cell: number, role: CellRole, index: number) => {
   const { book, system, deviceTimeoutMs } = sc.options
   const payload = role === "training" ? { role, destinations: book.cells.destinations(cell) } : { role, destinations: [], version: book.requested }
   return fork(
@@ -135,7 +145,7 @@ const switchRole = (sc: ShellContext, cell: number, role: Role, index: number) =
     whileCell(
       sc,
       cell,
-      system.ask(cellDevice(sc, cell), "SwitchRole", payload, { timeoutMs: deviceTimeoutMs }).pipe(
+      askCell(sc, cell, (device) => system.ask(device, "SwitchRole", payload, { timeoutMs: deviceTimeoutMs })).pipe(
         persistently(`SwitchRole ${role} of cell ${cell}`),
         Effect.flatMap((result) => tellSelf(sc, "SwitchCompleted", { cell, role, result }, switchMessageId(index, cell)))
       )
@@ -152,14 +162,15 @@ const train = (sc: ShellContext, view: StepView, f: Finished) => {
     const outcome =
       f.outcome ?? (yield* readOutcome(system, f.plan.execution).pipe(persistently(`reading the outcome of ${f.plan.execution}`))) ?? lostOutcome(f, book)
     const ref = { step: view.step, execution: f.plan.execution, task: f.plan.task, group: f.plan.group, tokens: f.tokens, outcome }
-    yield* system.tell(deviceOf(view.coreDevice), "TrainExecution", ref, { msgId, sender }).pipe(persistently(`TrainExecution ${f.plan.execution}`))
+    yield* system.tell(Device.refOfKey(view.coreDevice), "TrainExecution", ref, { msgId, sender }).pipe(persistently(`TrainExecution ${f.plan.execution}`))
   })
   return fork(sc, `train:${view.attempt}:${f.plan.execution}`, whileCell(sc, view.core, tell), true)
 }
 
 const joinStep = (sc: ShellContext, view: StepView, cell: number) => {
   const { book, system, deviceTimeoutMs } = sc.options
-  const join = system.ask(cellDevice(sc, cell), "JoinStep", { step: view.step, attempt: view.attempt, version: view.step, core: view.coreDevice }, { timeoutMs: deviceTimeoutMs })
+  const plan = { step: view.step, attempt: view.attempt, version: view.step, core: view.coreDevice }
+  const join = askCell(sc, cell, (device) => system.ask(device, "JoinStep", plan, { timeoutMs: deviceTimeoutMs }))
   return fork(
     sc,
     `join:${view.attempt}:${cell}`,
@@ -185,7 +196,7 @@ const stepPlanOf = (book: Book, view: StepView, joining: ReadonlyArray<number>):
     version: view.step,
     executions: plan.length,
     groupSizes,
-    cells: joining.map((c) => book.cells.get(c)?.device ?? "")
+    cells: joining.flatMap((c) => book.cells.get(c)?.device ?? [])
   }
 }
 
@@ -194,7 +205,7 @@ const startStep = (sc: ShellContext, view: StepView) => {
   const joining = [...view.members].filter(([, how]) => how === "join").map(([cell]) => cell)
   const stepPlan = stepPlanOf(book, view, joining)
   const toTell = book.finishedOf(view.step)
-  const start = asLongAs(() => book.step?.attempt === view.attempt, system.ask(deviceOf(view.coreDevice), "StartStep", stepPlan, { timeoutMs: deviceTimeoutMs })).pipe(
+  const start = asLongAs(() => book.step?.attempt === view.attempt, system.ask(Device.refOfKey(view.coreDevice), "StartStep", stepPlan, { timeoutMs: deviceTimeoutMs })).pipe(
     persistently(`StartStep ${view.step}`),
     Effect.andThen(Deferred.succeed(signal(sc.state.started, view.attempt), undefined)),
     Effect.asVoid
@@ -212,7 +223,7 @@ const startStep = (sc: ShellContext, view: StepView) => {
  */
 const load = (sc: ShellContext, cell: number, version: number) => {
   const { book, system, deviceTimeoutMs } = sc.options
-  const request = system.ask(cellDevice(sc, cell), "LoadWeights", { version }, { timeoutMs: deviceTimeoutMs })
+  const request = askCell(sc, cell, (device) => system.ask(device, "LoadWeights", { version }, { timeoutMs: deviceTimeoutMs }))
   // A cell on its way back to rollout refuses weights until its switch ends: expected, retried.
   const returning = () => book.cells.get(cell)?.switching === true
   return whileCell(sc, cell, asLongAs(() => book.cells.get(cell)?.role === "rollout", request).pipe(persistently(`LoadWeights ${version} on cell ${cell}`, returning)))

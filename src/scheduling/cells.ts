@@ -7,7 +7,7 @@
  * the devices that load published weights, and the rollout slots the dispatcher may fill.
  * It changes only by folding records in (`Book.apply`), live and on takeover alike.
  */
-import type { Role } from "../policy/vocabulary.ts"
+import type { CellRole } from "../policy/vocabulary.ts"
 
 export interface Cell {
   readonly cell: number
@@ -16,7 +16,7 @@ export interface Cell {
   /** The device's incarnation when it joined, if it said. */
   readonly incarnation: number | undefined
   /** Where it is going while `switching`. */
-  role: Role
+  role: CellRole
   switching: boolean
   /** Index of the record that asked for its last switch (names that switch's completion). */
   switchIndex: number
@@ -59,7 +59,7 @@ export class CellMap {
     this.byDevice.delete(c.device)
   }
 
-  startSwitch(cell: number, role: Role, index: number): void {
+  startSwitch(cell: number, role: CellRole, index: number): void {
     const c = this.cells.get(cell)
     if (c === undefined) return
     c.role = role
@@ -67,7 +67,7 @@ export class CellMap {
     c.switchIndex = index
   }
 
-  endSwitch(cell: number, role: Role): void {
+  endSwitch(cell: number, role: CellRole): void {
     const c = this.cells.get(cell)
     if (c === undefined) return
     c.role = role

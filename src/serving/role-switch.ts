@@ -26,12 +26,12 @@ import type { ObjectStore } from "@nats-io/obj"
 import { Context, Deferred, Effect, Layer, Semaphore } from "effect"
 import type { RpcGroup } from "effect/rpc"
 import type * as Actor from "../runtime/actor.ts"
-import { parseAddress } from "../runtime/names.ts"
-import { refOf, type ActorRef, type ActorSystemShape } from "../runtime/system.ts"
-import type { Role } from "../policy/vocabulary.ts"
+import type { ActorRef, ActorSystemShape } from "../runtime/system.ts"
+import type { CellRole } from "../policy/vocabulary.ts"
 import { DeviceProtocol, DeviceRefused, type DeviceLoad, type SwitchResult } from "../protocols/device.ts"
 import type { GatewayProtocol } from "../protocols/gateway.ts"
 import type { WorkerLoad } from "../protocols/rollout.ts"
+import { Device } from "../protocols/topology.ts"
 import { exportContexts, movable, receiveContexts, sendContexts, spread, type Destination, type OutgoingContext, type SentContexts } from "./handoff.ts"
 import type { RolloutRole } from "./rollout-role.ts"
 import type { TrainingRole } from "./training-role.ts"
@@ -40,7 +40,7 @@ type Handlers = Actor.Handlers<RpcGroup.Rpcs<typeof DeviceProtocol>>
 
 /** The role a device is in, or is going to while `switching`. */
 export interface RoleState {
-  role: Role
+  role: CellRole
   switching: boolean
 }
 
@@ -84,9 +84,7 @@ interface Switching {
   handoff: Deferred.Deferred<Moves> | undefined
 }
 
-const deviceRef = (key: string) => refOf(DeviceProtocol, parseAddress(key))
-
-const resultOf = (role: Role, started: number, figures: Partial<SwitchResult> = {}): SwitchResult => ({
+const resultOf = (role: CellRole, started: number, figures: Partial<SwitchResult> = {}): SwitchResult => ({
   role,
   generationsMoved: 0,
   contextsMoved: 0,
@@ -118,7 +116,7 @@ const destinationsOf = (o: RoleSwitchOptions, keys: ReadonlyArray<string>) =>
   Effect.forEach(
     keys.filter((k) => k !== o.self),
     (key) =>
-      o.system.ask(deviceRef(key), "Status", undefined, { timeoutMs: ASK_MS }).pipe(
+      o.system.ask(Device.refOfKey(key), "Status", undefined, { timeoutMs: ASK_MS }).pipe(
         Effect.map((load): Destination | undefined => (load.draining ? undefined : { key, freeBlocks: load.freeBlocks })),
         Effect.catch(() => Effect.succeed(undefined))
       ),
@@ -173,7 +171,7 @@ const leftRollout = (started: number, controlMs: number, outgoing: ReadonlyArray
 }
 
 /** Sets the role, reports the load; `switching` until `effect` ends, reported again then. */
-const switching = <A, E>(o: RoleSwitchOptions, role: Role, effect: Effect.Effect<A, E>) =>
+const switching = <A, E>(o: RoleSwitchOptions, role: CellRole, effect: Effect.Effect<A, E>) =>
   Effect.suspend(() => {
     o.state.role = role
     o.state.switching = true

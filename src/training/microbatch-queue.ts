@@ -14,83 +14,33 @@
  * previous core was lost) deletes it and purges the subject first, so nothing of the earlier
  * attempt is claimed.
  */
-import { AckPolicy, DeliverPolicy, RetentionPolicy, StorageType, type Consumer, type JsMsg } from "@nats-io/jetstream"
-import { Effect, Exit, Schema } from "effect"
-import { MicroBatchRef } from "../protocols/device.ts"
+import type { JsMsg } from "@nats-io/jetstream"
+import { Effect, Exit } from "effect"
+import type { MicroBatchRef } from "../protocols/device.ts"
 import { rlLayout } from "../protocols/layout.ts"
+import { MicroBatches } from "../protocols/topology.ts"
+import { bindQueue, closeQueue, ensureStream, notFound, openQueue, publish } from "../runtime/channel-io.ts"
 import { TransportError, messageOf } from "../runtime/errors.ts"
 import { publishDeadLetter } from "../runtime/intake.ts"
 import { formatAddress, type ActorAddress } from "../runtime/names.ts"
 import type { ActorSystemShape } from "../runtime/system.ts"
 
-const MicroBatchText = Schema.fromJsonString(MicroBatchRef)
-const encodeRef = Schema.encodeSync(MicroBatchText)
-const decodeRef = Schema.decodeUnknownExit(MicroBatchText)
-
 const attempt = <A>(operation: string, f: () => Promise<A>) =>
   Effect.tryPromise({ try: f, catch: (e) => new TransportError({ operation, message: messageOf(e) }) })
 
-/** The consumer (or its stream) is gone: the step is over. */
-const notFound = (e: unknown) => /not found|deleted/i.test(messageOf(e))
-
 /** Creates the run's micro-batch stream when it is missing (idempotent). */
-export const ensureMicroBatchStream = (system: ActorSystemShape) => {
-  const names = rlLayout(system.run)
-  return attempt(`create stream ${names.microBatchStream}`, async () => {
-    const jsm = system.nats.jsm
-    const exists = () => jsm.streams.info(names.microBatchStream).then(() => true, () => false)
-    if (await exists()) return
-    await jsm.streams
-      .add({
-        name: names.microBatchStream,
-        subjects: [names.allMicroBatches],
-        retention: RetentionPolicy.Workqueue,
-        storage: StorageType.File,
-        num_replicas: system.nats.replicas,
-        duplicate_window: 120_000 * 1_000_000
-      })
-      .catch(async (e) => {
-        if (!(await exists())) throw e
-      })
-  })
-}
+export const ensureMicroBatchStream = (system: ActorSystemShape) => ensureStream(system, [MicroBatches])
 
 /** Creates step `step`'s shared consumer when it is missing (idempotent). */
-export const openStepQueue = (system: ActorSystemShape, step: number, ackWaitMs: number) => {
-  const names = rlLayout(system.run)
-  const durable = names.microBatchConsumer(step)
-  return attempt(`create consumer ${durable}`, async () => {
-    const jsm = system.nats.jsm
-    if ((await jsm.consumers.info(names.microBatchStream, durable).catch(() => null)) !== null) return
-    await jsm.consumers.add(names.microBatchStream, {
-      durable_name: durable,
-      filter_subject: names.microBatches(step),
-      ack_policy: AckPolicy.Explicit,
-      deliver_policy: DeliverPolicy.All,
-      ack_wait: ackWaitMs * 1_000_000,
-      max_deliver: -1
-    })
-  })
-}
+export const openStepQueue = (system: ActorSystemShape, step: number, ackWaitMs: number) =>
+  openQueue(system, MicroBatches, step, rlLayout(system.run).microBatchConsumer(step), ackWaitMs)
 
 /** Deletes step `step`'s consumer and whatever its subject still holds. */
-export const closeStepQueue = (system: ActorSystemShape, step: number) => {
-  const names = rlLayout(system.run)
-  return attempt(`close ${names.microBatchConsumer(step)}`, async () => {
-    await system.nats.jsm.consumers.delete(names.microBatchStream, names.microBatchConsumer(step)).catch((e) => {
-      if (!notFound(e)) throw e
-    })
-    await system.nats.jsm.streams.purge(names.microBatchStream, { filter: names.microBatches(step) })
-  })
-}
+export const closeStepQueue = (system: ActorSystemShape, step: number) => closeQueue(system, MicroBatches, step, rlLayout(system.run).microBatchConsumer(step))
 
 /** Publishes a micro-batch's reference (its object stored first, `MicroBatchStore.put`). */
-export const publishMicroBatch = (system: ActorSystemShape, mb: MicroBatchRef) => {
-  const names = rlLayout(system.run)
-  return attempt(`publish micro-batch ${mb.step}.${mb.index}`, () =>
-    system.nats.js.publish(names.microBatches(mb.step), encodeRef(mb), { msgID: `mb-${mb.step}-${mb.attempt}-${mb.index}` })
-  ).pipe(Effect.asVoid)
-}
+export const publishMicroBatch = (system: ActorSystemShape, mb: MicroBatchRef) =>
+  publish(system, MicroBatches, mb.step, mb, { msgId: `mb-${mb.step}-${mb.attempt}-${mb.index}` })
 
 /** A claimed micro-batch (its reference: the holder reads the batch). */
 export interface Claim {
@@ -134,39 +84,29 @@ export interface ClaimLoopOptions {
  */
 export const claimLoop = <E>(system: ActorSystemShape, options: ClaimLoopOptions, handle: (claim: Claim) => Effect.Effect<void, E>) =>
   Effect.gen(function* () {
-    const names = rlLayout(system.run)
-    const durable = names.microBatchConsumer(options.step)
-    const consumer: Consumer | undefined = yield* attempt(`bind ${durable}`, () =>
-      system.nats.js.consumers.get(names.microBatchStream, durable).catch((e) => {
-        if (notFound(e)) return undefined
-        throw e
-      })
-    )
-    if (consumer === undefined) return
-    const open = attempt(`consumer info ${durable}`, () =>
-      system.nats.jsm.consumers.info(names.microBatchStream, durable).then(() => true, (e) => (notFound(e) ? false : Promise.reject(e)))
-    )
+    const durable = rlLayout(system.run).microBatchConsumer(options.step)
+    const queue = yield* bindQueue(system, MicroBatches, durable)
+    if (queue === undefined) return
     while (!options.stop()) {
       // A pull from a consumer deleted meanwhile (the step ended) is answered "no responders".
-      const next = yield* attempt(`claim from ${durable}`, () => consumer.next({ expires: 1000 })).pipe(
-        Effect.map((msg) => ({ msg })),
+      const next = yield* queue.next(1000).pipe(
+        Effect.map((delivery) => ({ delivery })),
         Effect.catch((e) =>
           notFound(e.message)
-            ? Effect.succeed({ msg: "closed" as const })
+            ? Effect.succeed({ delivery: "closed" as const })
             : /no responders/i.test(e.message)
-              ? Effect.flatMap(open, (still) => (still ? Effect.fail(e) : Effect.succeed({ msg: "closed" as const })))
+              ? Effect.flatMap(queue.exists, (still) => (still ? Effect.fail(e) : Effect.succeed({ delivery: "closed" as const })))
               : Effect.fail(e)
         )
       )
-      if (next.msg === "closed") return
-      if (next.msg === null) {
-        if (!(yield* open)) return
+      if (next.delivery === "closed") return
+      if (next.delivery === null) {
+        if (!(yield* queue.exists)) return
         continue
       }
-      const msg = next.msg
-      const decoded = decodeRef(msg.string())
-      if (decoded._tag === "Failure" || decoded.value.step !== options.step) {
-        const reason = decoded._tag === "Failure" ? `not a micro-batch reference: ${String(decoded.cause)}` : `a micro-batch of step ${decoded.value.step} on step ${options.step}'s queue`
+      const { msg, value: decoded } = next.delivery
+      if (Exit.isFailure(decoded) || decoded.value.step !== options.step) {
+        const reason = Exit.isFailure(decoded) ? `not a micro-batch reference: ${String(decoded.cause)}` : `a micro-batch of step ${decoded.value.step} on step ${options.step}'s queue`
         const source = { reason, subject: msg.subject, seq: msg.seq, actor: formatAddress(options.device) }
         yield* publishDeadLetter(system, options.device, msg.data, msg.headers, source, `mb-dead-${msg.seq}`)
         msg.term()

@@ -21,13 +21,13 @@ import { renderChat } from "../openai/chat.ts"
 import { ChatMessage } from "../openai/messages.ts"
 import { DeltaDecoder, DeltaEncoder, mulberry32, packMicroBatches, stepUnits, type StepExecution } from "../tree/index.ts"
 import { plainCall } from "../tree/record.ts"
-import { Role } from "../tree/role.ts"
+import { AgentRole } from "../tree/role.ts"
 
 /** One demonstrated call (a line of the demonstrations JSONL). */
 export const Demonstration = Schema.Struct({
   task: Schema.NonEmptyString,
   id: Schema.String,
-  role: Role,
+  role: AgentRole,
   messages: Schema.Array(ChatMessage),
   reply: Schema.String
 })

@@ -11,7 +11,7 @@
  * distribution the log-probs are of (the temperature and top-p the tokens were drawn with).
  */
 import { Schema } from "effect"
-import { Role } from "./role.ts"
+import { AgentRole } from "./role.ts"
 import { Float32ArrayFromBase64, Int32ArrayFromBase64 } from "./wire.ts"
 
 const NonNegativeInt = Schema.Int.check(Schema.isGreaterThanOrEqualTo(0))
@@ -48,7 +48,7 @@ export const CallRecord = Schema.Struct({
   execution: Schema.NonEmptyString,
   /** Unique within the execution; records are idempotent by it. */
   callId: Schema.NonEmptyString,
-  role: Role,
+  role: AgentRole,
   ref: Schema.NullOr(CallReference),
   /** The tokens of `prompt ++ output` after the shared prefix. */
   suffix: Int32ArrayFromBase64,
@@ -78,7 +78,7 @@ export const CallRecordJson = Schema.fromJsonString(CallRecord)
 /** One model call in full, as the gateway sees it before encoding. */
 export interface ModelCall {
   readonly callId: string
-  readonly role: Role
+  readonly role: AgentRole
   readonly prompt: Int32Array
   readonly output: Int32Array
   readonly logprobs: Float32Array
@@ -96,7 +96,7 @@ export interface ModelCall {
  */
 export const plainCall = (
   callId: string,
-  role: Role,
+  role: AgentRole,
   prompt: ArrayLike<number>,
   output: ArrayLike<number>,
   extra: Partial<ModelCall> = {}

@@ -9,10 +9,10 @@ import { Schema } from "effect"
 export const knownRoles = ["main", "main-summary", "subagent", "subagent-summary"] as const
 
 /** A call's agent role: one of `knownRoles` or a custom name. */
-export const Role = Schema.NonEmptyString.annotate({
+export const AgentRole = Schema.NonEmptyString.annotate({
   description: "agent role: main, main-summary, subagent, subagent-summary, or a custom name"
 })
-export type Role = typeof Role.Type
+export type AgentRole = typeof AgentRole.Type
 
 /** Class rank of a role: 0 (main) to 3 (subagent-summary); 4 for every custom role. */
 export const roleRank = (role: string): number => {

@@ -24,7 +24,7 @@ import { ensureTrajectoryStream, rlLayout } from "../../src/protocols/layout.ts"
 import { parseExecutionName } from "../../src/protocols/run.ts"
 import type { StepMetrics } from "../../src/protocols/scheduler.ts"
 import { Events } from "../../src/protocols/topology.ts"
-import type { Role } from "../../src/policy/vocabulary.ts"
+import type { CellRole } from "../../src/policy/vocabulary.ts"
 import { DeltaEncoder } from "../../src/tree/encoder.ts"
 import type { ExecutionOutcome } from "../../src/tree/outcome.ts"
 import { CallRecord, plainCall } from "../../src/tree/record.ts"
@@ -49,7 +49,7 @@ export interface Observed {
   readonly trained: Map<string, number>
   /** The evaluation of each told execution's outcome. */
   readonly evaluations: Map<string, string>
-  readonly switches: Array<{ readonly device: string; readonly role: Role }>
+  readonly switches: Array<{ readonly device: string; readonly role: CellRole }>
   readonly loads: Array<{ readonly device: string; readonly version: number }>
   readonly joins: Array<{ readonly device: string; readonly step: number }>
 }
@@ -116,7 +116,7 @@ export const fakeDevice = (script: Script, seen: Observed) =>
       Effect.gen(function* () {
         const system = ctx.system
         const key = formatAddress(ctx.address)
-        let role: Role = "rollout"
+        let role: CellRole = "rollout"
         let switching = false
         let version = 0
         const steps = new Map<number, CoreStep>()

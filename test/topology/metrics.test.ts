@@ -1,13 +1,17 @@
 /**
  * Metrics a Prometheus user expects: an idle `gyre node --metrics-port 0` (a child process, no
  * actors) serves the process families (CPU, resident memory, event-loop lag, GC, open handles and
- * descriptors, heap) with sane values, CPU time growing between two scrapes; and the system counts
- * the messages and bytes of each channel it sends on (system events, tells, asks).
+ * descriptors, heap) with sane values, CPU time growing between two scrapes; the system counts
+ * the messages and bytes of each channel it sends on (system events, tells, asks); and every
+ * subject channel the run's topology declares is counted where it is published and heard
+ * (messages, bytes, errors, publish time).
  */
 import { Effect } from "effect"
 import * as PrometheusMetrics from "effect/observability/PrometheusMetrics"
 import { afterEach, describe, expect, it } from "vitest"
-import { Events } from "../../src/protocols/topology.ts"
+import { Events, MicroBatches, RunTopology } from "../../src/protocols/topology.ts"
+import type { SubjectChannel } from "../../src/runtime/channel.ts"
+import { ensureStream, publishBytes, subscribe } from "../../src/runtime/channel-io.ts"
 import { Dead } from "../../src/runtime/events.ts"
 import { nodeRef, startNode } from "../../src/runtime/node.ts"
 import { ActorSystem } from "../../src/runtime/system.ts"
@@ -86,5 +90,44 @@ describe("process and channel metrics", () => {
     expect(sample("gyre_channel_bytes_total", "sys.dead")).toBe(deadBytes)
     expect(sample("gyre_channel_messages_total", "ask.node")).toBeGreaterThanOrEqual(1)
     expect(sample("gyre_channel_messages_total", `sys.${Events.step.name}`)).toBeNaN()
+  })
+
+  it("counts every subject channel of the topology: messages, bytes, errors and publish time out, messages and errors in", { timeout: 30_000 }, async () => {
+    const channels = RunTopology.channels.filter((c): c is SubjectChannel<any> => c._tag === "Subjects")
+    const data = new TextEncoder().encode(`{"not":"a value of any channel"}`)
+    const text = await withSystem("chanall", Effect.gen(function* () {
+      const system = yield* ActorSystem
+      // A publish on a stream that does not exist yet fails: an error of its channel.
+      const failed = yield* Effect.exit(publishBytes(system, MicroBatches, 1, { data }))
+      expect(failed._tag).toBe("Failure")
+      const heard: Array<unknown> = []
+      // Each stream with every channel it stores (the trajectory stream holds calls and outcomes).
+      for (const stream of new Set(channels.flatMap((c) => c.stream ?? []))) {
+        const stored = channels.filter((c) => c.stream === stream)
+        yield* ensureStream(system, [stored[0]!, ...stored.slice(1)])
+      }
+      for (const c of channels) {
+        if (c.stream === undefined) yield* subscribe(system, c, "k1", (v) => heard.push(v))
+        yield* publishBytes(system, c, "k1", { data })
+      }
+      // Core NATS delivers asynchronously: wait for the subscriptions to have heard theirs.
+      yield* Effect.promise(() => system.nats.nc.flush())
+      yield* Effect.sleep("200 millis")
+      expect(heard).toEqual([])
+      return PrometheusMetrics.formatUnsafe(yield* Effect.context<never>())
+    }))
+    const sample = (name: string, channel: string, direction: "in" | "out") =>
+      Number(new RegExp(`^${name}\\{(?=[^}]*channel="${channel}")(?=[^}]*direction="${direction}")[^}]*\\} (\\S+)$`, "m").exec(text)?.[1])
+    expect(channels.map((c) => c.name).sort()).toEqual(["calls", "micro-batches", "outcomes", "tokens"])
+    for (const c of channels) {
+      expect([c.name, sample("gyre_channel_messages_total", c.name, "out")]).toEqual([c.name, 1])
+      expect([c.name, sample("gyre_channel_bytes_total", c.name, "out")]).toEqual([c.name, data.length])
+      expect([c.name, sample("gyre_channel_publish_seconds_count", c.name, "out")]).toEqual([c.name, 1])
+    }
+    expect(sample("gyre_channel_errors_total", MicroBatches.name, "out")).toBe(1)
+    expect(sample("gyre_channel_errors_total", "calls", "out")).toBeNaN()
+    // The core channel's message was heard, and did not decode as a token chunk: an error in.
+    expect(sample("gyre_channel_messages_total", "tokens", "in")).toBe(1)
+    expect(sample("gyre_channel_errors_total", "tokens", "in")).toBe(1)
   })
 })

@@ -99,7 +99,7 @@ describe("micro-batch queue", () => {
 
   it("moves a micro-batch of several MiB by reference: read back intact, handed back, redelivered after its ack wait, gone when acknowledged and with its step", async () => {
     const tokens = 160_000 // 5 MiB of arrays
-    const ackWaitMs = 1500
+    const ackWaitMs = 4000 // room for reading 5 MiB back on a loaded machine before the claim lapses
     const result = await withSystem("mbbig", Effect.gen(function* () {
       const system = yield* ActorSystem
       const names = rlLayout(system.run)
@@ -121,7 +121,7 @@ describe("micro-batch queue", () => {
           deliveries.push(entry)
         }).pipe(Effect.orDie)
       const loop = yield* Effect.forkChild(claimLoop(system, { step: 3, ackWaitMs, device, stop: () => deliveries.length >= 3 }, handle))
-      yield* eventually(Effect.sync(() => (deliveries.length >= 3 ? true : undefined)), 20_000)
+      yield* eventually(Effect.sync(() => (deliveries.length >= 3 ? true : undefined)), 40_000)
       yield* Fiber.interrupt(loop)
       const left = (yield* Effect.promise(() => system.nats.jsm.streams.info(names.microBatchStream))).state.messages
       const maxPayload = system.nats.nc.info!.max_payload
