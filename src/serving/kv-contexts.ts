@@ -109,15 +109,17 @@ export class ExecutionContexts {
   /**
    * The context sharing the longest common prefix with `prompt` in its K/V, and that shared
    * length (at most `prompt.length - 1`: the last prompt token goes through the model); on a
-   * tie, one whose whole K/V is shared (`whole`).
+   * tie, one whose whole K/V is shared (`whole`). A part of a context shorter than
+   * `minPart` tokens does not count (a prefix fork of less than a block is not worth it).
    */
-  bestPrefix(execution: string, prompt: Int32Array): PrefixMatch | undefined {
+  bestPrefix(execution: string, prompt: Int32Array, minPart = 1): PrefixMatch | undefined {
     let best: PrefixMatch | undefined
     for (const c of this.byExecution.get(execution) ?? []) {
       const bound = Math.min(c.kvLength, prompt.length - 1)
       if (!beats(bound, bound === c.kvLength, best)) continue // it cannot share more: no compare
       const length = commonPrefix(c.tokens, prompt, bound)
-      if (length > 0 && beats(length, length === c.kvLength, best)) best = { context: c, length, whole: length === c.kvLength }
+      const whole = length === c.kvLength
+      if (length > 0 && (whole || length >= minPart) && beats(length, whole, best)) best = { context: c, length, whole }
     }
     if (best !== undefined) this.touch(best.context)
     return best

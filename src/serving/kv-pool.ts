@@ -38,8 +38,7 @@ export const makeKvPool = (cache: KvCache, contextsPerExecution: number) => {
     start: (g: Generation) =>
       Effect.gen(function* () {
         const sequence = g.output.length === 0 ? g.prompt : concat(g.prompt, g.output)
-        const best = contexts.bestPrefix(g.job.execution, sequence)
-        const match = best !== undefined && (best.whole || best.length >= cache.blockTokens) ? best : undefined
+        const match = contexts.bestPrefix(g.job.execution, sequence, cache.blockTokens)
         g.seq = match === undefined ? yield* cache.create() : match.whole ? yield* cache.fork(match.context.seq) : yield* cache.forkPrefix(match.context.seq, match.length)
         const cached = match?.length ?? 0
         g.pending = sequence.subarray(cached)
