@@ -31,9 +31,8 @@ export const makeKvPool = (cache: KvCache, contextsPerExecution: number) => {
     addContext,
     /**
      * Gives an admitted generation its sequence: a fork (whole or prefix) of the cached context
-     * sharing most of its prompt, else a new one.
-     * A generation preempted earlier resumes from its prompt ++ output (its own kept context, if
-     * still there); what it had computed and must compute again counts as prefilled again.
+     * sharing most of its prompt, else a new one. A generation preempted earlier resumes from
+     * its prompt ++ output; what it had computed and must compute again is prefilled again.
      */
     start: (g: Generation) =>
       Effect.gen(function* () {
