@@ -7,7 +7,7 @@
  * machine's sgemm rate and memory bandwidth (STREAM triad and a read-only sum, the better of
  * the two) measured through that PyTorch. Prints a table, then one JSON line.
  *
- *   npm run bench:engine [-- --presets tiny,small --threads N --quick]
+ *   npm run bench:engine [-- --presets tiny,small --threads N --quick --bf16-gb G --bf16-only]
  *
  * FLOPs are counted the same way for both sides: 2 per weight of every matmul (lm_head
  * included, embedding lookup not) per token forward, plus 4 x layers x hidden x keys for
@@ -33,6 +33,8 @@
  * one it is a memory figure. decode_4096_over_bw_bound_bf16: the BF16 step's time over its bytes
  * (2 per matmul weight + the K/V read) at the measured bandwidth; bf16_decode_over_f32: the F32
  * step's time over the BF16 step's; bf16_logits_equal_f32: one step's logits bit-identical.
+ * `--bf16-only` runs this section alone (with the bandwidth probe it is measured against; the
+ * JSON line then has its keys, stream_gb_s and last_level_cache_mib).
  *
  * On the CPU backend, decode at 4096 again with F16 KV storage (the same hand-off rounded into an
  * F16 cache): decode_4096_f16_tok_s, decode_4096_f16_over_f32 (its speed-up),
@@ -52,19 +54,22 @@ import { Engine, type Model } from "../src/engine/engine.ts"
 import type { KvCache } from "../src/engine/kvcache.ts"
 import { type PresetName, presets } from "../src/engine/presets.ts"
 import { adamwDefaults } from "../src/engine/trainer.ts"
-import { atLeast, benchFlags, listOf } from "./flags.ts"
+import { atLeast, benchFlags, listOf, refuse } from "./flags.ts"
 import { lastLevelCacheBytes, printResult } from "./results.ts"
+import { sizedLlama } from "./sized-llama.ts"
 
 const BENCH = "bench:engine"
 const f = benchFlags(BENCH, "the native engine against a plain-PyTorch Llama, the machine's SGEMM and its memory bandwidth", {
   presets: { kind: "string", doc: "the model presets, comma-separated", default: "tiny,small" },
   threads: { kind: "integer", doc: "compute threads, both sides", default: availableParallelism() },
   quick: { kind: "boolean", doc: "fewer steps, one round, shorter timings", default: false },
-  "bf16-gb": { kind: "number", doc: "BF16 weight size of the 16-bit-weights model (default: twice the last-level cache, at least 0.5; 0 skips)" }
+  "bf16-gb": { kind: "number", doc: "BF16 weight size of the 16-bit-weights model (default: twice the last-level cache, at least 0.5; 0 skips)" },
+  "bf16-only": { kind: "boolean", doc: "the 16-bit-weights section alone, with its bandwidth probe (no presets, no SGEMM)", default: false }
 })
 const quick = f.quick
 const threads = atLeast(BENCH, "threads", f.threads, 1)
-const presetList = listOf(BENCH, "presets", f.presets, Object.keys(presets) as Array<PresetName>)
+const presetList = f["bf16-only"] ? [] : listOf(BENCH, "presets", f.presets, Object.keys(presets) as Array<PresetName>)
+if (f["bf16-only"] && f["bf16-gb"] === 0) refuse(BENCH, "--bf16-only runs the 16-bit-weights section, which --bf16-gb 0 skips")
 const python = "/usr/bin/python3"
 const peerScript = new URL("./llama_torch.py", import.meta.url).pathname
 
@@ -243,22 +248,18 @@ const ours = (config: LlamaConfig) =>
 const BF16_CONTEXT = CONTEXTS[1]
 
 /** Llama-shaped (hidden 2048, 16 heads of 128, 2 kv heads), layers for `gb` GB of BF16 weights. */
-const bf16Config = (gb: number): LlamaConfig => {
-  const [D, F, V, H, KV] = [2048, 5504, 32000, 16, 2]
-  const perLayer = 2 * D * D + 2 * D * (D / H) * KV + 3 * D * F
-  return {
-    vocab_size: V,
-    hidden_size: D,
-    intermediate_size: F,
-    num_hidden_layers: Math.max(1, Math.round((gb * 1e9) / 2 / perLayer - (V * D) / perLayer)),
-    num_attention_heads: H,
-    num_key_value_heads: KV,
+const bf16Config = (gb: number): LlamaConfig =>
+  sizedLlama(gb, {
+    vocab_size: 32000,
+    hidden_size: 2048,
+    intermediate_size: 5504,
+    num_attention_heads: 16,
+    num_key_value_heads: 2,
     max_position_embeddings: BF16_CONTEXT + 64,
     rms_norm_eps: 1e-6,
     rope_theta: 1000000,
     tie_word_embeddings: true
-  }
-}
+  })
 
 /** A GYKV hand-off (gyre.h) of `length` tokens of small random F32 K/V for the config. */
 const syntheticHandoff = (c: LlamaConfig, length: number) =>
@@ -381,7 +382,7 @@ const better = (a: Figures | undefined, b: Figures): Figures =>
 const main = Effect.gen(function* () {
   const engine = yield* Engine
   const peerProblem = ensurePeer()
-  const sgemm = peerProblem === undefined ? peer(["sgemm", "--threads", String(threads), "--min-time", String(MIN_TIME)]).sgemm_gflops! : Number.NaN
+  const sgemm = peerProblem === undefined && presetList.length > 0 ? peer(["sgemm", "--threads", String(threads), "--min-time", String(MIN_TIME)]).sgemm_gflops! : Number.NaN
   let bandwidth = Number.NaN // bytes/s, best over the rounds
   const measureBandwidth = () => {
     if (peerProblem !== undefined) return
@@ -460,7 +461,7 @@ const main = Effect.gen(function* () {
   const fmt = (r: ReadonlyArray<string>) => r.map((x, i) => (i < 2 ? x.padEnd(widths[i]!) : x.padStart(widths[i]!))).join("  ")
   console.log(`engine bench: ${engine.backend} backend (${engine.devices.join("; ")}), ${threads} threads; sgemm ${sgemm.toFixed(1)} GFLOP/s (PyTorch/OpenBLAS, 1024^3)`)
   if (peerProblem !== undefined) console.log(`PyTorch peer unavailable: ${peerProblem}`)
-  console.log(fmt(header))
+  if (rows.length > 0) console.log(fmt(header))
   for (const r of rows) console.log(fmt(r))
   for (const d of decodeSteps4096) {
     d.entry[d.dtype === "f32" ? "decode_4096_over_bw_bound" : "decode_4096_f16_over_bw_bound"] = round(d.step_s / (d.bytes / bandwidth))
@@ -477,7 +478,7 @@ const main = Effect.gen(function* () {
       `16-bit weights (${config.num_hidden_layers} layers, ${r.bf16_model_gb} GB BF16 kept ${r.weight_dtype}): decode 1 @4096 ${r.bf16_decode_4096_tok_s} tok/s, F32 ${r.f32_decode_4096_tok_s}: ` +
         `${r.bf16_decode_over_f32}x (target >= 1.6); ${r.decode_4096_over_bw_bound_bf16}x its bound at ${r.bf16_bandwidth_gb_s} GB/s (target <= 1.3); logits equal: ${r.bf16_logits_equal_f32}`
     )
-  }
+  } else if (f["bf16-only"]) console.log(`16-bit weights: not run (${engine.backend === "cpu" ? "no bandwidth probe without the PyTorch peer" : `the ${engine.backend} backend keeps no 16-bit weights`})`)
   report.stream_gb_s = round(bandwidth / 1e9)
   report.last_level_cache_mib = llc === undefined ? null : round(llc / 2 ** 20)
   printResult(BENCH, report)

@@ -31,6 +31,7 @@ import { hfTokenizer } from "../src/engine/hf-tokenizer.ts"
 import { type Dtype, dtypes } from "../src/engine/safetensors.ts"
 import { benchFlags, refuse } from "./flags.ts"
 import { printResult } from "./results.ts"
+import { sizedLlama } from "./sized-llama.ts"
 
 const f = benchFlags("bench:load", "loading a generated ~1 GB BF16 checkpoint, and tokenizer.json's encoding rate", {
   gb: { kind: "number", doc: "checkpoint size in GB of BF16", default: 1 },
@@ -40,23 +41,19 @@ const f = benchFlags("bench:load", "loading a generated ~1 GB BF16 checkpoint, a
 })
 
 /** Llama-shaped (Llama 3.2 1B widths), layers chosen for `gb` GB of BF16. */
-const configFor = (gb: number): LlamaConfig => {
-  const D = 2048, F = 8192, V = 32000, H = 32, KV = 8
-  const perLayer = 2 * D * D + 2 * D * (D / H) * KV + 3 * D * F + 2 * D
-  return {
-    vocab_size: V,
-    hidden_size: D,
-    intermediate_size: F,
-    num_hidden_layers: Math.max(1, Math.round((gb * 1e9) / 2 / perLayer - (V * D) / perLayer)),
-    num_attention_heads: H,
-    num_key_value_heads: KV,
+const configFor = (gb: number): LlamaConfig =>
+  sizedLlama(gb, {
+    vocab_size: 32000,
+    hidden_size: 2048,
+    intermediate_size: 8192,
+    num_attention_heads: 32,
+    num_key_value_heads: 8,
     max_position_embeddings: 4096,
     rms_norm_eps: 1e-5,
     rope_theta: 500000,
     tie_word_embeddings: true,
     rope_scaling: { rope_type: "llama3", factor: 32, low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 8192 }
-  }
-}
+  })
 
 const run = <A, E>(effect: Effect.Effect<A, E, Engine | import("effect").Scope.Scope>) =>
   Effect.runPromise(effect.pipe(Effect.scoped, Effect.provide(Engine.layer.pipe(Layer.provide(Logger.layer([]))))))

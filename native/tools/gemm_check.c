@@ -9,7 +9,8 @@
  *
  * With --w16, the cases are gemm_wt's (C = A . W^T, W of BF16 or F16 elements, each case both):
  * its result must have the bits of gemm over the F32 widening of the same W (widened here by
- * this file's own bit arithmetic), and be within 1e-5 of the double-precision reference.
+ * this file's own bit arithmetic), and be within 1e-5 of the double-precision reference; and
+ * gemm_wt_parts over the same W cut into 1-4 parts held apart must give the same bits.
  */
 #include <math.h>
 #include <stdint.h>
@@ -88,6 +89,32 @@ static float widened(uint16_t h, int dt) {
   return h & 0x8000 ? -v : v; /* no infinities or NaNs are drawn */
 }
 
+/* gemm_wt_parts over W[N, ldw] split at random rows into 1-4 parts, each copied to its own
+ * buffer, from C's values before the product (before) against gemm_wt's result (got): 1 when a
+ * bit differs. */
+static int parts_case(int M, int N, int K, const float *a, int lda, const uint16_t *w, int dt, int ldw, const float *before,
+                      const float *got, int ldc, int accumulate) {
+  w_parts wp = {.n = 1 + (int)(next_u() % GEMM_MAX_PARTS), .dtype = dt};
+  if (wp.n > N) wp.n = N;
+  for (int p = 0, from = 0; p < wp.n; p++) {
+    int left = N - from - (wp.n - 1 - p); /* at least one row for each later part */
+    wp.rows[p] = p == wp.n - 1 ? N - from : 1 + (int)(next_u() % (unsigned)left);
+    uint16_t *part = malloc((size_t)wp.rows[p] * ldw * sizeof(uint16_t));
+    if (!part) exit(2);
+    memcpy(part, w + (size_t)from * ldw, (size_t)wp.rows[p] * ldw * sizeof(uint16_t));
+    wp.w[p] = part;
+    from += wp.rows[p];
+  }
+  float *c = malloc((size_t)M * ldc * sizeof(float));
+  if (!c) exit(2);
+  memcpy(c, before, (size_t)M * ldc * sizeof(float));
+  gemm_wt_parts(M, K, a, lda, &wp, ldw, c, ldc, accumulate);
+  int differ = memcmp(c, got, (size_t)M * ldc * sizeof(float)) != 0;
+  for (int p = 0; p < wp.n; p++) free((void *)wp.w[p]);
+  free(c);
+  return differ;
+}
+
 /* one random gemm_wt case of dtype dt: 1 when it is off */
 static int run_w16_case(int M, int N, int K, int accumulate, int threads, int dt) {
   int lda = K + (int)(next_u() % 3), ldw = K + (int)(next_u() % 3), ldc = N + (int)(next_u() % 3);
@@ -104,9 +131,10 @@ static int run_w16_case(int M, int N, int K, int accumulate, int threads, int dt
   }
   memcpy(c2, c, (size_t)M * ldc * sizeof(float));
   double top = 1e-30, worst = 0.0;
-  float *want = malloc((size_t)M * ldc * sizeof(float));
-  if (!want) exit(2);
+  float *want = malloc((size_t)M * ldc * sizeof(float)), *before = malloc((size_t)M * ldc * sizeof(float));
+  if (!want || !before) exit(2);
   memcpy(want, c, (size_t)M * ldc * sizeof(float));
+  memcpy(before, c, (size_t)M * ldc * sizeof(float));
   for (int i = 0; i < M; i++)
     for (int j = 0; j < N; j++) {
       double s = accumulate ? want[(size_t)i * ldc + j] : 0.0;
@@ -121,11 +149,13 @@ static int run_w16_case(int M, int N, int K, int accumulate, int threads, int dt
     double d = fabs((double)c[i] - want[i]) / top;
     worst = d > worst ? d : worst;
   }
-  int differ = memcmp(c, c2, (size_t)M * ldc * sizeof(float)) != 0, off = worst > 1e-5 || differ;
+  int differ = memcmp(c, c2, (size_t)M * ldc * sizeof(float)) != 0;
+  int parts_differ = parts_case(M, N, K, a, lda, w, dt, ldw, before, c, ldc, accumulate);
+  int off = worst > 1e-5 || differ || parts_differ;
   if (off)
-    printf("off: %s M %d N %d K %d accumulate %d threads %d: %.3g%s\n", dt == GYRE_BF16 ? "BF16" : "F16", M, N, K, accumulate,
-           threads, worst, differ ? ", bits differ from the F32 widening" : "");
-  free(a), free(wide), free(w), free(c), free(c2), free(want);
+    printf("off: %s M %d N %d K %d accumulate %d threads %d: %.3g%s%s\n", dt == GYRE_BF16 ? "BF16" : "F16", M, N, K, accumulate,
+           threads, worst, differ ? ", bits differ from the F32 widening" : "", parts_differ ? ", in parts bits differ" : "");
+  free(a), free(wide), free(w), free(c), free(c2), free(want), free(before);
   return off;
 }
 

@@ -49,10 +49,10 @@ import { formatAddress } from "../runtime/names.ts"
 import { Device } from "../protocols/topology.ts"
 import { transient } from "../common/retry.ts"
 import { makeClaims } from "../training/claims.ts"
-import { Core, type ModelWeights } from "../training/core-step.ts"
-import { openGradientStore, type MicroBatchGradient } from "../training/gradients.ts"
+import { Core, type CoreShape, type ModelWeights } from "../training/core-step.ts"
+import { openGradientStore, type GradientStore, type MicroBatchGradient } from "../training/gradients.ts"
 import { ensureMicroBatchStream, type Claim } from "../training/microbatch-queue.ts"
-import { openMicroBatchStore } from "../training/microbatch-store.ts"
+import { openMicroBatchStore, type MicroBatchStore } from "../training/microbatch-store.ts"
 import { microBatchStats, noStats, type MicroBatchStats } from "../training/step-metrics.ts"
 import { stepLoss } from "../training/step-planner.ts"
 import { fetchFlatWeights } from "../serving/rollout-role.ts"
@@ -73,97 +73,125 @@ export interface TrainingRoleOptions {
 
 export type { TrainingRole } from "../serving/training-role.ts"
 
-export const makeTrainingRole = (
+/** What a device's training role works with: its model and trainer (and the lock held around every use of it), and the run's stores. */
+interface TrainingDeps {
+  readonly system: Actor.ActorContext<unknown>["system"]
+  /** This device's key, `device/<id>`. */
+  readonly me: string
+  readonly options: TrainingRoleOptions
+  readonly trainerLock: Semaphore.Semaphore
+  readonly gradients: GradientStore
+  readonly batches: MicroBatchStore
+}
+
+/** Brings the model to `version` (from the object store) unless it is there. */
+const ensureVersion = ({ system, options: { engine, model, weights } }: TrainingDeps, version: number) =>
+  weights.version() === version
+    ? Effect.void
+    : fetchFlatWeights(system, engine, model, version).pipe(Effect.flatMap((flat) => weights.swap(model.setWeights(flat), version)))
+
+/** The gradient of one micro-batch alone, on the model as it is. */
+const compute = ({ trainerLock, options: { trainer, config } }: TrainingDeps, ref: MicroBatchRef, batch: PackedBatch) =>
+  trainerLock.withPermit(
+    Effect.gen(function* () {
+      yield* trainer.zeroGrads()
+      const result = yield* trainer.train(batch, stepLoss(config, ref.step))
+      const gradient: MicroBatchGradient = { grads: yield* trainer.getGrads(), logprobs: result.tokenLogprobs }
+      return { gradient, stats: microBatchStats(result, batch, ref.step, config.policyConfig.max_staleness, config.training.isCap) }
+    })
+  )
+
+/** The claimed micro-batch's gradient, or why it cannot be trained (a failure of another kind hands the claim back). */
+const train = (d: TrainingDeps, claim: Claim) =>
+  Effect.gen(function* () {
+    const ref = claim.microBatch
+    yield* d.options.onClaim?.({ step: ref.step, index: ref.index, deliveryCount: claim.deliveryCount }) ?? Effect.void
+    yield* ensureVersion(d, ref.version)
+    const trained: Trained = yield* compute(d, ref, yield* d.batches.get(ref))
+    return trained
+  }).pipe(
+    Effect.catch((e) => {
+      const failed = cannotTrain(e, claim.deliveryCount)
+      if (failed === undefined) return Effect.fail(e)
+      const trained: Trained = { failed }
+      return Effect.as(Effect.logError(`${d.me}: micro-batch ${claim.microBatch.step}.${claim.microBatch.index} cannot be trained: ${failed}`), trained)
+    })
+  )
+
+/** Computes a claimed micro-batch and hands its gradient (or its failure) to the core of its attempt: in memory when that is this device, else stored and told. */
+const deliver = (d: TrainingDeps, core: CoreShape) => (claim: Claim) =>
+  Effect.gen(function* () {
+    const ref = claim.microBatch
+    yield* claim.hold(
+      Effect.gen(function* () {
+        const trained = yield* train(d, claim)
+        const stats = "failed" in trained ? noStats : trained.stats
+        if (ref.core === d.me) return yield* core.gradientIn(ref, ref.index, d.me, stats, "failed" in trained ? trained : trained.gradient)
+        if (!("failed" in trained)) yield* d.gradients.put(ref, ref.index, trained.gradient)
+        const coreRef = Device.refOfKey(ref.core)
+        const ready = { step: ref.step, attempt: ref.attempt, index: ref.index, device: d.me, stats, ...("failed" in trained ? { failed: trained.failed } : {}) }
+        yield* d.system.tell(coreRef, "GradientReady", ready, { msgId: `grad-${ref.step}-${ref.attempt}-${ref.index}`, sender: d.me })
+        return true
+      })
+    )
+    yield* claim.ack
+  })
+
+/** `StartStep`, `TrainExecution`, `JoinStep` and `GradientReady` over the core and the claim loop. */
+const handlersOf = (me: string, core: CoreShape, claims: Effect.Success<ReturnType<typeof makeClaims>>): TrainingHandlers => ({
+  StartStep: (plan) =>
+    core.startStep(plan).pipe(
+      Effect.tap((started) => (started ? claims.start(plan) : Effect.void)),
+      Effect.map((started) => ({ started }))
+    ),
+  TrainExecution: (ref) => core.trainExecution(ref).pipe(Effect.map((queued) => ({ queued }))),
+  JoinStep: ({ step, attempt, core: coreDevice }) =>
+    Effect.gen(function* () {
+      if (coreDevice === me && !core.runs({ step, attempt })) return yield* new DeviceRefused({ device: me, reason: `step ${step} attempt ${attempt} is not running here` })
+      yield* claims.start({ step, attempt })
+      return { joined: true }
+    }),
+  GradientReady: ({ step, attempt, index, device, stats, failed }) =>
+    core.gradientIn({ step, attempt }, index, device, stats, failed === undefined ? "stored" : { failed }).pipe(Effect.map((accepted) => ({ accepted })))
+})
+
+/** The run's gradient and micro-batch stores and its micro-batch stream, opened (or created) with transient failures retried. */
+const openStores = Effect.fnUntraced(function* (system: TrainingDeps["system"], paramCount: number) {
+  const gradients = yield* openGradientStore(system, paramCount).pipe(Effect.retry(transient), Effect.orDie)
+  const batches = yield* openMicroBatchStore(system).pipe(Effect.retry(transient), Effect.orDie)
+  yield* ensureMicroBatchStream(system).pipe(Effect.retry(transient), Effect.orDie)
+  return { gradients, batches }
+})
+
+export const makeTrainingRole: (
   ctx: Pick<Actor.ActorContext<unknown>, "address" | "system">,
   options: TrainingRoleOptions
-): Effect.Effect<TrainingRole, never, Scope.Scope> =>
-  Effect.gen(function* () {
-    const { model, trainer, engine, config, weights } = options
-    const system = ctx.system
-    const me = formatAddress(ctx.address)
-    const ackWaitMs = options.ackWaitMs ?? 60_000
-    const scope = yield* Effect.scope
-    const trainerLock = yield* Semaphore.make(1)
-    const gradients = yield* openGradientStore(system, model.paramCount).pipe(Effect.retry(transient), Effect.orDie)
-    const batches = yield* openMicroBatchStore(system).pipe(Effect.retry(transient), Effect.orDie)
-    yield* ensureMicroBatchStream(system).pipe(Effect.retry(transient), Effect.orDie)
-
-    /** Brings the model to `version` (from the object store) unless it is there. */
-    const ensureVersion = (version: number) =>
-      weights.version() === version
-        ? Effect.void
-        : fetchFlatWeights(system, engine, model, version).pipe(Effect.flatMap((flat) => weights.swap(model.setWeights(flat), version)))
-
-    /** The gradient of one micro-batch alone, on the model as it is. */
-    const compute = (ref: MicroBatchRef, batch: PackedBatch) =>
-      trainerLock.withPermit(
-        Effect.gen(function* () {
-          yield* trainer.zeroGrads()
-          const result = yield* trainer.train(batch, stepLoss(config, ref.step))
-          const gradient: MicroBatchGradient = { grads: yield* trainer.getGrads(), logprobs: result.tokenLogprobs }
-          return { gradient, stats: microBatchStats(result, batch, ref.step, config.policyConfig.max_staleness, config.training.isCap) }
-        })
-      )
-
-    const core = yield* Core.make({ system, me, config, model, trainer, trainerLock, gradients, batches, weights, ensureVersion, compute, ackWaitMs, scope })
-
-    /** The claimed micro-batch's gradient, or why it cannot be trained (a failure of another kind hands the claim back). */
-    const train = (claim: Claim) =>
-      Effect.gen(function* () {
-        const ref = claim.microBatch
-        yield* options.onClaim?.({ step: ref.step, index: ref.index, deliveryCount: claim.deliveryCount }) ?? Effect.void
-        yield* ensureVersion(ref.version)
-        const trained: Trained = yield* compute(ref, yield* batches.get(ref))
-        return trained
-      }).pipe(
-        Effect.catch((e) => {
-          const failed = cannotTrain(e, claim.deliveryCount)
-          if (failed === undefined) return Effect.fail(e)
-          const trained: Trained = { failed }
-          return Effect.as(Effect.logError(`${me}: micro-batch ${claim.microBatch.step}.${claim.microBatch.index} cannot be trained: ${failed}`), trained)
-        })
-      )
-
-    /** Computes a claimed micro-batch and hands its gradient (or its failure) to the core of its attempt: in memory when that is this device, else stored and told. */
-    const deliver = (claim: Claim) =>
-      Effect.gen(function* () {
-        const ref = claim.microBatch
-        yield* claim.hold(
-          Effect.gen(function* () {
-            const trained = yield* train(claim)
-            const stats = "failed" in trained ? noStats : trained.stats
-            if (ref.core === me) return yield* core.gradientIn(ref, ref.index, me, stats, "failed" in trained ? trained : trained.gradient)
-            if (!("failed" in trained)) yield* gradients.put(ref, ref.index, trained.gradient)
-            const coreRef = Device.refOfKey(ref.core)
-            const ready = { step: ref.step, attempt: ref.attempt, index: ref.index, device: me, stats, ...("failed" in trained ? { failed: trained.failed } : {}) }
-            yield* system.tell(coreRef, "GradientReady", ready, { msgId: `grad-${ref.step}-${ref.attempt}-${ref.index}`, sender: me })
-            return true
-          })
-        )
-        yield* claim.ack
-      })
-
-    const claims = yield* makeClaims({ system, me, ackWaitMs, scope, deliver })
-
-    const handlers: TrainingHandlers = {
-      StartStep: (plan) =>
-        core.startStep(plan).pipe(
-          Effect.tap((started) => (started ? claims.start(plan) : Effect.void)),
-          Effect.map((started) => ({ started }))
-        ),
-      TrainExecution: (ref) => core.trainExecution(ref).pipe(Effect.map((queued) => ({ queued }))),
-      JoinStep: ({ step, attempt, core: coreDevice }) =>
-        Effect.gen(function* () {
-          if (coreDevice === me && !core.runs({ step, attempt })) return yield* new DeviceRefused({ device: me, reason: `step ${step} attempt ${attempt} is not running here` })
-          yield* claims.start({ step, attempt })
-          return { joined: true }
-        }),
-      GradientReady: ({ step, attempt, index, device, stats, failed }) =>
-        core.gradientIn({ step, attempt }, index, device, stats, failed === undefined ? "stored" : { failed }).pipe(Effect.map((accepted) => ({ accepted })))
-    }
-
-    return { handlers, leave: claims.leave, step: claims.step }
+) => Effect.Effect<TrainingRole, never, Scope.Scope> = Effect.fn("TrainingRole.make")(function* (ctx, options) {
+  const { system } = ctx
+  const me = formatAddress(ctx.address)
+  const ackWaitMs = options.ackWaitMs ?? 60_000
+  const scope = yield* Effect.scope
+  const trainerLock = yield* Semaphore.make(1)
+  const d: TrainingDeps = { system, me, options, trainerLock, ...(yield* openStores(system, options.model.paramCount)) }
+  const { model, trainer, config, weights } = options
+  const core = yield* Core.make({
+    system,
+    me,
+    config,
+    model,
+    trainer,
+    trainerLock,
+    gradients: d.gradients,
+    batches: d.batches,
+    weights,
+    ensureVersion: (version) => ensureVersion(d, version),
+    compute: (ref, batch) => compute(d, ref, batch),
+    ackWaitMs,
+    scope
   })
+  const claims = yield* makeClaims({ system, me, ackWaitMs, scope, deliver: deliver(d, core) })
+  return { handlers: handlersOf(me, core, claims), leave: claims.leave, step: claims.step }
+})
 
 /** A claimed micro-batch's gradient and statistics, or why it cannot be trained. */
 type Trained = { readonly gradient: MicroBatchGradient; readonly stats: MicroBatchStats } | { readonly failed: string }

@@ -105,81 +105,93 @@ const writeOver = (registry: KV, key: string, current: StoredEntry, doc: Registr
     catch: (e) => new TransportError({ operation: `claim ${key}`, message: messageOf(e) })
   })
 
+/** A claim as its holder keeps it: the entry's last revision, whether it is held, and when a renewal last succeeded. */
+interface Held {
+  readonly registry: KV
+  readonly at: ActorAddress
+  /** `kind/id`. */
+  readonly key: string
+  readonly holder: string
+  readonly incarnation: number
+  readonly lostSignal: Deferred.Deferred<void>
+  revision: number
+  held: boolean
+  /** When the last successful renewal was sent (monotonic). */
+  lastRenewedAt: number
+}
+
+const lose = (h: Held, why: string) =>
+  Effect.gen(function* () {
+    if (!h.held) return
+    h.held = false
+    yield* Effect.logWarning(`${h.key}: incarnation ${h.incarnation} of ${h.holder} lost its claim: ${why}`)
+    yield* Deferred.succeed(h.lostSignal, undefined)
+  })
+
+// Writes this claim's entry over its last revision. A conflict is still ours when the entry
+// names this incarnation (an earlier write landed but its reply was lost or interrupted):
+// then it is written over the revision read. Else someone else wrote it: the reason.
+const writeOwn = (h: Held, status: RegistryEntry["status"], load: Readonly<Record<string, unknown>>) =>
+  Effect.gen(function* () {
+    const doc = entryOf(h.at, h.holder, h.incarnation, status, load)
+    const written = yield* writeOver(h.registry, h.key, { entry: undefined, revision: h.revision }, doc)
+    if (written !== undefined) {
+      h.revision = written
+      return undefined
+    }
+    const now = yield* readEntry(h.registry, h.key)
+    const e = now.entry
+    if (e === undefined || e.node !== h.holder || e.incarnation !== h.incarnation || e.status !== "running") {
+      return `the entry now says ${e === undefined ? "nothing" : `${e.status} by ${e.node}, incarnation ${e.incarnation}`}`
+    }
+    h.revision = now.revision
+    const again = yield* writeOver(h.registry, h.key, now, doc)
+    if (again !== undefined) h.revision = again
+    return undefined
+  })
+
+// A renewal waits at most `renewalTimeoutMs(everyMs)`: one whose request or reply was lost
+// (a connection cut) would otherwise hold up the beat for the client's whole request
+// timeout (5 s, as long as GYRE_DEAD_AFTER_MS) after the connection is back. A renewal cut
+// short may still land: the next one then finds its own entry and writes over it (writeOwn).
+const renewOnce = (h: Held, load: Readonly<Record<string, unknown>>, everyMs: number) =>
+  Effect.gen(function* () {
+    const sentAt = performance.now()
+    const lostBecause = yield* writeOwn(h, "running", load).pipe(Effect.timeout(Duration.millis(renewalTimeoutMs(everyMs))))
+    if (lostBecause !== undefined) return yield* lose(h, lostBecause)
+    h.lastRenewedAt = sentAt
+  }).pipe(Effect.catch((e) => Effect.logWarning(`${h.key}: renewal failed`, e)))
+
+const renew = (h: Held): Claim["renew"] => (load, everyMs, options) => {
+  const beat = Effect.gen(function* () {
+    while (h.held) {
+      yield* Effect.sleep(Duration.millis(everyMs))
+      if (h.held) yield* renewOnce(h, load(), everyMs)
+    }
+  })
+  const stepDownAfterMs = options?.stepDownAfterMs
+  if (stepDownAfterMs === undefined) return beat
+  const watchdog = Effect.gen(function* () {
+    while (h.held) {
+      yield* Effect.sleep(Duration.millis(Math.max(10, everyMs / 4)))
+      if (performance.now() - h.lastRenewedAt > stepDownAfterMs) yield* lose(h, `no renewal succeeded for ${stepDownAfterMs} ms`)
+    }
+  })
+  return Effect.raceFirst(beat, watchdog)
+}
+
+const release = (h: Held): Claim["release"] => (status) =>
+  Effect.gen(function* () {
+    if (!h.held) return
+    h.held = false
+    const lostBecause = yield* writeOwn(h, status, {})
+    if (lostBecause !== undefined) yield* Effect.logWarning(`${h.key}: not released as ${status}: ${lostBecause}`)
+  }).pipe(Effect.catch((e) => Effect.logWarning(`${h.key}: release as ${status} failed`, e)))
+
 const makeClaim = (registry: KV, at: ActorAddress, holder: string, incarnation: number, revision: number) =>
   Effect.gen(function* () {
-    const key = formatAddress(at)
-    const lostSignal = yield* Deferred.make<void>()
-    let held = true
-    let lastRenewedAt = performance.now()
-    const lose = (why: string) =>
-      Effect.gen(function* () {
-        if (!held) return
-        held = false
-        yield* Effect.logWarning(`${key}: incarnation ${incarnation} of ${holder} lost its claim: ${why}`)
-        yield* Deferred.succeed(lostSignal, undefined)
-      })
-
-    // Writes this claim's entry over its last revision. A conflict is still ours when the entry
-    // names this incarnation (an earlier write landed but its reply was lost or interrupted):
-    // then it is written over the revision read. Else someone else wrote it: the reason.
-    const writeOwn = (status: RegistryEntry["status"], load: Readonly<Record<string, unknown>>) =>
-      Effect.gen(function* () {
-        const doc = entryOf(at, holder, incarnation, status, load)
-        const written = yield* writeOver(registry, key, { entry: undefined, revision }, doc)
-        if (written !== undefined) {
-          revision = written
-          return undefined
-        }
-        const now = yield* readEntry(registry, key)
-        const e = now.entry
-        if (e === undefined || e.node !== holder || e.incarnation !== incarnation || e.status !== "running") {
-          return `the entry now says ${e === undefined ? "nothing" : `${e.status} by ${e.node}, incarnation ${e.incarnation}`}`
-        }
-        revision = now.revision
-        const again = yield* writeOver(registry, key, now, doc)
-        if (again !== undefined) revision = again
-        return undefined
-      })
-
-    // A renewal waits at most `renewalTimeoutMs(everyMs)`: one whose request or reply was lost
-    // (a connection cut) would otherwise hold up the beat for the client's whole request
-    // timeout (5 s, as long as GYRE_DEAD_AFTER_MS) after the connection is back. A renewal cut
-    // short may still land: the next one then finds its own entry and writes over it (writeOwn).
-    const renewOnce = (load: Readonly<Record<string, unknown>>, everyMs: number) =>
-      Effect.gen(function* () {
-        const sentAt = performance.now()
-        const lostBecause = yield* writeOwn("running", load).pipe(Effect.timeout(Duration.millis(renewalTimeoutMs(everyMs))))
-        if (lostBecause !== undefined) return yield* lose(lostBecause)
-        lastRenewedAt = sentAt
-      }).pipe(Effect.catch((e) => Effect.logWarning(`${key}: renewal failed`, e)))
-
-    const renew: Claim["renew"] = (load, everyMs, options) => {
-      const beat = Effect.gen(function* () {
-        while (held) {
-          yield* Effect.sleep(Duration.millis(everyMs))
-          if (held) yield* renewOnce(load(), everyMs)
-        }
-      })
-      const stepDownAfterMs = options?.stepDownAfterMs
-      if (stepDownAfterMs === undefined) return beat
-      const watchdog = Effect.gen(function* () {
-        while (held) {
-          yield* Effect.sleep(Duration.millis(Math.max(10, everyMs / 4)))
-          if (performance.now() - lastRenewedAt > stepDownAfterMs) yield* lose(`no renewal succeeded for ${stepDownAfterMs} ms`)
-        }
-      })
-      return Effect.raceFirst(beat, watchdog)
-    }
-
-    const release: Claim["release"] = (status) =>
-      Effect.gen(function* () {
-        if (!held) return
-        held = false
-        const lostBecause = yield* writeOwn(status, {})
-        if (lostBecause !== undefined) yield* Effect.logWarning(`${key}: not released as ${status}: ${lostBecause}`)
-      }).pipe(Effect.catch((e) => Effect.logWarning(`${key}: release as ${status} failed`, e)))
-
-    return { address: at, holder, incarnation, held: () => held, lost: Deferred.await(lostSignal), renew, release } satisfies Claim
+    const h: Held = { registry, at, key: formatAddress(at), holder, incarnation, lostSignal: yield* Deferred.make<void>(), revision, held: true, lastRenewedAt: performance.now() }
+    return { address: at, holder, incarnation, held: () => h.held, lost: Deferred.await(h.lostSignal), renew: renew(h), release: release(h) } satisfies Claim
   })
 
 /** Polls `key` until its revision moves from `seen.revision` (the new entry) or `silentMs` pass (undefined). */

@@ -75,6 +75,87 @@ const delayedOf = (control: IncarnationControl) => {
 
 const fencedOn = (e: unknown) => (e instanceof SnapshotConflict ? Effect.succeed("fenced" as const) : Effect.fail(e))
 
+/** What every step of one incarnation knows: the actor, its type, the run's system and the host's switches. */
+interface Incarnation<R extends Rpc.Any, S, Req> {
+  readonly type: ActorType<R, S, Req>
+  readonly address: ActorAddress
+  /** `kind/id`. */
+  readonly actor: string
+  readonly system: ActorSystemShape
+  readonly options: HostOptions
+  readonly control: IncarnationControl
+}
+
+/** 1. Restore: the snapshot store, what it restored, and the state (restored or initial). */
+const restore = <R extends Rpc.Any, S, Req>({ type, address, actor, system, options }: Incarnation<R, S, Req>) =>
+  Effect.gen(function* () {
+    const key = system.layout.registryKey(address)
+    const quarantine = (bytes: Uint8Array, revision: number, reason: string) =>
+      publishDeadLetter(system, address, bytes, undefined, { reason, subject: `$KV.${system.layout.stateBucket}.${key}`, seq: revision, actor }, `quarantine:${key}:${revision}`)
+    const snapshots = makeSnapshotStore({ kv: system.state, key, actor, incarnation: options.claim.incarnation, schema: type.stateSchema, quarantine, corrupt: type.corruptSnapshot })
+    const restored = yield* snapshots.restore
+    const state = yield* Ref.make(restored.state !== undefined ? restored.state : type.initialState(address.id))
+    return { snapshots, restored, state }
+  })
+
+/**
+ * 2. Heartbeat: renewals of the claim with the load figures; a lost claim fences. 3. The
+ * handlers (resources they acquire live in the incarnation's scope), and the deferred the
+ * actor completes to stop itself.
+ */
+const behave = <R extends Rpc.Any, S, Req>({ type, address, system, options, control }: Incarnation<R, S, Req>, state: Ref.Ref<S>) =>
+  Effect.gen(function* () {
+    let load: Readonly<Record<string, unknown>> = {}
+    yield* Effect.forkScoped(options.claim.renew(() => load, options.heartbeatMs))
+    yield* Effect.forkScoped(options.claim.lost.pipe(Effect.andThen(Deferred.succeed(control.fenced, undefined))))
+    const stopSelf = yield* Deferred.make<void>()
+    const incarnation = options.claim.incarnation
+    const ctx: ActorContext<S> = {
+      address,
+      incarnation,
+      node: options.node,
+      state,
+      system: speakingAs(system, address, incarnation),
+      reportLoad: (l) => {
+        load = l
+      },
+      stop: Deferred.succeed(stopSelf, undefined).pipe(Effect.asVoid)
+    }
+    const handlers = (yield* type.behaviour(ctx)) as Record<string, Handler<any>>
+    return { handlers, stopSelf }
+  })
+
+/** 4. Dispatch (its finalizer hands back what is left when the scope closes), then 5. intake: it closes before the dispatch hands back. */
+const serve = <R extends Rpc.Any, S, Req>(
+  { type, address, actor, system, options, control }: Incarnation<R, S, Req>,
+  handlers: Record<string, Handler<any>>,
+  { snapshots, restored, state }: Effect.Success<ReturnType<typeof restore<R, S, Req>>>
+) =>
+  Effect.gen(function* () {
+    const dispatcher = yield* Dispatcher.make({
+      actor,
+      type,
+      handlers,
+      state,
+      handled: restored.handled,
+      snapshots,
+      stats: options.stats,
+      metrics: actorMetrics(actor, options.node, yield* Effect.context<never>()),
+      redeliveryDelays: yield* scheduleDelays(type.redelivery, type.maxDeliveries),
+      ackWaitMs: options.ackWaitMs
+    })
+    const intake = yield* openIntake({
+      system,
+      address,
+      actor,
+      ackWaitMs: options.ackWaitMs,
+      maxAckPending: 256 * type.concurrency,
+      delayed: delayedOf(control),
+      onDelivery: dispatcher.offer
+    })
+    return { dispatcher, intake }
+  })
+
 /** Runs one incarnation until it ends (how, as a `ChildEnd`) or crashes (failure). */
 export const runIncarnation = <R extends Rpc.Any, S, Req>(
   type: ActorType<R, S, Req>,
@@ -85,61 +166,10 @@ export const runIncarnation = <R extends Rpc.Any, S, Req>(
 ): Effect.Effect<ChildEnd, unknown, Req> =>
   Effect.scoped(
     Effect.gen(function* () {
-      const actor = formatAddress(address)
-      const key = system.layout.registryKey(address)
-      const incarnation = options.claim.incarnation
-
-      // 1. Restore.
-      const quarantine = (bytes: Uint8Array, revision: number, reason: string) =>
-        publishDeadLetter(system, address, bytes, undefined, { reason, subject: `$KV.${system.layout.stateBucket}.${key}`, seq: revision, actor }, `quarantine:${key}:${revision}`)
-      const snapshots = makeSnapshotStore({ kv: system.state, key, actor, incarnation, schema: type.stateSchema, quarantine, corrupt: type.corruptSnapshot })
-      const restored = yield* snapshots.restore
-      const state = yield* Ref.make(restored.state !== undefined ? restored.state : type.initialState(address.id))
-
-      // 2. Heartbeat: renewals of the claim with the load figures; a lost claim fences.
-      let load: Readonly<Record<string, unknown>> = {}
-      yield* Effect.forkScoped(options.claim.renew(() => load, options.heartbeatMs))
-      yield* Effect.forkScoped(options.claim.lost.pipe(Effect.andThen(Deferred.succeed(control.fenced, undefined))))
-
-      // 3. Handlers (resources they acquire live in this scope).
-      const stopSelf = yield* Deferred.make<void>()
-      const ctx: ActorContext<S> = {
-        address,
-        incarnation,
-        node: options.node,
-        state,
-        system: speakingAs(system, address, incarnation),
-        reportLoad: (l) => {
-          load = l
-        },
-        stop: Deferred.succeed(stopSelf, undefined).pipe(Effect.asVoid)
-      }
-      const handlers = (yield* type.behaviour(ctx)) as Record<string, Handler<any>>
-
-      // 4. Dispatch: its finalizer hands back what is left when the scope closes.
-      const dispatcher = yield* Dispatcher.make({
-        actor,
-        type,
-        handlers,
-        state,
-        handled: restored.handled,
-        snapshots,
-        stats: options.stats,
-        metrics: actorMetrics(actor, options.node, yield* Effect.context<never>()),
-        redeliveryDelays: yield* scheduleDelays(type.redelivery, type.maxDeliveries),
-        ackWaitMs: options.ackWaitMs
-      })
-
-      // 5. Intake: opened after the dispatch, so it closes before the dispatch hands back.
-      const intake = yield* openIntake({
-        system,
-        address,
-        actor,
-        ackWaitMs: options.ackWaitMs,
-        maxAckPending: 256 * type.concurrency,
-        delayed: delayedOf(control),
-        onDelivery: dispatcher.offer
-      })
+      const inc: Incarnation<R, S, Req> = { type, address, actor: formatAddress(address), system, options, control }
+      const restored = yield* restore(inc)
+      const { handlers, stopSelf } = yield* behave(inc, restored.state)
+      const { dispatcher, intake } = yield* serve(inc, handlers, restored)
       yield* Deferred.succeed(control.ready, undefined)
 
       // 6. Run until asked to stop, stopping on its own, or crashing.
@@ -149,10 +179,10 @@ export const runIncarnation = <R extends Rpc.Any, S, Req>(
         Deferred.await(stopSelf).pipe(Effect.as("exited" as const)),
         Deferred.await(control.fenced).pipe(Effect.as("fenced" as const))
       ])
-      if (why === "fenced") return yield* fenced(actor, dispatcher.halt, intake.close)
+      if (why === "fenced") return yield* fenced(inc.actor, dispatcher.halt, intake.close)
       yield* intake.close
       const ended = yield* dispatcher.stop(type.stopTimeoutMs).pipe(Effect.as(why), Effect.catch(fencedOn))
-      if (ended === "fenced" || !options.claim.held()) return yield* fenced(actor, dispatcher.halt, Effect.void)
+      if (ended === "fenced" || !options.claim.held()) return yield* fenced(inc.actor, dispatcher.halt, Effect.void)
       yield* options.claim.release("stopped")
       return ended
     })

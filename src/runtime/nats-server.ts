@@ -185,97 +185,132 @@ const lockStore = (storeDir: string) =>
     (lock) => Effect.sync(() => fs.rmSync(lock.file, { force: true }))
   )
 
+/** One supervised server: where it runs from, its configuration, the child now running and what it printed last. */
+interface Supervised {
+  readonly options: EmbeddedServerOptions
+  readonly binary: string
+  readonly tempDir: string
+  readonly storeDir: string
+  readonly configFile: string
+  readonly syncAlways: boolean
+  readonly lock: { readonly write: (lock: StoreLock) => void }
+  /** Set when the scope closes: an exit then is not restarted. */
+  readonly closing: Ref.Ref<boolean>
+  /** The last 8 KiB of the server's stdout and stderr. */
+  output: string
+  child: ChildProcess | undefined
+  restarts: number
+}
+
+/** Writes the server's configuration file for `port` (-1: the server picks one). */
+const writeConfig = (sv: Supervised, port: number) => {
+  const host = sv.options.host ?? "127.0.0.1"
+  fs.writeFileSync(
+    sv.configFile,
+    [
+      `listen: ${JSON.stringify(host.includes(":") ? `[${host}]:${port}` : `${host}:${port}`)}`,
+      `ports_file_dir: ${JSON.stringify(sv.tempDir)}`,
+      `jetstream { store_dir: ${JSON.stringify(sv.storeDir)}${sv.syncAlways ? ", sync_interval: always" : ""} }`,
+      sv.options.extraConfig ?? ""
+    ].join("\n"),
+    { mode: 0o600 }
+  )
+}
+
+/** Spawns the server (guarded by the watchdog, named in the store's lock); stopped when the scope closes. */
+const launch = (sv: Supervised) =>
+  Effect.acquireRelease(
+    Effect.sync(() => {
+      const c = spawn(sv.binary, ["-c", sv.configFile], { stdio: ["ignore", "pipe", "pipe"] })
+      const release = c.pid !== undefined ? guard(c.pid) : () => undefined
+      c.once("exit", release)
+      const keep = (chunk: Buffer) => {
+        sv.output = (sv.output + chunk.toString()).slice(-8192)
+      }
+      c.stdout?.on("data", keep)
+      c.stderr?.on("data", keep)
+      if (c.pid !== undefined) sv.lock.write({ owner: process.pid, server: c.pid })
+      return c
+    }),
+    (c) => Ref.set(sv.closing, true).pipe(Effect.andThen(stopChild(c)))
+  )
+
+const ready = (sv: Supervised, c: ChildProcess) =>
+  waitForPortsFile(sv.tempDir, c, sv.options.readyTimeoutMs ?? 10_000, () => sv.output).pipe(Effect.tapError(() => stopChild(c)))
+
+const exited = (c: ChildProcess) =>
+  Effect.callback<string>((resume) => {
+    if (c.exitCode !== null || c.signalCode !== null) return resume(Effect.succeed(String(c.exitCode ?? c.signalCode)))
+    c.once("exit", (code, signal) => resume(Effect.succeed(String(code ?? signal))))
+  })
+
+/** Restarts the server until it is ready again, on the same store and port. */
+const restart = (sv: Supervised, url: string) =>
+  Effect.gen(function* () {
+    const c = yield* launch(sv)
+    yield* ready(sv, c)
+    sv.child = c
+    sv.restarts += 1
+    yield* Effect.logInfo(`nats-server restarted on ${url} (store ${sv.storeDir}), pid ${c.pid}`)
+  }).pipe(Effect.retry(cappedBackoff("200 millis", "2 seconds")))
+
+const supervise = (sv: Supervised, url: string) =>
+  Effect.gen(function* () {
+    while (true) {
+      const how = yield* exited(sv.child!)
+      if (yield* Ref.get(sv.closing)) return
+      yield* Effect.logWarning(`nats-server ${sv.child!.pid} exited (${how}); restarting it on the same store:\n${sv.output.slice(-1000)}`)
+      yield* restart(sv, url)
+    }
+  })
+
+/** The server's binary, its temporary directory (removed with the scope), its locked store and its configuration file. */
+const prepare = Effect.fnUntraced(function* (options: EmbeddedServerOptions) {
+  const binary = yield* findNatsServer()
+  const version = yield* Effect.try({
+    try: () => natsServerVersion(binary),
+    catch: (e) => new NatsServerError({ message: String(e) })
+  })
+  const tempDir = yield* Effect.acquireRelease(
+    Effect.sync(() => fs.mkdtempSync(path.join(os.tmpdir(), "gyre-nats-"))),
+    (dir) => Effect.sync(() => fs.rmSync(dir, { recursive: true, force: true }))
+  )
+  const storeDir = path.resolve(options.storeDir ?? path.join(tempDir, "store"))
+  fs.mkdirSync(storeDir, { recursive: true })
+  const lock = yield* lockStore(storeDir)
+  const syncAlways = version.major > 2 || (version.major === 2 && version.minor >= 10)
+  if (!syncAlways) {
+    yield* Effect.logWarning(`${version.text} is older than 2.10: running without sync_interval: always`)
+  }
+  const closing = yield* Ref.make(false)
+  const sv: Supervised = { options, binary, tempDir, storeDir, configFile: path.join(tempDir, "nats.conf"), syncAlways, lock, closing, output: "", child: undefined, restarts: 0 }
+  return { sv, version }
+})
+
 /** Starts a supervised nats-server child process for the lifetime of the current scope. */
 export const startEmbeddedServer = (
   options: EmbeddedServerOptions = {}
 ): Effect.Effect<EmbeddedServer, NatsServerError, Scope.Scope> =>
   Effect.gen(function* () {
-    const binary = yield* findNatsServer()
-    const version = yield* Effect.try({
-      try: () => natsServerVersion(binary),
-      catch: (e) => new NatsServerError({ message: String(e) })
-    })
-    const tempDir = yield* Effect.acquireRelease(
-      Effect.sync(() => fs.mkdtempSync(path.join(os.tmpdir(), "gyre-nats-"))),
-      (dir) => Effect.sync(() => fs.rmSync(dir, { recursive: true, force: true }))
-    )
-    const storeDir = path.resolve(options.storeDir ?? path.join(tempDir, "store"))
-    fs.mkdirSync(storeDir, { recursive: true })
-    const lock = yield* lockStore(storeDir)
-    const syncAlways = version.major > 2 || (version.major === 2 && version.minor >= 10)
-    if (!syncAlways) {
-      yield* Effect.logWarning(`${version.text} is older than 2.10: running without sync_interval: always`)
-    }
-    const configFile = path.join(tempDir, "nats.conf")
-    const host = options.host ?? "127.0.0.1"
-    const writeConfig = (port: number) =>
-      fs.writeFileSync(
-        configFile,
-        [
-          `listen: ${JSON.stringify(host.includes(":") ? `[${host}]:${port}` : `${host}:${port}`)}`,
-          `ports_file_dir: ${JSON.stringify(tempDir)}`,
-          `jetstream { store_dir: ${JSON.stringify(storeDir)}${syncAlways ? ", sync_interval: always" : ""} }`,
-          options.extraConfig ?? ""
-        ].join("\n"),
-        { mode: 0o600 }
-      )
-    writeConfig(options.port ?? -1)
-    let output = ""
-    const closing = yield* Ref.make(false)
-    const launch = Effect.acquireRelease(
-      Effect.sync(() => {
-        const c = spawn(binary, ["-c", configFile], { stdio: ["ignore", "pipe", "pipe"] })
-        const release = c.pid !== undefined ? guard(c.pid) : () => undefined
-        c.once("exit", release)
-        const keep = (chunk: Buffer) => {
-          output = (output + chunk.toString()).slice(-8192)
-        }
-        c.stdout?.on("data", keep)
-        c.stderr?.on("data", keep)
-        if (c.pid !== undefined) lock.write({ owner: process.pid, server: c.pid })
-        return c
-      }),
-      (c) => Ref.set(closing, true).pipe(Effect.andThen(stopChild(c)))
-    )
-    const ready = (c: ChildProcess) =>
-      waitForPortsFile(tempDir, c, options.readyTimeoutMs ?? 10_000, () => output).pipe(Effect.tapError(() => stopChild(c)))
-    let child = yield* launch
+    const { sv, version } = yield* prepare(options)
+    writeConfig(sv, options.port ?? -1)
+    const child = yield* launch(sv)
+    sv.child = child
     // The server lists loopback first when it listens on every interface.
-    const urls = yield* ready(child)
+    const urls = yield* ready(sv, child)
     const url = urls[0]!
-    writeConfig(Number(new URL(url).port))
-    let restarts = 0
-    const exited = (c: ChildProcess) =>
-      Effect.callback<string>((resume) => {
-        if (c.exitCode !== null || c.signalCode !== null) return resume(Effect.succeed(String(c.exitCode ?? c.signalCode)))
-        c.once("exit", (code, signal) => resume(Effect.succeed(String(code ?? signal))))
-      })
-    const restart = Effect.gen(function* () {
-      const c = yield* launch
-      yield* ready(c)
-      child = c
-      restarts += 1
-      yield* Effect.logInfo(`nats-server restarted on ${url} (store ${storeDir}), pid ${c.pid}`)
-    }).pipe(Effect.retry(cappedBackoff("200 millis", "2 seconds")))
-    const supervise = Effect.gen(function* () {
-      while (true) {
-        const how = yield* exited(child)
-        if (yield* Ref.get(closing)) return
-        yield* Effect.logWarning(`nats-server ${child.pid} exited (${how}); restarting it on the same store:\n${output.slice(-1000)}`)
-        yield* restart
-      }
-    })
-    yield* Effect.forkScoped(supervise)
+    writeConfig(sv, Number(new URL(url).port))
+    yield* Effect.forkScoped(supervise(sv, url))
     return {
       url,
       urls,
       version: version.text,
-      storeDir,
+      storeDir: sv.storeDir,
       get pid() {
-        return child.pid ?? -1
+        return sv.child?.pid ?? -1
       },
       get restarts() {
-        return restarts
+        return sv.restarts
       }
     }
   })

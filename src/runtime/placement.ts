@@ -137,87 +137,98 @@ const groupMembers = (view: RegistryView): Set<string> => {
   return out
 }
 
+/** One node's placer: the registry it sweeps, and the revisions of entries it has tried (placed or taken up) and warned about. */
+interface Placer {
+  readonly system: ActorSystemShape
+  readonly view: RegistryView
+  readonly options: PlacementOptions
+  readonly tried: Map<string, number>
+  readonly warned: Map<string, number>
+}
+
+const warnOnce = (p: Placer, key: string, revision: number, message: string) =>
+  p.warned.get(key) === revision ? Effect.void : Effect.logWarning(message).pipe(Effect.andThen(Effect.sync(() => p.warned.set(key, revision))))
+
+/** Places `dead` on one of `candidates` (not on `exclude`), counting it there for the rest of the sweep. */
+const place = (p: Placer, key: string, dead: RegistryEntry, revision: number, what: Placeable, candidates: Array<Candidate>, exclude: string | undefined) =>
+  Effect.gen(function* () {
+    const to = choose(what.policy, what.kinds, candidates.filter((c) => c.node !== exclude))
+    if (to === undefined) return yield* warnOnce(p, key, revision, `${key} is dead and no live node can take it (${what.policy._tag})`)
+    p.tried.set(key, revision)
+    const placing: RegistryEntry = { ...dead, node: to, status: "placing", heartbeatAt: Date.now(), load: { ...what.load, from: dead.node, by: p.options.node } }
+    const won = yield* Effect.promise(() => p.system.registry.update(key, encodeJson(placing), revision).then(() => true, () => false))
+    if (!won) return
+    const chosen = candidates.find((c) => c.node === to)!
+    candidates[candidates.indexOf(chosen)] = { ...chosen, actors: chosen.actors + what.kinds.length }
+    const event: PlacedEvent = { kind: dead.kind, id: dead.id, from: dead.node, to, incarnation: dead.incarnation, by: p.options.node }
+    yield* Effect.logInfo(`${key}: placed again on ${to} (was on ${dead.node})`)
+    yield* p.system.publishEvent(Placed, event).pipe(Effect.catchCause((c) => Effect.logWarning("placed event not published", c)))
+  })
+
+/**
+ * A dead group as it is placed: its restartable members, when this node knows every
+ * member's kind (another node may), under the first one's policy; undefined when there is
+ * nothing to place here.
+ */
+const asGroup = (types: PlacementOptions["types"], entry: RegistryEntry): Placeable | undefined => {
+  const load = decodeGroupLoad(entry.load)
+  if (load._tag === "None") return undefined
+  const spec = load.value.group
+  const memberTypes = spec.members.map((m) => types.get(m.kind))
+  if (memberTypes.some((t) => t === undefined)) return undefined
+  const members = spec.members.filter((_, i) => memberTypes[i]!.restart !== "temporary")
+  if (members.length === 0) return undefined
+  return { kinds: members.map((m) => m.kind), policy: types.get(members[0]!.kind)!.placement, load: { group: { ...spec, members } } }
+}
+
+/** How a dead entry is placed; undefined when it is not (temporary, going with its group, a group with nothing to place here). */
+const placeable = (types: PlacementOptions["types"], entry: RegistryEntry, type: AnyActorType | undefined, withGroup: boolean): Placeable | undefined => {
+  if (entry.kind === groupKind) return asGroup(types, entry)
+  if (type === undefined || type.restart === "temporary" || withGroup) return undefined
+  return { kinds: [entry.kind], policy: type.placement, load: {} }
+}
+
+/** What a placement naming this node spawns: the actor, or the group its entry lists. */
+const spawnFor = (options: PlacementOptions, key: string, entry: RegistryEntry): Effect.Effect<unknown, unknown> => {
+  if (entry.kind !== groupKind) return options.spawn(entry.kind, entry.id)
+  const group = decodeGroupLoad(entry.load)
+  return group._tag === "Some" ? options.spawnGroup(group.value.group) : Effect.logWarning(`${key}: placed here without its members; not taken up`)
+}
+
+const takeUp = (options: PlacementOptions, key: string, entry: RegistryEntry) =>
+  Effect.forkScoped(spawnFor(options, key, entry).pipe(Effect.catchCause((c) => Effect.logWarning(`${key}: placement not taken up`, c))))
+
+/** One pass over the registry: takes up placements naming this node, places dead entries it can. */
+const sweep = (p: Placer) =>
+  Effect.gen(function* () {
+    const { options, view, tried } = p
+    if (!options.accepting()) return
+    const candidates = liveNodes(view, options.deadAfterMs)
+    const grouped = groupMembers(view)
+    for (const [key, s] of [...view.entries()]) {
+      const type = options.types.get(s.entry.kind)
+      if ((type === undefined && s.entry.kind !== groupKind) || tried.get(key) === s.revision) continue
+      if (s.entry.status === "placing" && s.entry.node === options.node) {
+        tried.set(key, s.revision)
+        yield* takeUp(options, key, s.entry)
+      } else if (s.entry.status === "dead") {
+        // Its own node lives only if it has beaten (running) since the actor was declared
+        // dead: an actor's beats and its node's stop together, and the node's last one may
+        // still look recent (a killed node got its actor placed back on itself), or the
+        // change seen since may be its own death mark.
+        const own = view.get(`node/${s.entry.node}`)
+        const lives = own !== undefined && own.entry.status === "running" && own.at > s.at
+        // A member of a dead node's group goes with its group.
+        const what = placeable(options.types, s.entry, type, !lives && grouped.has(key))
+        if (what !== undefined) yield* place(p, key, s.entry, s.revision, what, candidates, lives ? undefined : s.entry.node)
+      }
+    }
+  })
+
 /** Places dead actors of this node's types again and takes up placements naming this node, for the lifetime of the scope. */
 export const replaceDead = (system: ActorSystemShape, view: RegistryView, options: PlacementOptions): Effect.Effect<void, never, Scope.Scope> =>
-  Effect.gen(function* () {
-    const tried = new Map<string, number>()
-    const warned = new Map<string, number>()
-    const warnOnce = (key: string, revision: number, message: string) =>
-      warned.get(key) === revision ? Effect.void : Effect.logWarning(message).pipe(Effect.andThen(Effect.sync(() => warned.set(key, revision))))
-
-    /** Places `dead` on one of `candidates` (not on `exclude`), counting it there for the rest of the sweep. */
-    const place = (key: string, dead: RegistryEntry, revision: number, what: Placeable, candidates: Array<Candidate>, exclude: string | undefined) =>
-      Effect.gen(function* () {
-        const to = choose(what.policy, what.kinds, candidates.filter((c) => c.node !== exclude))
-        if (to === undefined) return yield* warnOnce(key, revision, `${key} is dead and no live node can take it (${what.policy._tag})`)
-        tried.set(key, revision)
-        const placing: RegistryEntry = { ...dead, node: to, status: "placing", heartbeatAt: Date.now(), load: { ...what.load, from: dead.node, by: options.node } }
-        const won = yield* Effect.promise(() => system.registry.update(key, encodeJson(placing), revision).then(() => true, () => false))
-        if (!won) return
-        const chosen = candidates.find((c) => c.node === to)!
-        candidates[candidates.indexOf(chosen)] = { ...chosen, actors: chosen.actors + what.kinds.length }
-        const event: PlacedEvent = { kind: dead.kind, id: dead.id, from: dead.node, to, incarnation: dead.incarnation, by: options.node }
-        yield* Effect.logInfo(`${key}: placed again on ${to} (was on ${dead.node})`)
-        yield* system.publishEvent(Placed, event).pipe(Effect.catchCause((c) => Effect.logWarning("placed event not published", c)))
-      })
-
-    /**
-     * A dead group as it is placed: its restartable members, when this node knows every
-     * member's kind (another node may), under the first one's policy; undefined when there is
-     * nothing to place here.
-     */
-    const asGroup = (entry: RegistryEntry): Placeable | undefined => {
-      const load = decodeGroupLoad(entry.load)
-      if (load._tag === "None") return undefined
-      const spec = load.value.group
-      const types = spec.members.map((m) => options.types.get(m.kind))
-      if (types.some((t) => t === undefined)) return undefined
-      const members = spec.members.filter((_, i) => types[i]!.restart !== "temporary")
-      if (members.length === 0) return undefined
-      return { kinds: members.map((m) => m.kind), policy: options.types.get(members[0]!.kind)!.placement, load: { group: { ...spec, members } } }
-    }
-
-    /** How a dead entry is placed; undefined when it is not (temporary, going with its group, a group with nothing to place here). */
-    const placeable = (entry: RegistryEntry, type: AnyActorType | undefined, withGroup: boolean): Placeable | undefined => {
-      if (entry.kind === groupKind) return asGroup(entry)
-      if (type === undefined || type.restart === "temporary" || withGroup) return undefined
-      return { kinds: [entry.kind], policy: type.placement, load: {} }
-    }
-
-    /** What a placement naming this node spawns: the actor, or the group its entry lists. */
-    const spawnFor = (key: string, entry: RegistryEntry): Effect.Effect<unknown, unknown> => {
-      if (entry.kind !== groupKind) return options.spawn(entry.kind, entry.id)
-      const group = decodeGroupLoad(entry.load)
-      return group._tag === "Some" ? options.spawnGroup(group.value.group) : Effect.logWarning(`${key}: placed here without its members; not taken up`)
-    }
-
-    const takeUp = (key: string, entry: RegistryEntry) =>
-      Effect.forkScoped(spawnFor(key, entry).pipe(Effect.catchCause((c) => Effect.logWarning(`${key}: placement not taken up`, c))))
-
-    const sweep = Effect.gen(function* () {
-      if (!options.accepting()) return
-      const candidates = liveNodes(view, options.deadAfterMs)
-      const grouped = groupMembers(view)
-      for (const [key, s] of [...view.entries()]) {
-        const type = options.types.get(s.entry.kind)
-        if ((type === undefined && s.entry.kind !== groupKind) || tried.get(key) === s.revision) continue
-        if (s.entry.status === "placing" && s.entry.node === options.node) {
-          tried.set(key, s.revision)
-          yield* takeUp(key, s.entry)
-        } else if (s.entry.status === "dead") {
-          // Its own node lives only if it has beaten (running) since the actor was declared
-          // dead: an actor's beats and its node's stop together, and the node's last one may
-          // still look recent (a killed node got its actor placed back on itself), or the
-          // change seen since may be its own death mark.
-          const own = view.get(`node/${s.entry.node}`)
-          const lives = own !== undefined && own.entry.status === "running" && own.at > s.at
-          // A member of a dead node's group goes with its group.
-          const what = placeable(s.entry, type, !lives && grouped.has(key))
-          if (what !== undefined) yield* place(key, s.entry, s.revision, what, candidates, lives ? undefined : s.entry.node)
-        }
-      }
-    })
-    yield* Effect.forkScoped(
-      sweep.pipe(Effect.repeat(Schedule.spaced(Duration.millis(options.checkEveryMs ?? Math.max(50, Math.min(250, options.deadAfterMs / 4))))))
-    )
+  Effect.suspend(() => {
+    const p: Placer = { system, view, options, tried: new Map(), warned: new Map() }
+    const every = Duration.millis(options.checkEveryMs ?? Math.max(50, Math.min(250, options.deadAfterMs / 4)))
+    return Effect.forkScoped(sweep(p).pipe(Effect.repeat(Schedule.spaced(every)))).pipe(Effect.asVoid)
   })

@@ -76,77 +76,89 @@ const isWrongRevision = (e: unknown): boolean =>
 
 const sameBytes = (a: Uint8Array, b: Uint8Array) => a.length === b.length && a.every((x, i) => x === b[i])
 
-export const makeSnapshotStore = <S>(options: SnapshotStoreOptions<S>): SnapshotStore<S> => {
-  const { kv, key, actor, incarnation } = options
-  const codec = Schema.toCodecJson(options.schema)
-  const encodeState = Schema.encodeSync(codec)
-  let revision = 0
+/** One actor's snapshot store: its options, its state codec and the revision its next write must follow. */
+interface Store<S> {
+  readonly options: SnapshotStoreOptions<S>
+  readonly codec: Schema.Codec<S, unknown>
+  revision: number
+}
 
-  const read = (operation: string) =>
-    Effect.tryPromise({
-      try: () => kv.get(key),
-      catch: (e) => new TransportError({ operation: `${operation} of ${actor}`, message: messageOf(e) })
-    })
+const read = <S>({ options: { kv, key, actor } }: Store<S>, operation: string) =>
+  Effect.tryPromise({
+    try: () => kv.get(key),
+    catch: (e) => new TransportError({ operation: `${operation} of ${actor}`, message: messageOf(e) })
+  })
 
-  const decode = (stored: { json: () => unknown }): Restored<S> | string => {
-    try {
-      const doc = Schema.decodeUnknownSync(Snapshot)(stored.json())
-      return { state: Schema.decodeUnknownSync(codec)(doc.state) as S, handled: HandledIds.from(doc.handled), revision }
-    } catch (e) {
-      return messageOf(e)
-    }
+const decode = <S>(st: Store<S>, stored: { json: () => unknown }): Restored<S> | string => {
+  try {
+    const doc = Schema.decodeUnknownSync(Snapshot)(stored.json())
+    return { state: Schema.decodeUnknownSync(st.codec)(doc.state) as S, handled: HandledIds.from(doc.handled), revision: st.revision }
+  } catch (e) {
+    return messageOf(e)
   }
+}
 
-  const restore = read("read snapshot").pipe(
+/** The stored state; one that does not decode is quarantined, then the actor starts from its initial state or fails (`corrupt`). */
+const restore = <S>(st: Store<S>) =>
+  read(st, "read snapshot").pipe(
     Effect.flatMap((stored) => {
+      const { options } = st
       if (stored === null || stored.operation !== "PUT") return Effect.succeed<Restored<S>>({ state: undefined, handled: new HandledIds(), revision: 0 })
-      revision = stored.revision
-      const restored = decode(stored)
+      st.revision = stored.revision
+      const revision = st.revision
+      const restored = decode(st, stored)
       if (typeof restored !== "string") return Effect.succeed(restored)
-      const reason = `snapshot of ${actor} (revision ${revision}) does not decode: ${restored}`
+      const reason = `snapshot of ${options.actor} (revision ${revision}) does not decode: ${restored}`
       return (options.quarantine?.(stored.value, revision, reason) ?? Effect.void).pipe(
         Effect.andThen(Effect.logError(`${reason}; quarantined, ${options.corrupt === "escalate" ? "failing the start" : "starting from the initial state"}`)),
         Effect.andThen(
           options.corrupt === "escalate"
-            ? Effect.fail(new SnapshotCorrupt({ actor, revision, reason }))
+            ? Effect.fail(new SnapshotCorrupt({ actor: options.actor, revision, reason }))
             : Effect.succeed<Restored<S>>({ state: undefined, handled: new HandledIds(), revision })
         )
       )
     })
   )
 
-  // One attempt; a wrong revision is ours when the stored bytes are the document we sent.
-  const attempt = (doc: Uint8Array, expected: number) =>
-    Effect.tryPromise({
-      try: () => kv.put(key, doc, { previousSeq: expected, ...(options.timeoutMs ? { timeout: options.timeoutMs } : {}) }),
-      catch: (e) => e
-    }).pipe(
-      Effect.catch((e) => {
-        if (!isWrongRevision(e)) {
-          return Effect.fail(new TransportError({ operation: `write snapshot of ${actor}`, message: messageOf(e) }))
-        }
-        return read("check snapshot").pipe(
-          Effect.flatMap((found) =>
-            found !== null && sameBytes(found.value, doc)
-              ? Effect.succeed(found.revision)
-              : Effect.fail(new SnapshotConflict({ actor, expectedRevision: expected, writtenBy: writer(found) }))
-          )
+// One attempt; a wrong revision is ours when the stored bytes are the document we sent.
+const attempt = <S>(st: Store<S>, doc: Uint8Array, expected: number) => {
+  const { kv, key, actor, timeoutMs } = st.options
+  return Effect.tryPromise({
+    try: () => kv.put(key, doc, { previousSeq: expected, ...(timeoutMs ? { timeout: timeoutMs } : {}) }),
+    catch: (e) => e
+  }).pipe(
+    Effect.catch((e) => {
+      if (!isWrongRevision(e)) {
+        return Effect.fail(new TransportError({ operation: `write snapshot of ${actor}`, message: messageOf(e) }))
+      }
+      return read(st, "check snapshot").pipe(
+        Effect.flatMap((found) =>
+          found !== null && sameBytes(found.value, doc)
+            ? Effect.succeed(found.revision)
+            : Effect.fail(new SnapshotConflict({ actor, expectedRevision: expected, writtenBy: writer(found) }))
         )
-      })
-    )
+      )
+    })
+  )
+}
 
-  const write = (state: S, handled: HandledIds) => {
-    const doc = encodeJson({ state: encodeState(state), handled: handled.recent(), incarnation, at: Date.now() })
-    const expected = revision
-    return attempt(doc, expected).pipe(
-      Effect.retry({ schedule: options.retry ?? defaultRetry, while: (e) => e._tag === "TransportError" }),
+const write = <S>(st: Store<S>) => {
+  const encodeState = Schema.encodeSync(st.codec)
+  return (state: S, handled: HandledIds) => {
+    const doc = encodeJson({ state: encodeState(state), handled: handled.recent(), incarnation: st.options.incarnation, at: Date.now() })
+    const expected = st.revision
+    return attempt(st, doc, expected).pipe(
+      Effect.retry({ schedule: st.options.retry ?? defaultRetry, while: (e) => e._tag === "TransportError" }),
       Effect.map((r) => {
-        revision = r
+        st.revision = r
       })
     )
   }
+}
 
-  return { restore, write }
+export const makeSnapshotStore = <S>(options: SnapshotStoreOptions<S>): SnapshotStore<S> => {
+  const st: Store<S> = { options, codec: Schema.toCodecJson(options.schema), revision: 0 }
+  return { restore: restore(st), write: write(st) }
 }
 
 const writer = (found: { json: () => unknown } | null): number | undefined => {

@@ -25,7 +25,7 @@ import type { EventChannel } from "./channel.ts"
 import { channelCounter } from "./metrics.ts"
 import { Nats, type NatsShape } from "./nats.ts"
 import { formatAddress, layout, type ActorAddress, type Layout } from "./names.ts"
-import { makeReplies, type ReplyOutcome } from "./replies.ts"
+import { makeReplies, type Replies, type ReplyOutcome } from "./replies.ts"
 import { decodeAskReply, encodePayload, formatTraceparent, requestHeaders, requestOf, tracing } from "./protocol.ts"
 
 /** A typed reference to an actor: its address and the protocol it speaks. */
@@ -177,10 +177,18 @@ const replyOf = (rpc: Rpc.Any, bytes: Uint8Array, actor: string, request: string
   }
 }
 
-const make = (options: SystemOptions) =>
+/** What `tell`, `ask` and `publishEvent` share: the connection, the run's names, the reply inbox and the channel counters. */
+interface Parts {
+  readonly run: string
+  readonly nats: NatsShape
+  readonly names: Layout
+  readonly replies: Replies
+  readonly counted: ReturnType<typeof channelCounter>
+}
+
+/** The run's journal and dead-letter streams, created when they do not exist yet. */
+const ensureStreams = (nats: NatsShape, names: Layout, options: SystemOptions) =>
   Effect.gen(function* () {
-    const nats = yield* Nats
-    const names = layout(options.run)
     yield* ensureStream(nats.jsm, {
       name: names.journalStream,
       subjects: names.journalSubjects,
@@ -197,119 +205,143 @@ const make = (options: SystemOptions) =>
       storage: StorageType.File,
       num_replicas: nats.replicas
     })
-    const replies = yield* makeReplies(nats.nc)
-    const counted = channelCounter(yield* Effect.context<never>())
-    const registry = yield* openBucket(nats, names.registryBucket)
-    const state = yield* openBucket(nats, names.stateBucket)
+  })
 
-    // A tell's or ask's span, when spans reach a backend (`tracing`), and the `traceparent` the
-    // message carries (its span, when sampled). Without `Effect.fn`'s call-site stack capture
-    // (see dispatch.ts), and not made the fiber's parent span: nothing runs inside it, and
-    // providing it costs two context updates per message (bench:runtime).
-    const inSpan = <A, E>(send: (traceparent: string | undefined) => Effect.Effect<A, E>, name: string, kind: "producer" | "client", actor: string, tag: string) =>
-      Effect.withFiber((fiber) =>
-        tracing(fiber.getRef(Tracer.Tracer))
-          ? Effect.useSpan(name, { kind, attributes: { "gyre.actor": actor, "gyre.request": tag } }, (span) =>
-              send(span.sampled ? formatTraceparent(span) : undefined)
-            )
-          : send(undefined)
-      )
+// A tell's or ask's span, when spans reach a backend (`tracing`), and the `traceparent` the
+// message carries (its span, when sampled). Without `Effect.fn`'s call-site stack capture
+// (see dispatch.ts), and not made the fiber's parent span: nothing runs inside it, and
+// providing it costs two context updates per message (bench:runtime).
+const inSpan = <A, E>(send: (traceparent: string | undefined) => Effect.Effect<A, E>, name: string, kind: "producer" | "client", actor: string, tag: string) =>
+  Effect.withFiber((fiber) =>
+    tracing(fiber.getRef(Tracer.Tracer))
+      ? Effect.useSpan(name, { kind, attributes: { "gyre.actor": actor, "gyre.request": tag } }, (span) =>
+          send(span.sampled ? formatTraceparent(span) : undefined)
+        )
+      : send(undefined)
+  )
 
-    const tell = ((ref: ActorRef<Rpc.Any>, tag: string, payload: unknown, tellOptions?: TellOptions) => {
-      const actor = formatAddress(ref.address)
-      return inSpan((traceparent) => {
-        const rpc = requestOf(ref.protocol, tag)
-        if (rpc === undefined) return Effect.die(new Error(`${tag} is not a request of ${actor}'s protocol`))
-        const msgID = tellOptions?.msgId ?? nuid.next()
-        const headers = requestHeaders(tag, undefined, tellOptions, traceparent)
-        const data = encodePayload(rpc, payload)
-        counted(`tell.${ref.address.kind}`, "out")(data.length)
-        return Effect.tryPromise({
-          try: () => nats.js.publish(names.tell(ref.address), data, { msgID, headers }),
-          catch: (e) => new TransportError({ operation: `tell ${actor} ${tag}`, message: messageOf(e) })
-        }).pipe(Effect.map((ack) => ({ seq: ack.seq, duplicate: ack.duplicate })))
-      }, "Actor.tell", "producer", actor, tag)
-    }) as ActorSystemShape["tell"]
+const tellOf = (p: Parts) =>
+  ((ref: ActorRef<Rpc.Any>, tag: string, payload: unknown, tellOptions?: TellOptions) => {
+    const actor = formatAddress(ref.address)
+    return inSpan((traceparent) => {
+      const rpc = requestOf(ref.protocol, tag)
+      if (rpc === undefined) return Effect.die(new Error(`${tag} is not a request of ${actor}'s protocol`))
+      const msgID = tellOptions?.msgId ?? nuid.next()
+      const headers = requestHeaders(tag, undefined, tellOptions, traceparent)
+      const data = encodePayload(rpc, payload)
+      p.counted(`tell.${ref.address.kind}`, "out")(data.length)
+      return Effect.tryPromise({
+        try: () => p.nats.js.publish(p.names.tell(ref.address), data, { msgID, headers }),
+        catch: (e) => new TransportError({ operation: `tell ${actor} ${tag}`, message: messageOf(e) })
+      }).pipe(Effect.map((ack) => ({ seq: ack.seq, duplicate: ack.duplicate })))
+    }, "Actor.tell", "producer", actor, tag)
+  }) as ActorSystemShape["tell"]
 
-    const ask = ((ref: ActorRef<Rpc.Any>, tag: string, payload: unknown, askOptions?: AskOptions) => {
-      const actor = formatAddress(ref.address)
-      return inSpan((traceparent) => {
-        const rpc = requestOf(ref.protocol, tag)
-        if (rpc === undefined) return Effect.die(new Error(`${tag} is not a request of ${actor}'s protocol`))
-        const timeoutMs = askOptions?.timeoutMs ?? defaultAskTimeoutMs
-        const resendMs = askOptions?.resendMs ?? defaultAskResendMs
-        const headers = requestHeaders(tag, askOptions?.msgId ?? nuid.next(), askOptions, traceparent)
-        const data = encodePayload(rpc, payload)
-        counted(`ask.${ref.address.kind}`, "out")(data.length)
-        const subject = names.ask(ref.address)
-        // One callback from the reply to the decoded answer: no step between.
-        return Effect.callback<unknown, unknown>((resume) => {
-          const deadline = performance.now() + timeoutMs
-          let cancel: () => void
-          const send = () => {
-            const left = deadline - performance.now()
-            // The wait that runs to the deadline is the last, even when its timer fires a
-            // little early (Node's timers start from the loop's cached clock).
-            const last = resendMs >= left
-            cancel = replies.request(subject, data, headers, Math.min(resendMs, left), (o) => {
-              if (o._tag === "Reply") return resume(replyOf(rpc, o.msg.data, actor, tag))
-              // Unanswered: the request or its reply may have been lost; again, with the same id.
-              if (o._tag === "Timeout" && !last && deadline - performance.now() >= 1) send()
-              else resume(Effect.fail(askError(o, actor, tag, timeoutMs)))
-            })
-          }
-          send()
-          // Interrupted: nothing more is sent, and a reply still to come is not heard.
-          return Effect.sync(() => cancel())
-        })
-      }, "Actor.ask", "client", actor, tag)
-    }) as ActorSystemShape["ask"]
-
-    // A value its own schema refuses is a bug of the publisher: a defect, not a transport failure to retry.
-    const publishEvent = <A>(channel: EventChannel<A>, event: A, o: EventOptions = {}) =>
-      Effect.try({ try: () => channel.encode(event), catch: (e) => e }).pipe(
-        Effect.orDie,
-        Effect.tap((data) => Effect.sync(() => counted(`sys.${channel.name}`, "out")(data.length))),
-        Effect.flatMap((data) =>
-          Effect.tryPromise({
-            try: () =>
-              nats.js.publish(channel.subject(options.run), data, {
-                ...(o.msgId === undefined ? {} : { msgID: o.msgId }),
-                ...(o.expectLastSeq === undefined ? {} : { expect: { lastSubjectSequence: o.expectLastSeq } })
-              }),
-            catch: (e) => new TransportError({ operation: `publish event ${channel.name}`, message: messageOf(e) })
-          })
-        ),
-        Effect.map((ack) => ({ seq: ack.seq }))
-      )
-
-    // One interval while copies come (stopped by the first tick that finds none): an ask adds
-    // its copy to an array and arms nothing.
-    let copies: Array<[string, Uint8Array, MsgHdrs | undefined]> = []
-    let ticker: ReturnType<typeof setInterval> | undefined
-    const writeCopies = () => {
-      const batch = copies
-      copies = []
-      for (const [subject, data, headers] of batch) nats.journalNc.publish(subject, data, headers ? { headers } : {})
+/**
+ * Sends an ask and resends it with the same id while unanswered (the module comment), in one
+ * callback from the reply to the decoded answer: no step between.
+ */
+const askWithResends = (p: Parts, rpc: Rpc.Any, subject: string, data: Uint8Array, headers: MsgHdrs, actor: string, tag: string, timeoutMs: number, resendMs: number) =>
+  Effect.callback<unknown, unknown>((resume) => {
+    const deadline = performance.now() + timeoutMs
+    let cancel: () => void
+    const send = () => {
+      const left = deadline - performance.now()
+      // The wait that runs to the deadline is the last, even when its timer fires a
+      // little early (Node's timers start from the loop's cached clock).
+      const last = resendMs >= left
+      cancel = p.replies.request(subject, data, headers, Math.min(resendMs, left), (o) => {
+        if (o._tag === "Reply") return resume(replyOf(rpc, o.msg.data, actor, tag))
+        // Unanswered: the request or its reply may have been lost; again, with the same id.
+        if (o._tag === "Timeout" && !last && deadline - performance.now() >= 1) send()
+        else resume(Effect.fail(askError(o, actor, tag, timeoutMs)))
+      })
     }
+    send()
+    // Interrupted: nothing more is sent, and a reply still to come is not heard.
+    return Effect.sync(() => cancel())
+  })
+
+const askOf = (p: Parts) =>
+  ((ref: ActorRef<Rpc.Any>, tag: string, payload: unknown, askOptions?: AskOptions) => {
+    const actor = formatAddress(ref.address)
+    return inSpan((traceparent) => {
+      const rpc = requestOf(ref.protocol, tag)
+      if (rpc === undefined) return Effect.die(new Error(`${tag} is not a request of ${actor}'s protocol`))
+      const timeoutMs = askOptions?.timeoutMs ?? defaultAskTimeoutMs
+      const resendMs = askOptions?.resendMs ?? defaultAskResendMs
+      const headers = requestHeaders(tag, askOptions?.msgId ?? nuid.next(), askOptions, traceparent)
+      const data = encodePayload(rpc, payload)
+      p.counted(`ask.${ref.address.kind}`, "out")(data.length)
+      return askWithResends(p, rpc, p.names.ask(ref.address), data, headers, actor, tag, timeoutMs, resendMs)
+    }, "Actor.ask", "client", actor, tag)
+  }) as ActorSystemShape["ask"]
+
+// A value its own schema refuses is a bug of the publisher: a defect, not a transport failure to retry.
+const publishEventOf = (p: Parts) => <A>(channel: EventChannel<A>, event: A, o: EventOptions = {}) =>
+  Effect.try({ try: () => channel.encode(event), catch: (e) => e }).pipe(
+    Effect.orDie,
+    Effect.tap((data) => Effect.sync(() => p.counted(`sys.${channel.name}`, "out")(data.length))),
+    Effect.flatMap((data) =>
+      Effect.tryPromise({
+        try: () =>
+          p.nats.js.publish(channel.subject(p.run), data, {
+            ...(o.msgId === undefined ? {} : { msgID: o.msgId }),
+            ...(o.expectLastSeq === undefined ? {} : { expect: { lastSubjectSequence: o.expectLastSeq } })
+          }),
+        catch: (e) => new TransportError({ operation: `publish event ${channel.name}`, message: messageOf(e) })
+      })
+    ),
+    Effect.map((ack) => ({ seq: ack.seq }))
+  )
+
+/** Copies of answered asks waiting for the journal, and the interval that writes them while they come. */
+interface JournalCopies {
+  copies: Array<[string, Uint8Array, MsgHdrs | undefined]>
+  ticker: ReturnType<typeof setInterval> | undefined
+}
+
+const writeCopies = (nats: NatsShape, j: JournalCopies) => {
+  const batch = j.copies
+  j.copies = []
+  for (const [subject, data, headers] of batch) nats.journalNc.publish(subject, data, headers ? { headers } : {})
+}
+
+// One interval while copies come (stopped by the first tick that finds none): an ask adds
+// its copy to an array and arms nothing. What is outstanding is written when the scope closes.
+const journalCopier = (nats: NatsShape) =>
+  Effect.gen(function* () {
+    const j: JournalCopies = { copies: [], ticker: undefined }
     const tick = () => {
-      if (copies.length > 0) return writeCopies()
-      clearInterval(ticker)
-      ticker = undefined
-    }
-    const copyToJournal: ActorSystemShape["copyToJournal"] = (subject, data, headers) => {
-      copies.push([subject, data, headers])
-      ticker ??= setInterval(tick, 2)
+      if (j.copies.length > 0) return writeCopies(nats, j)
+      clearInterval(j.ticker)
+      j.ticker = undefined
     }
     yield* Effect.addFinalizer(() =>
       Effect.sync(() => {
-        if (ticker !== undefined) clearInterval(ticker)
-        writeCopies()
+        if (j.ticker !== undefined) clearInterval(j.ticker)
+        writeCopies(nats, j)
       })
     )
-
-    return { run: options.run, layout: names, nats, registry, state, tell, ask, publishEvent, copyToJournal } satisfies ActorSystemShape
+    const copyToJournal: ActorSystemShape["copyToJournal"] = (subject, data, headers) => {
+      j.copies.push([subject, data, headers])
+      j.ticker ??= setInterval(tick, 2)
+    }
+    return copyToJournal
   })
+
+const make = Effect.fn("ActorSystem.make")(function* (options: SystemOptions) {
+  const nats = yield* Nats
+  const names = layout(options.run)
+  yield* ensureStreams(nats, names, options)
+  const replies = yield* makeReplies(nats.nc)
+  const counted = channelCounter(yield* Effect.context<never>())
+  const registry = yield* openBucket(nats, names.registryBucket)
+  const state = yield* openBucket(nats, names.stateBucket)
+  const p: Parts = { run: options.run, nats, names, replies, counted }
+  const copyToJournal = yield* journalCopier(nats)
+  return { run: options.run, layout: names, nats, registry, state, tell: tellOf(p), ask: askOf(p), publishEvent: publishEventOf(p), copyToJournal } satisfies ActorSystemShape
+})
 
 /**
  * The system as one incarnation of an actor uses it: its tells and asks carry its address and

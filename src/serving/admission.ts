@@ -18,87 +18,110 @@ import { WorkerUnavailable, type FinishReason } from "../protocols/rollout.ts"
 import { resultOf, type Generation } from "./generation.ts"
 import type { KvPool } from "./kv-pool.ts"
 
-export const makeLanes = (pool: KvPool, options: { readonly worker: string; readonly maxBatch: number }) => {
-  const waiting: Array<Generation> = []
-  const running: Array<Generation> = []
-  const answer = (g: Generation, reason: FinishReason) => Deferred.doneUnsafe(g.done, Effect.succeed(resultOf(g, reason, options.worker)))
-  const fail = (g: Generation, reason: string) => Deferred.doneUnsafe(g.done, Effect.fail(new WorkerUnavailable({ worker: options.worker, reason })))
+/** The two lanes of generations and the admission state. */
+interface LanesState {
+  readonly pool: KvPool
+  readonly worker: string
+  readonly maxBatch: number
+  readonly waiting: Array<Generation>
+  readonly running: Array<Generation>
   /** A generation was preempted and none has ended since: admit only into an empty batch. */
-  let pressure = false
-  let preemptions = 0
+  pressure: boolean
+  preemptions: number
+}
 
-  /** Takes a generation out of the running lane; false when it was not there. */
-  const leave = (g: Generation): boolean => {
-    const at = running.indexOf(g)
-    if (at >= 0) running.splice(at, 1)
-    return at >= 0
-  }
+const answer = (s: LanesState, g: Generation, reason: FinishReason) => Deferred.doneUnsafe(g.done, Effect.succeed(resultOf(g, reason, s.worker)))
 
-  /** Ends a running generation: its sequence becomes a cached context. */
-  const finish = (g: Generation, reason: FinishReason) =>
-    Effect.gen(function* () {
-      if (!leave(g)) return
-      pressure = false
-      yield* pool.keep(g)
-      answer(g, reason)
-    })
+const fail = (s: LanesState, g: Generation, reason: string) =>
+  Deferred.doneUnsafe(g.done, Effect.fail(new WorkerUnavailable({ worker: s.worker, reason })))
 
-  /** Back to the head of the queue, its sequence kept as a context to resume from. */
-  const preempt = (g: Generation) =>
-    Effect.gen(function* () {
-      leave(g)
-      g.preemptedAt = yield* pool.keep(g)
-      g.seq = -1
-      waiting.unshift(g)
-      pressure = true
-      preemptions++
-    })
+/** Takes a generation out of the running lane; false when it was not there. */
+const leave = (s: LanesState, g: Generation): boolean => {
+  const at = s.running.indexOf(g)
+  if (at >= 0) s.running.splice(at, 1)
+  return at >= 0
+}
 
+/** Ends a running generation: its sequence becomes a cached context. */
+const finish = (s: LanesState) => (g: Generation, reason: FinishReason) =>
+  Effect.gen(function* () {
+    if (!leave(s, g)) return
+    s.pressure = false
+    yield* s.pool.keep(g)
+    answer(s, g, reason)
+  })
+
+/** Back to the head of the queue, its sequence kept as a context to resume from. */
+const preempt = (s: LanesState, g: Generation) =>
+  Effect.gen(function* () {
+    leave(s, g)
+    g.preemptedAt = yield* s.pool.keep(g)
+    g.seq = -1
+    s.waiting.unshift(g)
+    s.pressure = true
+    s.preemptions++
+  })
+
+/** Admits waiting generations in arrival order while the batch has room. */
+const admit = (s: LanesState) =>
+  Effect.gen(function* () {
+    while (s.running.length < s.maxBatch && s.waiting.length > 0 && !(s.pressure && s.running.length > 0)) {
+      const g = s.waiting.shift()!
+      if (g.cancelled) {
+        answer(s, g, "cancelled")
+        continue
+      }
+      yield* s.pool.start(g)
+      s.running.push(g)
+    }
+  })
+
+/** Makes room in the pool: drops a cached context, else preempts the youngest generation. */
+const makeRoom = (s: LanesState) =>
+  Effect.gen(function* () {
+    if (yield* s.pool.evictOldest) return
+    const youngest = s.running.at(-1)
+    if (youngest === undefined) return
+    if (s.running.length > 1) return yield* preempt(s, youngest)
+    leave(s, youngest)
+    yield* s.pool.free(youngest.seq)
+    fail(s, youngest, "the KV pool is held by contexts pinned for a hand-off")
+  })
+
+/** Fails every generation (the engine step failed): `WorkerUnavailable`, the gateway retries elsewhere. */
+const failAll = (s: LanesState) => (reason: string) =>
+  Effect.gen(function* () {
+    for (const g of [...s.running, ...s.waiting.splice(0)]) {
+      if (leave(s, g)) yield* s.pool.free(g.seq)
+      fail(s, g, reason)
+    }
+  })
+
+/** Answers every generation as cancelled (the batcher's scope closes). */
+const cancelAll = (s: LanesState) =>
+  Effect.sync(() => {
+    for (const g of [...s.running, ...s.waiting]) g.cancelled = true
+    for (const g of s.waiting.splice(0)) answer(s, g, "cancelled")
+    for (const g of s.running.splice(0)) answer(s, g, "cancelled")
+  })
+
+/** The lanes of one batcher over its pool (the module comment). */
+export const makeLanes = (pool: KvPool, options: { readonly worker: string; readonly maxBatch: number }) => {
+  const s: LanesState = { pool, worker: options.worker, maxBatch: options.maxBatch, waiting: [], running: [], pressure: false, preemptions: 0 }
   return {
-    waiting,
-    running,
+    waiting: s.waiting,
+    running: s.running,
     get idle() {
-      return running.length === 0 && waiting.length === 0
+      return s.running.length === 0 && s.waiting.length === 0
     },
     get preemptions() {
-      return preemptions
+      return s.preemptions
     },
-    finish,
-    admit: Effect.gen(function* () {
-      while (running.length < options.maxBatch && waiting.length > 0 && !(pressure && running.length > 0)) {
-        const g = waiting.shift()!
-        if (g.cancelled) {
-          answer(g, "cancelled")
-          continue
-        }
-        yield* pool.start(g)
-        running.push(g)
-      }
-    }),
-    /** Makes room in the pool: drops a cached context, else preempts the youngest generation. */
-    makeRoom: Effect.gen(function* () {
-      if (yield* pool.evictOldest) return
-      const youngest = running.at(-1)
-      if (youngest === undefined) return
-      if (running.length > 1) return yield* preempt(youngest)
-      leave(youngest)
-      yield* pool.free(youngest.seq)
-      fail(youngest, "the KV pool is held by contexts pinned for a hand-off")
-    }),
-    /** Fails every generation (the engine step failed): `WorkerUnavailable`, the gateway retries elsewhere. */
-    failAll: (reason: string) =>
-      Effect.gen(function* () {
-        for (const g of [...running, ...waiting.splice(0)]) {
-          if (leave(g)) yield* pool.free(g.seq)
-          fail(g, reason)
-        }
-      }),
-    /** Answers every generation as cancelled (the batcher's scope closes). */
-    cancelAll: Effect.sync(() => {
-      for (const g of [...running, ...waiting]) g.cancelled = true
-      for (const g of waiting.splice(0)) answer(g, "cancelled")
-      for (const g of running.splice(0)) answer(g, "cancelled")
-    })
+    finish: finish(s),
+    admit: admit(s),
+    makeRoom: makeRoom(s),
+    failAll: failAll(s),
+    cancelAll: cancelAll(s)
   }
 }
 

@@ -28,14 +28,14 @@
  * switch (`role-switch.ts`) `pause`s every generation at a step boundary, exports their
  * contexts and every execution's latest one, and `resume`s admission when it serves again.
  */
-import { Deferred, Effect, Latch, Semaphore } from "effect"
-import type { KvCache, SequenceInput } from "../engine/kvcache.ts"
+import { Context, Deferred, Effect, Latch, Layer, Semaphore, type Scope } from "effect"
+import type { ForwardResult, KvCache, SequenceInput } from "../engine/kvcache.ts"
 import type { NativeError } from "../engine/native.ts"
 import { CacheMiss, ContextTooLong, WorkerUnavailable, type FinishReason, type GenerateResult, type WorkerLoad } from "../protocols/rollout.ts"
-import { makeLanes } from "./admission.ts"
+import { makeLanes, type Lanes } from "./admission.ts"
 import { acceptSample, newGeneration, type GenerateJob, type Generation } from "./generation.ts"
 import { makeKvHandoff, type KvHandoff } from "./kv-handoff.ts"
-import { makeKvPool } from "./kv-pool.ts"
+import { makeKvPool, type KvPool } from "./kv-pool.ts"
 import type { Pacer } from "./pace.ts"
 import { planStep, type StepInput } from "./step-plan.ts"
 
@@ -62,7 +62,7 @@ const stepAmounts = (inputs: ReadonlyArray<StepInput>) => {
   return { decode: decoding.length > 0 ? 1 : 0, prefill: inputs.reduce((s, i) => s + i.take, 0) - decoding.length }
 }
 
-export interface Batcher extends KvHandoff {
+export interface BatcherShape extends KvHandoff {
   readonly generate: (job: GenerateJob) => Effect.Effect<GenerateResult, CacheMiss | ContextTooLong | WorkerUnavailable>
   /** Marks a generation cancelled; it answers with what it has at the next step. */
   readonly cancel: (request: string) => boolean
@@ -86,201 +86,269 @@ export interface Batcher extends KvHandoff {
   readonly counters: () => { readonly steps: number; readonly tokens: number }
 }
 
-/** Starts the loop in the current scope; generations still running when it closes are cancelled. */
-export const makeBatcher = (cache: KvCache, options: BatcherOptions) =>
+/** What the batcher's loop and operations share: its pool, lanes and lock, and the figures of its load. */
+interface BatcherState {
+  readonly cache: KvCache
+  readonly options: BatcherOptions
+  /** The smaller of `maxContext` and the pool's size, and which of the two it is. */
+  readonly contextLimit: number
+  readonly bound: "kv-pool" | "model"
+  readonly pool: KvPool
+  readonly lanes: Lanes
+  /** Held by a step, and by what must run between steps (release, weight swap, hand-off). */
+  readonly stepLock: Semaphore.Semaphore
+  /** Opened when there is work for an idle loop. */
+  readonly wake: Latch.Latch
+  /** Completed when the lanes are next idle (`drain`, `pause`). */
+  readonly idleWaiters: Array<Deferred.Deferred<void>>
+  /** Policy version of the weights in the engine. */
+  version: number
+  draining: boolean
+  generated: number
+  processed: number
+  steps: number
+  readonly answered: { promptTokens: number; cachedTokens: number; reprefillTokens: number }
+  rate: { at: number; generated: number; perSecond: number }
+  blocks: { free: number; used: number }
+}
+
+const load = (s: BatcherState): WorkerLoad => ({
+  activeSequences: s.lanes.running.length + s.lanes.waiting.length,
+  cachedExecutions: s.pool.contexts.executions,
+  freeBlocks: s.blocks.free,
+  usedBlocks: s.blocks.used,
+  tokensPerSecond: s.rate.perSecond,
+  version: s.version,
+  draining: s.draining,
+  processedTokens: s.processed,
+  ...s.answered,
+  evictedContexts: s.pool.contexts.evicted,
+  preemptions: s.lanes.preemptions,
+  ...(s.options.pacer?.pace === undefined ? {} : s.options.pacer.counts())
+})
+
+const sequenceInput = ({ g, take }: StepInput): SequenceInput => ({
+  seq: g.seq,
+  tokens: g.pending.subarray(g.appended, g.appended + take),
+  sampling: { temperature: g.job.sampling.temperature, topP: g.job.sampling.topP, seed: g.seed }
+})
+
+/**
+ * Books a step's forward on its generations: their compute time and appended tokens, and a
+ * sample for each whose prompt is in. Fills `anchored` (prompt in but its last token) and `ended`.
+ */
+const account = (
+  s: BatcherState,
+  inputs: ReadonlyArray<StepInput>,
+  result: ForwardResult,
+  ms: number,
+  stepVersion: number,
+  anchored: Array<Generation>,
+  ended: Array<[Generation, FinishReason]>
+) => {
+  s.steps++
+  const total = inputs.reduce((sum, i) => sum + i.take, 0)
+  s.processed += total
+  inputs.forEach(({ g, take }, i) => {
+    g.computeMs += (ms * take) / total
+    g.appended += take
+    if (g.anchorPrompt && g.appended === g.pending.length - 1) anchored.push(g)
+    if (g.appended < g.pending.length) return
+    s.generated++
+    const reason = acceptSample(g, result.sampled![i]!, result.sampledLogprobs![i]!, stepVersion)
+    if (reason !== undefined) ended.push([g, reason])
+  })
+}
+
+/** One engine step over the running generations (the module comment). Built once per batcher: the hot decode path. */
+const step = (s: BatcherState) =>
   Effect.gen(function* () {
-    const stats = yield* cache.stats()
-    const poolTokens = stats.numBlocks * stats.blockTokens
-    const contextLimit = Math.min(options.maxContext, poolTokens)
-    const bound = poolTokens < options.maxContext ? "kv-pool" : "model"
-    const pool = makeKvPool(cache, options.contextsPerExecution)
-    const lanes = makeLanes(pool, options)
-    const { waiting, running } = lanes
-    const stepLock = yield* Semaphore.make(1)
-    const wake = yield* Latch.make(false)
-    let version = options.version
-    let draining = false
-    let idleWaiters: Array<Deferred.Deferred<void>> = []
-    let generated = 0
-    let processed = 0
-    const answered = { promptTokens: 0, cachedTokens: 0, reprefillTokens: 0 }
-    let steps = 0
-    let rate = { at: performance.now(), generated: 0, perSecond: 0 }
-    let blocks = { free: stats.freeBlocks, used: stats.usedBlocks }
+    const { lanes, options } = s
+    yield* lanes.admit
+    for (const g of lanes.running.filter((g) => g.cancelled)) yield* lanes.finish(g, "cancelled")
+    if (lanes.running.length === 0) return
+    const inputs = planStep(lanes.running, options.prefillChunk)
+    const batch = inputs.map(sequenceInput)
+    const stepVersion = s.version
+    const started = performance.now()
+    const forward = s.cache.forward(batch, "none")
+    const result = yield* (options.pacer === undefined ? forward : options.pacer.paced(forward, stepAmounts(inputs))).pipe(
+      Effect.map((r) => r as typeof r | undefined),
+      Effect.catchTag("OutOfKvBlocks", () => lanes.makeRoom.pipe(Effect.as(undefined)))
+    )
+    if (result === undefined) return
+    const ended: Array<[Generation, FinishReason]> = []
+    const anchored: Array<Generation> = []
+    account(s, inputs, result, performance.now() - started, stepVersion, anchored, ended)
+    for (const g of anchored) yield* s.pool.anchor(g)
+    for (const [g, reason] of ended) yield* lanes.finish(g, reason)
+  })
 
-    const load = (): WorkerLoad => ({
-      activeSequences: running.length + waiting.length,
-      cachedExecutions: pool.contexts.executions,
-      freeBlocks: blocks.free,
-      usedBlocks: blocks.used,
-      tokensPerSecond: rate.perSecond,
-      version,
-      draining,
-      processedTokens: processed,
-      ...answered,
-      evictedContexts: pool.contexts.evicted,
-      preemptions: lanes.preemptions,
-      ...(options.pacer?.pace === undefined ? {} : options.pacer.counts())
-    })
+/** After a step (and before idling): the token rate, the pool's blocks, `onLoad`, and the idle waiters. */
+const report = (s: BatcherState) =>
+  Effect.gen(function* () {
+    const now = performance.now()
+    if (now - s.rate.at >= 1000) s.rate = { at: now, generated: s.generated, perSecond: ((s.generated - s.rate.generated) * 1000) / (now - s.rate.at) }
+    const stats = yield* s.cache.stats()
+    s.blocks = { free: stats.freeBlocks, used: stats.usedBlocks }
+    s.options.onLoad?.(load(s))
+    if (s.lanes.idle) for (const d of s.idleWaiters.splice(0)) Deferred.doneUnsafe(d, Effect.void)
+  })
 
-    const step = Effect.gen(function* () {
-      yield* lanes.admit
-      for (const g of running.filter((g) => g.cancelled)) yield* lanes.finish(g, "cancelled")
-      if (running.length === 0) return
-      const inputs = planStep(running, options.prefillChunk)
-      const batch: Array<SequenceInput> = inputs.map(({ g, take }) => ({
-        seq: g.seq,
-        tokens: g.pending.subarray(g.appended, g.appended + take),
-        sampling: { temperature: g.job.sampling.temperature, topP: g.job.sampling.topP, seed: g.seed }
-      }))
-      const stepVersion = version
-      const started = performance.now()
-      const forward = cache.forward(batch, "none")
-      const result = yield* (options.pacer === undefined ? forward : options.pacer.paced(forward, stepAmounts(inputs))).pipe(
-        Effect.map((r) => r as typeof r | undefined),
-        Effect.catchTag("OutOfKvBlocks", () => lanes.makeRoom.pipe(Effect.as(undefined)))
-      )
-      if (result === undefined) return
-      const ms = performance.now() - started
-      steps++
-      const total = inputs.reduce((s, i) => s + i.take, 0)
-      processed += total
-      const ended: Array<[Generation, FinishReason]> = []
-      const anchored: Array<Generation> = []
-      inputs.forEach(({ g, take }, i) => {
-        g.computeMs += (ms * take) / total
-        g.appended += take
-        if (g.anchorPrompt && g.appended === g.pending.length - 1) anchored.push(g)
-        if (g.appended < g.pending.length) return
-        generated++
-        const reason = acceptSample(g, result.sampled![i]!, result.sampledLogprobs![i]!, stepVersion)
-        if (reason !== undefined) ended.push([g, reason])
-      })
-      for (const g of anchored) yield* pool.anchor(g)
-      for (const [g, reason] of ended) yield* lanes.finish(g, reason)
-    })
-
-    const report = Effect.gen(function* () {
-      const now = performance.now()
-      if (now - rate.at >= 1000) rate = { at: now, generated, perSecond: ((generated - rate.generated) * 1000) / (now - rate.at) }
-      const s = yield* cache.stats()
-      blocks = { free: s.freeBlocks, used: s.usedBlocks }
-      options.onLoad?.(load())
-      if (lanes.idle) for (const d of idleWaiters.splice(0)) Deferred.doneUnsafe(d, Effect.void)
-    })
-
-    const loop = Effect.gen(function* () {
-      while (true) {
-        if (lanes.idle) {
-          yield* report
-          wake.closeUnsafe()
-          if (lanes.idle) yield* wake.await
-        }
-        yield* stepLock.withPermit(step).pipe(
-          Effect.catchCause((cause) =>
-            Effect.logError(`${options.worker}: engine step failed; failing its generations`, cause).pipe(
-              Effect.andThen(lanes.failAll(`engine step failed: ${String(cause)}`))
-            )
-          )
-        )
-        yield* report.pipe(Effect.catchCause(() => Effect.void))
+/** Steps while there is work, else waits for `wake`; a failed step fails its generations. */
+const loop = (s: BatcherState) => {
+  const once = step(s)
+  const reported = report(s)
+  return Effect.gen(function* () {
+    while (true) {
+      if (s.lanes.idle) {
+        yield* reported
+        s.wake.closeUnsafe()
+        if (s.lanes.idle) yield* s.wake.await
       }
-    })
-    yield* Effect.forkScoped(loop)
-    yield* Effect.addFinalizer(() => lanes.cancelAll)
-
-    const generate: Batcher["generate"] = (job) =>
-      Effect.suspend((): Effect.Effect<GenerateResult, CacheMiss | ContextTooLong | WorkerUnavailable> => {
-        if (draining) return Effect.fail(new WorkerUnavailable({ worker: options.worker, reason: "draining" }))
-        const resolved = pool.contexts.resolvePrompt(job.execution, job.base, job.prompt)
-        if ("miss" in resolved) return Effect.fail(new CacheMiss({ execution: job.execution, reason: resolved.miss }))
-        const prompt = resolved.prompt
-        if (prompt.length === 0 || prompt.length >= contextLimit) {
-          return Effect.fail(new ContextTooLong({ tokens: prompt.length, limit: contextLimit, bound }))
-        }
-        const g = newGeneration(job, prompt, contextLimit, Deferred.makeUnsafe())
-        waiting.push(g)
-        wake.openUnsafe()
-        return Deferred.await(g.done).pipe(
-          Effect.tap((r) =>
-            Effect.sync(() => {
-              answered.promptTokens += r.promptTokens
-              answered.cachedTokens += r.cachedTokens
-              answered.reprefillTokens += r.reprefillTokens
-            })
-          ),
-          Effect.onInterrupt(() =>
-            Effect.sync(() => {
-              g.cancelled = true
-            })
+      yield* s.stepLock.withPermit(once).pipe(
+        Effect.catchCause((cause) =>
+          Effect.logError(`${s.options.worker}: engine step failed; failing its generations`, cause).pipe(
+            Effect.andThen(s.lanes.failAll(`engine step failed: ${String(cause)}`))
           )
         )
-      })
-
-    const cancel: Batcher["cancel"] = (request) => {
-      const g = [...running, ...waiting].find((x) => x.job.request === request)
-      if (g === undefined) return false
-      g.cancelled = true
-      wake.openUnsafe()
-      return true
+      )
+      yield* reported.pipe(Effect.catchCause(() => Effect.void))
     }
+  })
+}
 
-    const release: Batcher["release"] = (execution) =>
-      stepLock.withPermit(
-        Effect.gen(function* () {
-          const before = (yield* cache.stats()).freeBlocks
-          yield* pool.release(execution)
-          const after = yield* cache.stats()
-          blocks = { free: after.freeBlocks, used: after.usedBlocks }
-          return after.freeBlocks - before
+const generate = (s: BatcherState): BatcherShape["generate"] => (job) =>
+  Effect.suspend((): Effect.Effect<GenerateResult, CacheMiss | ContextTooLong | WorkerUnavailable> => {
+    if (s.draining) return Effect.fail(new WorkerUnavailable({ worker: s.options.worker, reason: "draining" }))
+    const resolved = s.pool.contexts.resolvePrompt(job.execution, job.base, job.prompt)
+    if ("miss" in resolved) return Effect.fail(new CacheMiss({ execution: job.execution, reason: resolved.miss }))
+    const prompt = resolved.prompt
+    if (prompt.length === 0 || prompt.length >= s.contextLimit) {
+      return Effect.fail(new ContextTooLong({ tokens: prompt.length, limit: s.contextLimit, bound: s.bound }))
+    }
+    const g = newGeneration(job, prompt, s.contextLimit, Deferred.makeUnsafe())
+    s.lanes.waiting.push(g)
+    s.wake.openUnsafe()
+    return Deferred.await(g.done).pipe(
+      Effect.tap((r) =>
+        Effect.sync(() => {
+          s.answered.promptTokens += r.promptTokens
+          s.answered.cachedTokens += r.cachedTokens
+          s.answered.reprefillTokens += r.reprefillTokens
+        })
+      ),
+      Effect.onInterrupt(() =>
+        Effect.sync(() => {
+          g.cancelled = true
         })
       )
+    )
+  })
 
-    /** Stops admitting, cancels the generations unless `finishRunning`; resolves once idle with those it cancelled. */
-    const stop = (finishRunning: boolean) =>
+const cancel = (s: BatcherState): BatcherShape["cancel"] => (request) => {
+  const g = [...s.lanes.running, ...s.lanes.waiting].find((x) => x.job.request === request)
+  if (g === undefined) return false
+  g.cancelled = true
+  s.wake.openUnsafe()
+  return true
+}
+
+const release = (s: BatcherState): BatcherShape["release"] =>
+  Effect.fn("Batcher.release")(function* (execution) {
+    return yield* s.stepLock.withPermit(
       Effect.gen(function* () {
-        draining = true
-        const cancelled = finishRunning ? [] : [...running, ...waiting].filter((g) => !g.cancelled)
-        for (const g of cancelled) g.cancelled = true
-        wake.openUnsafe()
-        if (!lanes.idle) {
-          const idle = Deferred.makeUnsafe<void>()
-          idleWaiters.push(idle)
-          yield* Deferred.await(idle)
-        }
-        options.onLoad?.(load())
-        return cancelled
+        const before = (yield* s.cache.stats()).freeBlocks
+        yield* s.pool.release(execution)
+        const after = yield* s.cache.stats()
+        s.blocks = { free: after.freeBlocks, used: after.usedBlocks }
+        return after.freeBlocks - before
       })
-    const drain: Batcher["drain"] = (finishRunning) => stop(finishRunning).pipe(Effect.map((cancelled) => cancelled.length))
-    const pause: Batcher["pause"] = stop(false).pipe(Effect.map((paused) => paused.map((g) => ({ execution: g.job.execution, request: g.job.request }))))
-    const resume: Batcher["resume"] = () => {
-      draining = false
-      options.onLoad?.(load())
-    }
+    )
+  })
 
-    const swapWeights: Batcher["swapWeights"] = (apply, next) =>
-      stepLock.withPermit(
-        apply.pipe(
-          Effect.tap(() =>
-            Effect.sync(() => {
-              version = next
-              options.onLoad?.(load())
-            })
-          )
+/** Stops admitting, cancels the generations unless `finishRunning`; resolves once idle with those it cancelled. */
+const stop = (s: BatcherState, finishRunning: boolean) =>
+  Effect.gen(function* () {
+    s.draining = true
+    const cancelled = finishRunning ? [] : [...s.lanes.running, ...s.lanes.waiting].filter((g) => !g.cancelled)
+    for (const g of cancelled) g.cancelled = true
+    s.wake.openUnsafe()
+    if (!s.lanes.idle) {
+      const idle = Deferred.makeUnsafe<void>()
+      s.idleWaiters.push(idle)
+      yield* Deferred.await(idle)
+    }
+    s.options.onLoad?.(load(s))
+    return cancelled
+  })
+
+const swapWeights = (s: BatcherState): BatcherShape["swapWeights"] =>
+  Effect.fn("Batcher.swapWeights")(function* (apply, next) {
+    yield* s.stepLock.withPermit(
+      apply.pipe(
+        Effect.tap(() =>
+          Effect.sync(() => {
+            s.version = next
+            s.options.onLoad?.(load(s))
+          })
         )
       )
-
-    return {
-      generate,
-      cancel,
-      release,
-      drain,
-      pause,
-      resume,
-      executions: () => pool.contexts.ids(),
-      swapWeights,
-      load,
-      counters: () => ({ steps, tokens: generated }),
-      ...makeKvHandoff(cache, pool, stepLock)
-    } satisfies Batcher
+    )
   })
+
+/** The batcher's state over a fresh pool of `cache`. */
+const initialState = Effect.fnUntraced(function* (cache: KvCache, options: BatcherOptions) {
+  const stats = yield* cache.stats()
+  const poolTokens = stats.numBlocks * stats.blockTokens
+  const pool = makeKvPool(cache, options.contextsPerExecution)
+  const s: BatcherState = {
+    cache,
+    options,
+    contextLimit: Math.min(options.maxContext, poolTokens),
+    bound: poolTokens < options.maxContext ? "kv-pool" : "model",
+    pool,
+    lanes: makeLanes(pool, options),
+    stepLock: yield* Semaphore.make(1),
+    wake: yield* Latch.make(false),
+    idleWaiters: [],
+    version: options.version,
+    draining: false,
+    generated: 0,
+    processed: 0,
+    steps: 0,
+    answered: { promptTokens: 0, cachedTokens: 0, reprefillTokens: 0 },
+    rate: { at: performance.now(), generated: 0, perSecond: 0 },
+    blocks: { free: stats.freeBlocks, used: stats.usedBlocks }
+  }
+  return s
+})
+
+/** Starts the loop in the current scope; generations still running when it closes are cancelled. */
+export const makeBatcher = Effect.fn("Batcher.make")(function* (cache: KvCache, options: BatcherOptions) {
+  const s = yield* initialState(cache, options)
+  yield* Effect.forkScoped(loop(s))
+  yield* Effect.addFinalizer(() => s.lanes.cancelAll)
+  return {
+    generate: generate(s),
+    cancel: cancel(s),
+    release: release(s),
+    drain: (finishRunning) => stop(s, finishRunning).pipe(Effect.map((cancelled) => cancelled.length)),
+    pause: stop(s, false).pipe(Effect.map((paused) => paused.map((g) => ({ execution: g.job.execution, request: g.job.request })))),
+    resume: () => {
+      s.draining = false
+      s.options.onLoad?.(load(s))
+    },
+    executions: () => s.pool.contexts.ids(),
+    swapWeights: swapWeights(s),
+    load: () => load(s),
+    counters: () => ({ steps: s.steps, tokens: s.generated }),
+    ...makeKvHandoff(cache, s.pool, s.stepLock)
+  } satisfies BatcherShape
+})
+
+/** Continuous batching over one KV cache (the module comment); its loop lives in the scope it is made in. */
+export class Batcher extends Context.Service<Batcher, BatcherShape>()("gyre/serving/Batcher") {
+  static readonly make: (cache: KvCache, options: BatcherOptions) => Effect.Effect<BatcherShape, NativeError, Scope.Scope> = makeBatcher
+  static readonly layer = (cache: KvCache, options: BatcherOptions) => Layer.effect(Batcher, makeBatcher(cache, options))
+}

@@ -20,7 +20,7 @@ import type { ActorSystemShape } from "../runtime/system.ts"
 import type { ContextHandoff } from "../protocols/device.ts"
 import { Device } from "../protocols/topology.ts"
 import { bytesOf, deleteObject, getBytes, putParts } from "../protocols/transfer.ts"
-import type { Batcher } from "./batcher.ts"
+import type { BatcherShape } from "./batcher.ts"
 import type { ExportedContext } from "./kv-handoff.ts"
 
 /** A context leaving this device: pinned and exported, not yet freed. */
@@ -55,7 +55,7 @@ const IMPORT_TIMEOUT_MS = 60_000
  * `inFlight` (request -> execution) that left one. Every context returned holds one pin; one
  * the engine could not export is left behind (and freed with the rest).
  */
-export const exportContexts = Effect.fn("exportContexts")(function* (batcher: Batcher, inFlight: ReadonlyMap<string, string>) {
+export const exportContexts = Effect.fn("exportContexts")(function* (batcher: BatcherShape, inFlight: ReadonlyMap<string, string>) {
   const out: Array<OutgoingContext> = []
   const exportOf = (execution: string, request?: string) => batcher.exportContext(execution, request).pipe(Effect.catch(() => Effect.succeed(undefined)))
   for (const execution of batcher.executions()) {
@@ -152,7 +152,7 @@ export const sendContexts = Effect.fn("sendContexts")(function* (
 export const receiveContexts = Effect.fn("receiveContexts")(function* (
   system: ActorSystemShape,
   store: ObjectStore,
-  batcher: Batcher,
+  batcher: BatcherShape,
   contexts: ReadonlyArray<ContextHandoff>
 ) {
   const failed: Array<string> = []

@@ -31,12 +31,12 @@ import { Engine, type EngineShape, type Model } from "../engine/engine.ts"
 import type * as Actor from "../runtime/actor.ts"
 import type { ActorSystemShape } from "../runtime/system.ts"
 import { formatAddress } from "../runtime/names.ts"
-import { rlLayout } from "../protocols/layout.ts"
+import { rlLayout, type RlLayout } from "../protocols/layout.ts"
 import { fetchWeights } from "../protocols/weights.ts"
 import { RolloutWorkerProtocol, TokenChunk, WeightsUnavailable, WorkerUnavailable, type GenerateRequest, type GenerateResult, type WorkerLoad } from "../protocols/rollout.ts"
 import { INLINE_TOKENS, getArrays, openTransferStore, putArrays } from "../protocols/transfer.ts"
 import { parsePace, type Pace } from "../protocols/pace.ts"
-import { makeBatcher } from "./batcher.ts"
+import { makeBatcher, type BatcherShape } from "./batcher.ts"
 import { makePacer } from "./pace.ts"
 
 /** Tokens per KV-cache block of every device and worker. */
@@ -123,6 +123,93 @@ export const fetchFlatWeights = (system: ActorSystemShape, engine: EngineShape, 
     Effect.mapError((e) => (e._tag === "WeightsUnavailable" ? e : new WeightsUnavailable({ version, reason: e.message })))
   )
 
+/** What the rollout handlers work with: the loaded model, its batcher, and the run's transfer store and token subjects. */
+interface Serving {
+  readonly system: ActorSystemShape
+  /** `kind/id` of the hosting actor, named in `WorkerUnavailable`. */
+  readonly worker: string
+  readonly config: RolloutConfig
+  readonly engine: EngineShape
+  readonly model: Model
+  readonly batcher: BatcherShape
+  readonly store: Effect.Success<ReturnType<typeof openTransferStore>>
+  readonly layout: RlLayout
+}
+
+const unavailable = (s: Serving, what: string) => (e: { readonly message: string }) => new WorkerUnavailable({ worker: s.worker, reason: `${what}: ${e.message}` })
+
+/** The request's prompt tokens after its base: inline, or read from the transfer store. */
+const promptOf = (s: Serving, request: GenerateRequest) =>
+  request.promptObject === undefined
+    ? Effect.succeed(request.prompt)
+    : getArrays(s.system, s.store, request.promptObject, ["int32"] as const).pipe(
+        Effect.map(([prompt]) => prompt),
+        Effect.mapError(unavailable(s, "the prompt object could not be read"))
+      )
+
+/** The answer as sent: its output moved to the transfer store when it is too long for one message. */
+const bounded = (s: Serving) => (result: GenerateResult) =>
+  result.output.length <= (s.config.inlineTokens ?? INLINE_TOKENS)
+    ? Effect.succeed(result)
+    : putArrays(s.store, "o", [result.output, result.logprobs, result.versions]).pipe(
+        Effect.map((ref): GenerateResult => ({ ...result, output: new Int32Array(0), logprobs: new Float32Array(0), versions: new Int32Array(0), outputObject: ref })),
+        Effect.mapError(unavailable(s, "the answer could not be stored"))
+      )
+
+/** Publishes a token chunk on the request's core NATS subject. */
+const publishChunk = (s: Serving, request: string, chunk: TokenChunk) => {
+  try {
+    s.system.nats.nc.publish(s.layout.tokens(request), JSON.stringify(encodeChunk(chunk)))
+  } catch {
+    // connection closing: the answer still carries every token
+  }
+}
+
+/**
+ * Reads version `version`'s weights and swaps them in between two engine steps; nothing to do
+ * when the model holds them already (a step's core made them itself: every weight change goes
+ * through `swapWeights` with its version, so the batcher's version is the model's).
+ */
+const loadWeights = (s: Serving) => (version: number) =>
+  Effect.suspend(() =>
+    s.batcher.load().version === version
+      ? Effect.succeed({ version })
+      : fetchFlatWeights(s.system, s.engine, s.model, version).pipe(
+          Effect.flatMap((weights) => s.batcher.swapWeights(s.model.setWeights(weights), version).pipe(Effect.orDie)),
+          Effect.as({ version })
+        )
+  )
+
+/** A generation with its prompt read, its tokens streamed when asked (then one `done` chunk), and its answer bounded. */
+const generate = (s: Serving): RolloutHandlers["Generate"] => (request) =>
+  promptOf(s, request).pipe(
+    Effect.flatMap((prompt) =>
+      s.batcher.generate({
+        execution: request.execution,
+        request: request.request,
+        base: request.base,
+        prompt,
+        sampling: request.sampling,
+        ...(request.stream ? { onTokens: (step) => publishChunk(s, request.request, { ...step, done: false }) } : {})
+      })
+    ),
+    Effect.tap(() =>
+      Effect.sync(() => {
+        if (request.stream) publishChunk(s, request.request, { tokens: new Int32Array(0), logprobs: new Float32Array(0), versions: new Int32Array(0), done: true })
+      })
+    ),
+    Effect.flatMap(bounded(s))
+  )
+
+const handlersOf = (s: Serving, load: ReturnType<typeof loadWeights>): RolloutHandlers => ({
+  Generate: generate(s),
+  Cancel: ({ request }) => Effect.sync(() => ({ found: s.batcher.cancel(request) })),
+  Release: ({ execution }) => s.batcher.release(execution).pipe(Effect.orDie, Effect.map((freedBlocks) => ({ freedBlocks }))),
+  LoadWeights: ({ version }) => load(version),
+  Drain: ({ finish }) => s.batcher.drain(finish).pipe(Effect.map((cancelled) => ({ cancelled }))),
+  Status: () => Effect.sync(() => s.batcher.load())
+})
+
 /** Loads the model, its KV cache and the batcher in the current scope; the rollout handlers over them. */
 export const startRollout = Effect.fn("startRollout")(function* (
   ctx: Pick<Actor.ActorContext<unknown>, "address" | "system">,
@@ -133,12 +220,12 @@ export const startRollout = Effect.fn("startRollout")(function* (
   const engine = yield* Engine
   const device = config.device ?? workerDevice(ctx.address.id, engine.devices.length)
   const { model } = yield* loadCheckpoint(config.checkpoint, { device })
-  const modelConfig = model.config
-  const pacer = makePacer(config.pace, formatAddress(ctx.address))
+  const worker = formatAddress(ctx.address)
+  const pacer = makePacer(config.pace, worker)
   const cache = yield* model.cache({ blockTokens: config.blockTokens ?? KV_BLOCK_TOKENS, numBlocks: config.numBlocks ?? DEFAULT_KV_BLOCKS, kvDtype: config.kvDtype ?? "f32" })
   const batcher = yield* makeBatcher(cache, {
-    worker: formatAddress(ctx.address),
-    maxContext: config.maxContext ?? modelConfig.max_position_embeddings,
+    worker,
+    maxContext: config.maxContext ?? model.config.max_position_embeddings,
     maxBatch: config.maxBatch ?? 32,
     prefillChunk: config.prefillChunk ?? 256,
     contextsPerExecution: config.contextsPerExecution ?? 64,
@@ -146,80 +233,10 @@ export const startRollout = Effect.fn("startRollout")(function* (
     onLoad,
     pacer
   })
-  const layout = rlLayout(ctx.system.run)
-  const nc = ctx.system.nats.nc
   const store = yield* openTransferStore(ctx.system)
-  const worker = formatAddress(ctx.address)
-  const unavailable = (what: string) => (e: { readonly message: string }) => new WorkerUnavailable({ worker, reason: `${what}: ${e.message}` })
-
-  /** The request's prompt tokens after its base: inline, or read from the transfer store. */
-  const promptOf = (request: GenerateRequest) =>
-    request.promptObject === undefined
-      ? Effect.succeed(request.prompt)
-      : getArrays(ctx.system, store, request.promptObject, ["int32"] as const).pipe(
-          Effect.map(([prompt]) => prompt),
-          Effect.mapError(unavailable("the prompt object could not be read"))
-        )
-
-  /** The answer as sent: its output moved to the transfer store when it is too long for one message. */
-  const bounded = (result: GenerateResult) =>
-    result.output.length <= (config.inlineTokens ?? INLINE_TOKENS)
-      ? Effect.succeed(result)
-      : putArrays(store, "o", [result.output, result.logprobs, result.versions]).pipe(
-          Effect.map((ref): GenerateResult => ({ ...result, output: new Int32Array(0), logprobs: new Float32Array(0), versions: new Int32Array(0), outputObject: ref })),
-          Effect.mapError(unavailable("the answer could not be stored"))
-        )
-
-  const publish = (request: string, chunk: TokenChunk) => {
-    try {
-      nc.publish(layout.tokens(request), JSON.stringify(encodeChunk(chunk)))
-    } catch {
-      // connection closing: the answer still carries every token
-    }
-  }
-
-  /**
-   * Reads version `version`'s weights and swaps them in between two engine steps; nothing to do
-   * when the model holds them already (a step's core made them itself: every weight change goes
-   * through `swapWeights` with its version, so the batcher's version is the model's).
-   */
-  const loadWeights = (version: number) =>
-    Effect.suspend(() =>
-      batcher.load().version === version
-        ? Effect.succeed({ version })
-        : fetchFlatWeights(ctx.system, engine, model, version).pipe(
-            Effect.flatMap((weights) => batcher.swapWeights(model.setWeights(weights), version).pipe(Effect.orDie)),
-            Effect.as({ version })
-          )
-    )
-
-  const handlers: RolloutHandlers = {
-    Generate: (request) =>
-      promptOf(request).pipe(
-        Effect.flatMap((prompt) =>
-          batcher.generate({
-            execution: request.execution,
-            request: request.request,
-            base: request.base,
-            prompt,
-            sampling: request.sampling,
-            ...(request.stream ? { onTokens: (step) => publish(request.request, { ...step, done: false }) } : {})
-          })
-        ),
-        Effect.tap(() =>
-          Effect.sync(() => {
-            if (request.stream) publish(request.request, { tokens: new Int32Array(0), logprobs: new Float32Array(0), versions: new Int32Array(0), done: true })
-          })
-        ),
-        Effect.flatMap(bounded)
-      ),
-    Cancel: ({ request }) => Effect.sync(() => ({ found: batcher.cancel(request) })),
-    Release: ({ execution }) => batcher.release(execution).pipe(Effect.orDie, Effect.map((freedBlocks) => ({ freedBlocks }))),
-    LoadWeights: ({ version }) => loadWeights(version),
-    Drain: ({ finish }) => batcher.drain(finish).pipe(Effect.map((cancelled) => ({ cancelled }))),
-    Status: () => Effect.sync(() => batcher.load())
-  }
-  return { engine, model, device, batcher, handlers, loadWeights, store, pacer }
+  const s: Serving = { system: ctx.system, worker, config, engine, model, batcher, store, layout: rlLayout(ctx.system.run) }
+  const load = loadWeights(s)
+  return { engine, model, device, batcher, handlers: handlersOf(s, load), loadWeights: load, store, pacer }
 })
 
 export type RolloutRole = Effect.Success<ReturnType<typeof startRollout>>

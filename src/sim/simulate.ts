@@ -30,6 +30,8 @@ import type { PolicyAction, PolicyEvent } from "../policy/vocabulary.ts"
 import { KeyHeap } from "../common/heap.ts"
 import { policyConfigOf, type Executions, type Scenario } from "./scenario.ts"
 
+type ActionOf<Tag extends PolicyAction["_tag"]> = Extract<PolicyAction, { readonly _tag: Tag }>
+
 /** Micro-batches of each step: ceil(its executions' tokens / `microBatchTokens`), at least 1. */
 const stepParallelism = (tokens: Float64Array, B: number, steps: number, microBatchTokens: number | undefined): ReadonlyArray<number> =>
   Array.from({ length: steps }, (_, k) =>
@@ -405,71 +407,84 @@ class Simulation<S> {
   private apply(a: PolicyAction): void {
     switch (a._tag) {
       case "Dispatch":
-        if (a.batch !== this.dispatchedBatches || a.batch >= this.steps) {
-          throw this.violation(a, `next batch to dispatch is ${this.dispatchedBatches} of ${this.steps}`)
-        }
-        this.dispatchedBatches++
-        this.dispatchedEnd += this.B
-        return
-      case "SwitchRole": {
-        const st = this.cellOf(a, a.cell)
-        const from = a.role === "training" ? CellState.rollout : CellState.training
-        if (st !== from) throw this.violation(a, "cell is not serving the other role")
-        if (from === CellState.rollout) {
-          this.capacity -= this.S
-          this.pauseExcess()
-        } else if (this.inStep[a.cell]) {
-          if (a.cell === this.core && this.members > 1) throw this.violation(a, "the core leaves its step last")
-          this.inStep[a.cell] = 0
-          this.members--
-          this.setRate()
-        }
-        this.switches++
-        this.setCell(a.cell, a.role === "training" ? CellState.toTraining : CellState.toRollout)
-        const switched = this.now + (a.role === "training" ? this.scenario.switch_to_train_s : this.scenario.switch_to_rollout_s)
-        // A core serving again before its step's update is done waits for it (one device's compute).
-        const t = a.cell === this.core && this.updateEnd > switched ? this.updateEnd : switched
-        this.switchAt[a.cell] = t
-        this.heap.push(t, this.idSwitch + a.cell)
-        return
-      }
-      case "StartStep": {
-        if (this.trainStep >= 0) throw this.violation(a, `step ${this.trainStep} is running`)
-        if (a.step !== this.stepsDone || a.step >= this.dispatchedBatches) {
-          throw this.violation(a, `next step is ${this.stepsDone}, ${this.dispatchedBatches} batches dispatched`)
-        }
-        if (!a.cells.includes(a.core)) throw this.violation(a, "the core is not among the cells")
-        for (const c of a.cells) {
-          if (this.cellOf(a, c) !== CellState.training || this.inStep[c]) throw this.violation(a, `cell ${c} is not a free training cell`)
-        }
-        for (const c of a.cells) this.inStep[c] = 1
-        this.trainStep = a.step
-        this.core = a.core
-        this.members = a.cells.length
-        this.trained = 0
-        this.target = 0
-        this.drainedNotified = false
-        this.setRate()
-        return
-      }
+        return this.dispatch(a)
+      case "SwitchRole":
+        return this.switchRole(a)
+      case "StartStep":
+        return this.startStep(a)
       case "JoinStep":
-        if (a.step !== this.trainStep) throw this.violation(a, `running step is ${this.trainStep}`)
-        if (this.cellOf(a, a.cell) !== CellState.training || this.inStep[a.cell]) {
-          throw this.violation(a, `cell ${a.cell} is not a free training cell`)
-        }
-        if (a.cell !== this.core && !this.inStep[this.core]) throw this.violation(a, "the core rejoins its step first")
-        this.inStep[a.cell] = 1
-        this.members++
-        this.setRate()
-        return
+        return this.joinStep(a)
       case "PublishWeights":
-        if (a.version > this.stepsDone || a.version <= this.publishRequested) {
-          throw this.violation(a, `${this.stepsDone} steps trained, version ${this.publishRequested} already published`)
-        }
-        this.publishRequested = a.version
-        this.heap.push(this.now + this.scenario.weight_sync_s, this.idPublish + a.version)
-        return
+        return this.publishWeights(a)
     }
+  }
+
+  private dispatch(a: ActionOf<"Dispatch">): void {
+    if (a.batch !== this.dispatchedBatches || a.batch >= this.steps) {
+      throw this.violation(a, `next batch to dispatch is ${this.dispatchedBatches} of ${this.steps}`)
+    }
+    this.dispatchedBatches++
+    this.dispatchedEnd += this.B
+  }
+
+  private switchRole(a: ActionOf<"SwitchRole">): void {
+    const st = this.cellOf(a, a.cell)
+    const from = a.role === "training" ? CellState.rollout : CellState.training
+    if (st !== from) throw this.violation(a, "cell is not serving the other role")
+    if (from === CellState.rollout) {
+      this.capacity -= this.S
+      this.pauseExcess()
+    } else if (this.inStep[a.cell]) {
+      if (a.cell === this.core && this.members > 1) throw this.violation(a, "the core leaves its step last")
+      this.inStep[a.cell] = 0
+      this.members--
+      this.setRate()
+    }
+    this.switches++
+    this.setCell(a.cell, a.role === "training" ? CellState.toTraining : CellState.toRollout)
+    const switched = this.now + (a.role === "training" ? this.scenario.switch_to_train_s : this.scenario.switch_to_rollout_s)
+    // A core serving again before its step's update is done waits for it (one device's compute).
+    const t = a.cell === this.core && this.updateEnd > switched ? this.updateEnd : switched
+    this.switchAt[a.cell] = t
+    this.heap.push(t, this.idSwitch + a.cell)
+  }
+
+  private startStep(a: ActionOf<"StartStep">): void {
+    if (this.trainStep >= 0) throw this.violation(a, `step ${this.trainStep} is running`)
+    if (a.step !== this.stepsDone || a.step >= this.dispatchedBatches) {
+      throw this.violation(a, `next step is ${this.stepsDone}, ${this.dispatchedBatches} batches dispatched`)
+    }
+    if (!a.cells.includes(a.core)) throw this.violation(a, "the core is not among the cells")
+    for (const c of a.cells) {
+      if (this.cellOf(a, c) !== CellState.training || this.inStep[c]) throw this.violation(a, `cell ${c} is not a free training cell`)
+    }
+    for (const c of a.cells) this.inStep[c] = 1
+    this.trainStep = a.step
+    this.core = a.core
+    this.members = a.cells.length
+    this.trained = 0
+    this.target = 0
+    this.drainedNotified = false
+    this.setRate()
+  }
+
+  private joinStep(a: ActionOf<"JoinStep">): void {
+    if (a.step !== this.trainStep) throw this.violation(a, `running step is ${this.trainStep}`)
+    if (this.cellOf(a, a.cell) !== CellState.training || this.inStep[a.cell]) {
+      throw this.violation(a, `cell ${a.cell} is not a free training cell`)
+    }
+    if (a.cell !== this.core && !this.inStep[this.core]) throw this.violation(a, "the core rejoins its step first")
+    this.inStep[a.cell] = 1
+    this.members++
+    this.setRate()
+  }
+
+  private publishWeights(a: ActionOf<"PublishWeights">): void {
+    if (a.version > this.stepsDone || a.version <= this.publishRequested) {
+      throw this.violation(a, `${this.stepsDone} steps trained, version ${this.publishRequested} already published`)
+    }
+    this.publishRequested = a.version
+    this.heap.push(this.now + this.scenario.weight_sync_s, this.idPublish + a.version)
   }
 
   // ---- accounting ----------------------------------------------------------------------------

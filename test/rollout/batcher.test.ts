@@ -12,7 +12,7 @@ import { Engine } from "../../src/engine/engine.ts"
 import type { KvCache } from "../../src/engine/kvcache.ts"
 import { presets } from "../../src/engine/presets.ts"
 import { special } from "../../src/engine/tokenizer.ts"
-import { makeBatcher, type Batcher, type BatcherOptions } from "../../src/serving/batcher.ts"
+import { makeBatcher, type BatcherShape, type BatcherOptions } from "../../src/serving/batcher.ts"
 import type { SamplingParams } from "../../src/protocols/rollout.ts"
 import { digestOf } from "../../src/tree/hash.ts"
 
@@ -28,7 +28,7 @@ const cacheOf = (numBlocks: number) =>
     return yield* model.cache({ blockTokens: 16, numBlocks })
   })
 
-const withBatcher = <A, E>(numBlocks: number, opts: Partial<BatcherOptions>, use: (b: Batcher, cache: KvCache) => Effect.Effect<A, E, Scope.Scope>) =>
+const withBatcher = <A, E>(numBlocks: number, opts: Partial<BatcherOptions>, use: (b: BatcherShape, cache: KvCache) => Effect.Effect<A, E, Scope.Scope>) =>
   run(
     Effect.gen(function* () {
       const cache = yield* cacheOf(numBlocks)
@@ -55,7 +55,7 @@ const concat = (...xs: ReadonlyArray<ArrayLike<number>>) => Int32Array.from(xs.f
 describe("continuous batching (batcher.ts)", () => {
   it("batches concurrent generations: the same tokens as one at a time, in fewer engine steps", async () => {
     const prompts = ["alpha beta", "gamma delta epsilon", "zeta", "eta theta iota kappa"].map(text)
-    const jobs = (b: Batcher, tag: string) =>
+    const jobs = (b: BatcherShape, tag: string) =>
       prompts.map((prompt, i) => b.generate({ execution: `${tag}${i}`, request: `${tag}r${i}`, base: null, prompt, sampling: sampling(24, 100 + i) }))
     const { alone, together, stepsAlone, stepsTogether } = await withBatcher(512, {}, (b) =>
       Effect.gen(function* () {

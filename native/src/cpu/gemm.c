@@ -22,7 +22,7 @@
 #include "../half.h"
 #include "gemm.h"
 
-#if defined(__AVX512F__) || defined(__F16C__)
+#if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -93,16 +93,25 @@ static inline __attribute__((always_inline)) float w_elem(const char *p, size_t 
 typedef uint16_t vh __attribute__((vector_size(VL * sizeof(uint16_t))));
 typedef uint32_t vu __attribute__((vector_size(VL * sizeof(uint32_t))));
 
-/* VL weight elements of dtype dt from element i on, widened to F32 (exact). */
+/* VL weight elements of dtype dt from element i on, widened to F32 (exact): BF16 by zero-extending
+ * each element to 32 bits and shifting it into the high half (with AVX-512 or AVX2 one widening
+ * load and one shift: GCC's own lowering of the vector conversion, 256-bit halves extracted and
+ * re-inserted, took 7 instructions a vector). */
 static inline __attribute__((always_inline)) vf load_w(const char *p, size_t i, int dt) {
   if (dt == GYRE_F32) return load_v((const float *)(p + 4 * i));
   if (dt == GYRE_BF16) {
+#if VL == 16 && defined(__AVX512F__)
+    return (vf)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p + 2 * i))), 16);
+#elif VL == 8 && defined(__AVX2__)
+    return (vf)_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + 2 * i))), 16);
+#else
     vh h;
     memcpy(&h, p + 2 * i, sizeof h);
     vu u = __builtin_convertvector(h, vu) << 16;
     vf f;
     memcpy(&f, &u, sizeof f);
     return f;
+#endif
   }
 #if VL == 16 && defined(__AVX512F__)
   return (vf)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 2 * i)));
@@ -364,33 +373,65 @@ static inline void block_sums(int MB, const vf acc[FEW_BLOCK][FEW_BLOCK], float 
 #define IN_REGISTER(v) ((void)0)
 #endif
 
+/* Bytes ahead of where a W row is being read that its lines are asked for (prefetch): W streams
+ * from memory once a call, and a row is a new page or two that the hardware's prefetcher meets
+ * cold. Near a row's end the lines asked for are the next block's row in the same slot. */
+#ifndef FEW_AHEAD
+#define FEW_AHEAD 1024
+#endif
+
+/* acc[i][j] += ar[i][k..k+VL) * wr[j][k..k+VL) lane by lane, for i < MB, j < FEW_BLOCK. */
+static inline __attribute__((always_inline)) void few_step(int MB, const float *const *ar, const char *const *wr, int k,
+                                                           int dt, vf acc[FEW_BLOCK][FEW_BLOCK]) {
+  vf wv[FEW_BLOCK];
+  for (int j = 0; j < FEW_BLOCK; j++) {
+    wv[j] = load_w(wr[j], k, dt);
+    IN_REGISTER(wv[j]);
+  }
+  for (int i = 0; i < MB; i++) {
+    vf av = load_v(ar[i] + k);
+    IN_REGISTER(av);
+    for (int j = 0; j < FEW_BLOCK; j++) acc[i][j] += av * wv[j];
+  }
+}
+
+/* few_step over k in [k0, k1) (multiples of VL), two at a time; with pf, each pair asks for the
+ * lines from byte k es + ahead of pf[j] on (k es + ahead >= 0, inside pf[j]'s row). */
+static inline __attribute__((always_inline)) void few_span(int MB, const float *const *ar, const char *const *wr, int k0,
+                                                           int k1, const char *const *pf, ptrdiff_t ahead, int dt,
+                                                           vf acc[FEW_BLOCK][FEW_BLOCK]) {
+  const ptrdiff_t es = (ptrdiff_t)w_size(dt);
+  int k = k0;
+  for (; k + 2 * VL <= k1; k += 2 * VL) {
+    if (pf != NULL)
+      for (int j = 0; j < FEW_BLOCK; j++)
+        for (ptrdiff_t b = 0; b < 2 * VL * es; b += 64) __builtin_prefetch(pf[j] + (k * es + ahead + b));
+    few_step(MB, ar, wr, k, dt, acc);
+    few_step(MB, ar, wr, k + VL, dt, acc);
+  }
+  if (k < k1) few_step(MB, ar, wr, k, dt, acc);
+}
+
 /* c[i][j] (+)= ar[i] . wr[j] over K for i < MB, j < nn: one block of gemm_few_rows, W's rows of
  * dtype dt (widened as read). MB (1-4) and dt are constants where inlined, so a block of fewer
- * rows does only its rows' arithmetic. Where `ahead` is set, the rows of the next block of W (row
- * stride ldw elements) are asked for as this block's are read: W streams from memory once a
- * call, and its first touch had stalled on each row. */
+ * rows does only its rows' arithmetic. Where `stream` is set (the first pass over these W rows),
+ * lines FEW_AHEAD bytes ahead of each row are asked for as it is read, then, past its end, those
+ * of the next block's rows nx (when there is one). Each lane sums its products in order of k,
+ * whatever the pairs and prefetches: the bits are those of one FMA chain per lane. */
 static inline __attribute__((always_inline)) void few_block(int MB, int nn, int K, const float *const *ar,
-                                                            const char *const *wr, const char *ahead, size_t ldw, float *c,
-                                                            int ldc, int accumulate, int dt) {
+                                                            const char *const *wr, int stream, const char *const *nx,
+                                                            float *c, int ldc, int accumulate, int dt) {
+  const ptrdiff_t es = (ptrdiff_t)w_size(dt), row = (ptrdiff_t)K * es;
   int kv = K / VL * VL;
-  size_t es = w_size(dt);
+  /* own rows' lines FEW_AHEAD ahead while they last (k < ks, a multiple of 2 VL), then the next
+   * block's from their start; rows too short for that ask for none */
+  if (row < FEW_AHEAD + 2 * VL * es) stream = 0;
+  int ks = stream ? (int)((row - FEW_AHEAD) / es) / (2 * VL) * (2 * VL) : kv;
   vf acc[FEW_BLOCK][FEW_BLOCK];
   for (int i = 0; i < FEW_BLOCK; i++)
     for (int j = 0; j < FEW_BLOCK; j++) acc[i][j] = (vf){0};
-  for (int k = 0; k < kv; k += VL) {
-    vf wv[FEW_BLOCK];
-    if (ahead != NULL)
-      for (int j = 0; j < FEW_BLOCK; j++) __builtin_prefetch(ahead + ((size_t)j * ldw + k) * es);
-    for (int j = 0; j < FEW_BLOCK; j++) {
-      wv[j] = load_w(wr[j], k, dt);
-      IN_REGISTER(wv[j]);
-    }
-    for (int i = 0; i < MB; i++) {
-      vf av = load_v(ar[i] + k);
-      IN_REGISTER(av);
-      for (int j = 0; j < FEW_BLOCK; j++) acc[i][j] += av * wv[j];
-    }
-  }
+  few_span(MB, ar, wr, 0, ks, stream ? wr : NULL, FEW_AHEAD, dt, acc);
+  few_span(MB, ar, wr, ks, kv, stream ? nx : NULL, -ks * es, dt, acc);
   float sums[FEW_BLOCK * FEW_BLOCK];
   block_sums(MB, acc, sums);
   for (int i = 0; i < MB; i++) {
@@ -403,53 +444,110 @@ static inline __attribute__((always_inline)) void few_block(int MB, int nn, int 
   }
 }
 
-/* Output columns [n0, n0 + FEW_BLOCK) of gemm_few_rows, every row, W of dtype dt. */
+/* Output columns [n0, n0 + FEW_BLOCK) of gemm_few_rows, every row, W of dtype dt; the rows of the
+ * block read next (nnext of them from nw, ldw apart; nw NULL: none) are asked for ahead. */
 static inline __attribute__((always_inline)) void few_columns(int nb, int M, int N, int K, const float *a, int lda,
                                                               const char *w, int ldw, float *c, int ldc, int accumulate,
-                                                              int dt) {
+                                                              const char *nw, int nnext, int dt) {
   int n0 = nb * FEW_BLOCK, nn = N - n0 < FEW_BLOCK ? N - n0 : FEW_BLOCK;
   size_t es = w_size(dt);
-  const char *wr[FEW_BLOCK];
-  for (int j = 0; j < FEW_BLOCK; j++) wr[j] = w + (size_t)(n0 + (j < nn ? j : 0)) * ldw * es;
+  const char *wr[FEW_BLOCK], *nx[FEW_BLOCK];
+  for (int j = 0; j < FEW_BLOCK; j++) {
+    wr[j] = w + (size_t)(n0 + (j < nn ? j : 0)) * ldw * es;
+    nx[j] = nw != NULL ? nw + (size_t)(j < nnext ? j : 0) * ldw * es : NULL;
+  }
   for (int m0 = 0; m0 < M; m0 += FEW_BLOCK) {
     int mm = M - m0 < FEW_BLOCK ? M - m0 : FEW_BLOCK;
     const float *ar[FEW_BLOCK];
     for (int i = 0; i < FEW_BLOCK; i++) ar[i] = a + (size_t)(m0 + (i < mm ? i : 0)) * lda;
     float *cb = c + (size_t)m0 * ldc + n0;
-    const char *ahead = m0 == 0 && n0 + 2 * FEW_BLOCK <= N ? w + (size_t)(n0 + FEW_BLOCK) * ldw * es : NULL;
+    const char *const *ahead = nw != NULL ? nx : NULL;
+    int stream = m0 == 0; /* later rows find W in cache */
     switch (mm) {
-      case 1: few_block(1, nn, K, ar, wr, ahead, ldw, cb, ldc, accumulate, dt); break;
-      case 2: few_block(2, nn, K, ar, wr, ahead, ldw, cb, ldc, accumulate, dt); break;
-      case 3: few_block(3, nn, K, ar, wr, ahead, ldw, cb, ldc, accumulate, dt); break;
-      default: few_block(FEW_BLOCK, nn, K, ar, wr, ahead, ldw, cb, ldc, accumulate, dt); break;
+      case 1: few_block(1, nn, K, ar, wr, stream, ahead, cb, ldc, accumulate, dt); break;
+      case 2: few_block(2, nn, K, ar, wr, stream, ahead, cb, ldc, accumulate, dt); break;
+      case 3: few_block(3, nn, K, ar, wr, stream, ahead, cb, ldc, accumulate, dt); break;
+      default: few_block(FEW_BLOCK, nn, K, ar, wr, stream, ahead, cb, ldc, accumulate, dt); break;
     }
   }
 }
 
 /* few_columns for each weight dtype (the dtype a constant in each). */
-typedef void (*few_columns_fn)(int, int, int, int, const float *, int, const char *, int, float *, int, int);
+typedef void (*few_columns_fn)(int, int, int, int, const float *, int, const char *, int, float *, int, int, const char *,
+                               int);
 #define FEW_COLUMNS_OF(name, dt)                                                                                   \
   static void name(int nb, int M, int N, int K, const float *a, int lda, const char *w, int ldw, float *c, int ldc, \
-                   int accumulate) {                                                                               \
-    few_columns(nb, M, N, K, a, lda, w, ldw, c, ldc, accumulate, dt);                                              \
+                   int accumulate, const char *nw, int nnext) {                                                    \
+    few_columns(nb, M, N, K, a, lda, w, ldw, c, ldc, accumulate, nw, nnext, dt);                                   \
   }
 FEW_COLUMNS_OF(few_columns_f32, GYRE_F32)
 FEW_COLUMNS_OF(few_columns_bf16, GYRE_BF16)
 FEW_COLUMNS_OF(few_columns_f16, GYRE_F16)
 #undef FEW_COLUMNS_OF
 
-/* One thread runs the blocks in place: entering an OpenMP region costs more than a tiny
- * model's matmul of a few rows. */
-static void gemm_few_rows(int M, int N, int K, const float *a, int lda, const void *w, int wdt, int ldw, float *c, int ldc,
+/* The blocks of gemm_few_rows over W's parts: part p holds blocks [first[p], first[p + 1]) and
+ * C's columns from off[p]. */
+typedef struct few_plan {
+  few_columns_fn run;
+  const w_parts *wp;
+  int first[GEMM_MAX_PARTS + 1], off[GEMM_MAX_PARTS];
+  int M, K, lda, ldw, ldc, accumulate;
+  const float *a;
+  float *c;
+} few_plan;
+
+static inline int part_of(const few_plan *f, int g) {
+  int p = 0;
+  while (g >= f->first[p + 1]) p++;
+  return p;
+}
+
+/* Block g, asking ahead for block `next` (-1: none), which may be in another part. */
+static void few_part_block(const few_plan *f, int g, int next) {
+  int p = part_of(f, g), nrows = 0;
+  const char *nw = NULL;
+  if (next >= 0) {
+    int q = part_of(f, next), r0 = (next - f->first[q]) * FEW_BLOCK;
+    nw = (const char *)f->wp->w[q] + (size_t)r0 * f->ldw * w_size(f->wp->dtype);
+    nrows = f->wp->rows[q] - r0;
+  }
+  f->run(g - f->first[p], f->M, f->wp->rows[p], f->K, f->a, f->lda, f->wp->w[p], f->ldw, f->c + f->off[p], f->ldc,
+         f->accumulate, nw, nrows);
+}
+
+/* Blocks a thread takes at a time, in turn: a thread that starts late (a passive OpenMP thread's
+ * wake-up) or is preempted on a shared machine leaves its chunks to the others, where an even split
+ * had one wait for the other's half. A thread takes its next chunk as it starts one, so the last
+ * block of each asks ahead for the next one's first. */
+#define FEW_CHUNK 8
+
+/* C[M, sum of rows] (+)= A . W^T, W stacked from wp's parts. One thread runs the blocks in place:
+ * entering an OpenMP region costs more than a tiny model's matmul of a few rows. */
+static void gemm_few_rows(int M, int K, const float *a, int lda, const w_parts *wp, int ldw, float *c, int ldc,
                           int accumulate, int threads) {
-  few_columns_fn run = wdt == GYRE_BF16 ? few_columns_bf16 : wdt == GYRE_F16 ? few_columns_f16 : few_columns_f32;
-  int blocks = (N + FEW_BLOCK - 1) / FEW_BLOCK;
+  few_plan f = {.wp = wp, .M = M, .K = K, .lda = lda, .ldw = ldw, .ldc = ldc, .accumulate = accumulate, .a = a, .c = c};
+  f.run = wp->dtype == GYRE_BF16 ? few_columns_bf16 : wp->dtype == GYRE_F16 ? few_columns_f16 : few_columns_f32;
+  f.first[0] = f.off[0] = 0;
+  for (int p = 0; p < wp->n; p++) {
+    f.first[p + 1] = f.first[p] + (wp->rows[p] + FEW_BLOCK - 1) / FEW_BLOCK;
+    if (p + 1 < wp->n) f.off[p + 1] = f.off[p] + wp->rows[p];
+  }
+  const int blocks = f.first[wp->n], chunks = (blocks + FEW_CHUNK - 1) / FEW_CHUNK;
   if (threads == 1) {
-    for (int nb = 0; nb < blocks; nb++) run(nb, M, N, K, a, lda, w, ldw, c, ldc, accumulate);
+    for (int g = 0; g < blocks; g++) few_part_block(&f, g, g + 1 < blocks ? g + 1 : -1);
     return;
   }
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int nb = 0; nb < blocks; nb++) run(nb, M, N, K, a, lda, w, ldw, c, ldc, accumulate);
+  int taken = 0; /* chunks handed out */
+#pragma omp parallel num_threads(threads)
+  {
+    int mine = __atomic_fetch_add(&taken, 1, __ATOMIC_RELAXED);
+    while (mine < chunks) {
+      int after = __atomic_fetch_add(&taken, 1, __ATOMIC_RELAXED), end = (mine + 1) * FEW_CHUNK;
+      if (end > blocks) end = blocks;
+      for (int g = mine * FEW_CHUNK; g < end; g++) few_part_block(&f, g, g + 1 < end ? g + 1 : after < chunks ? after * FEW_CHUNK : -1);
+      mine = after;
+    }
+  }
 }
 
 /* How many A blocks an M-row product is cut into: enough that each fits the packing buffer (MC
@@ -472,7 +570,8 @@ static void gemm_typed(int M, int N, int K, const float *a, int lda, int trans_a
   }
   int threads = cpu_threads_for((double)M * N * K / 64);
   if (M <= FEW_ROWS && trans_b && !trans_a) {
-    gemm_few_rows(M, N, K, a, lda, b, bdt, ldb, c, ldc, accumulate, threads);
+    w_parts one = {1, {b}, {N}, bdt};
+    gemm_few_rows(M, K, a, lda, &one, ldb, c, ldc, accumulate, threads);
     return;
   }
   if (!ensure_buffers(threads)) abort(); /* a few MB; failing here means the host is out of memory */
@@ -520,4 +619,15 @@ void gemm(int M, int N, int K, const float *a, int lda, int trans_a, const float
 void gemm_wt(int M, int N, int K, const float *a, int lda, const void *w, int wdtype, int ldw, float *c, int ldc,
              int accumulate) {
   gemm_typed(M, N, K, a, lda, 0, w, wdtype, ldw, 1, c, ldc, accumulate);
+}
+
+void gemm_wt_parts(int M, int K, const float *a, int lda, const w_parts *wp, int ldw, float *c, int ldc, int accumulate) {
+  int N = 0;
+  for (int p = 0; p < wp->n; p++) N += wp->rows[p];
+  if (M > 0 && M <= FEW_ROWS && N > 0 && K > 0) {
+    gemm_few_rows(M, K, a, lda, wp, ldw, c, ldc, accumulate, cpu_threads_for((double)M * N * K / 64));
+    return;
+  }
+  for (int p = 0, off = 0; p < wp->n; off += wp->rows[p++])
+    gemm_typed(M, wp->rows[p], K, a, lda, 0, wp->w[p], wp->dtype, ldw, 1, c + off, ldc, accumulate);
 }

@@ -18,6 +18,22 @@ void gemm(int M, int N, int K, const float *a, int lda, int trans_a, const float
 void gemm_wt(int M, int N, int K, const float *a, int lda, const void *w, int wdtype, int ldw, float *c, int ldc,
              int accumulate);
 
+/* A weight W stacked along N from parts held apart (a 16-bit checkpoint's q, k and v, or gate and
+ * up, each mapped where its file has it): W's rows are part 0's rows[0] rows at w[0], then part
+ * 1's, and so on, every row ldw elements of gyre_dtype dtype. */
+#define GEMM_MAX_PARTS 4
+typedef struct w_parts {
+  int n; /* 1..GEMM_MAX_PARTS */
+  const void *w[GEMM_MAX_PARTS];
+  int rows[GEMM_MAX_PARTS];
+  int dtype;
+} w_parts;
+
+/* gemm_wt with W given in parts: C[M, sum of rows] (+)= A . W^T, the same bits as gemm_wt over
+ * the parts copied together, in one parallel region where few rows (decode) make it a stream
+ * of W. */
+void gemm_wt_parts(int M, int K, const float *a, int lda, const w_parts *wp, int ldw, float *c, int ldc, int accumulate);
+
 /* The thread count every CPU kernel uses: the calling thread's (cpu_use_threads), else the
  * process default (cpu_set_threads; 0 means one per core). */
 int cpu_threads(void);

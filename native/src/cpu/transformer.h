@@ -30,7 +30,8 @@ struct be_model {
 
 /* out[T, N] (+)= x[T, K] . W^T, W the N rows of the matrices of the layout from flat `offset` on
  * (one matrix, or the stacked q|k|v and gate|up), each [rows, K]: a run of them adjacent in
- * memory is one product. 16-bit matrices are widened as they are read (gemm_wt). */
+ * memory is one part, and the parts one product (gemm_wt_parts). 16-bit matrices are widened as
+ * they are read. */
 void linear(const be_model *m, int T, int64_t offset, int N, int K, const float *x, float *out, int accumulate);
 /* x[T, D] = the embedding rows of tokens (widened from 16 bits where stored so). */
 void embed_rows(const be_model *m, const int32_t *tokens, int T, float *x);

@@ -189,13 +189,22 @@ void linear(const be_model *m, int T, int64_t offset, int N, int K, const float 
   const param_layout *lay = m->lay;
   const size_t es = m->wdtype == GYRE_F32 ? sizeof(float) : sizeof(uint16_t);
   int32_t t = tensor_from(lay, offset);
+  w_parts wp = {.n = 0, .dtype = m->wdtype};
+  int from = 0; /* the first output column of wp's parts */
   for (int done = 0; done < N;) {
     const char *p = m->tensor[t];
     int rows = (int)lay->tensors[t].shape[0];
     for (t++; done + rows < N && (const char *)m->tensor[t] == p + (size_t)rows * K * es; t++) rows += (int)lay->tensors[t].shape[0];
-    gemm_wt(T, rows, K, x, K, p, m->wdtype, K, out + done, N, accumulate);
+    if (wp.n == GEMM_MAX_PARTS) {
+      gemm_wt_parts(T, K, x, K, &wp, K, out + from, N, accumulate);
+      wp.n = 0;
+      from = done;
+    }
+    wp.w[wp.n] = p;
+    wp.rows[wp.n++] = rows;
     done += rows;
   }
+  gemm_wt_parts(T, K, x, K, &wp, K, out + from, N, accumulate);
 }
 
 void embed_rows(const be_model *m, const int32_t *tokens, int T, float *x) {
