@@ -308,6 +308,10 @@ GYRE_API void gyre_cache_free(gyre_cache *cache);
 GYRE_API gyre_status gyre_seq_create(gyre_cache *cache, int32_t *seq);
 /* A new sequence sharing all of parent's tokens (its blocks, reference counted). */
 GYRE_API gyre_status gyre_seq_fork(gyre_cache *cache, int32_t parent, int32_t *child);
+/* A new sequence sharing parent's first `length` tokens (0 < length <= parent's length): the
+ * blocks that hold them, reference counted; its first append copies a shared, partly filled
+ * last block, so the parent's K/V past `length` stays intact. */
+GYRE_API gyre_status gyre_seq_fork_prefix(gyre_cache *cache, int32_t parent, int32_t length, int32_t *child);
 /* Drops the sequence; its blocks return to the pool when no other sequence or pin holds
  * them. Freeing a pinned sequence defers the release of its blocks to gyre_seq_unpin. */
 GYRE_API gyre_status gyre_seq_free(gyre_cache *cache, int32_t seq);

@@ -140,7 +140,7 @@ export class Model {
       (out) => this.lib.run("cache_create", [this.ptr, options.blockTokens, options.numBlocks, dtype, out]),
       (c) => this.lib.value("cache_free", [c])
     ).pipe(
-      Effect.map((ptr) => new KvCache(this.lib, ptr, this.config))
+      Effect.map((ptr) => new KvCache(this.lib, ptr, this.config, options.blockTokens))
     )
   }
 

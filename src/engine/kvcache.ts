@@ -49,7 +49,9 @@ export class KvCache {
     /** Its model's queue. */
     readonly lib: NativeCalls,
     readonly ptr: CacheHandle,
-    readonly config: LlamaConfig
+    readonly config: LlamaConfig,
+    /** Tokens per block. */
+    readonly blockTokens: number
   ) {}
 
   stats(): Effect.Effect<CacheStats, NativeError> {
@@ -83,6 +85,14 @@ export class KvCache {
   /** A new sequence sharing all of `parent`'s tokens (blocks shared until they diverge). */
   fork(parent: number): Effect.Effect<number, NativeError> {
     return this.seqCall((out) => this.lib.runSync("seq_fork", [this.ptr, parent, out]))
+  }
+
+  /**
+   * A new sequence sharing `parent`'s first `length` tokens (0 < length <= its length): the
+   * blocks holding them, copy-on-write, so appending to it leaves `parent`'s K/V intact.
+   */
+  forkPrefix(parent: number, length: number): Effect.Effect<number, NativeError> {
+    return this.seqCall((out) => this.lib.runSync("seq_fork_prefix", [this.ptr, parent, length, out]))
   }
 
   free(seq: number): Effect.Effect<void, NativeError> {

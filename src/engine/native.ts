@@ -177,6 +177,7 @@ export interface Signatures {
   cache_free: (c: CacheHandle) => void
   seq_create: (c: CacheHandle, seq: Out) => number
   seq_fork: (c: CacheHandle, parent: number, child: Out) => number
+  seq_fork_prefix: (c: CacheHandle, parent: number, length: number, child: Out) => number
   seq_free: (c: CacheHandle, seq: number) => number
   seq_length: (c: CacheHandle, seq: number, len: Out) => number
   seq_blocks: (c: CacheHandle, seq: number, blocks: Out) => number
@@ -263,6 +264,7 @@ const prototypes: { readonly [F in keyof Signatures]: string } = {
   cache_free: "void gyre_cache_free(gyre_cache *c)",
   seq_create: "int32_t gyre_seq_create(gyre_cache *c, _Out_ int32_t *seq)",
   seq_fork: "int32_t gyre_seq_fork(gyre_cache *c, int32_t parent, _Out_ int32_t *child)",
+  seq_fork_prefix: "int32_t gyre_seq_fork_prefix(gyre_cache *c, int32_t parent, int32_t length, _Out_ int32_t *child)",
   seq_free: "int32_t gyre_seq_free(gyre_cache *c, int32_t seq)",
   seq_length: "int32_t gyre_seq_length(const gyre_cache *c, int32_t seq, _Out_ int32_t *len)",
   seq_blocks: "int32_t gyre_seq_blocks(const gyre_cache *c, int32_t seq, _Out_ int32_t *blocks)",

@@ -4,10 +4,13 @@
  *
  * A context is the sequence one `Generate` left behind: `tokens` = its prompt ++ output, of
  * which the first `kvLength` have K/V in the cache (the last sampled token never went through
- * the model). The engine cannot truncate a sequence, so a new call always *forks* the
- * context whose K/V is the longest prefix of its prompt (blocks are shared, copy-on-write)
- * and appends only the rest; the context it forked stays, so a later retry from that point,
- * or a subagent forking the same parent, finds it again. Each execution keeps at most
+ * the model). A new call *forks* the context sharing the longest common prefix with its
+ * prompt (`bestPrefix`): the whole context when all its K/V is a prefix of the prompt, else
+ * the blocks of its shared first tokens (a prefix fork); blocks are shared, copy-on-write,
+ * and the call appends only the rest. So a compacted history still starts from the cached
+ * system prompt, and a retry that branches mid-turn keeps the turn's shared tokens. The
+ * forked context stays, so a later retry from that point, or a subagent forking the same
+ * parent, finds it again. Each execution keeps at most
  * `perExecution` contexts (the least recently used go first), and under memory pressure the
  * least recently used context of any execution is dropped. A context added under a request
  * that already has one replaces it.
@@ -41,6 +44,13 @@ export interface BaseRef {
   readonly digest: string
   /** The request whose context it is; absent: the execution's most recent context. */
   readonly request?: string | undefined
+}
+
+/** A cached context and how many of its first tokens a prompt shares (`whole`: all of its K/V). */
+export interface PrefixMatch {
+  readonly context: CachedContext
+  readonly length: number
+  readonly whole: boolean
 }
 
 export type Resolved = { readonly prompt: Int32Array } | { readonly miss: string }
@@ -96,14 +106,22 @@ export class ExecutionContexts {
     return { prompt }
   }
 
-  /** The context whose K/V is the longest prefix of `prompt` that is shorter than it. */
-  bestPrefix(execution: string, prompt: Int32Array): CachedContext | undefined {
-    let best: CachedContext | undefined
+  /**
+   * The context sharing the longest common prefix with `prompt` in its K/V, and that shared
+   * length (at most `prompt.length - 1`: the last prompt token goes through the model); on a
+   * tie, one whose whole K/V is shared (`whole`). A part of a context shorter than
+   * `minPart` tokens does not count (a prefix fork of less than a block is not worth it).
+   */
+  bestPrefix(execution: string, prompt: Int32Array, minPart = 1): PrefixMatch | undefined {
+    let best: PrefixMatch | undefined
     for (const c of this.byExecution.get(execution) ?? []) {
-      if (c.kvLength === 0 || c.kvLength >= prompt.length || (best !== undefined && c.kvLength <= best.kvLength)) continue
-      if (isPrefix(c.tokens, c.kvLength, prompt)) best = c
+      const bound = Math.min(c.kvLength, prompt.length - 1)
+      if (!beats(bound, bound === c.kvLength, best)) continue // it cannot share more: no compare
+      const length = commonPrefix(c.tokens, prompt, bound)
+      const whole = length === c.kvLength
+      if (length > 0 && (whole || length >= minPart) && beats(length, whole, best)) best = { context: c, length, whole }
     }
-    if (best !== undefined) this.touch(best)
+    if (best !== undefined) this.touch(best.context)
     return best
   }
 
@@ -150,10 +168,7 @@ export class ExecutionContexts {
   reprefillOf(execution: string, sequence: Int32Array, cached: number): number {
     const lost = this.lost.get(execution)
     if (lost === undefined) return 0
-    const n = Math.min(lost.kvLength, sequence.length)
-    let i = 0
-    while (i < n && lost.tokens[i] === sequence[i]) i++
-    return Math.max(0, i - cached)
+    return Math.max(0, commonPrefix(lost.tokens, sequence, Math.min(lost.kvLength, sequence.length)) - cached)
   }
 
   private evict(context: CachedContext): void {
@@ -179,9 +194,13 @@ export class ExecutionContexts {
 const oldestUnpinned = (list: ReadonlyArray<CachedContext>): CachedContext | undefined =>
   list.reduce<CachedContext | undefined>((a, c) => (c.pins > 0 || (a !== undefined && a.lastUsed <= c.lastUsed) ? a : c), undefined)
 
-/** `a[0, n)` equals `b[0, n)`. */
-const isPrefix = (a: Int32Array, n: number, b: Int32Array): boolean => {
-  if (n > b.length) return false
-  for (let i = 0; i < n; i++) if (a[i] !== b[i]) return false
-  return true
+/** A match of `length` tokens (`whole`: a context's whole K/V) is better than `best`. */
+const beats = (length: number, whole: boolean, best: PrefixMatch | undefined): boolean =>
+  best === undefined || length > best.length || (length === best.length && whole && !best.whole)
+
+/** The length of the common prefix of `a` and `b`, at most `n`. */
+const commonPrefix = (a: Int32Array, b: Int32Array, n: number): number => {
+  let i = 0
+  while (i < n && a[i] === b[i]) i++
+  return i
 }

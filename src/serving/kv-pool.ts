@@ -3,8 +3,9 @@
  * cached contexts they leave (`kv-contexts.ts` keeps the books, this module frees, forks and
  * measures the engine sequences behind them).
  *
- * A generation starts from a fork of the execution's cached context whose K/V is the longest
- * prefix of its prompt (or a fresh sequence), and leaves two: its prompt without the last
+ * A generation starts from a fork of the execution's cached context sharing the longest prefix
+ * with its prompt: the whole context when all its K/V is shared, else a prefix fork of the
+ * shared tokens when they fill at least one block; otherwise a fresh sequence. It leaves two: its prompt without the last
  * token (`anchor`, forked off as soon as that is in, so a retry of the same prompt prefills
  * one token) and, when it ends, its prompt ++ output (`keep`). Contexts pushed out of an
  * execution's budget are freed at once.
@@ -29,16 +30,16 @@ export const makeKvPool = (cache: KvCache, contextsPerExecution: number) => {
     free,
     addContext,
     /**
-     * Gives an admitted generation its sequence: a fork of its best cached prefix, else a new one.
-     * A generation preempted earlier resumes from its prompt ++ output (its own kept context, if
-     * still there); what it had computed and must compute again counts as prefilled again.
+     * Gives an admitted generation its sequence: a fork (whole or prefix) of the cached context
+     * sharing most of its prompt, else a new one. A generation preempted earlier resumes from
+     * its prompt ++ output; what it had computed and must compute again is prefilled again.
      */
     start: (g: Generation) =>
       Effect.gen(function* () {
         const sequence = g.output.length === 0 ? g.prompt : concat(g.prompt, g.output)
-        const anchor = contexts.bestPrefix(g.job.execution, sequence)
-        g.seq = anchor === undefined ? yield* cache.create() : yield* cache.fork(anchor.seq)
-        const cached = anchor?.kvLength ?? 0
+        const match = contexts.bestPrefix(g.job.execution, sequence, cache.blockTokens)
+        g.seq = match === undefined ? yield* cache.create() : match.whole ? yield* cache.fork(match.context.seq) : yield* cache.forkPrefix(match.context.seq, match.length)
+        const cached = match?.length ?? 0
         g.pending = sequence.subarray(cached)
         g.appended = 0
         if (g.preemptedAt === undefined) {

@@ -1,7 +1,7 @@
 /**
  * The rollout side: KV-cached decode against a full forward, the hand-off (export -> import
- * -> decode, bit for bit), forks sharing blocks with copy-on-write, out-of-blocks and pin
- * errors, and sampling.
+ * -> decode, bit for bit), forks (whole and prefix) sharing blocks with copy-on-write,
+ * out-of-blocks and pin errors, and sampling.
  */
 import { Effect } from "effect"
 import { describe, expect, it } from "vitest"
@@ -125,6 +125,39 @@ describe("KV-cached inference", () => {
     const tail = out.freshChild.subarray((prompt.length) * V)
     expect(maxAbsDiff(out.childLogits, tail)).toBeLessThan(1e-4)
     expect(maxAbsDiff(out.parentLogits, out.freshParentLogits)).toBeLessThan(1e-4)
+  })
+
+  it("a prefix fork shares the blocks of the parent's first tokens; appending inside the shared block leaves the parent intact", async () => {
+    const out = await withCache(16, 64, (cache) =>
+      Effect.gen(function* () {
+        const parent = yield* cache.create()
+        yield* cache.forward([{ seq: parent, tokens: prompt }], "none") // 45 tokens: 3 blocks
+        const child = yield* cache.forkPrefix(parent, 37) // inside the third block, which the parent fills to 45
+        const afterFork = yield* cache.stats()
+        const shape = { length: yield* cache.length(child), blocks: yield* cache.blocks(child) }
+        const childLogits = (yield* cache.forward([{ seq: child, tokens: [200, 201] }], "all")).logits!
+        const afterDiverge = yield* cache.stats()
+        const parentLogits = (yield* cache.forward([{ seq: parent, tokens: [100] }], "last")).logits!
+        const aligned = yield* cache.forkPrefix(parent, 32) // a block boundary: two blocks, nothing to copy
+        const alignedBlocks = yield* cache.blocks(aligned)
+        const fresh = yield* cache.create()
+        const freshChild = (yield* cache.forward([{ seq: fresh, tokens: [...prompt.slice(0, 37), 200, 201] }], "all")).logits!
+        const freshParent = yield* cache.create()
+        const freshParentLogits = (yield* cache.forward([{ seq: freshParent, tokens: [...prompt, 100] }], "last")).logits!
+        const errors = yield* Effect.forEach([0, 47], (n) => Effect.flip(cache.forkPrefix(parent, n)))
+        return { afterFork, shape, childLogits, afterDiverge, parentLogits, alignedBlocks, freshChild, freshParentLogits, errors }
+      })
+    )
+    expect(out.shape).toEqual({ length: 37, blocks: 3 })
+    expect(out.afterFork.usedBlocks).toBe(3)
+    expect(out.afterDiverge.usedBlocks).toBe(4) // the shared third block copied before the child wrote into it
+    expect(out.alignedBlocks).toBe(2)
+    expect(maxAbsDiff(out.childLogits, out.freshChild.subarray(37 * V))).toBeLessThan(1e-4)
+    expect(maxAbsDiff(out.parentLogits, out.freshParentLogits)).toBeLessThan(1e-4)
+    for (const e of out.errors) {
+      expect((e as EngineError).code).toBe("GYRE_ERR_INVALID_ARGUMENT")
+      expect(e.message).toContain("length must be in [1, 46]")
+    }
   })
 
   it("running out of blocks is an error that changes nothing; freeing makes room", async () => {

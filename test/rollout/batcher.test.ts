@@ -2,7 +2,7 @@
  * The rollout worker's engine loop on the real CPU engine (tiny preset), in process:
  * continuous batching gives the same tokens as one-at-a-time generation in fewer steps,
  * an execution's next call prefills only its new suffix, a retry from an earlier point
- * forks the right cached context, context limits, cancellation, a pool too small for the
+ * forks the right cached context, a prompt sharing only part of a context forks that part, context limits, cancellation, a pool too small for the
  * cached contexts, the KV hand-off hooks (export -> import -> identical continuation), and
  * the pause of a role switch (every generation leaves its context; resume admits again).
  */
@@ -45,6 +45,11 @@ const sampling = (maxTokens: number, seed: number | null = 7, temperature = 1): 
 })
 
 const text = (s: string) => Int32Array.from([special.bos, ...Buffer.from(s)])
+const commonPrefixLength = (a: Int32Array, b: Int32Array) => {
+  let i = 0
+  while (i < a.length && i < b.length && a[i] === b[i]) i++
+  return i
+}
 const concat = (...xs: ReadonlyArray<ArrayLike<number>>) => Int32Array.from(xs.flatMap((x) => Array.from(x)))
 
 describe("continuous batching (batcher.ts)", () => {
@@ -93,10 +98,35 @@ describe("continuous batching (batcher.ts)", () => {
     expect(out.r1.cachedTokens).toBe(0)
     expect(out.r2.promptTokens).toBe(out.seq1.length + out.delta2.length)
     expect(out.r2.cachedTokens).toBe(out.seq1.length - 1)
-    expect(out.r3.cachedTokens).toBe(out.seq1.length - 1)
+    expect(out.r3.cachedTokens).toBe(out.seq1.length + 2) // seq1 and the next turn's [end, user]: a prefix fork of r2's context
     expect(out.miss._tag).toBe("CacheMiss")
     expect(out.unknown._tag).toBe("CacheMiss")
     expect(out.again.cachedTokens).toBe(out.p1.length - 1)
+  })
+
+  it("a prompt sharing only part of a cached context forks that part: cached = the shared length, the same tokens as a fresh prefill", async () => {
+    const system = "You are a careful coding agent. Follow the house rules. "
+    const first = text(`${system}[A: read the file][B: run the tests]`)
+    const compacted = text(`${system}[C: summary so far]`)
+    const shared = commonPrefixLength(first, compacted)
+    const out = await withBatcher(512, {}, (b) =>
+      Effect.gen(function* () {
+        const greedy = sampling(12, 1, 0)
+        const r1 = yield* b.generate({ execution: "x", request: "r1", base: null, prompt: first, sampling: greedy })
+        const forked = yield* b.generate({ execution: "x", request: "r2", base: null, prompt: compacted, sampling: greedy })
+        const fresh = yield* b.generate({ execution: "fresh", request: "f", base: null, prompt: compacted, sampling: greedy })
+        // the context forked from is intact: its prompt again gives the first answer
+        const again = yield* b.generate({ execution: "x", request: "r3", base: null, prompt: first, sampling: greedy })
+        return { r1, forked, fresh, again }
+      })
+    )
+    expect(shared % 16).not.toBe(0) // the fork ends inside a shared block: the child copies it before writing
+    expect(out.forked.cachedTokens).toBe(shared)
+    expect(out.fresh.cachedTokens).toBe(0)
+    expect(Array.from(out.forked.output)).toEqual(Array.from(out.fresh.output))
+    Array.from(out.forked.logprobs).forEach((l, i) => expect(l).toBeCloseTo(out.fresh.logprobs[i]!, 4))
+    expect(Array.from(out.again.output)).toEqual(Array.from(out.r1.output))
+    expect(out.again.cachedTokens).toBe(first.length - 1)
   })
 
   it("stops at a stop sequence and enforces the context limit", async () => {

@@ -3,8 +3,8 @@
  * the public ABI only (both libraries loaded side by side with dlopen), and times it.
  *
  *   gyre-cuda-check compare --cpu LIB --cuda LIB [--checkpoint DIR]... [--quick] [--json FILE]
- *       Same weights in both builds; compares prefill and decode logits, a fork with
- *       copy-on-write, KV hand-off within the CUDA build (bit for bit) and across builds,
+ *       Same weights in both builds; compares prefill and decode logits, a fork and a prefix
+ *       fork with copy-on-write, KV hand-off within the CUDA build (bit for bit) and across builds,
  *       tree-masked training (SFT and PPO: log-probs, statistics, gradients, accumulation,
  *       determinism), AdamW, optimizer state round trip, and the out-of-blocks and
  *       bad-hand-off errors. Built-in configurations cover head dims 6, 8, 16, 64 and 128, GQA,
@@ -44,12 +44,12 @@
 
 /* ---- the ABI of one library ---- */
 
-#define GYRE_FNS(X)                                                                                       \
-  X(backend) X(device_count) X(device_name) X(last_error) X(status_name) X(param_count) X(model_create)     \
-  X(model_load) X(model_save) X(model_get_weights) X(model_set_weights) X(model_free) X(cache_create)      \
-  X(cache_free) X(cache_stats_get) X(seq_create) X(seq_fork) X(seq_free) X(seq_pin) X(seq_unpin)           \
-  X(seq_export) X(seq_import) X(forward) X(trainer_create) X(trainer_free) X(train_batch)                  \
-  X(trainer_zero_grads) X(trainer_get_grads) X(trainer_set_grads) X(trainer_step)                         \
+#define GYRE_FNS(X)                                                                                      \
+  X(backend) X(device_count) X(device_name) X(last_error) X(status_name) X(param_count) X(model_create)  \
+  X(model_load) X(model_save) X(model_get_weights) X(model_set_weights) X(model_free) X(cache_create)    \
+  X(cache_free) X(cache_stats_get) X(seq_create) X(seq_fork) X(seq_free) X(seq_pin) X(seq_unpin)         \
+  X(seq_fork_prefix) X(seq_export) X(seq_import) X(forward) X(trainer_create) X(trainer_free)            \
+  X(train_batch) X(trainer_zero_grads) X(trainer_get_grads) X(trainer_set_grads) X(trainer_step)         \
   X(trainer_save_optimizer) X(trainer_load_optimizer) X(trainer_memory)
 
 typedef struct api {
@@ -337,6 +337,19 @@ static void inference_checks(const api *cpu, const api *gpu, gyre_model *mc, gyr
   lc = forward(cpu, cc, 2, pair_c, five, app, GYRE_LOGITS_ALL, V);
   lg = forward(gpu, cg, 2, pair_g, five, app, GYRE_LOGITS_ALL, V);
   check(name, "fork copy-on-write logits", rel_diff(lg, lc, (size_t)10 * V), tol);
+  free(lc);
+  free(lg);
+
+  /* prefix fork past the prefill (inside a block the parent filled further), then appends to
+   * parent and child: the child's copy-on-write keeps the parent's tail */
+  int32_t pre_c, pre_g;
+  TRY(cpu, seq_fork_prefix(cc, seq_c[0], lens[0] + 1, &pre_c));
+  TRY(gpu, seq_fork_prefix(cg, seq_g[0], lens[0] + 1, &pre_g));
+  for (int i = 0; i < 10; i++) app[i] = (int32_t)(lcg() % (uint32_t)V);
+  pair_c[0] = seq_c[0], pair_c[1] = pre_c, pair_g[0] = seq_g[0], pair_g[1] = pre_g;
+  lc = forward(cpu, cc, 2, pair_c, five, app, GYRE_LOGITS_ALL, V);
+  lg = forward(gpu, cg, 2, pair_g, five, app, GYRE_LOGITS_ALL, V);
+  check(name, "prefix fork copy-on-write logits", rel_diff(lg, lc, (size_t)10 * V), tol);
   free(lc);
   free(lg);
 

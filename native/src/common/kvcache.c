@@ -1,9 +1,10 @@
 /* kvcache.c - the paged KV cache's bookkeeping, batched forward with sampling, hand-off.
  *
  * Blocks are reference counted: a sequence's table holds one reference per block, a fork
- * copies the table and adds references, and an append into a shared, partly filled last
- * block first copies that block (copy-on-write). Every forward reserves all its blocks
- * before any compute, so running out is an error that changes nothing.
+ * (of the whole sequence or of a prefix) copies the table or its head and adds references,
+ * and an append into a shared, partly filled last block first copies that block
+ * (copy-on-write). Every forward reserves all its blocks before any compute, so running out
+ * is an error that changes nothing.
  */
 #include <math.h>
 #include <stdio.h>
@@ -182,24 +183,40 @@ gyre_status gyre_seq_create(gyre_cache *c, int32_t *seq) {
   return seq_new(c, seq);
 }
 
-gyre_status gyre_seq_fork(gyre_cache *c, int32_t parent, int32_t *child) {
-  if (child == NULL) return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "gyre_seq_fork: child is NULL");
-  SEQ_OR_FAIL(p, c, parent, "gyre_seq_fork", 0)
+/* A new sequence `*child` holding parent's first n_blocks blocks (a reference each) and len
+ * tokens. */
+static gyre_status seq_share(gyre_cache *c, int32_t parent, int32_t n_blocks, int32_t len, int32_t *child) {
   int32_t id = -1;
   GYRE_CHECK(seq_new(c, &id));
-  p = &c->seqs[parent]; /* seq_new may have moved the array */
+  const sequence *p = &c->seqs[parent]; /* seq_new may have moved the array */
   sequence *s = &c->seqs[id];
-  gyre_status st = table_reserve(s, p->n_blocks);
+  gyre_status st = table_reserve(s, n_blocks);
   if (st != GYRE_OK) {
     s->exists = 0;
     return st;
   }
-  memcpy(s->table, p->table, sizeof(int32_t) * (size_t)p->n_blocks);
-  s->n_blocks = p->n_blocks;
-  s->len = p->len;
+  memcpy(s->table, p->table, sizeof(int32_t) * (size_t)n_blocks);
+  s->n_blocks = n_blocks;
+  s->len = len;
   for (int32_t k = 0; k < s->n_blocks; k++) c->refs[s->table[k]]++;
   *child = id;
   return GYRE_OK;
+}
+
+gyre_status gyre_seq_fork(gyre_cache *c, int32_t parent, int32_t *child) {
+  if (child == NULL) return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "gyre_seq_fork: child is NULL");
+  SEQ_OR_FAIL(p, c, parent, "gyre_seq_fork", 0)
+  return seq_share(c, parent, p->n_blocks, p->len, child);
+}
+
+gyre_status gyre_seq_fork_prefix(gyre_cache *c, int32_t parent, int32_t length, int32_t *child) {
+  if (child == NULL) return gyre_fail(GYRE_ERR_INVALID_ARGUMENT, "gyre_seq_fork_prefix: child is NULL");
+  SEQ_OR_FAIL(p, c, parent, "gyre_seq_fork_prefix", 0)
+  if (length <= 0 || length > p->len)
+    return gyre_fail(GYRE_ERR_INVALID_ARGUMENT,
+                     "gyre_seq_fork_prefix: length must be in [1, %d] (sequence %d's length), got %d",
+                     p->len, parent, length);
+  return seq_share(c, parent, (length + c->block_tokens - 1) / c->block_tokens, length, child);
 }
 
 gyre_status gyre_seq_free(gyre_cache *c, int32_t seq) {
